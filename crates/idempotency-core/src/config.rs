@@ -1,0 +1,355 @@
+//! Configuration types mirroring the `idempotency.*` properties, with the same names and defaults.
+//!
+//! They deserialize from any serde format (the `config` crate, YAML, TOML, environment) with
+//! kebab-case keys and human-readable durations (`50ms`, `10m`, `365d`, via `humantime`).
+//!
+//! ```
+//! use idempotency_core::config::IdempotencyConfig;
+//!
+//! let config: IdempotencyConfig = serde_json::from_value(serde_json::json!({
+//!     "persistence": { "ttl": "30d", "table-name": "billing.idempotency_records" },
+//!     "in-flight": { "policy": "reject" },
+//!     "operations": { "CREATE_PAYMENT": { "ttl": "7d" } }
+//! }))?;
+//! assert!(config.enabled);
+//! assert_eq!(config.local_cache.max_size, 10_000);
+//! assert_eq!(config.persistence.table_name, "billing.idempotency_records");
+//! # Ok::<(), serde_json::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::FailurePolicy;
+use crate::fingerprint::HashAlgorithm;
+
+const DAY: u64 = 24 * 60 * 60;
+
+/// The whole `idempotency` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    /// Master switch. When `false`, `execute` runs the action without recording anything.
+    pub enabled: bool,
+    /// Request fingerprinting.
+    pub fingerprint: FingerprintConfig,
+    /// The L1 in-process cache (`idempotency-cache-moka`).
+    pub local_cache: LocalCacheConfig,
+    /// The L2 shared cache (`idempotency-cache-redis`).
+    pub distributed_cache: DistributedCacheConfig,
+    /// The database store.
+    pub persistence: PersistenceConfig,
+    /// What a request does when the same key is being processed by another one.
+    pub in_flight: InFlightConfig,
+    /// The acquire loop.
+    pub acquire: AcquireConfig,
+    /// Per-operation overrides, by operation name.
+    pub operations: BTreeMap<String, OperationConfig>,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            fingerprint: FingerprintConfig::default(),
+            local_cache: LocalCacheConfig::default(),
+            distributed_cache: DistributedCacheConfig::default(),
+            persistence: PersistenceConfig::default(),
+            in_flight: InFlightConfig::default(),
+            acquire: AcquireConfig::default(),
+            operations: BTreeMap::new(),
+        }
+    }
+}
+
+/// `idempotency.fingerprint`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FingerprintConfig {
+    /// Digest of the canonical JSON: `SHA-256` (default), `SHA-384` or `SHA-512`.
+    pub algorithm: HashAlgorithm,
+}
+
+/// `idempotency.local-cache`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct LocalCacheConfig {
+    /// Whether the application wires the L1 cache. Default `true`.
+    pub enabled: bool,
+    /// Expire after write. Default `10m`.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Maximum number of entries. Default `10000`.
+    pub max_size: u64,
+    /// Record hits, misses and evictions. Default `false`.
+    pub statistics: bool,
+}
+
+impl Default for LocalCacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ttl: Duration::from_secs(10 * 60),
+            max_size: 10_000,
+            statistics: false,
+        }
+    }
+}
+
+/// `idempotency.distributed-cache`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DistributedCacheConfig {
+    /// Whether the application wires the L2 cache. Default `true`.
+    pub enabled: bool,
+    /// Entry time to live. Default `1h`.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Prefix of every key. Default `idempotency:`.
+    pub key_prefix: String,
+    /// `fail-open` (default) or `fail-fast`.
+    pub failure_policy: FailurePolicy,
+    /// Bound on every cache call. Default `50ms`.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// The circuit breaker that stops calling a failing cache.
+    pub circuit_breaker: CircuitBreakerConfig,
+}
+
+impl Default for DistributedCacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ttl: Duration::from_secs(60 * 60),
+            key_prefix: "idempotency:".to_owned(),
+            failure_policy: FailurePolicy::FailOpen,
+            timeout: Duration::from_millis(50),
+            circuit_breaker: CircuitBreakerConfig::default(),
+        }
+    }
+}
+
+/// `idempotency.distributed-cache.circuit-breaker`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CircuitBreakerConfig {
+    /// Consecutive failures that open the breaker. Default `5`.
+    pub failure_threshold: u32,
+    /// How long the breaker stays open before one trial call. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub cool_down: Duration,
+}
+
+impl Default for CircuitBreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            cool_down: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `idempotency.persistence`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PersistenceConfig {
+    /// Whether the application wires the built-in database store. Default `true`.
+    pub enabled: bool,
+    /// Table name, optionally schema-qualified (`billing.idempotency_records`).
+    /// Default `idempotency_records`.
+    pub table_name: String,
+    /// Default record lifetime: sets `expires_at`, the cleanup marker. `null` keeps records
+    /// forever. Default `365d`.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    /// Look the key up before inserting it. Default `false` (insert first).
+    pub lookup_before_acquire: bool,
+    /// Schema management at startup.
+    pub schema: SchemaConfig,
+    /// The expired-record cleanup job.
+    pub cleanup: CleanupConfig,
+}
+
+impl Default for PersistenceConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            table_name: "idempotency_records".to_owned(),
+            ttl: Some(Duration::from_secs(365 * DAY)),
+            lookup_before_acquire: false,
+            schema: SchemaConfig::default(),
+            cleanup: CleanupConfig::default(),
+        }
+    }
+}
+
+/// `idempotency.persistence.schema`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SchemaConfig {
+    /// `create`, `validate` (default) or `none`.
+    pub mode: SchemaMode,
+}
+
+/// What a store does with its schema at startup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchemaMode {
+    /// Run the canonical DDL (idempotent). Convenient for development and demos.
+    Create,
+    /// Check that the table matches what the store needs, and fail naming what differs.
+    /// Recommended in production, with the DDL applied by migrations.
+    #[default]
+    Validate,
+    /// Do nothing.
+    None,
+}
+
+/// `idempotency.persistence.cleanup`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CleanupConfig {
+    /// Run the cleanup job. Default `false`; recommended in production.
+    pub enabled: bool,
+    /// When to run: a cron expression, with optional seconds. Default `0 0 3 * * SAT,SUN`.
+    pub cron: String,
+    /// Rows per delete batch (one short transaction each). Default `1000`.
+    pub batch_size: u32,
+}
+
+impl Default for CleanupConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            cron: "0 0 3 * * SAT,SUN".to_owned(),
+            batch_size: 1000,
+        }
+    }
+}
+
+/// `idempotency.in-flight`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct InFlightConfig {
+    /// `wait` (default) or `reject`.
+    pub policy: InFlightPolicyKind,
+    /// With `wait`: how long to wait for the holder before answering `InFlight`; `null` waits
+    /// until the holder finishes. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+}
+
+impl Default for InFlightConfig {
+    fn default() -> Self {
+        Self {
+            policy: InFlightPolicyKind::Wait,
+            timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// The in-flight policy, as configured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InFlightPolicyKind {
+    /// Wait for the holder to finish, then replay its outcome.
+    #[default]
+    Wait,
+    /// Answer `InFlight` at once.
+    Reject,
+}
+
+/// `idempotency.acquire`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AcquireConfig {
+    /// Insert-then-find rounds before giving up with `AcquireExhausted`. Default `3`.
+    pub max_attempts: u32,
+}
+
+impl Default for AcquireConfig {
+    fn default() -> Self {
+        Self { max_attempts: 3 }
+    }
+}
+
+/// `idempotency.operations.<NAME>`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct OperationConfig {
+    /// Record lifetime for this operation; overrides `persistence.ttl`.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_reference() {
+        let config: IdempotencyConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(config, IdempotencyConfig::default());
+        assert!(config.enabled);
+        assert_eq!(config.fingerprint.algorithm, HashAlgorithm::Sha256);
+        assert_eq!(config.local_cache.ttl, Duration::from_secs(600));
+        assert_eq!(config.local_cache.max_size, 10_000);
+        assert!(!config.local_cache.statistics);
+        assert_eq!(config.distributed_cache.ttl, Duration::from_secs(3600));
+        assert_eq!(config.distributed_cache.key_prefix, "idempotency:");
+        assert_eq!(
+            config.distributed_cache.failure_policy,
+            FailurePolicy::FailOpen
+        );
+        assert_eq!(config.persistence.table_name, "idempotency_records");
+        assert_eq!(config.persistence.ttl, Some(Duration::from_secs(365 * DAY)));
+        assert!(!config.persistence.lookup_before_acquire);
+        assert_eq!(config.persistence.schema.mode, SchemaMode::Validate);
+        assert!(!config.persistence.cleanup.enabled);
+        assert_eq!(config.persistence.cleanup.cron, "0 0 3 * * SAT,SUN");
+        assert_eq!(config.persistence.cleanup.batch_size, 1000);
+    }
+
+    #[test]
+    fn reference_yaml_names_parse() {
+        let config: IdempotencyConfig = serde_json::from_value(serde_json::json!({
+            "enabled": false,
+            "fingerprint": {"algorithm": "SHA-512"},
+            "local-cache": {"enabled": true, "ttl": "5m", "max-size": 5, "statistics": true},
+            "distributed-cache": {"ttl": "2h", "key-prefix": "x:", "failure-policy": "fail-fast", "timeout": "20ms"},
+            "persistence": {"ttl": null, "lookup-before-acquire": true, "schema": {"mode": "create"},
+                            "cleanup": {"enabled": true, "cron": "*/5 * * * * *", "batch-size": 10}},
+            "in-flight": {"policy": "reject", "timeout": "200ms"},
+            "acquire": {"max-attempts": 7},
+            "operations": {"OP": {"ttl": "365d"}}
+        }))
+        .unwrap();
+        assert!(!config.enabled);
+        assert_eq!(config.fingerprint.algorithm, HashAlgorithm::Sha512);
+        assert_eq!(config.local_cache.ttl, Duration::from_secs(300));
+        assert_eq!(
+            config.distributed_cache.failure_policy,
+            FailurePolicy::FailFast
+        );
+        assert_eq!(config.distributed_cache.timeout, Duration::from_millis(20));
+        assert_eq!(config.persistence.ttl, None);
+        assert_eq!(config.persistence.schema.mode, SchemaMode::Create);
+        assert_eq!(config.in_flight.policy, InFlightPolicyKind::Reject);
+        assert_eq!(config.acquire.max_attempts, 7);
+        assert_eq!(
+            config.operations["OP"].ttl,
+            Some(Duration::from_secs(365 * DAY))
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_durations_are_errors() {
+        assert!(serde_json::from_str::<IdempotencyConfig>(r#"{"enabeld": true}"#).is_err());
+        assert!(
+            serde_json::from_str::<IdempotencyConfig>(r#"{"persistence": {"ttl": "ten days"}}"#)
+                .is_err()
+        );
+    }
+}

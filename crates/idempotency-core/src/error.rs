@@ -1,0 +1,56 @@
+//! The errors `execute` can return besides the action's own.
+
+use crate::cache::CacheError;
+use crate::fingerprint::FingerprintError;
+use crate::key::KeyError;
+use crate::serializer::SerializationError;
+use crate::store::StoreError;
+
+/// Why `execute` could not run or replay a request.
+///
+/// Each variant says what the caller should do; the HTTP edge maps them to problem responses.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operation name, scope or key is invalid. Nothing was sent to any backend.
+    #[error("invalid input: {0}")]
+    InvalidInput(#[from] KeyError),
+    /// The key was already used for this operation with a different request payload.
+    /// The client must pick a new key for a new request.
+    #[error("the idempotency key was already used with a different request payload")]
+    PayloadConflict,
+    /// A request with the same key is still being processed (reject policy, or the wait budget
+    /// ran out). The client may retry later with the same key.
+    #[error("a request with the same idempotency key is still in flight")]
+    InFlight,
+    /// The key kept disappearing between insert and lookup (concurrent cleanup); gave up after
+    /// the configured number of attempts. Retrying is safe.
+    #[error("could not acquire or replay the key after {attempts} attempts")]
+    AcquireExhausted {
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// The request could not be fingerprinted.
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
+    /// A result could not be stored, or a stored result could not be read back.
+    #[error(transparent)]
+    Serialization(#[from] SerializationError),
+    /// The distributed cache failed and its policy is `fail-fast`; the action did not run.
+    #[error("the distributed cache is unavailable (fail-fast)")]
+    Cache(#[source] CacheError),
+    /// The store failed.
+    #[error("the idempotency store failed")]
+    Store(#[from] StoreError),
+}
+
+impl Error {
+    /// Whether retrying the same request with the same key may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::InFlight | Self::AcquireExhausted { .. } | Self::Cache(_) => true,
+            Self::Store(store) => store.is_retryable(),
+            _ => false,
+        }
+    }
+}

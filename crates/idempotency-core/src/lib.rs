@@ -1,0 +1,37 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod cache;
+pub mod cleanup;
+pub mod config;
+mod error;
+pub mod fingerprint;
+mod key;
+pub mod metrics;
+mod record;
+mod result;
+mod serializer;
+mod service;
+pub mod store;
+mod tx;
+
+#[cfg(feature = "test-utils")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
+pub mod testing;
+
+pub use cache::{CacheError, DistributedCache, FailurePolicy, LocalCache, NoCache};
+pub use error::Error;
+pub use fingerprint::{
+    Fingerprint, FingerprintError, FingerprintStrategy, HashAlgorithm, JcsFingerprint,
+};
+pub use key::{
+    IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_SCOPE_LEN, Operation, RecordId,
+    Scope,
+};
+pub use metrics::{IdempotencyMetrics, NoopMetrics};
+pub use record::{IdempotencyRecord, RecordStatus, StoredOutcome, UnknownStatus};
+pub use result::{ExecutionResult, Level, Origin, Outcome, Rejection};
+pub use serializer::{JsonSerializer, ResultSerializer, SerializationError};
+pub use service::{Call, IdempotencyService, InFlightPolicy, ServiceBuilder, ServiceConfig};
+pub use store::{Acquire, BoxError, Claim, ExpiredCleanup, IdempotencyStore, LockWait, StoreError};
+pub use tx::Tx;

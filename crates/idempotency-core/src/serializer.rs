@@ -1,0 +1,53 @@
+//! How result values and rejection details become stored text, and back.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A stored payload could not be written or read back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SerializationError {
+    /// The value could not be serialized.
+    #[error("the result could not be serialized")]
+    Serialize(#[source] serde_json::Error),
+    /// The stored text could not be read as the expected type (the type changed since it was
+    /// stored, or the payload is corrupt).
+    #[error("the stored result could not be deserialized into the expected type")]
+    Deserialize(#[source] serde_json::Error),
+    /// A custom serializer failed.
+    #[error("result serializer failed: {0}")]
+    Custom(String),
+}
+
+/// Turns result values into stored text and back.
+///
+/// The stored text must be a JSON document, because stores keep it in JSON columns (`JSONB` on
+/// PostgreSQL). Replace the default to encrypt or sign payloads at rest, wrapping the JSON.
+pub trait ResultSerializer: Send + Sync + std::fmt::Debug + 'static {
+    /// The stored JSON text of `value`.
+    fn serialize<T: Serialize + ?Sized>(&self, value: &T) -> Result<String, SerializationError>;
+    /// Reads `stored` back into a `T`.
+    fn deserialize<T: DeserializeOwned>(&self, stored: &str) -> Result<T, SerializationError>;
+}
+
+/// The default serializer: plain `serde_json`.
+///
+/// ```
+/// use idempotency_core::{JsonSerializer, ResultSerializer};
+/// let text = JsonSerializer.serialize(&vec![1, 2])?;
+/// let back: Vec<i32> = JsonSerializer.deserialize(&text)?;
+/// assert_eq!(back, [1, 2]);
+/// # Ok::<(), idempotency_core::SerializationError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JsonSerializer;
+
+impl ResultSerializer for JsonSerializer {
+    fn serialize<T: Serialize + ?Sized>(&self, value: &T) -> Result<String, SerializationError> {
+        serde_json::to_string(value).map_err(SerializationError::Serialize)
+    }
+
+    fn deserialize<T: DeserializeOwned>(&self, stored: &str) -> Result<T, SerializationError> {
+        serde_json::from_str(stored).map_err(SerializationError::Deserialize)
+    }
+}

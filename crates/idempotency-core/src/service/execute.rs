@@ -1,0 +1,329 @@
+//! The `execute` flow: fingerprint, caches, optional find, acquire, run, store, cache after commit.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Call, IdempotencyService, InFlightPolicy, Inner};
+use crate::cache::{DistributedCache, FailurePolicy, LocalCache};
+use crate::error::Error;
+use crate::fingerprint::{Fingerprint, short_hash};
+use crate::key::{Operation, RecordId};
+use crate::metrics::IdempotencyMetrics;
+use crate::record::{IdempotencyRecord, StoredOutcome};
+use crate::result::{ExecutionResult, Level, Origin, Outcome, Rejection};
+use crate::serializer::ResultSerializer;
+use crate::store::{Acquire, Claim, IdempotencyStore, LockWait, StoreError};
+use crate::tx::Tx;
+
+impl<S, L, D, M, Z> IdempotencyService<S, L, D, M, Z>
+where
+    S: IdempotencyStore,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: ResultSerializer,
+{
+    /// Runs `action` at most once for the call's key, in a transaction the service begins and
+    /// commits. See [`execute_in`](Self::execute_in) for the steps.
+    ///
+    /// On any error the transaction is rolled back: the action's changes and the record go away
+    /// together, and a retry with the same key runs from scratch.
+    pub async fn execute<R, T, E, A>(&self, call: Call<'_, R>, action: A) -> Result<Outcome<T>, E>
+    where
+        R: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
+        // Bad input is refused before the transaction begins.
+        Operation::new(call.operation).map_err(Error::from)?;
+        let mut tx = self.begin().await.map_err(Error::Store)?;
+        match self.execute_in(&mut tx, call, action).await {
+            Ok(outcome) => {
+                tx.commit().await.map_err(Error::Store)?;
+                Ok(outcome)
+            }
+            Err(error) => {
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::warn!(error = %rollback, "rollback after a failed execute failed");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Runs `action` at most once for the call's key, inside the caller's transaction `tx`.
+    ///
+    /// 1. Fingerprints the request (RFC 8785 canonical JSON, hashed).
+    /// 2. Looks the key up in L1, then L2 (an L2 hit is copied to L1).
+    /// 3. Optionally (`lookup_before_acquire`) looks it up in the store.
+    /// 4. Inserts a `PROCESSING` record. If the key exists, replays the committed outcome; if a
+    ///    concurrent transaction holds it, waits for it within the in-flight policy.
+    /// 5. Runs `action` on the transaction's connection and stores its outcome (success or
+    ///    rejection) on the record. An `Err` from the action is returned as is: the caller must
+    ///    roll back, which removes the record too.
+    /// 6. Registers the cache writes on `tx`: they happen after `tx.commit()` succeeds.
+    ///
+    /// A replay checks the fingerprint first: the same key with another payload is
+    /// [`Error::PayloadConflict`]. After any error the transaction may be unusable (PostgreSQL
+    /// aborts it after a failed statement): roll it back.
+    pub async fn execute_in<R, T, E, A>(
+        &self,
+        tx: &mut Tx<S>,
+        call: Call<'_, R>,
+        action: A,
+    ) -> Result<Outcome<T>, E>
+    where
+        R: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
+        let inner = &*self.inner;
+        let operation = Operation::new(call.operation).map_err(Error::from)?;
+        if !inner.config.enabled {
+            let result = action(tx.connection()).await?;
+            return Ok(Outcome::new(result, Origin::Executed));
+        }
+        let request = serde_json::to_value(call.request)
+            .map_err(|e| Error::Fingerprint(crate::FingerprintError::Serialize(e)))?;
+        let fingerprint = inner
+            .fingerprint
+            .fingerprint(&request)
+            .map_err(Error::from)?;
+        let ttl = inner.ttl_for(&call);
+        let id = RecordId::new(operation, call.scope, call.key);
+        let op = id.operation.as_str();
+        tracing::debug!(operation = op, key_hash = %short_hash(id.key.as_str()), "idempotent execute");
+
+        if let Some(record) = inner.local.get(&id) {
+            return Ok(inner.replay(&id, &record, &fingerprint, Level::Local)?);
+        }
+        match inner.distributed.get(&id).await {
+            Ok(Some(record)) => {
+                let outcome = inner.replay(&id, &record, &fingerprint, Level::Distributed)?;
+                inner.local.put(&id, Arc::new(record));
+                return Ok(outcome);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                inner.metrics.cache_error(op, Level::Distributed, &error);
+                let fail_fast = inner.distributed.failure_policy() == FailurePolicy::FailFast;
+                tracing::warn!(operation = op, error = %error, fail_fast, "distributed cache read failed");
+                if fail_fast && !matches!(error, crate::CacheError::Corrupt(_)) {
+                    return Err(Error::Cache(error).into());
+                }
+            }
+        }
+
+        if inner.config.lookup_before_acquire {
+            let found = inner
+                .store
+                .find(tx.connection(), &id)
+                .await
+                .map_err(Error::from)?;
+            if let Some(record) = found {
+                return Ok(self.replay_stored(tx, id, record, &fingerprint)?);
+            }
+        }
+
+        let claim = Claim {
+            id: &id,
+            fingerprint: &fingerprint,
+            ttl,
+            wait: inner.lock_wait(),
+        };
+        let attempts = inner.config.max_acquire_attempts.max(1);
+        for _ in 0..attempts {
+            let started = Instant::now();
+            let acquired = inner.store.acquire(tx.connection(), &claim).await;
+            inner.metrics.acquire_wait(op, started.elapsed());
+            match acquired {
+                Ok(Acquire::Acquired) => {
+                    inner.metrics.acquired(op);
+                    return self.run(tx, id, fingerprint, action).await;
+                }
+                Ok(Acquire::Exists) => {
+                    inner.metrics.acquire_conflict(op);
+                    let found = inner
+                        .store
+                        .find(tx.connection(), &id)
+                        .await
+                        .map_err(Error::from)?;
+                    if let Some(record) = found {
+                        return Ok(self.replay_stored(tx, id, record, &fingerprint)?);
+                    }
+                    tracing::debug!(
+                        operation = op,
+                        "record vanished between insert and find; retrying"
+                    );
+                }
+                Err(StoreError::LockTimeout(_)) => {
+                    inner.metrics.in_flight(op);
+                    return Err(Error::InFlight.into());
+                }
+                Err(error) => return Err(Error::Store(error).into()),
+            }
+        }
+        Err(Error::AcquireExhausted { attempts }.into())
+    }
+
+    /// Step 5 and 6: run the action, store its outcome, schedule the cache writes.
+    async fn run<T, E, A>(
+        &self,
+        tx: &mut Tx<S>,
+        id: RecordId,
+        fingerprint: Fingerprint,
+        action: A,
+    ) -> Result<Outcome<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
+        let inner = &*self.inner;
+        let result = action(tx.connection()).await?;
+        let stored = inner.encode(&result)?;
+        let record = inner
+            .store
+            .complete(tx.connection(), &id, &stored)
+            .await
+            .map_err(Error::from)?;
+        if record.fingerprint != fingerprint {
+            return Err(Error::Store(StoreError::Corrupt {
+                reason: "completed record carries another fingerprint".to_owned(),
+            })
+            .into());
+        }
+        let status = stored.status();
+        let service = Arc::clone(&self.inner);
+        let record = Arc::new(record);
+        tx.after_commit(async move {
+            service.metrics.persisted(id.operation.as_str(), status);
+            service.fill_caches(&id, record).await;
+        });
+        Ok(Outcome::new(result, Origin::Executed))
+    }
+
+    /// Replays a record found in the store; fills the caches after the commit.
+    fn replay_stored<T: DeserializeOwned>(
+        &self,
+        tx: &mut Tx<S>,
+        id: RecordId,
+        record: IdempotencyRecord,
+        fingerprint: &Fingerprint,
+    ) -> Result<Outcome<T>, Error> {
+        let inner = &*self.inner;
+        if !record.is_terminal() {
+            // Only visible if a PROCESSING record was committed, which the store contract forbids.
+            inner.metrics.in_flight(id.operation.as_str());
+            return Err(Error::InFlight);
+        }
+        let outcome = inner.replay(&id, &record, fingerprint, Level::Persistence)?;
+        let service = Arc::clone(&self.inner);
+        let record = Arc::new(record);
+        tx.after_commit(async move {
+            service.fill_caches(&id, record).await;
+        });
+        Ok(outcome)
+    }
+}
+
+impl<S, L, D, M, Z> Inner<S, L, D, M, Z>
+where
+    S: IdempotencyStore,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: ResultSerializer,
+{
+    fn ttl_for<R: ?Sized>(&self, call: &Call<'_, R>) -> Option<Duration> {
+        match call.ttl {
+            Some(ttl) => ttl,
+            None => self
+                .config
+                .operation_ttls
+                .get(call.operation)
+                .copied()
+                .unwrap_or(self.config.default_ttl),
+        }
+    }
+
+    fn lock_wait(&self) -> LockWait {
+        match self.config.in_flight {
+            InFlightPolicy::Wait { timeout: None } => LockWait::Unbounded,
+            InFlightPolicy::Wait {
+                timeout: Some(timeout),
+            } => LockWait::Timeout(timeout),
+            InFlightPolicy::Reject => LockWait::NoWait,
+        }
+    }
+
+    fn encode<T: Serialize>(&self, result: &ExecutionResult<T>) -> Result<StoredOutcome, Error> {
+        Ok(match result {
+            ExecutionResult::Success(value) => StoredOutcome::Completed {
+                payload: self.serializer.serialize(value)?,
+            },
+            ExecutionResult::Rejected(rejection) => StoredOutcome::Rejected {
+                code: rejection.code().to_owned(),
+                details: rejection
+                    .details()
+                    .map(|details| self.serializer.serialize(details))
+                    .transpose()?,
+            },
+        })
+    }
+
+    /// Checks the fingerprint and decodes a terminal record.
+    fn replay<T: DeserializeOwned>(
+        &self,
+        id: &RecordId,
+        record: &IdempotencyRecord,
+        fingerprint: &Fingerprint,
+        level: Level,
+    ) -> Result<Outcome<T>, Error> {
+        let op = id.operation.as_str();
+        self.metrics.lookup_hit(op, level);
+        if record.fingerprint != *fingerprint {
+            self.metrics.payload_conflict(op);
+            tracing::debug!(operation = op, level = level.as_str(), "payload conflict");
+            return Err(Error::PayloadConflict);
+        }
+        let result = match &record.outcome {
+            Some(StoredOutcome::Completed { payload }) => {
+                ExecutionResult::Success(self.serializer.deserialize(payload)?)
+            }
+            Some(StoredOutcome::Rejected { code, details }) => {
+                let details = details
+                    .as_deref()
+                    .map(|text| self.serializer.deserialize(text))
+                    .transpose()?;
+                ExecutionResult::Rejected(Rejection::from_parts(code.clone(), details))
+            }
+            None => {
+                self.metrics.in_flight(op);
+                return Err(Error::InFlight);
+            }
+        };
+        self.metrics.replayed(op, record.status());
+        tracing::debug!(operation = op, level = level.as_str(), "replayed");
+        Ok(Outcome::new(result, Origin::Replayed { from: level }))
+    }
+
+    /// Writes a terminal record to L2, then L1. Never fails: a cache write error is logged and
+    /// counted, because the record is already committed.
+    async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
+        if !record.is_terminal() {
+            return;
+        }
+        if let Err(error) = self.distributed.put(id, &record).await {
+            self.metrics
+                .cache_error(id.operation.as_str(), Level::Distributed, &error);
+            tracing::warn!(operation = id.operation.as_str(), error = %error, "distributed cache write failed");
+        }
+        self.local.put(id, record);
+    }
+}

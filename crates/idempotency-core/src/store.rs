@@ -1,0 +1,153 @@
+//! The persistence SPI: what a database backend implements.
+//!
+//! A store writes records through the caller's connection, inside the caller's transaction, so
+//! the record commits or rolls back with the business change. Core never sees a driver: the
+//! backend names its own connection and transaction types.
+
+use std::future::Future;
+use std::ops::DerefMut;
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::record::{IdempotencyRecord, RecordStatus, StoredOutcome};
+
+/// A boxed error from a backend, kept as the `source` of a typed error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A concurrent transaction holds the key and did not finish within the wait budget.
+    #[error("a concurrent transaction holds the key and did not finish in time")]
+    LockTimeout(#[source] BoxError),
+    /// `complete` found no `PROCESSING` record for the key (it is missing or already terminal).
+    #[error("no PROCESSING record to complete (found {found:?})")]
+    NotProcessing {
+        /// The status found, or `None` when the record is missing.
+        found: Option<RecordStatus>,
+    },
+    /// A stored record could not be read (unknown status, missing outcome, ...).
+    #[error("stored record is corrupt: {reason}")]
+    Corrupt {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The transaction conflicted with another one (serialization failure, deadlock); retrying
+    /// the whole request is safe.
+    #[error("the transaction conflicted with a concurrent one; retry it")]
+    Conflict(#[source] BoxError),
+    /// The database could not be reached (connection refused, pool timeout, connection lost).
+    #[error("the database is unavailable")]
+    Unavailable(#[source] BoxError),
+    /// Any other database error.
+    #[error("database error")]
+    Database(#[source] BoxError),
+}
+
+impl StoreError {
+    /// Whether a retry of the whole request may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::LockTimeout(_) | Self::Conflict(_) | Self::Unavailable(_)
+        )
+    }
+}
+
+/// How long `acquire` may wait for a concurrent transaction that holds the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockWait {
+    /// Wait until the other transaction ends.
+    Unbounded,
+    /// Wait at most this long, then fail with [`StoreError::LockTimeout`].
+    Timeout(Duration),
+    /// Do not wait: fail with [`StoreError::LockTimeout`] at once.
+    NoWait,
+}
+
+/// An attempt to take a key.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// The record to create.
+    pub id: &'a RecordId,
+    /// Fingerprint of the request.
+    pub fingerprint: &'a Fingerprint,
+    /// How long the record lives before cleanup may delete it; `None` keeps it forever.
+    /// Stores compute `expires_at` from the database clock.
+    pub ttl: Option<Duration>,
+    /// How long to wait for a concurrent holder of the key.
+    pub wait: LockWait,
+}
+
+/// The result of [`IdempotencyStore::acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquire {
+    /// A `PROCESSING` record was inserted in the caller's transaction: run the action.
+    Acquired,
+    /// A committed record already exists for the key: find it and replay.
+    Exists,
+}
+
+/// The persistence SPI.
+///
+/// Every method that touches records takes the caller's connection, which is inside the
+/// transaction begun by [`begin`](Self::begin). Implementations must guarantee:
+///
+/// - `acquire` inserts a `PROCESSING` record unless one exists for `(operation, scope, key)`;
+///   when another *uncommitted* transaction holds the key it waits (bounded by
+///   [`Claim::wait`]) until that transaction ends, then reports `Acquired` (it rolled back) or
+///   `Exists` (it committed);
+/// - `find` sees committed records and the caller's own;
+/// - `complete` turns the caller's `PROCESSING` record terminal, failing with
+///   [`StoreError::NotProcessing`] otherwise.
+///
+/// The conformance suite in [`testing`](crate::testing) (feature `test-utils`) checks all of this.
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// The connection a business action runs its statements on.
+    type Connection: Send;
+    /// An open transaction; it dereferences to the connection.
+    type Transaction: Send + DerefMut<Target = Self::Connection>;
+
+    /// Begins a transaction on a connection from the store's pool.
+    fn begin(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
+
+    /// Commits `tx`.
+    fn commit(tx: Self::Transaction) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Rolls `tx` back.
+    fn rollback(tx: Self::Transaction) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Inserts a `PROCESSING` record for the claim, or reports that one exists.
+    fn acquire(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send;
+
+    /// Reads the record for `id`.
+    fn find(
+        &self,
+        conn: &mut Self::Connection,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<IdempotencyRecord>, StoreError>> + Send;
+
+    /// Stores the outcome on the caller's `PROCESSING` record and returns the terminal record.
+    fn complete(
+        &self,
+        conn: &mut Self::Connection,
+        id: &RecordId,
+        outcome: &StoredOutcome,
+    ) -> impl Future<Output = Result<IdempotencyRecord, StoreError>> + Send;
+}
+
+/// Optional capability: delete expired records in bounded batches.
+pub trait ExpiredCleanup: Send + Sync + 'static {
+    /// Deletes at most `batch_size` records whose `expires_at` has passed (database clock), in
+    /// one short transaction, skipping rows locked by others. Returns how many were deleted.
+    fn delete_expired_batch(
+        &self,
+        batch_size: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}

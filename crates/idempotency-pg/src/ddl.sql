@@ -1,0 +1,17 @@
+-- Canonical DDL of the idempotency records table (PostgreSQL 13+).
+-- {table} and {expires_index} are replaced by the configured, validated and quoted names.
+CREATE TABLE IF NOT EXISTS {table} (
+    operation        VARCHAR(128) NOT NULL,
+    scope            VARCHAR(255) NOT NULL DEFAULT '',
+    idempotency_key  VARCHAR(255) NOT NULL,
+    request_hash     VARCHAR(128) NOT NULL,
+    status           VARCHAR(32)  NOT NULL CHECK (status IN ('PROCESSING', 'COMPLETED', 'REJECTED')),
+    result_payload   JSONB,
+    error_code       VARCHAR(128),
+    created_at       TIMESTAMPTZ  NOT NULL DEFAULT now(),
+    completed_at     TIMESTAMPTZ,
+    expires_at       TIMESTAMPTZ,
+    PRIMARY KEY (operation, scope, idempotency_key)
+);
+
+CREATE INDEX IF NOT EXISTS {expires_index} ON {table} (expires_at) WHERE expires_at IS NOT NULL;

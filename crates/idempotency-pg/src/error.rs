@@ -1,0 +1,147 @@
+//! This crate's errors, and how database errors map to the core's [`StoreError`].
+
+use std::fmt;
+
+use idempotency_core::StoreError;
+
+/// Setting up the store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configured table name is not a safe identifier.
+    #[error("invalid table name {name:?}: {reason}")]
+    InvalidTableName {
+        /// The name as configured.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Schema validation found the table missing or different from what the store needs.
+    #[error(
+        "table {table} does not match the idempotency schema: {}",
+        SchemaProblems(problems)
+    )]
+    Schema {
+        /// The table checked.
+        table: String,
+        /// Everything that differs.
+        problems: Vec<SchemaProblem>,
+    },
+    /// A database call failed.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+}
+
+/// One difference between the table and the canonical schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaProblem {
+    /// The table does not exist.
+    MissingTable,
+    /// A column is missing.
+    MissingColumn {
+        /// The column.
+        column: &'static str,
+    },
+    /// A column has another type.
+    WrongType {
+        /// The column.
+        column: &'static str,
+        /// What the store needs.
+        expected: &'static str,
+        /// What the table has.
+        found: String,
+    },
+    /// A text column is shorter than values the store writes.
+    TooShort {
+        /// The column.
+        column: &'static str,
+        /// The minimum length.
+        min: i32,
+        /// The column's length.
+        found: i32,
+    },
+    /// A column is `NOT NULL` where the store writes `NULL`, or the reverse.
+    Nullability {
+        /// The column.
+        column: &'static str,
+        /// Whether the store needs it nullable.
+        nullable: bool,
+    },
+    /// No primary key or unique index on exactly `(operation, scope, idempotency_key)`, which
+    /// `INSERT ... ON CONFLICT` relies on.
+    MissingPrimaryKey,
+    /// No index leading with `expires_at`, which cleanup relies on.
+    MissingExpiryIndex,
+}
+
+impl fmt::Display for SchemaProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MissingTable => f.write_str("the table does not exist"),
+            Self::MissingColumn { column } => write!(f, "column {column} is missing"),
+            Self::WrongType {
+                column,
+                expected,
+                found,
+            } => write!(f, "column {column} is {found}, expected {expected}"),
+            Self::TooShort { column, min, found } => {
+                write!(
+                    f,
+                    "column {column} holds {found} characters, at least {min} are needed"
+                )
+            }
+            Self::Nullability { column, nullable } => {
+                let want = if *nullable { "nullable" } else { "NOT NULL" };
+                write!(f, "column {column} must be {want}")
+            }
+            Self::MissingPrimaryKey => {
+                f.write_str("no primary key or unique index on (operation, scope, idempotency_key)")
+            }
+            Self::MissingExpiryIndex => f.write_str("no index on expires_at"),
+        }
+    }
+}
+
+struct SchemaProblems<'a>(&'a [SchemaProblem]);
+
+impl fmt::Display for SchemaProblems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Classifies a database error by SQLSTATE and error kind, never by message text.
+pub(crate) fn store_error(error: sqlx::Error) -> StoreError {
+    let code = error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .map(|code| code.into_owned());
+    match (&error, code.as_deref()) {
+        // lock_not_available: the in-flight wait budget (lock_timeout) ran out.
+        (_, Some("55P03")) => StoreError::LockTimeout(Box::new(error)),
+        // serialization_failure, deadlock_detected
+        (_, Some("40001" | "40P01")) => StoreError::Conflict(Box::new(error)),
+        // connection_exception class, admin/crash shutdown, cannot_connect_now
+        (_, Some(code))
+            if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03") =>
+        {
+            StoreError::Unavailable(Box::new(error))
+        }
+        (
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed,
+            _,
+        ) => StoreError::Unavailable(Box::new(error)),
+        _ => StoreError::Database(Box::new(error)),
+    }
+}

@@ -1,0 +1,224 @@
+//! Schema management: `create` runs the canonical DDL, `validate` compares the live table with it.
+
+use std::collections::HashMap;
+
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::error::{Error, SchemaProblem};
+use crate::table::TableName;
+
+/// The canonical DDL template; `{table}` and `{expires_index}` are replaced by quoted names.
+pub const DDL_TEMPLATE: &str = include_str!("ddl.sql");
+
+/// The canonical DDL for `table`, ready to run or to copy into a migration.
+///
+/// ```
+/// let table = idempotency_pg::TableName::parse("billing.idempotency_records")?;
+/// let ddl = idempotency_pg::ddl(&table);
+/// assert!(ddl.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."idempotency_records""#));
+/// # Ok::<(), idempotency_pg::Error>(())
+/// ```
+pub fn ddl(table: &TableName) -> String {
+    DDL_TEMPLATE
+        .replace("{table}", table.quoted())
+        .replace("{expires_index}", &table.derived("expires_at_idx"))
+}
+
+pub(crate) async fn create(pool: &PgPool, table: &TableName) -> Result<(), Error> {
+    // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the catalog; serialize
+    // instances starting at once on an advisory lock named after the table.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(table.quoted())
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(AssertSqlSafe(ddl(table)))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+struct Expected {
+    column: &'static str,
+    types: &'static [&'static str],
+    type_label: &'static str,
+    nullable: bool,
+    min_len: Option<i32>,
+}
+
+const TEXT: &[&str] = &["varchar", "text"];
+
+const EXPECTED: &[Expected] = &[
+    Expected {
+        column: "operation",
+        types: TEXT,
+        type_label: "varchar(128)",
+        nullable: false,
+        min_len: Some(128),
+    },
+    Expected {
+        column: "scope",
+        types: TEXT,
+        type_label: "varchar(255)",
+        nullable: false,
+        min_len: Some(255),
+    },
+    Expected {
+        column: "idempotency_key",
+        types: TEXT,
+        type_label: "varchar(255)",
+        nullable: false,
+        min_len: Some(255),
+    },
+    Expected {
+        column: "request_hash",
+        types: TEXT,
+        type_label: "varchar(128)",
+        nullable: false,
+        min_len: Some(128),
+    },
+    Expected {
+        column: "status",
+        types: TEXT,
+        type_label: "varchar(32)",
+        nullable: false,
+        min_len: Some(10),
+    },
+    Expected {
+        column: "result_payload",
+        types: &["jsonb"],
+        type_label: "jsonb",
+        nullable: true,
+        min_len: None,
+    },
+    Expected {
+        column: "error_code",
+        types: TEXT,
+        type_label: "varchar(128)",
+        nullable: true,
+        min_len: None,
+    },
+    Expected {
+        column: "created_at",
+        types: &["timestamptz"],
+        type_label: "timestamptz",
+        nullable: false,
+        min_len: None,
+    },
+    Expected {
+        column: "completed_at",
+        types: &["timestamptz"],
+        type_label: "timestamptz",
+        nullable: true,
+        min_len: None,
+    },
+    Expected {
+        column: "expires_at",
+        types: &["timestamptz"],
+        type_label: "timestamptz",
+        nullable: true,
+        min_len: None,
+    },
+];
+
+const KEY_COLUMNS: [&str; 3] = ["idempotency_key", "operation", "scope"];
+
+/// Everything that differs between the live table and the canonical schema.
+pub(crate) async fn problems(
+    pool: &PgPool,
+    table: &TableName,
+) -> Result<Vec<SchemaProblem>, Error> {
+    let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(table.quoted())
+        .fetch_one(pool)
+        .await?;
+    if exists != Some(true) {
+        return Ok(vec![SchemaProblem::MissingTable]);
+    }
+    let columns: Vec<(String, String, bool, Option<i32>)> = sqlx::query_as(
+        "SELECT a.attname::text, t.typname::text, a.attnotnull, \
+                CASE WHEN t.typname = 'varchar' AND a.atttypmod > 4 THEN a.atttypmod - 4 END \
+         FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+    )
+    .bind(table.quoted())
+    .fetch_all(pool)
+    .await?;
+    let columns: HashMap<String, (String, bool, Option<i32>)> = columns
+        .into_iter()
+        .map(|(name, ty, not_null, len)| (name, (ty, not_null, len)))
+        .collect();
+
+    let mut problems = Vec::new();
+    for expected in EXPECTED {
+        let Some((ty, not_null, len)) = columns.get(expected.column) else {
+            problems.push(SchemaProblem::MissingColumn {
+                column: expected.column,
+            });
+            continue;
+        };
+        if !expected.types.contains(&ty.as_str()) {
+            problems.push(SchemaProblem::WrongType {
+                column: expected.column,
+                expected: expected.type_label,
+                found: ty.clone(),
+            });
+            continue;
+        }
+        if let (Some(min), Some(found)) = (expected.min_len, len) {
+            if *found < min {
+                problems.push(SchemaProblem::TooShort {
+                    column: expected.column,
+                    min,
+                    found: *found,
+                });
+            }
+        }
+        if expected.nullable == *not_null {
+            problems.push(SchemaProblem::Nullability {
+                column: expected.column,
+                nullable: expected.nullable,
+            });
+        }
+    }
+
+    let indexes: Vec<(bool, bool, Vec<String>)> = sqlx::query_as(
+        "SELECT i.indisunique, (i.indpred IS NULL AND i.indexprs IS NULL), \
+                ARRAY(SELECT a.attname::text \
+                      FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                      ORDER BY k.ord) \
+         FROM pg_index i WHERE i.indrelid = to_regclass($1)",
+    )
+    .bind(table.quoted())
+    .fetch_all(pool)
+    .await?;
+    let has_key = indexes.iter().any(|(unique, plain, columns)| {
+        let mut sorted: Vec<&str> = columns.iter().map(String::as_str).collect();
+        sorted.sort_unstable();
+        *unique && *plain && sorted == KEY_COLUMNS
+    });
+    if !has_key {
+        problems.push(SchemaProblem::MissingPrimaryKey);
+    }
+    if !indexes
+        .iter()
+        .any(|(_, _, columns)| columns.first().map(String::as_str) == Some("expires_at"))
+    {
+        problems.push(SchemaProblem::MissingExpiryIndex);
+    }
+    Ok(problems)
+}
+
+pub(crate) async fn validate(pool: &PgPool, table: &TableName) -> Result<(), Error> {
+    let problems = problems(pool, table).await?;
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Schema {
+            table: table.to_string(),
+            problems,
+        })
+    }
+}

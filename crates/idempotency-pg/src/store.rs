@@ -1,0 +1,352 @@
+//! [`PgStore`]: the `IdempotencyStore` on PostgreSQL.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use idempotency_core::store::{
+    Acquire, Claim, ExpiredCleanup, IdempotencyStore, LockWait, StoreError,
+};
+use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, RecordStatus, StoredOutcome};
+use sqlx::postgres::types::PgInterval;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr};
+
+use crate::error::{Error, SchemaProblem, store_error};
+use crate::schema;
+use crate::table::TableName;
+
+/// Every statement, built once per store from the validated table name. sqlx prepares each one
+/// once per connection and reuses it.
+#[derive(Debug)]
+struct Statements {
+    acquire: SqlStr,
+    acquire_bounded: SqlStr,
+    find: SqlStr,
+    complete: SqlStr,
+    status: SqlStr,
+    delete_expired: SqlStr,
+}
+
+fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Self {
+        let t = table.quoted();
+        let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
+        let columns =
+            "operation, scope, idempotency_key, request_hash, status, created_at, expires_at";
+        Self {
+            acquire: sql(format!(
+                "INSERT INTO {t} ({columns}) VALUES ($1, $2, $3, $4, 'PROCESSING', now(), now() + $5) \
+                 ON CONFLICT (operation, scope, idempotency_key) DO NOTHING"
+            )),
+            // One round trip: set `lock_timeout` for the insert only, then restore it, so the
+            // caller's own statements keep their setting. The insert reads from `cfg`, so the new
+            // timeout is in force before it can wait; the restore is computed from `ins`, so it
+            // happens after the insert finished.
+            acquire_bounded: sql(format!(
+                "WITH cfg AS MATERIALIZED ( \
+                     SELECT current_setting('lock_timeout') AS previous, \
+                            set_config('lock_timeout', $6, true) AS applied), \
+                 ins AS ( \
+                     INSERT INTO {t} ({columns}) \
+                     SELECT $1, $2, $3, $4, 'PROCESSING', now(), now() + $5 FROM cfg \
+                     ON CONFLICT (operation, scope, idempotency_key) DO NOTHING RETURNING 1) \
+                 SELECT i.n, set_config('lock_timeout', cfg.previous, true) \
+                 FROM cfg, (SELECT count(*) AS n FROM ins) AS i"
+            )),
+            find: sql(format!(
+                "SELECT request_hash, status, result_payload::text, error_code, created_at, \
+                        completed_at, expires_at FROM {t} WHERE {key}"
+            )),
+            complete: sql(format!(
+                "UPDATE {t} SET status = $4, result_payload = $5::jsonb, error_code = $6, \
+                        completed_at = clock_timestamp() \
+                 WHERE {key} AND status = 'PROCESSING' \
+                 RETURNING request_hash, created_at, completed_at, expires_at"
+            )),
+            status: sql(format!("SELECT status FROM {t} WHERE {key}")),
+            delete_expired: sql(format!(
+                "WITH doomed AS ( \
+                     SELECT operation, scope, idempotency_key FROM {t} \
+                     WHERE expires_at < now() ORDER BY expires_at LIMIT $1 \
+                     FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM {t} AS r USING doomed AS d \
+                 WHERE r.operation = d.operation AND r.scope = d.scope \
+                   AND r.idempotency_key = d.idempotency_key"
+            )),
+        }
+    }
+}
+
+/// The PostgreSQL idempotency store.
+///
+/// Records live in one table (default `idempotency_records`, see [`ddl`](crate::ddl)), written
+/// through the caller's transaction. Cheap to clone: the pool and the statements are shared.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_pg::PgStore;
+/// use idempotency_pg::core::config::PersistenceConfig;
+///
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
+/// // table name and schema mode (`create | validate | none`) from `idempotency.persistence`
+/// let store = PgStore::from_config(pool, &PersistenceConfig::default()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    table: Arc<TableName>,
+    sql: Arc<Statements>,
+}
+
+impl PgStore {
+    /// A store on the default table `idempotency_records`; the schema is not touched.
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_table(pool, TableName::default_table())
+    }
+
+    /// A store on `table`; the schema is not touched.
+    pub fn with_table(pool: PgPool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table: Arc::new(table),
+        }
+    }
+
+    /// A store configured by `idempotency.persistence`: validates `table-name`, then applies
+    /// `schema.mode`.
+    pub async fn from_config(pool: PgPool, config: &PersistenceConfig) -> Result<Self, Error> {
+        let store = Self::with_table(pool, TableName::parse(&config.table_name)?);
+        store.apply_schema(config.schema.mode).await?;
+        Ok(store)
+    }
+
+    /// `create` runs the canonical DDL, `validate` checks the table, `none` does nothing.
+    pub async fn apply_schema(&self, mode: SchemaMode) -> Result<(), Error> {
+        match mode {
+            SchemaMode::Create => self.create_schema().await,
+            SchemaMode::Validate => self.validate_schema().await,
+            SchemaMode::None => Ok(()),
+        }
+    }
+
+    /// Runs the canonical DDL (`CREATE ... IF NOT EXISTS`); safe to run again and concurrently.
+    pub async fn create_schema(&self) -> Result<(), Error> {
+        schema::create(&self.pool, &self.table).await
+    }
+
+    /// Checks columns, types, nullability, the key `ON CONFLICT` relies on and the expiry index,
+    /// failing with [`Error::Schema`] naming every difference.
+    pub async fn validate_schema(&self) -> Result<(), Error> {
+        schema::validate(&self.pool, &self.table).await
+    }
+
+    /// Every difference between the table and the canonical schema (empty when it matches).
+    pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
+        schema::problems(&self.pool, &self.table).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+}
+
+fn interval(ttl: Option<Duration>) -> Option<PgInterval> {
+    ttl.map(|ttl| PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX),
+    })
+}
+
+fn lock_timeout(wait: LockWait) -> Option<String> {
+    match wait {
+        LockWait::Unbounded => None,
+        // lock_timeout = 0 would disable the timeout: 1 ms is the shortest wait PostgreSQL offers.
+        LockWait::NoWait => Some("1ms".to_owned()),
+        LockWait::Timeout(timeout) => Some(format!("{}ms", timeout.as_millis().max(1))),
+    }
+}
+
+fn corrupt(reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        reason: reason.into(),
+    }
+}
+
+type FindRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
+fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
+    let (hash, status, payload, code, created_at, completed_at, expires_at) = row;
+    let status: RecordStatus = status
+        .parse()
+        .map_err(|e: idempotency_core::UnknownStatus| corrupt(e.to_string()))?;
+    let outcome = match status {
+        RecordStatus::Processing => None,
+        RecordStatus::Completed => Some(StoredOutcome::Completed {
+            payload: payload.unwrap_or_else(|| "null".to_owned()),
+        }),
+        RecordStatus::Rejected => Some(StoredOutcome::Rejected {
+            code: code.ok_or_else(|| corrupt("REJECTED record without error_code"))?,
+            details: payload,
+        }),
+    };
+    Ok(IdempotencyRecord {
+        fingerprint: Fingerprint::new(hash),
+        outcome,
+        created_at: SystemTime::from(created_at),
+        completed_at: completed_at.map(SystemTime::from),
+        expires_at: expires_at.map(SystemTime::from),
+    })
+}
+
+impl IdempotencyStore for PgStore {
+    type Connection = PgConnection;
+    type Transaction = sqlx::Transaction<'static, Postgres>;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.pool.begin().await.map_err(store_error)
+    }
+
+    async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.commit().await.map_err(store_error)
+    }
+
+    async fn rollback(tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.rollback().await.map_err(store_error)
+    }
+
+    async fn acquire(
+        &self,
+        conn: &mut PgConnection,
+        claim: &Claim<'_>,
+    ) -> Result<Acquire, StoreError> {
+        let id = claim.id;
+        let inserted = match lock_timeout(claim.wait) {
+            None => sqlx::query(self.sql.acquire.clone())
+                .bind(id.operation.as_str())
+                .bind(id.scope.as_str())
+                .bind(id.key.as_str())
+                .bind(claim.fingerprint.as_str())
+                .bind(interval(claim.ttl))
+                .execute(&mut *conn)
+                .await
+                .map_err(store_error)?
+                .rows_affected(),
+            Some(timeout) => {
+                let (count, _restored): (i64, String) =
+                    sqlx::query_as(self.sql.acquire_bounded.clone())
+                        .bind(id.operation.as_str())
+                        .bind(id.scope.as_str())
+                        .bind(id.key.as_str())
+                        .bind(claim.fingerprint.as_str())
+                        .bind(interval(claim.ttl))
+                        .bind(timeout)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(store_error)?;
+                u64::try_from(count).unwrap_or_default()
+            }
+        };
+        Ok(if inserted == 1 {
+            Acquire::Acquired
+        } else {
+            Acquire::Exists
+        })
+    }
+
+    async fn find(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        row.map(record_from_row).transpose()
+    }
+
+    async fn complete(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        outcome: &StoredOutcome,
+    ) -> Result<IdempotencyRecord, StoreError> {
+        let (payload, code) = match outcome {
+            StoredOutcome::Completed { payload } => (Some(payload.as_str()), None),
+            StoredOutcome::Rejected { code, details } => (details.as_deref(), Some(code.as_str())),
+        };
+        let row: Option<(
+            String,
+            DateTime<Utc>,
+            Option<DateTime<Utc>>,
+            Option<DateTime<Utc>>,
+        )> = sqlx::query_as(self.sql.complete.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(outcome.status().as_str())
+            .bind(payload)
+            .bind(code)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        let Some((hash, created_at, completed_at, expires_at)) = row else {
+            let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
+                .bind(id.operation.as_str())
+                .bind(id.scope.as_str())
+                .bind(id.key.as_str())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(store_error)?;
+            let found = found
+                .map(|s| s.parse())
+                .transpose()
+                .map_err(|e: idempotency_core::UnknownStatus| corrupt(e.to_string()))?;
+            return Err(StoreError::NotProcessing { found });
+        };
+        Ok(IdempotencyRecord {
+            fingerprint: Fingerprint::new(hash),
+            outcome: Some(outcome.clone()),
+            created_at: SystemTime::from(created_at),
+            completed_at: completed_at.map(SystemTime::from),
+            expires_at: expires_at.map(SystemTime::from),
+        })
+    }
+}
+
+impl ExpiredCleanup for PgStore {
+    async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
+        // One statement, so one short transaction; SKIP LOCKED never waits on request traffic.
+        Ok(sqlx::query(self.sql.delete_expired.clone())
+            .bind(i64::from(batch_size))
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?
+            .rows_affected())
+    }
+}

@@ -1,0 +1,169 @@
+//! [`TableName`]: a validated, quoted, optionally schema-qualified table name.
+
+use std::fmt;
+
+use crate::error::Error;
+
+/// PostgreSQL's identifier length limit (`NAMEDATALEN - 1`).
+const MAX_IDENTIFIER_LEN: usize = 63;
+
+/// A table name from configuration, checked and quoted so it can never carry SQL.
+///
+/// Accepts `name` or `schema.name`; each part starts with a letter or `_` and continues with
+/// letters, digits, `_` or `$`, at most 63 bytes. Parts are folded to lower case, as PostgreSQL
+/// does for unquoted names, then double-quoted in every statement.
+///
+/// ```
+/// use idempotency_pg::TableName;
+///
+/// let table = TableName::parse("Billing.Idempotency_Records")?;
+/// assert_eq!(table.quoted(), r#""billing"."idempotency_records""#);
+/// assert!(TableName::parse("records; DROP TABLE users").is_err());
+/// assert!(TableName::parse("a.b.c").is_err());
+/// # Ok::<(), idempotency_pg::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName {
+    schema: Option<String>,
+    name: String,
+    quoted: String,
+}
+
+fn check_part(input: &str, part: &str) -> Result<String, Error> {
+    let invalid = |reason: &'static str| Error::InvalidTableName {
+        name: input.to_owned(),
+        reason,
+    };
+    let mut bytes = part.bytes();
+    match bytes.next() {
+        None => return Err(invalid("a name part is empty")),
+        Some(b) if !(b.is_ascii_alphabetic() || b == b'_') => {
+            return Err(invalid("a name part must start with a letter or '_'"));
+        }
+        Some(_) => {}
+    }
+    if !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$') {
+        return Err(invalid("only letters, digits, '_' and '$' are allowed"));
+    }
+    if part.len() > MAX_IDENTIFIER_LEN {
+        return Err(invalid("a name part is longer than 63 bytes"));
+    }
+    Ok(part.to_ascii_lowercase())
+}
+
+impl TableName {
+    /// `idempotency_records`, the default.
+    pub(crate) fn default_table() -> Self {
+        Self {
+            schema: None,
+            name: "idempotency_records".to_owned(),
+            quoted: "\"idempotency_records\"".to_owned(),
+        }
+    }
+
+    /// Validates `input` as `name` or `schema.name`.
+    pub fn parse(input: &str) -> Result<Self, Error> {
+        let parts: Vec<&str> = input.split('.').collect();
+        let (schema, name) = match parts.as_slice() {
+            [name] => (None, check_part(input, name)?),
+            [schema, name] => (Some(check_part(input, schema)?), check_part(input, name)?),
+            _ => {
+                return Err(Error::InvalidTableName {
+                    name: input.to_owned(),
+                    reason: "expected `name` or `schema.name`",
+                });
+            }
+        };
+        let quoted = match &schema {
+            Some(schema) => format!("\"{schema}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        };
+        Ok(Self {
+            schema,
+            name,
+            quoted,
+        })
+    }
+
+    /// The schema, when the name is qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The table name without schema.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The quoted form used in SQL, e.g. `"billing"."idempotency_records"`.
+    pub fn quoted(&self) -> &str {
+        &self.quoted
+    }
+
+    /// A quoted name for an object derived from the table (`<table>_<suffix>`), cut to 63 bytes.
+    pub fn derived(&self, suffix: &str) -> String {
+        let mut name = format!("{}_{suffix}", self.name);
+        name.truncate(MAX_IDENTIFIER_LEN);
+        format!("\"{name}\"")
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(schema) => write!(f, "{schema}.{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_and_qualified_names() {
+        assert_eq!(
+            TableName::parse("idempotency_records").unwrap().quoted(),
+            "\"idempotency_records\""
+        );
+        let t = TableName::parse("billing.records$2").unwrap();
+        assert_eq!(t.schema(), Some("billing"));
+        assert_eq!(t.name(), "records$2");
+        assert_eq!(t.to_string(), "billing.records$2");
+        assert_eq!(t.derived("expires_at_idx"), "\"records$2_expires_at_idx\"");
+    }
+
+    #[test]
+    fn rejects_injection_and_malformed_names() {
+        for bad in [
+            "",
+            ".",
+            "a.",
+            ".a",
+            "a.b.c",
+            "1table",
+            "table name",
+            "t\"; DROP TABLE users; --",
+            "t;drop",
+            "t'x",
+            "t-x",
+            "tëst",
+            "\"quoted\"",
+            &"x".repeat(64),
+        ] {
+            assert!(
+                matches!(TableName::parse(bad), Err(Error::InvalidTableName { .. })),
+                "{bad:?} accepted"
+            );
+        }
+        assert!(TableName::parse(&"x".repeat(63)).is_ok());
+    }
+
+    #[test]
+    fn derived_names_fit_the_identifier_limit() {
+        let t = TableName::parse(&"x".repeat(63)).unwrap();
+        let derived = t.derived("expires_at_idx");
+        assert_eq!(derived.len(), 63 + 2);
+    }
+}

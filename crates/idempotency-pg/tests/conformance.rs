@@ -1,0 +1,14 @@
+//! The store conformance suite from `idempotency-core`, against a real PostgreSQL.
+//!
+//! Each test gets its own schema (see `idempotency_testing::pg_pool`).
+
+use idempotency_core::testing::Capabilities;
+use idempotency_pg::PgStore;
+
+async fn fresh_store() -> PgStore {
+    let store = PgStore::new(idempotency_testing::pg_pool().await);
+    store.create_schema().await.expect("create schema");
+    store
+}
+
+idempotency_core::store_conformance_tests!(fresh_store, Capabilities::FULL);

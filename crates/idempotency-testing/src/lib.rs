@@ -1,0 +1,122 @@
+//! Test support for the workspace: where the real servers are, and isolated databases on them.
+//!
+//! Servers are found through `DATABASE_URL`, `REDIS_URL`, `NATS_URL` and `AMQP_URL`, defaulting to
+//! the local ports. A server that does not answer fails the test loudly with what to set; tests
+//! never skip.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// `DATABASE_URL`, or the local PostgreSQL.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// `REDIS_URL`, or the local Redis.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// `NATS_URL`, or the local NATS server.
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// `AMQP_URL`, or the local RabbitMQ.
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A name no other test in any process uses: `prefix_<unix seconds>_<pid>_<counter>`.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    format!(
+        "{prefix}_{secs}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn options() -> PgConnectOptions {
+    let url = database_url();
+    url.parse::<PgConnectOptions>()
+        .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"))
+}
+
+async fn admin_connection() -> PgConnection {
+    let url = database_url();
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        PgConnection::connect_with(&options()),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => panic!(
+            "cannot connect to PostgreSQL at {url}: {e}. Start it (scripts/test.sh does) or set DATABASE_URL."
+        ),
+        Err(_) => {
+            panic!("PostgreSQL at {url} did not answer within 10 s. Start it or set DATABASE_URL.")
+        }
+    }
+}
+
+/// A pool whose connections use a schema of their own (`search_path`), created for this call.
+///
+/// Tests that each take one run in parallel and again and again without cleanup by hand. Schemas
+/// left by earlier runs are dropped once they are an hour old.
+pub async fn pg_pool() -> PgPool {
+    pg_pool_with(10).await
+}
+
+/// [`pg_pool`] with an explicit pool size.
+pub async fn pg_pool_with(max_connections: u32) -> PgPool {
+    let schema = unique_name("it");
+    let mut admin = admin_connection().await;
+    drop_stale_schemas(&mut admin).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
+        .execute(&mut admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create test schema {schema}: {e}"));
+    let _ = admin.close().await;
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(options().options([("search_path", schema.as_str())]))
+        .await
+        .unwrap_or_else(|e| panic!("cannot open a pool on {}: {e}", database_url()))
+}
+
+async fn drop_stale_schemas(admin: &mut PgConnection) {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if DONE.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let cutoff = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs().saturating_sub(3600))
+        .unwrap_or_default();
+    let stale: Vec<String> = sqlx::query_scalar(
+        "SELECT nspname::text FROM pg_namespace \
+         WHERE nspname ~ '^it_[0-9]+_' AND split_part(nspname, '_', 2)::bigint < $1",
+    )
+    .bind(cutoff as i64)
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap_or_default();
+    for schema in stale {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+        )))
+        .execute(&mut *admin)
+        .await;
+    }
+}
