@@ -39,7 +39,7 @@ fn fingerprint(c: &mut Criterion) {
             BenchmarkId::new("canonicalize-only", label),
             &value,
             |b, value| {
-                b.iter(|| idempotency_core::fingerprint::canonicalize(std::hint::black_box(value)))
+                b.iter(|| idempotency_core::fingerprint::canonicalize(std::hint::black_box(value)));
             },
         );
     }

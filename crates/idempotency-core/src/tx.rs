@@ -18,19 +18,29 @@ type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// `Tx` dereferences to the backend connection, so business statements run on it directly
 /// (with sqlx: `sqlx::query(..).execute(&mut **tx)` or `tx.connection()`).
 ///
+/// ```no_run
+/// # use idempotency_core::*;
+/// async fn in_tx<S: IdempotencyStore>(service: &IdempotencyService<S>, key: IdempotencyKey) -> Result<(), Error> {
+///     let mut tx = service.begin().await?;
+///     let call = Call::new("OP", key, &());
+///     let _: Outcome<()> = service
+///         .execute_in(&mut tx, call, async |_conn| Ok::<_, Error>(ExecutionResult::success(())))
+///         .await?;
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// The same call on a bare connection does not compile: a connection is not a transaction.
+///
 /// ```compile_fail
-/// // A bare connection is not a transaction: `execute_in` wants `&mut Tx<S>`.
-/// async fn no_tx<S: idempotency_core::IdempotencyStore>(
-///     service: &idempotency_core::IdempotencyService<S>,
-///     conn: &mut S::Connection,
-///     key: idempotency_core::IdempotencyKey,
-/// ) {
-///     let call = idempotency_core::Call::new("OP", key, &());
-///     let _ = service
-///         .execute_in::<_, (), idempotency_core::Error, _>(conn, call, async |_| {
-///             Ok(idempotency_core::ExecutionResult::success(()))
-///         })
-///         .await;
+/// # use idempotency_core::*;
+/// async fn no_tx<S: IdempotencyStore>(service: &IdempotencyService<S>, conn: &mut S::Connection, key: IdempotencyKey) -> Result<(), Error> {
+///     let call = Call::new("OP", key, &());
+///     let _: Outcome<()> = service
+///         .execute_in(conn, call, async |_conn| Ok::<_, Error>(ExecutionResult::success(())))
+///         .await?;
+///     Ok(())
 /// }
 /// ```
 pub struct Tx<S: IdempotencyStore> {

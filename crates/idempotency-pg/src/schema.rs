@@ -166,14 +166,14 @@ pub(crate) async fn problems(
             });
             continue;
         }
-        if let (Some(min), Some(found)) = (expected.min_len, len) {
-            if *found < min {
-                problems.push(SchemaProblem::TooShort {
-                    column: expected.column,
-                    min,
-                    found: *found,
-                });
-            }
+        if let (Some(min), Some(found)) = (expected.min_len, len)
+            && *found < min
+        {
+            problems.push(SchemaProblem::TooShort {
+                column: expected.column,
+                min,
+                found: *found,
+            });
         }
         if expected.nullable == *not_null {
             problems.push(SchemaProblem::Nullability {

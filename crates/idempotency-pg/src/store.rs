@@ -196,6 +196,13 @@ type FindRow = (
     Option<DateTime<Utc>>,
 );
 
+type CompleteRow = (
+    String,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
 fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
     let (hash, status, payload, code, created_at, completed_at, expires_at) = row;
     let status: RecordStatus = status
@@ -300,12 +307,7 @@ impl IdempotencyStore for PgStore {
             StoredOutcome::Completed { payload } => (Some(payload.as_str()), None),
             StoredOutcome::Rejected { code, details } => (details.as_deref(), Some(code.as_str())),
         };
-        let row: Option<(
-            String,
-            DateTime<Utc>,
-            Option<DateTime<Utc>>,
-            Option<DateTime<Utc>>,
-        )> = sqlx::query_as(self.sql.complete.clone())
+        let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())

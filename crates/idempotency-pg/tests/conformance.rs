@@ -2,6 +2,8 @@
 //!
 //! Each test gets its own schema (see `idempotency_testing::pg_pool`).
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
 use idempotency_core::testing::Capabilities;
 use idempotency_pg::PgStore;
 

@@ -491,9 +491,9 @@ pub async fn execute_in_follows_the_callers_transaction<S: IdempotencyStore>(
             .expect("execute_in");
         assert!(outcome.is_executed());
         if commit {
-            tx.commit().await.expect("commit")
+            tx.commit().await.expect("commit");
         } else {
-            tx.rollback().await.expect("rollback")
+            tx.rollback().await.expect("rollback");
         }
         assert_eq!(record_of(service.store(), &id).await.is_some(), commit);
     }

@@ -1,0 +1,338 @@
+//! PostgreSQL-specific behaviour: real business rows next to the record, the lock-timeout
+//! round trip, savepoints, cleanup that skips locked rows, and a backend killed mid-transaction.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+use std::time::{Duration, Instant};
+
+use idempotency_core::store::{Acquire, Claim, IdempotencyStore, LockWait};
+use idempotency_core::{
+    Call, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyService, Operation,
+    Outcome, RecordId, Scope, StoreError,
+};
+use idempotency_pg::{PgStore, PgTx};
+use sqlx::{Connection, PgConnection, PgPool};
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Idempotency(#[from] Error),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error("boom")]
+    Boom,
+}
+
+async fn setup() -> (PgPool, IdempotencyService<PgStore>) {
+    let pool = idempotency_testing::pg_pool().await;
+    let store = PgStore::new(pool.clone());
+    store.create_schema().await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE payments (id bigserial PRIMARY KEY, order_id text NOT NULL UNIQUE, amount numeric(12,2) NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    (pool, IdempotencyService::new(store))
+}
+
+async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn insert_payment(conn: &mut PgConnection, order: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("INSERT INTO payments (order_id, amount) VALUES ($1, 100.00) RETURNING id")
+        .bind(order)
+        .fetch_one(conn)
+        .await
+}
+
+/// The business row and the record commit together, fail together, and a replay adds nothing.
+#[tokio::test]
+async fn business_row_and_record_are_atomic() {
+    let (pool, service) = setup().await;
+    let key = IdempotencyKey::new("pay-1").unwrap();
+    let request = serde_json::json!({"orderId": "o-1"});
+
+    let failed: Result<Outcome<i64>, AppError> = service
+        .execute(
+            Call::new("CREATE_PAYMENT", key.clone(), &request),
+            async |conn| {
+                insert_payment(conn, "o-1").await?;
+                Err(AppError::Boom) // a technical failure after the business insert
+            },
+        )
+        .await;
+    assert!(matches!(failed, Err(AppError::Boom)));
+    assert_eq!(
+        count(&pool, "payments").await,
+        0,
+        "business row rolled back"
+    );
+    assert_eq!(
+        count(&pool, "idempotency_records").await,
+        0,
+        "record rolled back"
+    );
+
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let outcome: Outcome<i64> = service
+            .execute(
+                Call::new("CREATE_PAYMENT", key.clone(), &request),
+                async |conn| {
+                    Ok::<_, AppError>(ExecutionResult::success(insert_payment(conn, "o-1").await?))
+                },
+            )
+            .await
+            .unwrap();
+        ids.push(outcome.into_result().into_result().unwrap());
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    assert_eq!(count(&pool, "payments").await, 1);
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+}
+
+/// A transaction the application began itself, wrapped in `PgTx`, carries the record.
+#[tokio::test]
+async fn wrapping_an_application_transaction() {
+    let (pool, service) = setup().await;
+    let sqlx_tx = pool.begin().await.unwrap();
+    let mut tx = PgTx::new(sqlx_tx);
+    insert_payment(&mut tx, "before").await.unwrap();
+    let _: Outcome<i64> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", IdempotencyKey::new("wrap").unwrap(), &()),
+            async |conn| {
+                Ok::<_, AppError>(ExecutionResult::success(
+                    insert_payment(conn, "inside").await?,
+                ))
+            },
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(count(&pool, "payments").await, 2);
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+}
+
+/// The bounded acquire restores the session's `lock_timeout` for the caller's own statements.
+#[tokio::test]
+async fn bounded_acquire_restores_lock_timeout() {
+    let (_pool, service) = setup().await;
+    let store = service.store();
+    let mut tx = store.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '7s'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("lt").unwrap(),
+    );
+    let fingerprint = Fingerprint::new("0".repeat(64));
+    for _ in 0..2 {
+        store
+            .acquire(
+                &mut tx,
+                &Claim {
+                    id: &id,
+                    fingerprint: &fingerprint,
+                    ttl: None,
+                    wait: LockWait::Timeout(Duration::from_millis(250)),
+                },
+            )
+            .await
+            .unwrap();
+        let setting: String = sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(setting, "7s");
+    }
+}
+
+/// After a failed statement PostgreSQL aborts the transaction; an action that catches a SQL
+/// error must run it in a savepoint (`conn.begin()`) for the record to be written.
+#[tokio::test]
+async fn caught_sql_error_needs_a_savepoint() {
+    let (pool, service) = setup().await;
+    sqlx::query("INSERT INTO payments (order_id, amount) VALUES ('dup', 1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let without: Result<Outcome<i64>, AppError> = service
+        .execute(
+            Call::new("OP", IdempotencyKey::new("no-savepoint").unwrap(), &1),
+            async |conn| match insert_payment(conn, "dup").await {
+                Ok(id) => Ok(ExecutionResult::success(id)),
+                Err(_) => Ok(ExecutionResult::rejected("DUPLICATE_ORDER")),
+            },
+        )
+        .await;
+    let Err(AppError::Idempotency(Error::Store(StoreError::Database(_)))) = without else {
+        panic!("storing after an aborted statement must fail loudly: {without:?}");
+    };
+
+    let with: Outcome<i64> = service
+        .execute(
+            Call::new("OP", IdempotencyKey::new("savepoint").unwrap(), &1),
+            async |conn| {
+                let mut savepoint = conn.begin().await?;
+                match insert_payment(&mut savepoint, "dup").await {
+                    Ok(id) => {
+                        savepoint.commit().await?;
+                        Ok::<_, AppError>(ExecutionResult::success(id))
+                    }
+                    Err(_) => Ok(ExecutionResult::rejected("DUPLICATE_ORDER")),
+                }
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        with.result().rejection().map(|r| r.code()),
+        Some("DUPLICATE_ORDER")
+    );
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+}
+
+/// Cleanup skips rows locked by other transactions instead of waiting for them.
+#[tokio::test]
+async fn cleanup_skips_locked_rows() {
+    let (pool, service) = setup().await;
+    let store = service.store().clone();
+    let config = idempotency_core::ServiceConfig {
+        default_ttl: Some(Duration::from_millis(1)),
+        ..Default::default()
+    };
+    let service = IdempotencyService::builder(store.clone())
+        .config(config)
+        .build();
+    for i in 0..3 {
+        let _: Outcome<()> = service
+            .execute(
+                Call::new("OP", IdempotencyKey::new(format!("c-{i}")).unwrap(), &()),
+                async |_c| Ok::<_, Error>(ExecutionResult::success(())),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idempotency_records WHERE idempotency_key = 'c-0' FOR UPDATE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let report = idempotency_core::cleanup::purge_expired(&store, 100)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "cleanup waited for a locked row"
+    );
+    assert_eq!(report.deleted, 2);
+    locker.rollback().await.unwrap();
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+}
+
+/// The backend is killed between the acquire and the commit: no record, no business row; the
+/// retry with the same key runs once and succeeds.
+#[tokio::test]
+async fn backend_killed_mid_transaction_leaves_nothing() {
+    let (pool, service) = setup().await;
+    let key = IdempotencyKey::new("killed").unwrap();
+    let request = serde_json::json!({"orderId": "o-k"});
+    let killer = pool.clone();
+    let failed: Result<Outcome<i64>, AppError> = service
+        .execute(
+            Call::new("CREATE_PAYMENT", key.clone(), &request),
+            async |conn| {
+                let id = insert_payment(conn, "o-k").await?;
+                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                    .bind(pid)
+                    .fetch_one(&killer)
+                    .await?;
+                assert!(killed);
+                Ok(ExecutionResult::success(id))
+            },
+        )
+        .await;
+    let error = failed.expect_err("the commit cannot succeed on a dead backend");
+    let AppError::Idempotency(Error::Store(store_error)) = &error else {
+        panic!("{error:?}")
+    };
+    assert!(
+        store_error.is_retryable(),
+        "a lost connection is retryable: {store_error:?}"
+    );
+    assert_eq!(count(&pool, "payments").await, 0);
+    assert_eq!(count(&pool, "idempotency_records").await, 0);
+
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    for _ in 0..2 {
+        let _: Outcome<i64> = service
+            .execute(
+                Call::new("CREATE_PAYMENT", key.clone(), &request),
+                async |conn| {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, AppError>(ExecutionResult::success(insert_payment(conn, "o-k").await?))
+                },
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(runs.into_inner(), 1);
+    assert_eq!(count(&pool, "payments").await, 1);
+}
+
+/// `NoWait` only concerns in-flight holders: a committed key still reports `Exists`.
+#[tokio::test]
+async fn acquire_reports_exists_for_committed_keys_without_waiting() {
+    let (_pool, service) = setup().await;
+    let store = service.store();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("nw").unwrap(),
+    );
+    let fingerprint = Fingerprint::new("0".repeat(64));
+    let claim = Claim {
+        id: &id,
+        fingerprint: &fingerprint,
+        ttl: None,
+        wait: LockWait::NoWait,
+    };
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.acquire(&mut tx, &claim).await.unwrap(),
+        Acquire::Acquired
+    );
+    store
+        .complete(
+            &mut tx,
+            &id,
+            &idempotency_core::StoredOutcome::Completed {
+                payload: "1".into(),
+            },
+        )
+        .await
+        .unwrap();
+    PgStore::commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.acquire(&mut tx, &claim).await.unwrap(),
+        Acquire::Exists,
+        "NoWait applies to in-flight holders only"
+    );
+}

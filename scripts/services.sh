@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Makes sure the servers the tests talk to are installed, running and answering:
+# PostgreSQL, Redis, NATS (JetStream) and RabbitMQ on 127.0.0.1. Source it, then call
+# `ensure_services`; it exports DATABASE_URL, REDIS_URL, NATS_URL and AMQP_URL (keeping any
+# value already set, in which case that server is not started here).
+set -euo pipefail
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+  log "installing $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+wait_for() { # name host port seconds
+  local name=$1 host=$2 port=$3 seconds=$4 i
+  for ((i = 0; i < seconds * 4; i++)); do
+    if port_open "$host" "$port"; then return 0; fi
+    sleep 0.25
+  done
+  log "$name did not answer on $host:$port within ${seconds}s"
+  return 1
+}
+
+ensure_postgres() {
+  if [ -n "${DATABASE_URL:-}" ]; then return 0; fi
+  export DATABASE_URL="postgres://postgres@127.0.0.1:5432/test"
+  if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
+    :
+  else
+    if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+      apt_install postgresql
+      local version
+      version=$(ls /etc/postgresql | sort -V | tail -n1)
+      # Local development trust, as on the CI machine: tests connect as postgres without a password.
+      echo "host all all 127.0.0.1/32 trust" | as_root tee -a "/etc/postgresql/$version/main/pg_hba.conf" >/dev/null
+    fi
+    local version
+    version=$(ls /etc/postgresql | sort -V | tail -n1)
+    log "starting PostgreSQL $version"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    wait_for PostgreSQL 127.0.0.1 5432 60
+    for _ in $(seq 1 120); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+  fi
+  if ! psql "postgres://postgres@127.0.0.1:5432/postgres" -qAtc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1; then
+    log "creating database test"
+    psql "postgres://postgres@127.0.0.1:5432/postgres" -qc "CREATE DATABASE test"
+  fi
+}
+
+ensure_redis() {
+  if [ -n "${REDIS_URL:-}" ]; then return 0; fi
+  export REDIS_URL="redis://127.0.0.1:6379"
+  port_open 127.0.0.1 6379 && return 0
+  command -v redis-server >/dev/null || apt_install redis-server
+  log "starting Redis"
+  as_root mkdir -p /var/lib/redis /var/log/redis
+  as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_for Redis 127.0.0.1 6379 30
+}
+
+ensure_nats() {
+  if [ -n "${NATS_URL:-}" ]; then return 0; fi
+  export NATS_URL="nats://127.0.0.1:4222"
+  port_open 127.0.0.1 4222 && return 0
+  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || apt_install nats-server
+  local bin
+  bin=$(command -v nats-server || echo /usr/sbin/nats-server)
+  log "starting NATS with JetStream"
+  as_root mkdir -p /var/lib/nats-server
+  as_root start-stop-daemon --start --oknodo --background --exec "$bin" -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_for NATS 127.0.0.1 4222 30
+}
+
+ensure_rabbitmq() {
+  if [ -n "${AMQP_URL:-}" ]; then return 0; fi
+  export AMQP_URL="amqp://guest:guest@127.0.0.1:5672/%2f"
+  port_open 127.0.0.1 5672 && return 0
+  command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || apt_install rabbitmq-server
+  log "starting RabbitMQ"
+  as_root rabbitmq-server -detached || true
+  wait_for RabbitMQ 127.0.0.1 5672 120
+}
+
+ensure_services() {
+  ensure_postgres
+  ensure_redis
+  ensure_nats
+  ensure_rabbitmq
+  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL"
+}
