@@ -133,6 +133,23 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         id: &RecordId,
     ) -> impl Future<Output = Result<Option<IdempotencyRecord>, StoreError>> + Send;
 
+    /// Reads the committed record for `id` outside any transaction.
+    ///
+    /// `execute` calls it before beginning a transaction when `lookup_before_acquire` is on, so a
+    /// replay costs one read. The default begins, finds and rolls back; backends with a pool
+    /// override it with a single statement.
+    fn lookup(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<IdempotencyRecord>, StoreError>> + Send {
+        async move {
+            let mut tx = self.begin().await?;
+            let found = self.find(&mut tx, id).await;
+            Self::rollback(tx).await?;
+            found
+        }
+    }
+
     /// Stores the outcome on the caller's `PROCESSING` record and returns the terminal record.
     fn complete(
         &self,

@@ -297,6 +297,17 @@ impl IdempotencyStore for PgStore {
         row.map(record_from_row).transpose()
     }
 
+    async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        row.map(record_from_row).transpose()
+    }
+
     async fn complete(
         &self,
         conn: &mut PgConnection,

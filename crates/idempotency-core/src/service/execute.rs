@@ -39,7 +39,14 @@ where
         A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
     {
         // Bad input is refused before the transaction begins.
-        Operation::new(call.operation).map_err(Error::from)?;
+        let operation = Operation::new(call.operation).map_err(Error::from)?;
+        if self.inner.config.enabled && self.inner.config.lookup_before_acquire {
+            // A replay needs no transaction: read the committed record first.
+            let id = RecordId::new(operation, call.scope.clone(), call.key.clone());
+            if let Some(outcome) = self.replay_committed(&id, call.request).await? {
+                return Ok(outcome);
+            }
+        }
         let mut tx = self.begin().await.map_err(Error::Store)?;
         match self.execute_in(&mut tx, call, action).await {
             Ok(outcome) => {
@@ -88,35 +95,14 @@ where
             let result = action(tx.connection()).await?;
             return Ok(Outcome::new(result, Origin::Executed));
         }
-        let request = serde_json::to_value(call.request)
-            .map_err(|e| Error::Fingerprint(crate::FingerprintError::Serialize(e)))?;
-        let fingerprint = inner
-            .fingerprint
-            .fingerprint(&request)
-            .map_err(Error::from)?;
+        let fingerprint = inner.fingerprint_of(call.request)?;
         let ttl = inner.ttl_for(&call);
         let id = RecordId::new(operation, call.scope, call.key);
         let op = id.operation.as_str();
         tracing::debug!(operation = op, key_hash = %short_hash(id.key.as_str()), "idempotent execute");
 
-        if let Some(record) = inner.local.get(&id) {
-            return Ok(inner.replay(&id, &record, &fingerprint, Level::Local)?);
-        }
-        match inner.distributed.get(&id).await {
-            Ok(Some(record)) => {
-                let outcome = inner.replay(&id, &record, &fingerprint, Level::Distributed)?;
-                inner.local.put(&id, Arc::new(record));
-                return Ok(outcome);
-            }
-            Ok(None) => {}
-            Err(error) => {
-                inner.metrics.cache_error(op, Level::Distributed, &error);
-                let fail_fast = inner.distributed.failure_policy() == FailurePolicy::FailFast;
-                tracing::warn!(operation = op, error = %error, fail_fast, "distributed cache read failed");
-                if fail_fast && !matches!(error, crate::CacheError::Corrupt(_)) {
-                    return Err(Error::Cache(error).into());
-                }
-            }
+        if let Some(outcome) = inner.replay_cached(&id, &fingerprint).await? {
+            return Ok(outcome);
         }
 
         if inner.config.lookup_before_acquire {
@@ -169,6 +155,34 @@ where
             }
         }
         Err(Error::AcquireExhausted { attempts }.into())
+    }
+
+    /// Caches, then a committed-record lookup outside any transaction; `None` when nothing is
+    /// stored yet.
+    async fn replay_committed<R, T>(
+        &self,
+        id: &RecordId,
+        request: &R,
+    ) -> Result<Option<Outcome<T>>, Error>
+    where
+        R: Serialize + ?Sized,
+        T: DeserializeOwned,
+    {
+        let inner = &*self.inner;
+        let fingerprint = inner.fingerprint_of(request)?;
+        if let Some(outcome) = inner.replay_cached(id, &fingerprint).await? {
+            return Ok(Some(outcome));
+        }
+        let Some(record) = inner.store.lookup(id).await? else {
+            return Ok(None);
+        };
+        if !record.is_terminal() {
+            inner.metrics.in_flight(id.operation.as_str());
+            return Err(Error::InFlight);
+        }
+        let outcome = inner.replay(id, &record, &fingerprint, Level::Persistence)?;
+        inner.fill_caches(id, Arc::new(record)).await;
+        Ok(Some(outcome))
     }
 
     /// Step 5 and 6: run the action, store its outcome, schedule the cache writes.
@@ -240,6 +254,46 @@ where
     M: IdempotencyMetrics,
     Z: ResultSerializer,
 {
+    fn fingerprint_of<R: Serialize + ?Sized>(&self, request: &R) -> Result<Fingerprint, Error> {
+        let request = serde_json::to_value(request)
+            .map_err(|e| Error::Fingerprint(crate::FingerprintError::Serialize(e)))?;
+        Ok(self.fingerprint.fingerprint(&request)?)
+    }
+
+    /// Step 2: L1, then L2 (an L2 hit is copied to L1). A failing L2 is a miss under
+    /// `fail-open`, an error under `fail-fast` (a corrupt entry is a miss under both).
+    async fn replay_cached<T: DeserializeOwned>(
+        &self,
+        id: &RecordId,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Outcome<T>>, Error> {
+        if let Some(record) = self.local.get(id) {
+            return self
+                .replay(id, &record, fingerprint, Level::Local)
+                .map(Some);
+        }
+        let op = id.operation.as_str();
+        match self.distributed.get(id).await {
+            Ok(Some(record)) => {
+                let outcome = self.replay(id, &record, fingerprint, Level::Distributed)?;
+                self.local.put(id, Arc::new(record));
+                Ok(Some(outcome))
+            }
+            Ok(None) => Ok(None),
+            Err(error) => {
+                self.metrics.cache_error(op, Level::Distributed, &error);
+                let fail_fast = self.distributed.failure_policy() == FailurePolicy::FailFast
+                    && !matches!(error, crate::CacheError::Corrupt(_));
+                tracing::warn!(operation = op, error = %error, fail_fast, "distributed cache read failed");
+                if fail_fast {
+                    Err(Error::Cache(error))
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+
     fn ttl_for<R: ?Sized>(&self, call: &Call<'_, R>) -> Option<Duration> {
         match call.ttl {
             Some(ttl) => ttl,

@@ -459,6 +459,22 @@ pub async fn lookup_before_acquire_replays_from_the_store<S: IdempotencyStore>(
         conflict.idempotency(),
         Some(Error::PayloadConflict)
     ));
+    // The same lookup inside a caller's transaction.
+    let mut tx = service.begin().await.expect("begin");
+    let inside: Outcome<Value> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", k.clone(), &request),
+            async |_conn| {
+                counter.hit();
+                Ok::<_, SuiteError>(ExecutionResult::success(json!(4)))
+            },
+        )
+        .await
+        .expect("replay in a transaction");
+    tx.commit().await.expect("commit");
+    assert_eq!(replayed_from(&inside), Some(Level::Persistence));
+    assert_eq!(inside.result().value(), Some(&json!(1)));
     assert_eq!(counter.count(), 1);
 }
 

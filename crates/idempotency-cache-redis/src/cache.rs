@@ -1,0 +1,244 @@
+//! [`RedisCache`]: the `DistributedCache` on fred.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, KeysInterface};
+use fred::prelude::{Builder, Config, Expiration, ReconnectPolicy};
+use idempotency_core::config::DistributedCacheConfig;
+use idempotency_core::{CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId};
+
+use crate::breaker::{Breaker, BreakerState};
+use crate::codec::{self, Decoded};
+use crate::key::redis_key;
+
+/// Setting up the cache failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The Redis URL or client configuration is invalid.
+    #[error("invalid Redis configuration")]
+    Config(#[source] fred::error::Error),
+}
+
+/// Counts of what went wrong, for the application to read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisCacheStats {
+    /// Calls that did not finish within the timeout.
+    pub timeouts: u64,
+    /// Calls that failed in Redis or on the connection.
+    pub errors: u64,
+    /// Calls refused because the breaker was open.
+    pub short_circuited: u64,
+    /// Corrupt entries found (and deleted).
+    pub corrupt: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    timeouts: AtomicU64,
+    errors: AtomicU64,
+    short_circuited: AtomicU64,
+    corrupt: AtomicU64,
+}
+
+/// The L2 cache: shared between instances, on Redis through fred.
+///
+/// Works with any fred client the application already has (`Client`, `Pool`, a clustered or
+/// sentinel client: anything that implements `KeysInterface`). Every call is bounded by
+/// `timeout`; after `failure-threshold` consecutive failures a circuit breaker stops calling Redis
+/// for `cool-down`, so a dead or hanging Redis costs at most one timeout per request, then none.
+/// What a read failure means for the request is the `failure-policy` (see the crate docs).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_cache_redis::RedisCache;
+/// use idempotency_core::config::DistributedCacheConfig;
+///
+/// let cache = RedisCache::connect("redis://127.0.0.1:6379", &DistributedCacheConfig::default())?;
+/// // IdempotencyService::builder(store).distributed_cache(cache).build()
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisCache<C = Client> {
+    client: C,
+    prefix: Arc<str>,
+    ttl: Duration,
+    timeout: Duration,
+    policy: FailurePolicy,
+    breaker: Arc<Breaker>,
+    counters: Arc<Counters>,
+}
+
+impl RedisCache<Client> {
+    /// Builds a client for `url` and starts connecting in the background, reconnecting forever
+    /// with a short constant delay. It returns at once: a Redis that is down at startup does not
+    /// stop the application (requests see a miss, or an error under `fail-fast`).
+    pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
+        let client = Builder::from_config(Config::from_url(url).map_err(Error::Config)?)
+            .with_connection_config(|c| {
+                c.connection_timeout = Duration::from_secs(2);
+            })
+            .set_policy(ReconnectPolicy::new_constant(0, 500))
+            .build()
+            .map_err(Error::Config)?;
+        let _connection = client.connect();
+        Ok(Self::new(client, config))
+    }
+}
+
+impl<C> RedisCache<C>
+where
+    C: KeysInterface + Clone + Send + Sync + 'static,
+{
+    /// A cache over an existing fred client, configured by `idempotency.distributed-cache`.
+    pub fn new(client: C, config: &DistributedCacheConfig) -> Self {
+        Self {
+            client,
+            prefix: Arc::from(config.key_prefix.as_str()),
+            ttl: config.ttl,
+            timeout: config.timeout,
+            policy: config.failure_policy,
+            breaker: Arc::new(Breaker::new(
+                config.circuit_breaker.failure_threshold,
+                config.circuit_breaker.cool_down,
+            )),
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    /// The fred client.
+    pub fn client(&self) -> &C {
+        &self.client
+    }
+
+    /// The Redis key of a record.
+    pub fn key_for(&self, id: &RecordId) -> String {
+        redis_key(&self.prefix, id)
+    }
+
+    /// The circuit breaker's state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// What went wrong so far.
+    pub fn stats(&self) -> RedisCacheStats {
+        RedisCacheStats {
+            timeouts: self.counters.timeouts.load(Ordering::Relaxed),
+            errors: self.counters.errors.load(Ordering::Relaxed),
+            short_circuited: self.counters.short_circuited.load(Ordering::Relaxed),
+            corrupt: self.counters.corrupt.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs one Redis call through the breaker and the timeout.
+    async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, fred::error::Error>>,
+    ) -> Result<T, CacheError> {
+        if !self.breaker.allow() {
+            self.counters
+                .short_circuited
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(CacheError::CircuitOpen);
+        }
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => {
+                self.breaker.on_success();
+                Ok(value)
+            }
+            Ok(Err(error)) => {
+                self.breaker.on_failure();
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                Err(CacheError::Backend(Box::new(error)))
+            }
+            Err(_) => {
+                self.breaker.on_failure();
+                self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(CacheError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// How long an entry for `record` may live: the TTL, or less if the record expires sooner.
+    fn lifetime(&self, record: &IdempotencyRecord) -> Duration {
+        match record.expires_at {
+            Some(at) => at
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO)
+                .min(self.ttl),
+            None => self.ttl,
+        }
+    }
+}
+
+impl<C> DistributedCache for RedisCache<C>
+where
+    C: KeysInterface + Clone + Send + Sync + 'static,
+{
+    async fn get(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, CacheError> {
+        let key = self.key_for(id);
+        let value: Option<String> = self.call(self.client.get(key.as_str())).await?;
+        let Some(value) = value else { return Ok(None) };
+        match codec::decode(&value) {
+            Decoded::Record(record) => Ok(Some(record)),
+            Decoded::OtherVersion => Ok(None),
+            Decoded::Corrupt(error) => {
+                self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    operation = id.operation.as_str(),
+                    "corrupt idempotency cache entry; deleting it"
+                );
+                let _: Result<i64, _> = self.call(self.client.del(key.as_str())).await;
+                Err(CacheError::Corrupt(Box::new(error)))
+            }
+        }
+    }
+
+    async fn put(&self, id: &RecordId, record: &IdempotencyRecord) -> Result<(), CacheError> {
+        if !record.is_terminal() {
+            return Ok(());
+        }
+        let lifetime = self.lifetime(record);
+        let millis = i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX);
+        if millis <= 0 {
+            return Ok(());
+        }
+        let value = codec::encode(record).map_err(|e| CacheError::Backend(Box::new(e)))?;
+        let key = self.key_for(id);
+        self.call(self.client.set::<(), _, _>(
+            key.as_str(),
+            value,
+            Some(Expiration::PX(millis)),
+            None,
+            false,
+        ))
+        .await
+    }
+
+    fn failure_policy(&self) -> FailurePolicy {
+        self.policy
+    }
+}
+
+impl<C> fmt::Debug for RedisCache<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisCache")
+            .field("prefix", &self.prefix)
+            .field("ttl", &self.ttl)
+            .field("timeout", &self.timeout)
+            .field("policy", &self.policy)
+            .field("breaker", &self.breaker.state())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the client currently has a connection (for health checks).
+pub fn is_connected<C: ClientLike>(client: &C) -> bool {
+    client.is_connected()
+}

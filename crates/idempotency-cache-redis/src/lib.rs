@@ -1,0 +1,16 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod breaker;
+mod cache;
+mod codec;
+mod key;
+
+pub use breaker::BreakerState;
+pub use cache::{Error, RedisCache, RedisCacheStats, is_connected};
+pub use key::redis_key;
+
+/// The fred version this crate is built on.
+pub use fred;
+/// The core crate, re-exported so one dependency line is enough.
+pub use idempotency_core as core;

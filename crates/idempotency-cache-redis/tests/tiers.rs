@@ -1,0 +1,401 @@
+//! The cache scenarios of the reference, on real Redis, moka and PostgreSQL.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+use std::time::Duration;
+
+use idempotency_cache_moka::MokaCache;
+use idempotency_cache_redis::RedisCache;
+use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
+use idempotency_core::config::{DistributedCacheConfig, LocalCacheConfig};
+use idempotency_core::{
+    Call, DistributedCache, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord,
+    IdempotencyService, Level, LocalCache, Operation, Origin, Outcome, RecordId, Scope,
+    StoredOutcome,
+};
+use idempotency_pg::PgStore;
+use idempotency_pg::sqlx::PgPool;
+
+async fn redis(config: DistributedCacheConfig) -> RedisCache {
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("it")),
+        timeout: Duration::from_secs(2),
+        ..config
+    };
+    let cache = RedisCache::connect(&idempotency_testing::redis_url(), &config).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "Redis at {} did not answer; start it or set REDIS_URL",
+                idempotency_testing::redis_url()
+            )
+        })
+        .unwrap();
+    cache
+}
+
+fn moka() -> MokaCache {
+    MokaCache::new(&LocalCacheConfig {
+        statistics: true,
+        ..Default::default()
+    })
+}
+
+async fn store() -> (PgPool, PgStore) {
+    let pool = idempotency_testing::pg_pool().await;
+    let store = PgStore::new(pool.clone());
+    store.create_schema().await.unwrap();
+    (pool, store)
+}
+
+fn id(op: &str, scope: &str, key: &str) -> RecordId {
+    RecordId::new(
+        Operation::new(op).unwrap(),
+        Scope::new(scope).unwrap(),
+        IdempotencyKey::new(key).unwrap(),
+    )
+}
+
+async fn pay<L: LocalCache, D: DistributedCache>(
+    service: &IdempotencyService<PgStore, L, D>,
+    key: &str,
+    amount: i64,
+) -> Outcome<serde_json::Value> {
+    service
+        .execute(
+            Call::new("PAY", IdempotencyKey::new(key).unwrap(), &amount),
+            async |_c| {
+                if amount > 1000 {
+                    return Ok(ExecutionResult::rejected_with(
+                        "INSUFFICIENT_FUNDS",
+                        &serde_json::json!({"requested": amount}),
+                    )
+                    .unwrap());
+                }
+                Ok::<_, Error>(ExecutionResult::success(
+                    serde_json::json!({"paid": amount}),
+                ))
+            },
+        )
+        .await
+        .unwrap()
+}
+
+async fn in_redis(cache: &RedisCache, id: &RecordId) -> Option<String> {
+    cache
+        .client()
+        .get(cache.key_for(id).as_str())
+        .await
+        .unwrap()
+}
+
+async fn wipe_store(pool: &PgPool) {
+    idempotency_pg::sqlx::query("DELETE FROM idempotency_records")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_fresh_outcome_fills_both_caches_after_commit_and_not_before() {
+    let (_pool, store) = store().await;
+    let (l1, l2) = (moka(), redis(Default::default()).await);
+    let service = IdempotencyService::builder(store)
+        .local_cache(l1.clone())
+        .distributed_cache(l2.clone())
+        .build();
+    let record = id("PAY", "", "fresh");
+
+    let mut tx = service.begin().await.unwrap();
+    let _: Outcome<i32> = service
+        .execute_in(
+            &mut tx,
+            Call::new("PAY", record.key.clone(), &1),
+            async |_c| Ok::<_, Error>(ExecutionResult::success(1)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        in_redis(&l2, &record).await.is_none(),
+        "written to Redis before the commit"
+    );
+    assert!(
+        l1.get(&record).is_none(),
+        "written to moka before the commit"
+    );
+    tx.rollback().await.unwrap();
+    assert!(
+        in_redis(&l2, &record).await.is_none(),
+        "a rolled-back outcome reached Redis"
+    );
+    assert!(
+        l1.get(&record).is_none(),
+        "a rolled-back outcome reached moka"
+    );
+
+    let _: Outcome<i32> = service
+        .execute(Call::new("PAY", record.key.clone(), &1), async |_c| {
+            Ok::<_, Error>(ExecutionResult::success(1))
+        })
+        .await
+        .unwrap();
+    assert!(in_redis(&l2, &record).await.unwrap().starts_with("v1:"));
+    assert!(l1.get(&record).is_some());
+}
+
+#[tokio::test]
+async fn a_redis_hit_fills_moka_without_touching_the_store() {
+    let (pool, store) = store().await;
+    let l2 = redis(Default::default()).await;
+    let first = IdempotencyService::builder(store.clone())
+        .local_cache(moka())
+        .distributed_cache(l2.clone())
+        .build();
+    assert!(pay(&first, "shared", 10).await.is_executed());
+    wipe_store(&pool).await; // only Redis can answer now
+
+    let other_l1 = moka();
+    let other_instance = IdempotencyService::builder(store)
+        .local_cache(other_l1.clone())
+        .distributed_cache(l2)
+        .build();
+    let replay = pay(&other_instance, "shared", 10).await;
+    assert_eq!(
+        replay.origin(),
+        Origin::Replayed {
+            from: Level::Distributed
+        }
+    );
+    assert_eq!(
+        replay.result().value(),
+        Some(&serde_json::json!({"paid": 10}))
+    );
+    assert!(
+        other_l1.get(&id("PAY", "", "shared")).is_some(),
+        "the L2 hit was promoted to L1"
+    );
+    assert_eq!(
+        pay(&other_instance, "shared", 10).await.origin(),
+        Origin::Replayed { from: Level::Local }
+    );
+}
+
+#[tokio::test]
+async fn a_store_hit_fills_both_caches() {
+    let (_pool, store) = store().await;
+    let no_cache = IdempotencyService::new(store.clone());
+    assert!(pay(&no_cache, "stored", 20).await.is_executed());
+
+    let (l1, l2) = (moka(), redis(Default::default()).await);
+    let cached = IdempotencyService::builder(store)
+        .local_cache(l1.clone())
+        .distributed_cache(l2.clone())
+        .build();
+    assert_eq!(
+        pay(&cached, "stored", 20).await.origin(),
+        Origin::Replayed {
+            from: Level::Persistence
+        }
+    );
+    let record = id("PAY", "", "stored");
+    assert!(l1.get(&record).is_some());
+    assert!(in_redis(&l2, &record).await.is_some());
+}
+
+#[tokio::test]
+async fn an_l1_hit_skips_l2_and_the_store() {
+    let (pool, store) = store().await;
+    let (l1, l2) = (moka(), redis(Default::default()).await);
+    let service = IdempotencyService::builder(store)
+        .local_cache(l1)
+        .distributed_cache(l2.clone())
+        .build();
+    pay(&service, "hot", 30).await;
+    wipe_store(&pool).await;
+    let _: i64 = l2
+        .client()
+        .del(l2.key_for(&id("PAY", "", "hot")).as_str())
+        .await
+        .unwrap();
+    let replay = pay(&service, "hot", 30).await;
+    assert_eq!(replay.origin(), Origin::Replayed { from: Level::Local });
+}
+
+#[tokio::test]
+async fn rejected_outcomes_round_trip_through_redis() {
+    let (pool, store) = store().await;
+    let l2 = redis(Default::default()).await;
+    let first = IdempotencyService::builder(store.clone())
+        .distributed_cache(l2.clone())
+        .build();
+    let rejected = pay(&first, "poor", 5000).await;
+    assert!(rejected.result().is_rejected());
+    wipe_store(&pool).await;
+    let other = IdempotencyService::builder(store)
+        .local_cache(moka())
+        .distributed_cache(l2)
+        .build();
+    let replay = pay(&other, "poor", 5000).await;
+    assert_eq!(
+        replay.origin(),
+        Origin::Replayed {
+            from: Level::Distributed
+        }
+    );
+    assert_eq!(replay.result(), rejected.result());
+}
+
+#[tokio::test]
+async fn the_ttl_is_set_in_redis_and_never_exceeds_the_record() {
+    let (_pool, store) = store().await;
+    let l2 = redis(DistributedCacheConfig {
+        ttl: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .await;
+    let service = IdempotencyService::builder(store)
+        .distributed_cache(l2.clone())
+        .build();
+    pay(&service, "ttl", 1).await;
+    let pttl: i64 = l2
+        .client()
+        .pttl(l2.key_for(&id("PAY", "", "ttl")).as_str())
+        .await
+        .unwrap();
+    assert!(pttl > 3_500_000 && pttl <= 3_600_000, "PTTL {pttl}");
+
+    let _: Outcome<i32> = service
+        .execute(
+            Call::new("PAY", IdempotencyKey::new("short").unwrap(), &1)
+                .ttl(Duration::from_secs(30)),
+            async |_c| Ok::<_, Error>(ExecutionResult::success(1)),
+        )
+        .await
+        .unwrap();
+    let pttl: i64 = l2
+        .client()
+        .pttl(l2.key_for(&id("PAY", "", "short")).as_str())
+        .await
+        .unwrap();
+    assert!(
+        pttl > 0 && pttl <= 30_000,
+        "the entry outlives the record: PTTL {pttl}"
+    );
+}
+
+fn record(outcome: Option<StoredOutcome>) -> IdempotencyRecord {
+    IdempotencyRecord {
+        fingerprint: Fingerprint::new("a".repeat(64)),
+        outcome,
+        created_at: std::time::SystemTime::now(),
+        completed_at: None,
+        expires_at: None,
+    }
+}
+
+#[tokio::test]
+async fn a_processing_record_is_never_cached() {
+    let l2 = redis(Default::default()).await;
+    let processing = id("PAY", "", "processing");
+    l2.put(&processing, &record(None)).await.unwrap();
+    assert!(in_redis(&l2, &processing).await.is_none());
+}
+
+#[tokio::test]
+async fn colliding_triples_get_their_own_entries() {
+    let (pool, store) = store().await;
+    let l2 = redis(Default::default()).await;
+    let service = IdempotencyService::builder(store.clone())
+        .distributed_cache(l2.clone())
+        .build();
+    let triples = [("a:b", "", "c"), ("a", "b:", "c")];
+    for (i, (op, scope, key)) in triples.iter().enumerate() {
+        let _: Outcome<usize> = service
+            .execute(
+                Call::new(op, IdempotencyKey::new(*key).unwrap(), &0)
+                    .scoped(Scope::new(*scope).unwrap()),
+                async |_c| Ok::<_, Error>(ExecutionResult::success(i)),
+            )
+            .await
+            .unwrap();
+    }
+    let (a, b) = (id("a:b", "", "c"), id("a", "b:", "c"));
+    assert_ne!(l2.key_for(&a), l2.key_for(&b));
+    wipe_store(&pool).await;
+    for (i, (op, scope, key)) in triples.iter().enumerate() {
+        let replay: Outcome<usize> = service
+            .execute(
+                Call::new(op, IdempotencyKey::new(*key).unwrap(), &0)
+                    .scoped(Scope::new(*scope).unwrap()),
+                async |_c| Ok::<_, Error>(ExecutionResult::success(99)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            replay.origin(),
+            Origin::Replayed {
+                from: Level::Distributed
+            }
+        );
+        assert_eq!(
+            replay.result().value(),
+            Some(&i),
+            "{op}/{scope}/{key} got another triple's value"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss() {
+    let (_pool, store) = store().await;
+    let l2 = redis(DistributedCacheConfig {
+        failure_policy: idempotency_core::FailurePolicy::FailFast,
+        ..Default::default()
+    })
+    .await;
+    let service = IdempotencyService::new(store.clone());
+    pay(&service, "corrupt", 7).await;
+    let key = l2.key_for(&id("PAY", "", "corrupt"));
+    let _: () = l2
+        .client()
+        .set(key.as_str(), "v1:{not json", None, None, false)
+        .await
+        .unwrap();
+
+    let cached = IdempotencyService::builder(store)
+        .distributed_cache(l2.clone())
+        .build();
+    let replay = pay(&cached, "corrupt", 7).await;
+    assert_eq!(
+        replay.origin(),
+        Origin::Replayed {
+            from: Level::Persistence
+        },
+        "corrupt is a miss even in fail-fast"
+    );
+    assert_eq!(l2.stats().corrupt, 1);
+    let refilled = in_redis(&l2, &id("PAY", "", "corrupt")).await.unwrap();
+    assert!(
+        refilled.starts_with("v1:{"),
+        "the corrupt entry was replaced: {refilled}"
+    );
+}
+
+#[tokio::test]
+async fn another_format_version_is_a_miss_not_an_error() {
+    let l2 = redis(Default::default()).await;
+    let other = id("PAY", "", "v9");
+    let key = l2.key_for(&other);
+    let _: () = l2
+        .client()
+        .set(key.as_str(), "v9:{\"future\":true}", None, None, false)
+        .await
+        .unwrap();
+    assert_eq!(l2.get(&other).await.unwrap(), None);
+    assert!(
+        in_redis(&l2, &other).await.is_some(),
+        "another version's entry is left alone"
+    );
+    assert_eq!(l2.stats().corrupt, 0);
+}

@@ -1,0 +1,151 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::time::Duration;
+
+use idempotency_core::{CacheError, IdempotencyMetrics, Level, RecordStatus};
+use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+
+/// The core crate, re-exported so one dependency line is enough.
+pub use idempotency_core as core;
+
+/// Metric names. Dots become underscores in Prometheus (`idempotency_lookup_hits_total`, ...).
+pub mod names {
+    /// Counter, labels `operation`, `level` (`local`, `distributed`, `persistence`).
+    pub const LOOKUP_HITS: &str = "idempotency.lookup.hits";
+    /// Counter, labels `operation`, `status` (`COMPLETED`, `REJECTED`).
+    pub const REPLAYS: &str = "idempotency.replays";
+    /// Counter, label `operation`: same key, different payload.
+    pub const CONFLICTS: &str = "idempotency.conflicts";
+    /// Counter, label `operation`: keys acquired (the action ran).
+    pub const ACQUIRED: &str = "idempotency.acquired";
+    /// Counter, label `operation`: inserts that found an existing record.
+    pub const ACQUIRE_CONFLICTS: &str = "idempotency.acquire.conflicts";
+    /// Histogram in seconds, label `operation`: time in acquire, including waits on a holder.
+    pub const ACQUIRE_WAIT: &str = "idempotency.acquire.wait";
+    /// Counter, labels `operation`, `status`: outcomes committed (counted after the commit).
+    pub const PERSISTED: &str = "idempotency.persisted";
+    /// Counter, labels `operation`, `level`, `kind` (`timeout`, `backend`, `circuit_open`,
+    /// `corrupt`): cache failures.
+    pub const CACHE_ERRORS: &str = "idempotency.cache.errors";
+    /// Counter, label `operation`: requests refused because the key was in flight.
+    pub const IN_FLIGHT: &str = "idempotency.in_flight";
+    /// Counter: expired records deleted by cleanup.
+    pub const CLEANUP_DELETED: &str = "idempotency.cleanup.deleted";
+}
+
+/// The metrics SPI on the `metrics` facade: every measurement goes to whatever recorder the
+/// application installed (e.g. `metrics-exporter-prometheus`).
+///
+/// Labels are the operation name, the cache level, the record status and the cache error kind.
+/// Keys, scopes and fingerprints are never labels: the SPI does not even receive them.
+///
+/// ```
+/// use idempotency_metrics::FacadeMetrics;
+/// FacadeMetrics::describe(); // optional: units and help texts for exporters
+/// // IdempotencyService::builder(store).metrics(FacadeMetrics).build()
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FacadeMetrics;
+
+impl FacadeMetrics {
+    /// Registers the description and unit of every metric with the installed recorder.
+    pub fn describe() {
+        describe_counter!(
+            names::LOOKUP_HITS,
+            Unit::Count,
+            "Stored outcomes found, by level"
+        );
+        describe_counter!(
+            names::REPLAYS,
+            Unit::Count,
+            "Outcomes replayed instead of executed"
+        );
+        describe_counter!(
+            names::CONFLICTS,
+            Unit::Count,
+            "Keys reused with a different payload"
+        );
+        describe_counter!(
+            names::ACQUIRED,
+            Unit::Count,
+            "Keys acquired; the action ran"
+        );
+        describe_counter!(
+            names::ACQUIRE_CONFLICTS,
+            Unit::Count,
+            "Inserts that found an existing record"
+        );
+        describe_histogram!(
+            names::ACQUIRE_WAIT,
+            Unit::Seconds,
+            "Time spent acquiring a key"
+        );
+        describe_counter!(names::PERSISTED, Unit::Count, "Outcomes committed");
+        describe_counter!(
+            names::CACHE_ERRORS,
+            Unit::Count,
+            "Cache failures, by level and kind"
+        );
+        describe_counter!(
+            names::IN_FLIGHT,
+            Unit::Count,
+            "Requests refused while the key was in flight"
+        );
+        describe_counter!(
+            names::CLEANUP_DELETED,
+            Unit::Count,
+            "Expired records deleted by cleanup"
+        );
+    }
+}
+
+impl IdempotencyMetrics for FacadeMetrics {
+    fn lookup_hit(&self, operation: &str, level: Level) {
+        counter!(names::LOOKUP_HITS, "operation" => operation.to_owned(), "level" => level.as_str()).increment(1);
+    }
+
+    fn replayed(&self, operation: &str, status: RecordStatus) {
+        counter!(names::REPLAYS, "operation" => operation.to_owned(), "status" => status.as_str())
+            .increment(1);
+    }
+
+    fn payload_conflict(&self, operation: &str) {
+        counter!(names::CONFLICTS, "operation" => operation.to_owned()).increment(1);
+    }
+
+    fn acquired(&self, operation: &str) {
+        counter!(names::ACQUIRED, "operation" => operation.to_owned()).increment(1);
+    }
+
+    fn acquire_conflict(&self, operation: &str) {
+        counter!(names::ACQUIRE_CONFLICTS, "operation" => operation.to_owned()).increment(1);
+    }
+
+    fn acquire_wait(&self, operation: &str, waited: Duration) {
+        histogram!(names::ACQUIRE_WAIT, "operation" => operation.to_owned())
+            .record(waited.as_secs_f64());
+    }
+
+    fn persisted(&self, operation: &str, status: RecordStatus) {
+        counter!(names::PERSISTED, "operation" => operation.to_owned(), "status" => status.as_str()).increment(1);
+    }
+
+    fn cache_error(&self, operation: &str, level: Level, error: &CacheError) {
+        counter!(
+            names::CACHE_ERRORS,
+            "operation" => operation.to_owned(),
+            "level" => level.as_str(),
+            "kind" => error.kind()
+        )
+        .increment(1);
+    }
+
+    fn in_flight(&self, operation: &str) {
+        counter!(names::IN_FLIGHT, "operation" => operation.to_owned()).increment(1);
+    }
+
+    fn cleanup_deleted(&self, count: u64) {
+        counter!(names::CLEANUP_DELETED).increment(count);
+    }
+}
