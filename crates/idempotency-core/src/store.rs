@@ -168,3 +168,19 @@ pub trait ExpiredCleanup: Send + Sync + 'static {
         batch_size: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
+
+/// Optional capability: insert a terminal record in one statement, for
+/// [`IdempotencyService::execute_optimistic`](crate::IdempotencyService::execute_optimistic).
+pub trait InsertCompleted: IdempotencyStore {
+    /// Inserts a terminal record for the claim with `outcome`, unless a record exists for the key.
+    ///
+    /// Returns the inserted record, or `None` when the key is already taken. Like
+    /// [`acquire`](IdempotencyStore::acquire), it waits (within [`Claim::wait`]) for a concurrent
+    /// uncommitted holder of the key, failing with [`StoreError::LockTimeout`] past the budget.
+    fn insert_completed(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim<'_>,
+        outcome: &StoredOutcome,
+    ) -> impl Future<Output = Result<Option<IdempotencyRecord>, StoreError>> + Send;
+}

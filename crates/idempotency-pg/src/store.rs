@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, Utc};
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
-    Acquire, Claim, ExpiredCleanup, IdempotencyStore, LockWait, StoreError,
+    Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
 };
 use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, RecordStatus, StoredOutcome};
 use sqlx::postgres::types::PgInterval;
@@ -22,6 +22,8 @@ use crate::table::TableName;
 struct Statements {
     acquire: SqlStr,
     acquire_bounded: SqlStr,
+    insert_completed: SqlStr,
+    insert_completed_bounded: SqlStr,
     find: SqlStr,
     complete: SqlStr,
     status: SqlStr,
@@ -38,6 +40,8 @@ impl Statements {
         let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
         let columns =
             "operation, scope, idempotency_key, request_hash, status, created_at, expires_at";
+        let completed_columns = "operation, scope, idempotency_key, request_hash, status, \
+                                 result_payload, error_code, created_at, completed_at, expires_at";
         Self {
             acquire: sql(format!(
                 "INSERT INTO {t} ({columns}) VALUES ($1, $2, $3, $4, 'PROCESSING', now(), now() + $5) \
@@ -57,6 +61,27 @@ impl Statements {
                      ON CONFLICT (operation, scope, idempotency_key) DO NOTHING RETURNING 1) \
                  SELECT i.n, set_config('lock_timeout', cfg.previous, true) \
                  FROM cfg, (SELECT count(*) AS n FROM ins) AS i"
+            )),
+            insert_completed: sql(format!(
+                "INSERT INTO {t} ({completed_columns}) \
+                 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, now(), clock_timestamp(), now() + $8) \
+                 ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
+                 RETURNING created_at, completed_at, expires_at"
+            )),
+            // The same single-round-trip lock budget as `acquire_bounded`.
+            insert_completed_bounded: sql(format!(
+                "WITH cfg AS MATERIALIZED ( \
+                     SELECT current_setting('lock_timeout') AS previous, \
+                            set_config('lock_timeout', $9, true) AS applied), \
+                 ins AS ( \
+                     INSERT INTO {t} ({completed_columns}) \
+                     SELECT $1, $2, $3, $4, $5, $6::jsonb, $7, now(), clock_timestamp(), now() + $8 \
+                     FROM cfg \
+                     ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
+                     RETURNING created_at, completed_at, expires_at) \
+                 SELECT ins.created_at, ins.completed_at, ins.expires_at, \
+                        set_config('lock_timeout', cfg.previous, true) \
+                 FROM cfg LEFT JOIN ins ON true"
             )),
             find: sql(format!(
                 "SELECT request_hash, status, result_payload::text, error_code, created_at, \
@@ -314,10 +339,7 @@ impl IdempotencyStore for PgStore {
         id: &RecordId,
         outcome: &StoredOutcome,
     ) -> Result<IdempotencyRecord, StoreError> {
-        let (payload, code) = match outcome {
-            StoredOutcome::Completed { payload } => (Some(payload.as_str()), None),
-            StoredOutcome::Rejected { code, details } => (details.as_deref(), Some(code.as_str())),
-        };
+        let (payload, code) = payload_and_code(outcome);
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -349,6 +371,63 @@ impl IdempotencyStore for PgStore {
             completed_at: completed_at.map(SystemTime::from),
             expires_at: expires_at.map(SystemTime::from),
         })
+    }
+}
+
+fn payload_and_code(outcome: &StoredOutcome) -> (Option<&str>, Option<&str>) {
+    match outcome {
+        StoredOutcome::Completed { payload } => (Some(payload.as_str()), None),
+        StoredOutcome::Rejected { code, details } => (details.as_deref(), Some(code.as_str())),
+    }
+}
+
+type InsertedRow = (
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
+impl InsertCompleted for PgStore {
+    async fn insert_completed(
+        &self,
+        conn: &mut PgConnection,
+        claim: &Claim<'_>,
+        outcome: &StoredOutcome,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let id = claim.id;
+        let (payload, code) = payload_and_code(outcome);
+        let timeout = lock_timeout(claim.wait);
+        let sql = match timeout {
+            None => self.sql.insert_completed.clone(),
+            Some(_) => self.sql.insert_completed_bounded.clone(),
+        };
+        let mut query = sqlx::query_as::<_, InsertedRow>(sql)
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(claim.fingerprint.as_str())
+            .bind(outcome.status().as_str())
+            .bind(payload)
+            .bind(code)
+            .bind(interval(claim.ttl));
+        if let Some(timeout) = timeout {
+            query = query.bind(timeout);
+        }
+        let row = query
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        // Unbounded: no row when the key is taken. Bounded: one row, NULLs when it is taken.
+        let Some((Some(created_at), completed_at, expires_at)) = row else {
+            return Ok(None);
+        };
+        Ok(Some(IdempotencyRecord {
+            fingerprint: claim.fingerprint.clone(),
+            outcome: Some(outcome.clone()),
+            created_at: SystemTime::from(created_at),
+            completed_at: completed_at.map(SystemTime::from),
+            expires_at: expires_at.map(SystemTime::from),
+        }))
     }
 }
 

@@ -14,3 +14,8 @@ async fn fresh_store() -> PgStore {
 }
 
 idempotency_core::store_conformance_tests!(fresh_store, Capabilities::FULL);
+
+mod optimistic {
+    use super::*;
+    idempotency_core::optimistic_conformance_tests!(fresh_store, Capabilities::FULL);
+}

@@ -336,3 +336,52 @@ async fn acquire_reports_exists_for_committed_keys_without_waiting() {
         "NoWait applies to in-flight holders only"
     );
 }
+
+/// `execute_optimistic` with real business rows: 20 simultaneous duplicates leave exactly one
+/// payment row, because every loser's transaction rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn optimistic_duplicates_leave_one_business_row() {
+    let (pool, service) = setup().await;
+    sqlx::raw_sql("CREATE TABLE ledger (id bigserial PRIMARY KEY, amount int NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let request = serde_json::json!({"amount": 5});
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (service, request, barrier) = (service.clone(), request.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                service
+                    .execute_optimistic(
+                        Call::new("LEDGER", IdempotencyKey::new("opt").unwrap(), &request),
+                        async |conn| {
+                            let id: i64 = sqlx::query_scalar(
+                                "INSERT INTO ledger (amount) VALUES (5) RETURNING id",
+                            )
+                            .fetch_one(&mut *conn)
+                            .await?;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            Ok::<_, AppError>(ExecutionResult::success(id))
+                        },
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for task in tasks {
+        ids.push(
+            task.await
+                .unwrap()
+                .unwrap()
+                .into_result()
+                .into_result()
+                .unwrap(),
+        );
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    assert_eq!(count(&pool, "ledger").await, 1);
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+}

@@ -43,7 +43,8 @@ where
         if self.inner.config.enabled && self.inner.config.lookup_before_acquire {
             // A replay needs no transaction: read the committed record first.
             let id = RecordId::new(operation, call.scope.clone(), call.key.clone());
-            if let Some(outcome) = self.replay_committed(&id, call.request).await? {
+            let fingerprint = self.inner.fingerprint_of(call.request)?;
+            if let Some(outcome) = self.replay_committed(&id, &fingerprint).await? {
                 return Ok(outcome);
             }
         }
@@ -159,18 +160,13 @@ where
 
     /// Caches, then a committed-record lookup outside any transaction; `None` when nothing is
     /// stored yet.
-    async fn replay_committed<R, T>(
+    pub(super) async fn replay_committed<T: DeserializeOwned>(
         &self,
         id: &RecordId,
-        request: &R,
-    ) -> Result<Option<Outcome<T>>, Error>
-    where
-        R: Serialize + ?Sized,
-        T: DeserializeOwned,
-    {
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Outcome<T>>, Error> {
         let inner = &*self.inner;
-        let fingerprint = inner.fingerprint_of(request)?;
-        if let Some(outcome) = inner.replay_cached(id, &fingerprint).await? {
+        if let Some(outcome) = inner.replay_cached(id, fingerprint).await? {
             return Ok(Some(outcome));
         }
         let Some(record) = inner.store.lookup(id).await? else {
@@ -180,7 +176,7 @@ where
             inner.metrics.in_flight(id.operation.as_str());
             return Err(Error::InFlight);
         }
-        let outcome = inner.replay(id, &record, &fingerprint, Level::Persistence)?;
+        let outcome = inner.replay(id, &record, fingerprint, Level::Persistence)?;
         inner.fill_caches(id, Arc::new(record)).await;
         Ok(Some(outcome))
     }
@@ -254,7 +250,10 @@ where
     M: IdempotencyMetrics,
     Z: ResultSerializer,
 {
-    fn fingerprint_of<R: Serialize + ?Sized>(&self, request: &R) -> Result<Fingerprint, Error> {
+    pub(super) fn fingerprint_of<R: Serialize + ?Sized>(
+        &self,
+        request: &R,
+    ) -> Result<Fingerprint, Error> {
         let request = serde_json::to_value(request)
             .map_err(|e| Error::Fingerprint(crate::FingerprintError::Serialize(e)))?;
         Ok(self.fingerprint.fingerprint(&request)?)
@@ -262,7 +261,7 @@ where
 
     /// Step 2: L1, then L2 (an L2 hit is copied to L1). A failing L2 is a miss under
     /// `fail-open`, an error under `fail-fast` (a corrupt entry is a miss under both).
-    async fn replay_cached<T: DeserializeOwned>(
+    pub(super) async fn replay_cached<T: DeserializeOwned>(
         &self,
         id: &RecordId,
         fingerprint: &Fingerprint,
@@ -294,7 +293,7 @@ where
         }
     }
 
-    fn ttl_for<R: ?Sized>(&self, call: &Call<'_, R>) -> Option<Duration> {
+    pub(super) fn ttl_for<R: ?Sized>(&self, call: &Call<'_, R>) -> Option<Duration> {
         match call.ttl {
             Some(ttl) => ttl,
             None => self
@@ -306,7 +305,7 @@ where
         }
     }
 
-    fn lock_wait(&self) -> LockWait {
+    pub(super) fn lock_wait(&self) -> LockWait {
         match self.config.in_flight {
             InFlightPolicy::Wait { timeout: None } => LockWait::Unbounded,
             InFlightPolicy::Wait {
@@ -316,7 +315,10 @@ where
         }
     }
 
-    fn encode<T: Serialize>(&self, result: &ExecutionResult<T>) -> Result<StoredOutcome, Error> {
+    pub(super) fn encode<T: Serialize>(
+        &self,
+        result: &ExecutionResult<T>,
+    ) -> Result<StoredOutcome, Error> {
         Ok(match result {
             ExecutionResult::Success(value) => StoredOutcome::Completed {
                 payload: self.serializer.serialize(value)?,
@@ -332,7 +334,7 @@ where
     }
 
     /// Checks the fingerprint and decodes a terminal record.
-    fn replay<T: DeserializeOwned>(
+    pub(super) fn replay<T: DeserializeOwned>(
         &self,
         id: &RecordId,
         record: &IdempotencyRecord,
@@ -369,7 +371,7 @@ where
 
     /// Writes a terminal record to L2, then L1. Never fails: a cache write error is logged and
     /// counted, because the record is already committed.
-    async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
+    pub(super) async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
         if !record.is_terminal() {
             return;
         }

@@ -3,6 +3,7 @@
 mod builder;
 mod call;
 mod execute;
+mod optimistic;
 
 use std::collections::HashMap;
 use std::fmt;

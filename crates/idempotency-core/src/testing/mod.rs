@@ -13,11 +13,13 @@
 //! documented alternative instead of being skipped.
 
 mod concurrency;
+mod optimistic;
 mod service_cases;
 mod store_cases;
 mod support;
 
 pub use concurrency::*;
+pub use optimistic::*;
 pub use service_cases::*;
 pub use store_cases::*;
 pub use support::{CountingAction, RecordingCache, SuiteError, VanishingStore, key, op};
@@ -90,6 +92,29 @@ macro_rules! store_conformance_tests {
         );
     };
     (@cases $factory:path, $caps:expr; $($case:ident),* $(,)?) => {
+        $crate::__conformance_cases!($factory, $caps; $($case),*);
+    };
+}
+
+/// Generates the `execute_optimistic` conformance cases, for stores that implement
+/// [`InsertCompleted`](crate::store::InsertCompleted).
+#[macro_export]
+macro_rules! optimistic_conformance_tests {
+    ($factory:path, $caps:expr) => {
+        $crate::__conformance_cases!($factory, $caps;
+            optimistic_first_run_then_replay,
+            optimistic_rejection_conflict_and_failure,
+            optimistic_concurrent_duplicates_one_commits,
+            optimistic_failure_after_a_winner_replays_it,
+            optimistic_wait_budget_is_honoured,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($factory:path, $caps:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {

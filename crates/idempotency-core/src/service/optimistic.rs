@@ -1,0 +1,138 @@
+//! `execute_optimistic`: run first, write the terminal record once, at the end.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Call, IdempotencyService};
+use crate::cache::{DistributedCache, LocalCache};
+use crate::error::Error;
+use crate::key::{Operation, RecordId};
+use crate::metrics::IdempotencyMetrics;
+use crate::result::{ExecutionResult, Origin, Outcome};
+use crate::serializer::ResultSerializer;
+use crate::store::{Claim, IdempotencyStore, InsertCompleted, StoreError};
+use crate::tx::Tx;
+
+impl<S, L, D, M, Z> IdempotencyService<S, L, D, M, Z>
+where
+    S: InsertCompleted,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: ResultSerializer,
+{
+    /// Runs `action`, then writes the terminal record in the same transaction with one insert:
+    /// one statement fewer per first execution than [`execute`](Self::execute), which claims the
+    /// key with a `PROCESSING` record first and completes it after the action.
+    ///
+    /// **Only for actions whose every effect is in this database transaction.** Two concurrent
+    /// duplicates may both run the action; the second one's insert then waits for the first
+    /// transaction, finds the key taken, rolls back everything it did and replays the winner's
+    /// outcome. An action that fails while a duplicate committed (for example on a unique business
+    /// key) also replays the winner. Replays of an already committed key run the action too (and
+    /// roll it back) unless a cache or `lookup_before_acquire` answers first, so enable one of
+    /// them. Use [`execute`](Self::execute) for anything with effects outside the database (a
+    /// payment provider, an e-mail): it guarantees the action runs at most once.
+    pub async fn execute_optimistic<R, T, E, A>(
+        &self,
+        call: Call<'_, R>,
+        action: A,
+    ) -> Result<Outcome<T>, E>
+    where
+        R: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
+        let inner = &*self.inner;
+        let operation = Operation::new(call.operation).map_err(Error::from)?;
+        if !inner.config.enabled {
+            let mut tx = self.begin().await.map_err(Error::Store)?;
+            let result = action(tx.connection()).await?;
+            tx.commit().await.map_err(Error::Store)?;
+            return Ok(Outcome::new(result, Origin::Executed));
+        }
+        let fingerprint = inner.fingerprint_of(call.request)?;
+        let ttl = inner.ttl_for(&call);
+        let id = RecordId::new(operation, call.scope, call.key);
+        let op = id.operation.as_str();
+        let early = if inner.config.lookup_before_acquire {
+            self.replay_committed(&id, &fingerprint).await?
+        } else {
+            inner.replay_cached(&id, &fingerprint).await?
+        };
+        if let Some(outcome) = early {
+            return Ok(outcome);
+        }
+
+        let mut tx = self.begin().await.map_err(Error::Store)?;
+        let result = match action(tx.connection()).await {
+            Ok(result) => result,
+            Err(error) => {
+                rollback(tx).await;
+                // A duplicate that committed first may be why the action failed: its outcome wins.
+                return match self.replay_committed(&id, &fingerprint).await {
+                    Ok(Some(outcome)) => Ok(outcome),
+                    Err(Error::PayloadConflict) => Err(Error::PayloadConflict.into()),
+                    Ok(None) | Err(_) => Err(error),
+                };
+            }
+        };
+        let stored = inner.encode(&result)?;
+        let claim = Claim {
+            id: &id,
+            fingerprint: &fingerprint,
+            ttl,
+            wait: inner.lock_wait(),
+        };
+        let started = Instant::now();
+        let inserted = inner
+            .store
+            .insert_completed(tx.connection(), &claim, &stored)
+            .await;
+        inner.metrics.acquire_wait(op, started.elapsed());
+        match inserted {
+            Ok(Some(record)) => {
+                inner.metrics.acquired(op);
+                let service = Arc::clone(&self.inner);
+                let status = stored.status();
+                let record = Arc::new(record);
+                let hook_id = id.clone();
+                tx.after_commit(async move {
+                    service
+                        .metrics
+                        .persisted(hook_id.operation.as_str(), status);
+                    service.fill_caches(&hook_id, record).await;
+                });
+                tx.commit().await.map_err(Error::Store)?;
+                Ok(Outcome::new(result, Origin::Executed))
+            }
+            Ok(None) => {
+                inner.metrics.acquire_conflict(op);
+                rollback(tx).await;
+                match self.replay_committed(&id, &fingerprint).await? {
+                    Some(outcome) => Ok(outcome),
+                    None => Err(Error::AcquireExhausted { attempts: 1 }.into()),
+                }
+            }
+            Err(StoreError::LockTimeout(_)) => {
+                inner.metrics.in_flight(op);
+                rollback(tx).await;
+                Err(Error::InFlight.into())
+            }
+            Err(error) => {
+                rollback(tx).await;
+                Err(Error::Store(error).into())
+            }
+        }
+    }
+}
+
+async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::warn!(error = %error, "rollback failed");
+    }
+}

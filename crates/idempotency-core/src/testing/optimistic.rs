@@ -1,0 +1,252 @@
+//! Conformance cases for `execute_optimistic`, for stores that implement `InsertCompleted`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+use super::Capabilities;
+use super::service_cases::service_with;
+use super::support::{CountingAction, SuiteError, key};
+use crate::store::InsertCompleted;
+use crate::{
+    Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, InFlightPolicy, Level,
+    Origin, Outcome, ServiceConfig,
+};
+
+async fn run<S: InsertCompleted>(
+    service: &IdempotencyService<S>,
+    key: &IdempotencyKey,
+    request: &Value,
+    counter: &CountingAction,
+    value: Value,
+) -> Result<Outcome<Value>, SuiteError> {
+    service
+        .execute_optimistic(Call::new("OP", key.clone(), request), async |_conn| {
+            counter.hit();
+            Ok(ExecutionResult::success(value))
+        })
+        .await
+}
+
+/// First run executes; a repeat replays the first value. Without a lookup first, the repeat
+/// runs the action and rolls it back; with `lookup_before_acquire` it does not run at all.
+pub async fn optimistic_first_run_then_replay<S: InsertCompleted + Clone>(
+    store: S,
+    _caps: Capabilities,
+) {
+    for lookup_before_acquire in [false, true] {
+        let config = ServiceConfig {
+            lookup_before_acquire,
+            ..ServiceConfig::default()
+        };
+        let service = service_with(store.clone(), config);
+        let (k, counter, request) = (
+            key("optimistic"),
+            CountingAction::default(),
+            json!({"a": 1}),
+        );
+        let first = run(&service, &k, &request, &counter, json!(1))
+            .await
+            .expect("first");
+        assert!(first.is_executed());
+        let replay = run(&service, &k, &request, &counter, json!(2))
+            .await
+            .expect("replay");
+        assert_eq!(
+            replay.origin(),
+            Origin::Replayed {
+                from: Level::Persistence
+            }
+        );
+        assert_eq!(replay.result().value(), Some(&json!(1)));
+        assert_eq!(counter.count(), if lookup_before_acquire { 1 } else { 2 });
+    }
+}
+
+/// Rejections are stored and replayed; another payload is a conflict; a technical failure
+/// stores nothing.
+pub async fn optimistic_rejection_conflict_and_failure<S: InsertCompleted + Clone>(
+    store: S,
+    _caps: Capabilities,
+) {
+    let service = IdempotencyService::new(store);
+    let k = key("optimistic-reject");
+    for round in 0..2 {
+        let outcome: Outcome<Value> = service
+            .execute_optimistic(
+                Call::new("OP", k.clone(), &json!({"x": 1})),
+                async |_conn| Ok::<_, SuiteError>(ExecutionResult::rejected("LIMIT")),
+            )
+            .await
+            .expect("rejection");
+        assert_eq!(outcome.is_replayed(), round == 1);
+        assert_eq!(
+            outcome.result().rejection().map(|r| r.code()),
+            Some("LIMIT")
+        );
+    }
+    let counter = CountingAction::default();
+    let conflict = run(&service, &k, &json!({"x": 2}), &counter, json!(0))
+        .await
+        .expect_err("conflict");
+    assert!(
+        matches!(conflict.idempotency(), Some(Error::PayloadConflict)),
+        "{conflict:?}"
+    );
+
+    let failing = key("optimistic-failure");
+    let failed: Result<Outcome<Value>, SuiteError> = service
+        .execute_optimistic(
+            Call::new("OP", failing.clone(), &json!({})),
+            async |_conn| Err(SuiteError::Boom),
+        )
+        .await;
+    assert!(matches!(failed, Err(SuiteError::Boom)));
+    let retry = run(&service, &failing, &json!({}), &counter, json!("ok"))
+        .await
+        .expect("retry");
+    assert!(retry.is_executed(), "nothing was stored by the failure");
+}
+
+/// 20 simultaneous duplicates: exactly one commits; every caller gets the winner's value.
+pub async fn optimistic_concurrent_duplicates_one_commits<S: InsertCompleted + Clone>(
+    store: S,
+    _caps: Capabilities,
+) {
+    let config = ServiceConfig {
+        in_flight: InFlightPolicy::Wait {
+            timeout: Some(Duration::from_secs(30)),
+        },
+        ..ServiceConfig::default()
+    };
+    let service = service_with(store, config);
+    let (k, counter, request) = (
+        key("optimistic-stampede"),
+        CountingAction::default(),
+        json!({"n": 1}),
+    );
+    let barrier = Arc::new(Barrier::new(20));
+    let mut handles = Vec::new();
+    for _ in 0..20 {
+        let (service, k, request, counter, barrier) = (
+            service.clone(),
+            k.clone(),
+            request.clone(),
+            counter.clone(),
+            Arc::clone(&barrier),
+        );
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            service
+                .execute_optimistic(Call::new("OP", k, &request), async |_conn| {
+                    let n = counter.hit();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, SuiteError>(ExecutionResult::success(json!({"run": n})))
+                })
+                .await
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for handle in handles {
+        outcomes.push(
+            handle
+                .await
+                .expect("join")
+                .expect("every duplicate gets an outcome"),
+        );
+    }
+    let winners: Vec<_> = outcomes.iter().filter(|o| o.is_executed()).collect();
+    assert_eq!(winners.len(), 1, "exactly one transaction commits");
+    let value = winners[0].result().value().cloned();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.result().value().cloned() == value),
+        "everyone sees the winner"
+    );
+}
+
+/// An action that fails because a duplicate committed first replays the duplicate's outcome.
+pub async fn optimistic_failure_after_a_winner_replays_it<S: InsertCompleted + Clone>(
+    store: S,
+    caps: Capabilities,
+) {
+    let service = IdempotencyService::new(store);
+    let (k, request) = (key("optimistic-loser"), json!({"l": 1}));
+    let winner = {
+        let (service, k, request) = (service.clone(), k.clone(), request.clone());
+        tokio::spawn(async move {
+            service
+                .execute_optimistic(Call::new("OP", k, &request), async |_conn| {
+                    Ok::<_, SuiteError>(ExecutionResult::success(json!("winner")))
+                })
+                .await
+        })
+    };
+    if caps.concurrent_writers {
+        // let the winner commit while the loser's action is still running
+        let loser: Outcome<Value> = service
+            .execute_optimistic(Call::new("OP", k.clone(), &request), async |_conn| {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Err(SuiteError::Boom) // e.g. the unique business key the winner just took
+            })
+            .await
+            .expect("the loser replays");
+        assert_eq!(loser.result().value(), Some(&json!("winner")));
+    }
+    assert!(winner.await.expect("join").expect("winner").is_executed());
+}
+
+/// A holder keeps the key for 2 s; a duplicate's insert with a 200 ms budget gets `InFlight`.
+pub async fn optimistic_wait_budget_is_honoured<S: InsertCompleted + Clone>(
+    store: S,
+    caps: Capabilities,
+) {
+    let config = ServiceConfig {
+        in_flight: InFlightPolicy::Wait {
+            timeout: Some(Duration::from_millis(200)),
+        },
+        ..ServiceConfig::default()
+    };
+    let service = service_with(store, config);
+    let (k, request) = (key("optimistic-budget"), json!({"b": 1}));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let holder = {
+        let (service, k, request) = (service.clone(), k.clone(), request.clone());
+        tokio::spawn(async move {
+            let mut tx = service.begin().await.expect("begin");
+            let _: Outcome<Value> = service
+                .execute_in(&mut tx, Call::new("OP", k, &request), async |_conn| {
+                    Ok::<_, SuiteError>(ExecutionResult::success(json!("held")))
+                })
+                .await
+                .expect("holder");
+            let _ = started_tx.send(());
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            tx.commit().await.expect("commit");
+        })
+    };
+    started.await.expect("holder started");
+    let began = Instant::now();
+    let counter = CountingAction::default();
+    let result = run(&service, &k, &request, &counter, json!("late")).await;
+    if caps.concurrent_writers {
+        assert!(
+            matches!(result, Err(SuiteError::Idempotency(Error::InFlight))),
+            "{result:?}"
+        );
+        assert!(
+            began.elapsed() < Duration::from_millis(1500),
+            "waited {:?}",
+            began.elapsed()
+        );
+    } else {
+        assert_eq!(
+            result.expect("replay").result().value(),
+            Some(&json!("held"))
+        );
+    }
+    holder.await.expect("join");
+}
