@@ -18,6 +18,13 @@ use crate::serializer::ResultSerializer;
 use crate::store::{Acquire, Claim, IdempotencyStore, LockWait, StoreError};
 use crate::tx::Tx;
 
+/// A call whose operation is valid and whose request is fingerprinted.
+pub(super) struct Prepared {
+    pub(super) id: RecordId,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) ttl: Option<Duration>,
+}
+
 impl<S, L, D, M, Z> IdempotencyService<S, L, D, M, Z>
 where
     S: IdempotencyStore,
@@ -29,7 +36,9 @@ where
     /// Runs `action` at most once for the call's key, in a transaction the service begins and
     /// commits. See [`execute_in`](Self::execute_in) for the steps.
     ///
-    /// On any error the transaction is rolled back: the action's changes and the record go away
+    /// A replay from a cache (or, with `lookup_before_acquire`, from the committed record) needs
+    /// no transaction at all: the transaction begins only when the key must be acquired. On any
+    /// error the transaction is rolled back: the action's changes and the record go away
     /// together, and a retry with the same key runs from scratch.
     pub async fn execute<R, T, E, A>(&self, call: Call<'_, R>, action: A) -> Result<Outcome<T>, E>
     where
@@ -38,18 +47,30 @@ where
         E: From<Error>,
         A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
     {
-        // Bad input is refused before the transaction begins.
-        let operation = Operation::new(call.operation).map_err(Error::from)?;
-        if self.inner.config.enabled && self.inner.config.lookup_before_acquire {
-            // A replay needs no transaction: read the committed record first.
-            let id = RecordId::new(operation, call.scope.clone(), call.key.clone());
-            let fingerprint = self.inner.fingerprint_of(call.request)?;
-            if let Some(outcome) = self.replay_committed(&id, &fingerprint).await? {
+        let inner = &*self.inner;
+        // Bad input is refused before any I/O.
+        let prepared = inner.prepare(call)?;
+        if let Some(prepared) = &prepared {
+            let early = if inner.config.lookup_before_acquire {
+                self.replay_committed(&prepared.id, &prepared.fingerprint)
+                    .await?
+            } else {
+                inner
+                    .replay_cached(&prepared.id, &prepared.fingerprint)
+                    .await?
+            };
+            if let Some(outcome) = early {
                 return Ok(outcome);
             }
         }
         let mut tx = self.begin().await.map_err(Error::Store)?;
-        match self.execute_in(&mut tx, call, action).await {
+        let result = match prepared {
+            Some(prepared) => self.acquire_and_run(&mut tx, prepared, action).await,
+            None => action(tx.connection())
+                .await
+                .map(|r| Outcome::new(r, Origin::Executed)),
+        };
+        match result {
             Ok(outcome) => {
                 tx.commit().await.map_err(Error::Store)?;
                 Ok(outcome)
@@ -91,32 +112,48 @@ where
         A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
     {
         let inner = &*self.inner;
-        let operation = Operation::new(call.operation).map_err(Error::from)?;
-        if !inner.config.enabled {
+        let Some(prepared) = inner.prepare(call)? else {
             let result = action(tx.connection()).await?;
             return Ok(Outcome::new(result, Origin::Executed));
-        }
-        let fingerprint = inner.fingerprint_of(call.request)?;
-        let ttl = inner.ttl_for(&call);
-        let id = RecordId::new(operation, call.scope, call.key);
-        let op = id.operation.as_str();
-        tracing::debug!(operation = op, key_hash = %short_hash(id.key.as_str()), "idempotent execute");
-
-        if let Some(outcome) = inner.replay_cached(&id, &fingerprint).await? {
+        };
+        if let Some(outcome) = inner
+            .replay_cached(&prepared.id, &prepared.fingerprint)
+            .await?
+        {
             return Ok(outcome);
         }
-
         if inner.config.lookup_before_acquire {
             let found = inner
                 .store
-                .find(tx.connection(), &id)
+                .find(tx.connection(), &prepared.id)
                 .await
                 .map_err(Error::from)?;
             if let Some(record) = found {
-                return Ok(self.replay_stored(tx, id, record, &fingerprint)?);
+                return Ok(self.replay_stored(tx, prepared.id, record, &prepared.fingerprint)?);
             }
         }
+        self.acquire_and_run(tx, prepared, action).await
+    }
 
+    /// Step 4 and on: the acquire loop, then the action.
+    async fn acquire_and_run<T, E, A>(
+        &self,
+        tx: &mut Tx<S>,
+        prepared: Prepared,
+        action: A,
+    ) -> Result<Outcome<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
+        let inner = &*self.inner;
+        let Prepared {
+            id,
+            fingerprint,
+            ttl,
+        } = prepared;
+        let op = id.operation.as_str();
         let claim = Claim {
             id: &id,
             fingerprint: &fingerprint,
@@ -250,6 +287,31 @@ where
     M: IdempotencyMetrics,
     Z: ResultSerializer,
 {
+    /// Validates the operation and, when the service is enabled, fingerprints the request.
+    /// `None` means idempotency is disabled: run the action as is.
+    pub(super) fn prepare<R: Serialize + ?Sized>(
+        &self,
+        call: Call<'_, R>,
+    ) -> Result<Option<Prepared>, Error> {
+        let operation = Operation::new(call.operation)?;
+        if !self.config.enabled {
+            return Ok(None);
+        }
+        let fingerprint = self.fingerprint_of(call.request)?;
+        let ttl = self.ttl_for(&call);
+        let id = RecordId::new(operation, call.scope, call.key);
+        tracing::debug!(
+            operation = id.operation.as_str(),
+            key_hash = %short_hash(id.key.as_str()),
+            "idempotent call"
+        );
+        Ok(Some(Prepared {
+            id,
+            fingerprint,
+            ttl,
+        }))
+    }
+
     pub(super) fn fingerprint_of<R: Serialize + ?Sized>(
         &self,
         request: &R,

@@ -6,10 +6,10 @@ use std::time::Instant;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::execute::Prepared;
 use super::{Call, IdempotencyService};
 use crate::cache::{DistributedCache, LocalCache};
 use crate::error::Error;
-use crate::key::{Operation, RecordId};
 use crate::metrics::IdempotencyMetrics;
 use crate::result::{ExecutionResult, Origin, Outcome};
 use crate::serializer::ResultSerializer;
@@ -48,16 +48,17 @@ where
         A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
     {
         let inner = &*self.inner;
-        let operation = Operation::new(call.operation).map_err(Error::from)?;
-        if !inner.config.enabled {
+        let Some(Prepared {
+            id,
+            fingerprint,
+            ttl,
+        }) = inner.prepare(call)?
+        else {
             let mut tx = self.begin().await.map_err(Error::Store)?;
             let result = action(tx.connection()).await?;
             tx.commit().await.map_err(Error::Store)?;
             return Ok(Outcome::new(result, Origin::Executed));
-        }
-        let fingerprint = inner.fingerprint_of(call.request)?;
-        let ttl = inner.ttl_for(&call);
-        let id = RecordId::new(operation, call.scope, call.key);
+        };
         let op = id.operation.as_str();
         let early = if inner.config.lookup_before_acquire {
             self.replay_committed(&id, &fingerprint).await?
