@@ -1,0 +1,27 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod error;
+mod extract;
+mod header;
+mod outcome;
+mod problem;
+mod scope;
+mod stored;
+
+pub use error::{Error, RETRY_AFTER_CONFLICT, RETRY_AFTER_IN_FLIGHT, RETRY_AFTER_UNAVAILABLE};
+pub use extract::{IdempotencyKeyHeader, UuidKeyHeader};
+pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, InvalidKey, parse_key, parse_uuid_key};
+pub use outcome::{IdempotentJson, IdempotentResponse, OutcomeExt, rejection_problem};
+pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem, ProblemExtensions, ProblemKind};
+pub use scope::{
+    Principal, PrincipalScope, ScopeSource, ScopedKey, TenantHeader, TenantHeaderName, XTenantId,
+};
+pub use stored::{
+    DEFAULT_STORED_HEADERS, HeaderFilter, SensitiveHeader, StoredResponse, is_sensitive,
+};
+
+/// The core crate, re-exported so one dependency line is enough.
+pub use idempotency_core as core;
+/// The RFC 9457 crate the problem responses are built on.
+pub use problem_details;
