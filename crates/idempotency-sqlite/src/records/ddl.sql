@@ -1,0 +1,19 @@
+-- Canonical DDL of the idempotency records table (SQLite 3.37+: STRICT table, RETURNING).
+-- {table} and {expires_index} are replaced by the configured, validated and quoted names.
+-- Times are INTEGER milliseconds since the Unix epoch (UTC), from the database clock.
+-- result_payload is JSON text, stored exactly as the serializer wrote it.
+CREATE TABLE IF NOT EXISTS {table} (
+    operation        TEXT    NOT NULL CHECK (length(operation) <= 128),
+    scope            TEXT    NOT NULL DEFAULT '' CHECK (length(scope) <= 255),
+    idempotency_key  TEXT    NOT NULL CHECK (length(idempotency_key) <= 255),
+    request_hash     TEXT    NOT NULL CHECK (length(request_hash) <= 128),
+    status           TEXT    NOT NULL CHECK (status IN ('PROCESSING', 'COMPLETED', 'REJECTED')),
+    result_payload   TEXT    CHECK (json_valid(result_payload)),
+    error_code       TEXT    CHECK (length(error_code) <= 128),
+    created_at       INTEGER NOT NULL,
+    completed_at     INTEGER,
+    expires_at       INTEGER,
+    PRIMARY KEY (operation, scope, idempotency_key)
+) STRICT;
+
+CREATE INDEX IF NOT EXISTS {expires_index} ON {table} (expires_at) WHERE expires_at IS NOT NULL;

@@ -1,0 +1,12 @@
+//! The idempotency records: [`SqliteStore`], its statements and its schema.
+//!
+//! The outbox store will sit next to this module, sharing `connect`, `table`, `introspect`,
+//! `clock` and `error`.
+
+mod row;
+mod schema;
+mod statements;
+mod store;
+
+pub use schema::{DDL_TEMPLATE, ddl};
+pub use store::SqliteStore;

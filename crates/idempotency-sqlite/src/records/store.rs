@@ -1,0 +1,273 @@
+//! [`SqliteStore`]: the `IdempotencyStore` on SQLite.
+
+use std::sync::Arc;
+
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use idempotency_core::store::{
+    Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, StoreError,
+};
+use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+
+use super::row::{
+    CompleteRow, FindRow, completed_record, parse_status, payload_and_code, record_from_row,
+};
+use super::schema;
+use super::statements::Statements;
+use crate::clock::ttl_millis;
+use crate::connect::{self, BEGIN_IMMEDIATE};
+use crate::error::{Error, SchemaProblem, store_error};
+use crate::table::TableName;
+
+/// The SQLite idempotency store.
+///
+/// Records live in one table (default `idempotency_records`, see [`ddl`](crate::ddl)), written
+/// through the caller's transaction. Every transaction the store begins is `BEGIN IMMEDIATE`:
+/// it takes SQLite's single write lock at once, so a concurrent duplicate waits at `begin`
+/// (up to the busy timeout) and then finds the committed record. Cheap to clone: the pool and
+/// the statements are shared.
+///
+/// ```
+/// # async fn demo() -> Result<(), idempotency_sqlite::Error> {
+/// use idempotency_sqlite::SqliteStore;
+/// use idempotency_sqlite::core::config::{PersistenceConfig, SchemaMode};
+///
+/// let mut config = PersistenceConfig::default(); // table name, schema mode
+/// config.schema.mode = SchemaMode::Create;
+/// let store = SqliteStore::connect("data/app.db", &config).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    table: Arc<TableName>,
+    sql: Arc<Statements>,
+}
+
+impl SqliteStore {
+    /// A store on the default table `idempotency_records`; the schema is not touched.
+    ///
+    /// Open the pool with [`connect_options`](crate::connect_options) (WAL, busy timeout,
+    /// `create_if_missing`), or make sure yours sets a busy timeout.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::with_table(pool, TableName::default_table())
+    }
+
+    /// A store on `table`; the schema is not touched.
+    pub fn with_table(pool: SqlitePool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table: Arc::new(table),
+        }
+    }
+
+    /// A store configured by `idempotency.persistence`: validates `table-name`, then applies
+    /// `schema.mode`.
+    pub async fn from_config(pool: SqlitePool, config: &PersistenceConfig) -> Result<Self, Error> {
+        let store = Self::with_table(pool, TableName::parse(&config.table_name)?);
+        store.apply_schema(config.schema.mode).await?;
+        Ok(store)
+    }
+
+    /// Opens `path_or_url` (a file path or a `sqlite:` URL) with the recommended
+    /// [`connect_options`](crate::connect_options), then applies `config` as
+    /// [`from_config`](Self::from_config) does. The file is created when missing.
+    pub async fn connect(path_or_url: &str, config: &PersistenceConfig) -> Result<Self, Error> {
+        Self::connect_with(connect::connect_options(path_or_url)?, config).await
+    }
+
+    /// [`connect`](Self::connect) with options of your own (start from
+    /// [`connect_options`](crate::connect_options) to keep WAL and the busy timeout).
+    pub async fn connect_with(
+        options: SqliteConnectOptions,
+        config: &PersistenceConfig,
+    ) -> Result<Self, Error> {
+        let table = TableName::parse(&config.table_name)?;
+        let store = Self::with_table(connect::open(options).await?, table);
+        store.apply_schema(config.schema.mode).await?;
+        Ok(store)
+    }
+
+    /// `create` runs the canonical DDL, `validate` checks the table, `none` does nothing.
+    pub async fn apply_schema(&self, mode: SchemaMode) -> Result<(), Error> {
+        match mode {
+            SchemaMode::Create => self.create_schema().await,
+            SchemaMode::Validate => self.validate_schema().await,
+            SchemaMode::None => Ok(()),
+        }
+    }
+
+    /// Runs the canonical DDL (`CREATE ... IF NOT EXISTS`) in one write transaction; safe to run
+    /// again and from several instances at once.
+    pub async fn create_schema(&self) -> Result<(), Error> {
+        schema::create(&self.pool, &self.table).await
+    }
+
+    /// Checks columns, type affinities, nullability, the key `ON CONFLICT` relies on (and its
+    /// collation) and the expiry index, failing with [`Error::Schema`] naming every difference.
+    pub async fn validate_schema(&self) -> Result<(), Error> {
+        schema::validate(&self.pool, &self.table).await
+    }
+
+    /// Every difference between the table and the canonical schema (empty when it matches).
+    pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
+        schema::problems(&self.pool, &self.table).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+}
+
+impl IdempotencyStore for SqliteStore {
+    type Connection = SqliteConnection;
+    type Transaction = sqlx::Transaction<'static, Sqlite>;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.pool
+            .begin_with(BEGIN_IMMEDIATE)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.commit().await.map_err(store_error)
+    }
+
+    async fn rollback(tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.rollback().await.map_err(store_error)
+    }
+
+    /// `claim.wait` is not used: the transaction holds the write lock since `BEGIN IMMEDIATE`,
+    /// so no uncommitted holder of the key can exist and the insert never waits.
+    async fn acquire(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: &Claim<'_>,
+    ) -> Result<Acquire, StoreError> {
+        let id = claim.id;
+        let inserted = sqlx::query(self.sql.acquire.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(claim.fingerprint.as_str())
+            .bind(ttl_millis(claim.ttl))
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?
+            .rows_affected();
+        Ok(if inserted == 1 {
+            Acquire::Acquired
+        } else {
+            Acquire::Exists
+        })
+    }
+
+    async fn find(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        row.map(record_from_row).transpose()
+    }
+
+    /// One autocommit `SELECT` on the pool: in WAL mode it reads the last committed state without
+    /// taking (or waiting for) the write lock, so replays proceed while a writer runs.
+    async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        row.map(record_from_row).transpose()
+    }
+
+    async fn complete(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        outcome: &StoredOutcome,
+    ) -> Result<IdempotencyRecord, StoreError> {
+        let (payload, code) = payload_and_code(outcome);
+        let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(outcome.status().as_str())
+            .bind(payload)
+            .bind(code)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
+                .bind(id.operation.as_str())
+                .bind(id.scope.as_str())
+                .bind(id.key.as_str())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(store_error)?;
+            let found = found.as_deref().map(parse_status).transpose()?;
+            return Err(StoreError::NotProcessing { found });
+        };
+        Ok(completed_record(row, outcome.clone()))
+    }
+}
+
+impl InsertCompleted for SqliteStore {
+    /// One `INSERT ... ON CONFLICT DO NOTHING RETURNING`. Like `acquire`, it never waits:
+    /// the transaction holds the write lock since `BEGIN IMMEDIATE`, so `claim.wait` is unused.
+    async fn insert_completed(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: &Claim<'_>,
+        outcome: &StoredOutcome,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let id = claim.id;
+        let (payload, code) = payload_and_code(outcome);
+        let row: Option<CompleteRow> = sqlx::query_as(self.sql.insert_completed.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(claim.fingerprint.as_str())
+            .bind(outcome.status().as_str())
+            .bind(payload)
+            .bind(code)
+            .bind(ttl_millis(claim.ttl))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        Ok(row.map(|row| completed_record(row, outcome.clone())))
+    }
+}
+
+impl ExpiredCleanup for SqliteStore {
+    /// One `DELETE` statement, which is its own short write transaction. SQLite has no row locks
+    /// to skip: the batch waits for the write lock like any writer (busy timeout), holds it for
+    /// one bounded delete, and request traffic waits at most that long.
+    async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.sql.delete_expired.clone())
+            .bind(i64::from(batch_size))
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?
+            .rows_affected())
+    }
+}

@@ -1,0 +1,160 @@
+//! Storage on SQLite: atomicity with business rows, joining an application transaction, and how
+//! time and payloads are stored.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idempotency_core::store::{IdempotencyStore, StoreError};
+use idempotency_core::{
+    Call, ExecutionResult, Fingerprint, IdempotencyService, Operation, Outcome, RecordId, Scope,
+    StoredOutcome,
+};
+use idempotency_sqlite::{SqliteStore, SqliteTx};
+use support::{AppError, claim, count, fresh_store, insert_charge, key, with_charges};
+
+#[tokio::test]
+async fn business_row_and_record_are_atomic() {
+    let store = fresh_store().await;
+    with_charges(&store).await;
+    let service = IdempotencyService::new(store.clone());
+    let k = key("atomic");
+    let failed: Result<Outcome<i64>, AppError> = service
+        .execute(Call::new("CHARGE", k.clone(), &1), async |conn| {
+            insert_charge(conn, "lost").await?;
+            Err(AppError::Boom)
+        })
+        .await;
+    assert!(matches!(failed, Err(AppError::Boom)), "{failed:?}");
+    assert_eq!(count(store.pool(), "charges").await, 0);
+    assert_eq!(count(store.pool(), "idempotency_records").await, 0);
+
+    for expect_executed in [true, false] {
+        let outcome: Outcome<i64> = service
+            .execute(Call::new("CHARGE", k.clone(), &1), async |conn| {
+                Ok::<_, AppError>(ExecutionResult::success(insert_charge(conn, "kept").await?))
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome.is_executed(), expect_executed);
+    }
+    assert_eq!(count(store.pool(), "charges").await, 1);
+}
+
+#[tokio::test]
+async fn execute_in_joins_an_application_transaction() {
+    let store = fresh_store().await;
+    with_charges(&store).await;
+    let service = IdempotencyService::new(store.clone());
+    for commit in [false, true] {
+        let tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let mut tx = SqliteTx::new(tx);
+        insert_charge(tx.connection(), "outside").await.unwrap();
+        let outcome: Outcome<i64> = service
+            .execute_in(
+                &mut tx,
+                Call::new("CHARGE", key("join"), &2),
+                async |conn| {
+                    Ok::<_, AppError>(ExecutionResult::success(
+                        insert_charge(conn, "inside").await?,
+                    ))
+                },
+            )
+            .await
+            .unwrap();
+        assert!(outcome.is_executed());
+        if commit {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+    }
+    assert_eq!(
+        count(store.pool(), "charges").await,
+        2,
+        "only the committed pair"
+    );
+    assert_eq!(count(store.pool(), "idempotency_records").await, 1);
+}
+
+#[tokio::test]
+async fn times_are_integer_milliseconds_from_the_database_clock() {
+    let store = fresh_store().await;
+    let service = IdempotencyService::new(store.clone());
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let _: Outcome<i32> = service
+        .execute(
+            Call::new("OP", key("clock"), &0).ttl(Duration::from_secs(90)),
+            async |_conn| Ok::<_, AppError>(ExecutionResult::success(0)),
+        )
+        .await
+        .unwrap();
+    let after = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let (kind, created, completed, lifetime): (String, i64, i64, i64) = sqlx::query_as(
+        "SELECT typeof(created_at) || ',' || typeof(completed_at) || ',' || typeof(expires_at), \
+                created_at, completed_at, expires_at - created_at FROM idempotency_records",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(kind, "integer,integer,integer");
+    // Same machine: the database clock agrees with ours to within a few milliseconds.
+    assert!(created >= before - 5 && completed <= after + 5 && created <= completed);
+    assert_eq!(lifetime, 90_000);
+}
+
+#[tokio::test]
+async fn payloads_are_stored_as_written_and_must_be_json() {
+    let store = fresh_store().await;
+    let fingerprint = Fingerprint::new("b".repeat(64));
+    let id = RecordId::new(Operation::new("OP").unwrap(), Scope::default(), key("json"));
+    let written = r#"{ "b" : 1.50, "a" : "\u00e9" }"#;
+    let mut tx = store.begin().await.unwrap();
+    store
+        .acquire(&mut tx, &claim(&id, &fingerprint))
+        .await
+        .unwrap();
+    store
+        .complete(
+            &mut tx,
+            &id,
+            &StoredOutcome::Completed {
+                payload: written.into(),
+            },
+        )
+        .await
+        .unwrap();
+    SqliteStore::commit(tx).await.unwrap();
+    let stored: String = sqlx::query_scalar("SELECT result_payload FROM idempotency_records")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored, written, "stored byte for byte");
+
+    let other = RecordId::new(Operation::new("OP").unwrap(), Scope::default(), key("json"));
+    let mut tx = store.begin().await.unwrap();
+    store
+        .acquire(&mut tx, &claim(&other, &fingerprint))
+        .await
+        .unwrap();
+    let error = store
+        .complete(
+            &mut tx,
+            &other,
+            &StoredOutcome::Completed {
+                payload: "{not json".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Database(_)), "{error:?}");
+    SqliteStore::rollback(tx).await.unwrap();
+}
