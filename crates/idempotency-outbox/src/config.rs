@@ -1,0 +1,377 @@
+//! Configuration types for the outbox, its relay, retention and the consumer inbox.
+//!
+//! They deserialize from any serde format with kebab-case keys and human-readable durations
+//! (`250ms`, `5s`, `7d`, via `humantime`), like the idempotency configuration.
+//!
+//! ```
+//! use idempotency_outbox::config::{OutboxConfig, Ordering, WakeUp};
+//!
+//! let config: OutboxConfig = serde_json::from_value(serde_json::json!({
+//!     "table-name": "billing.outbox",
+//!     "ordering": "unordered",
+//!     "relay": { "workers": 4, "batch-size": 500, "wake-up": "poll", "poll-interval": "250ms" },
+//!     "retention": { "published": "3d" }
+//! }))?;
+//! assert_eq!(config.ordering, Ordering::Unordered);
+//! assert_eq!(config.relay.wake_up, WakeUp::Poll);
+//! assert_eq!(config.relay.max_attempts, 10);
+//! # Ok::<(), serde_json::Error>(())
+//! ```
+
+use std::time::Duration;
+
+use idempotency_core::config::SchemaConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+const DAY: u64 = 24 * 60 * 60;
+
+/// The `outbox` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Table name, optionally schema-qualified. Default `outbox`; the per-aggregate counters
+    /// live in `<table>_sequences` next to it.
+    pub table_name: String,
+    /// Schema management at startup: `create`, `validate` (default) or `none`.
+    pub schema: SchemaConfig,
+    /// `ordered` (default) or `unordered`.
+    pub ordering: Ordering,
+    /// Channel that enqueue notifies (`pg_notify`, delivered at commit) and relays listen on.
+    /// `null` sends no notification. Default `outbox`.
+    pub notify_channel: Option<String>,
+    /// The relay workers.
+    pub relay: RelayConfig,
+    /// Deleting published and dead-lettered rows.
+    pub retention: RetentionConfig,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            table_name: "outbox".to_owned(),
+            schema: SchemaConfig::default(),
+            ordering: Ordering::Ordered,
+            notify_channel: Some("outbox".to_owned()),
+            relay: RelayConfig::default(),
+            retention: RetentionConfig::default(),
+        }
+    }
+}
+
+/// Whether events of one aggregate are published in commit order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ordering {
+    /// Enqueue numbers each aggregate's events through a counter row locked until commit, so
+    /// the sequence is the commit order; the relay keeps at most one message per aggregate in
+    /// flight and a failing message holds back the later ones of its aggregate only.
+    #[default]
+    Ordered,
+    /// No counter and no per-aggregate rule: any pending row may be published at any time.
+    /// Higher throughput, for events whose consumers do not depend on order.
+    Unordered,
+}
+
+/// How idle relay workers learn about new rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WakeUp {
+    /// `LISTEN` on the notify channel, debounced, with polling as the fallback.
+    #[default]
+    Listen,
+    /// Poll every `poll-interval` only (for connection poolers that cannot `LISTEN`).
+    Poll,
+}
+
+/// `outbox.relay`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Whether the application runs a relay. Default `true`.
+    pub enabled: bool,
+    /// Worker tasks in this process. Default `2`.
+    pub workers: usize,
+    /// Rows claimed per batch. Default `100`.
+    pub batch_size: u32,
+    /// How often an idle worker looks for due rows without a notification. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// `listen` (default) or `poll`.
+    pub wake_up: WakeUp,
+    /// Notifications arriving within this window after a wake-up are coalesced into one
+    /// more wake-up at its end. Default `5ms`.
+    #[serde(with = "humantime_serde")]
+    pub notify_debounce: Duration,
+    /// Bound on one publish, broker confirmation included. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub publish_timeout: Duration,
+    /// Added to `publish-timeout` to form the claim lease: a crashed worker's rows become
+    /// claimable again after `publish-timeout + lease-margin`. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub lease_margin: Duration,
+    /// Attempts before a message is dead-lettered. Default `10`.
+    pub max_attempts: u32,
+    /// Delay between attempts.
+    pub backoff: BackoffConfig,
+    /// How long a graceful shutdown waits for in-flight batches. Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// How often the pending / oldest-age / dead-letter gauges are refreshed. Default `15s`.
+    #[serde(with = "humantime_serde")]
+    pub stats_interval: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            workers: 2,
+            batch_size: 100,
+            poll_interval: Duration::from_secs(1),
+            wake_up: WakeUp::Listen,
+            notify_debounce: Duration::from_millis(5),
+            publish_timeout: Duration::from_secs(5),
+            lease_margin: Duration::from_secs(5),
+            max_attempts: 10,
+            backoff: BackoffConfig::default(),
+            shutdown_timeout: Duration::from_secs(30),
+            stats_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks ranges: at least one worker, batch size 1..=10000, non-zero timeouts.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.workers == 0 {
+            return Err(Error::invalid_config("relay.workers must be at least 1"));
+        }
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return Err(Error::invalid_config("relay.batch-size must be 1..=10000"));
+        }
+        if self.max_attempts == 0 {
+            return Err(Error::invalid_config(
+                "relay.max-attempts must be at least 1",
+            ));
+        }
+        for (name, value) in [
+            ("relay.poll-interval", self.poll_interval),
+            ("relay.publish-timeout", self.publish_timeout),
+            ("relay.backoff.base", self.backoff.base),
+        ] {
+            if value.is_zero() {
+                return Err(Error::invalid_config(format!("{name} must not be zero")));
+            }
+        }
+        if self.backoff.max < self.backoff.base {
+            return Err(Error::invalid_config(
+                "relay.backoff.max must be at least relay.backoff.base",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The claim lease: how long a claimed row stays invisible to other workers.
+    pub fn lease(&self) -> Duration {
+        self.publish_timeout + self.lease_margin
+    }
+
+    /// The longest time between a message's first and last publish attempt by this relay
+    /// configuration: every lease plus every backoff at its maximum (jitter only shortens
+    /// them). A consumer inbox must keep ids longer than this (plus any broker redelivery
+    /// window, and any manual requeue of dead letters).
+    pub fn retry_horizon(&self) -> Duration {
+        let mut total = self.lease() * self.max_attempts;
+        for attempt in 1..self.max_attempts {
+            total += self.backoff.ceiling(attempt);
+        }
+        total
+    }
+}
+
+/// `outbox.relay.backoff`: exponential, with jitter, computed on the database clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct BackoffConfig {
+    /// Delay after the first failure. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub base: Duration,
+    /// Upper bound of the delay. Default `5m`.
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+impl BackoffConfig {
+    /// The delay before attempt `failed + 1`, before jitter: `min(max, base * 2^(failed-1))`.
+    pub fn ceiling(&self, failed: u32) -> Duration {
+        let exponent = failed.saturating_sub(1).min(30);
+        self.base
+            .checked_mul(1 << exponent)
+            .unwrap_or(self.max)
+            .min(self.max)
+    }
+}
+
+/// `outbox.retention`: published rows are deleted after `published`, dead letters after the
+/// longer `dead-lettered`, in bounded batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Whether the relay runs retention. Default `true`.
+    pub enabled: bool,
+    /// How long published rows are kept. Default `7d`.
+    #[serde(with = "humantime_serde")]
+    pub published: Duration,
+    /// How long dead-lettered rows are kept; `null` keeps them until requeued. Default `30d`.
+    #[serde(with = "humantime_serde")]
+    pub dead_lettered: Option<Duration>,
+    /// Rows per delete (one short statement each). Default `1000`.
+    pub batch_size: u32,
+    /// How often retention runs. Default `10m`.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            published: Duration::from_secs(7 * DAY),
+            dead_lettered: Some(Duration::from_secs(30 * DAY)),
+            batch_size: 1000,
+            interval: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// The `inbox` section: consumer-side deduplication.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct InboxConfig {
+    /// Table name, optionally schema-qualified. Default `inbox`.
+    pub table_name: String,
+    /// Schema management at startup: `create`, `validate` (default) or `none`.
+    pub schema: SchemaConfig,
+    /// How long a processed message id is remembered. It must exceed the producer's retry
+    /// horizon ([`RelayConfig::retry_horizon`]) plus the broker's redelivery window: a
+    /// duplicate arriving after its id was purged is processed again. Default `14d`.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Rows per delete when purging. Default `1000`.
+    pub batch_size: u32,
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        Self {
+            table_name: "inbox".to_owned(),
+            schema: SchemaConfig::default(),
+            retention: Duration::from_secs(14 * DAY),
+            batch_size: 1000,
+        }
+    }
+}
+
+impl InboxConfig {
+    /// Fails when `retention` does not exceed the relay's retry horizon.
+    pub fn check_against(&self, relay: &RelayConfig) -> Result<(), Error> {
+        let horizon = relay.retry_horizon();
+        if self.retention <= horizon {
+            return Err(Error::invalid_config(format!(
+                "inbox.retention ({}) must exceed the relay's retry horizon ({})",
+                humantime_serde::re::humantime::format_duration(self.retention),
+                humantime_serde::re::humantime::format_duration(horizon),
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_kebab_case() {
+        let config: OutboxConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(config, OutboxConfig::default());
+        assert_eq!(config.relay.batch_size, 100);
+        assert_eq!(config.relay.lease(), Duration::from_secs(10));
+        let config: OutboxConfig = serde_json::from_value(serde_json::json!({
+            "notify-channel": null,
+            "relay": {"publish-timeout": "2s", "backoff": {"base": "100ms", "max": "1s"},
+                      "notify-debounce": "0s", "max-attempts": 3},
+            "retention": {"dead-lettered": null, "batch-size": 7}
+        }))
+        .unwrap();
+        assert_eq!(config.notify_channel, None);
+        assert_eq!(config.relay.publish_timeout, Duration::from_secs(2));
+        assert_eq!(config.retention.dead_lettered, None);
+        assert_eq!(config.retention.batch_size, 7);
+        config.relay.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        assert!(serde_json::from_str::<OutboxConfig>(r#"{"relay": {"wokers": 2}}"#).is_err());
+        assert!(serde_json::from_str::<OutboxConfig>(r#"{"ordering": "random"}"#).is_err());
+        let bad = RelayConfig {
+            workers: 0,
+            ..RelayConfig::default()
+        };
+        assert!(matches!(bad.validate(), Err(Error::InvalidConfig { .. })));
+        let bad = RelayConfig {
+            backoff: BackoffConfig {
+                base: Duration::from_secs(10),
+                max: Duration::from_secs(1),
+            },
+            ..RelayConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let backoff = BackoffConfig {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        let delays: Vec<_> = (1..=6).map(|n| backoff.ceiling(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff.ceiling(200), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn inbox_retention_must_exceed_the_retry_horizon() {
+        let relay = RelayConfig {
+            max_attempts: 3,
+            publish_timeout: Duration::from_secs(1),
+            lease_margin: Duration::from_secs(1),
+            backoff: BackoffConfig {
+                base: Duration::from_secs(10),
+                max: Duration::from_secs(15),
+            },
+            ..RelayConfig::default()
+        };
+        // 3 leases of 2s + backoffs 10s and 15s
+        assert_eq!(relay.retry_horizon(), Duration::from_secs(31));
+        let mut inbox = InboxConfig {
+            retention: Duration::from_secs(31),
+            ..InboxConfig::default()
+        };
+        assert!(inbox.check_against(&relay).is_err());
+        inbox.retention = Duration::from_secs(32);
+        inbox.check_against(&relay).unwrap();
+    }
+}

@@ -1,0 +1,173 @@
+//! This crate's error type.
+
+use std::fmt;
+
+/// A boxed error from a backend, kept as the `source` of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in the outbox, its stores and its relay.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configured SQL identifier (table name, notification channel) is not safe to use.
+    #[error("invalid {what} {name:?}: {reason}")]
+    InvalidName {
+        /// What the name is for.
+        what: &'static str,
+        /// The name as configured.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A configuration value is out of range or inconsistent.
+    #[error("invalid configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// An event cannot be enqueued as given (empty aggregate, header name with `:`...).
+    #[error("invalid event: {reason}")]
+    InvalidEvent {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The event payload could not be serialized to JSON.
+    #[error("the event payload cannot be serialized to JSON")]
+    Payload(#[source] serde_json::Error),
+    /// Schema validation found a table missing or different from what the store needs.
+    #[error(
+        "table {table} does not match the outbox schema: {}",
+        Problems(problems)
+    )]
+    Schema {
+        /// The table checked.
+        table: String,
+        /// Everything that differs.
+        problems: Vec<SchemaProblem>,
+    },
+    /// A stored row could not be read (headers that are not a JSON object of strings...).
+    #[error("stored outbox row is corrupt: {reason}")]
+    Corrupt {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The transaction conflicted with a concurrent one (serialization failure, deadlock
+    /// between writers of the same aggregates); retrying the whole transaction is safe.
+    #[error("the transaction conflicted with a concurrent one; retry it")]
+    Conflict(#[source] BoxError),
+    /// The database could not be reached (connection refused or lost, pool timeout).
+    #[error("the database is unavailable")]
+    Unavailable(#[source] BoxError),
+    /// Any other database error.
+    #[error("database error")]
+    Database(#[source] BoxError),
+    /// A publisher could not be set up (connecting to the broker, declaring topology).
+    #[error("publisher setup failed")]
+    Publisher(#[source] crate::publisher::PublishError),
+}
+
+impl Error {
+    /// Whether retrying the operation (or the caller's whole transaction) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Conflict(_) | Self::Unavailable(_))
+    }
+
+    pub(crate) fn invalid_config(reason: impl Into<String>) -> Self {
+        Self::InvalidConfig {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn invalid_event(reason: impl Into<String>) -> Self {
+        Self::InvalidEvent {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// One difference between a live table and the canonical schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaProblem {
+    /// The table does not exist.
+    MissingTable {
+        /// The table.
+        table: String,
+    },
+    /// A column is missing.
+    MissingColumn {
+        /// The table.
+        table: String,
+        /// The column.
+        column: &'static str,
+    },
+    /// A column has another type.
+    WrongType {
+        /// The table.
+        table: String,
+        /// The column.
+        column: &'static str,
+        /// What the store needs.
+        expected: &'static str,
+        /// What the table has.
+        found: String,
+    },
+    /// A column is `NOT NULL` where the store writes `NULL`, or the reverse.
+    Nullability {
+        /// The table.
+        table: String,
+        /// The column.
+        column: &'static str,
+        /// Whether the store needs it nullable.
+        nullable: bool,
+    },
+    /// An index the store's queries rely on is missing (named by its leading columns).
+    MissingIndex {
+        /// The table.
+        table: String,
+        /// What the index is for.
+        purpose: &'static str,
+    },
+}
+
+impl fmt::Display for SchemaProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MissingTable { table } => write!(f, "table {table} does not exist"),
+            Self::MissingColumn { table, column } => {
+                write!(f, "column {table}.{column} is missing")
+            }
+            Self::WrongType {
+                table,
+                column,
+                expected,
+                found,
+            } => write!(f, "column {table}.{column} is {found}, expected {expected}"),
+            Self::Nullability {
+                table,
+                column,
+                nullable,
+            } => {
+                let want = if *nullable { "nullable" } else { "NOT NULL" };
+                write!(f, "column {table}.{column} must be {want}")
+            }
+            Self::MissingIndex { table, purpose } => {
+                write!(f, "table {table} lacks the index {purpose}")
+            }
+        }
+    }
+}
+
+struct Problems<'a>(&'a [SchemaProblem]);
+
+impl fmt::Display for Problems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,78 @@
+//! Metric names, recorded through the [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! Install any `metrics` recorder (Prometheus exporter, `idempotency-metrics`...) and the relay
+//! reports:
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `outbox_pending` | gauge | | rows neither published nor dead-lettered |
+//! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest pending row; a rising value means a stuck relay |
+//! | `outbox_dead_lettered` | gauge | | dead-lettered rows |
+//! | `outbox_published_total` | counter | `destination` | messages the broker confirmed |
+//! | `outbox_publish_failures_total` | counter | `destination`, `kind` | failed publish attempts |
+//! | `outbox_publish_attempts_total` | counter | `destination` | publish attempts, successful or not |
+//! | `outbox_dead_lettered_total` | counter | `destination` | messages moved to the dead letters |
+//! | `outbox_broker_duplicates_total` | counter | `destination` | confirmed copies the broker reported as duplicates |
+//! | `outbox_publish_latency_seconds` | histogram | `destination` | enqueue (commit) to broker ack |
+//!
+//! Gauges are refreshed every `relay.stats-interval` by one query per relay process.
+
+use crate::publisher::PublishErrorKind;
+use crate::store::OutboxStats;
+
+/// Gauge: pending rows.
+pub const PENDING: &str = "outbox_pending";
+/// Gauge: age of the oldest pending row, in seconds.
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Gauge: dead-lettered rows.
+pub const DEAD_LETTERED: &str = "outbox_dead_lettered";
+/// Counter: messages confirmed by the broker.
+pub const PUBLISHED: &str = "outbox_published_total";
+/// Counter: failed publish attempts.
+pub const FAILED: &str = "outbox_publish_failures_total";
+/// Counter: publish attempts.
+pub const ATTEMPTS: &str = "outbox_publish_attempts_total";
+/// Counter: messages dead-lettered.
+pub const DEAD_LETTERED_TOTAL: &str = "outbox_dead_lettered_total";
+/// Counter: confirmed copies the broker dropped as duplicates.
+pub const BROKER_DUPLICATES: &str = "outbox_broker_duplicates_total";
+/// Histogram: enqueue (commit) to broker ack, in seconds.
+pub const LATENCY: &str = "outbox_publish_latency_seconds";
+
+fn kind_label(kind: PublishErrorKind) -> &'static str {
+    match kind {
+        PublishErrorKind::Unavailable => "unavailable",
+        PublishErrorKind::Rejected => "rejected",
+        PublishErrorKind::Timeout => "timeout",
+        PublishErrorKind::InvalidMessage => "invalid",
+        _ => "other",
+    }
+}
+
+pub(crate) fn stats(stats: &OutboxStats) {
+    metrics::gauge!(PENDING).set(stats.pending as f64);
+    metrics::gauge!(OLDEST_PENDING_AGE).set(stats.oldest_pending_age);
+    metrics::gauge!(DEAD_LETTERED).set(stats.dead_lettered as f64);
+}
+
+pub(crate) fn attempts(destination: &str, n: usize) {
+    metrics::counter!(ATTEMPTS, "destination" => destination.to_owned()).increment(n as u64);
+}
+
+pub(crate) fn published(destination: &str, latency_seconds: f64, duplicate: bool) {
+    let label = destination.to_owned();
+    metrics::counter!(PUBLISHED, "destination" => label.clone()).increment(1);
+    metrics::histogram!(LATENCY, "destination" => label.clone()).record(latency_seconds);
+    if duplicate {
+        metrics::counter!(BROKER_DUPLICATES, "destination" => label).increment(1);
+    }
+}
+
+pub(crate) fn failed(destination: &str, kind: PublishErrorKind, dead_lettered: bool) {
+    metrics::counter!(FAILED, "destination" => destination.to_owned(), "kind" => kind_label(kind))
+        .increment(1);
+    if dead_lettered {
+        metrics::counter!(DEAD_LETTERED_TOTAL, "destination" => destination.to_owned())
+            .increment(1);
+    }
+}

@@ -1,0 +1,191 @@
+//! [`PgInbox`]: consumer-side deduplication on PostgreSQL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_core::config::SchemaMode;
+use sqlx::{PgConnection, PgPool, SqlStr};
+use uuid::Uuid;
+
+use crate::config::InboxConfig;
+use crate::error::{Error, SchemaProblem};
+use crate::pg::names::TableName;
+use crate::pg::schema;
+use crate::pg::statements::sql;
+use crate::store::Inbox;
+
+#[derive(Debug)]
+struct Statements {
+    record: SqlStr,
+    purge: SqlStr,
+}
+
+/// The consumer inbox: `(consumer, message id)` recorded in the consumer's own transaction,
+/// so a redelivered message is processed once.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, message_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_outbox::PgInbox;
+/// use idempotency_outbox::config::InboxConfig;
+///
+/// let inbox = PgInbox::from_config(pool.clone(), &InboxConfig::default()).await?;
+/// let mut tx = pool.begin().await?;
+/// if inbox.record_id(&mut tx, "billing-projector", message_id).await? {
+///     // first time: apply the message's effects on &mut *tx
+/// }
+/// tx.commit().await?; // then ack the broker delivery
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgInbox {
+    pool: PgPool,
+    table: Arc<TableName>,
+    sql: Arc<Statements>,
+}
+
+impl PgInbox {
+    /// An inbox on `table`; the schema is not touched.
+    pub fn with_table(pool: PgPool, table: TableName) -> Self {
+        let t = table.quoted();
+        let sql = Statements {
+            record: sql(format!(
+                "INSERT INTO {t} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+            )),
+            purge: sql(format!(
+                "WITH doomed AS ( \
+                     SELECT consumer, message_id FROM {t} \
+                     WHERE received_at < clock_timestamp() - $1 \
+                     ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM {t} AS i USING doomed AS d \
+                 WHERE i.consumer = d.consumer AND i.message_id = d.message_id"
+            )),
+        };
+        Self {
+            pool,
+            table: Arc::new(table),
+            sql: Arc::new(sql),
+        }
+    }
+
+    /// An inbox configured by the `inbox` section: validates `table-name`, applies
+    /// `schema.mode`.
+    pub async fn from_config(pool: PgPool, config: &InboxConfig) -> Result<Self, Error> {
+        let inbox = Self::with_table(pool, TableName::parse(&config.table_name)?);
+        match config.schema.mode {
+            SchemaMode::Create => inbox.create_schema().await?,
+            SchemaMode::Validate => inbox.validate_schema().await?,
+            SchemaMode::None => {}
+        }
+        Ok(inbox)
+    }
+
+    /// Runs the canonical DDL ([`inbox_ddl`](crate::pg::inbox_ddl)).
+    pub async fn create_schema(&self) -> Result<(), Error> {
+        schema::create(&self.pool, &self.table, schema::inbox_ddl(&self.table)).await
+    }
+
+    /// Checks the table, failing with [`Error::Schema`] naming every difference.
+    pub async fn validate_schema(&self) -> Result<(), Error> {
+        let problems = self.schema_problems().await?;
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Schema {
+                table: self.table.to_string(),
+                problems,
+            })
+        }
+    }
+
+    /// Every difference between the table and the canonical schema.
+    pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
+        schema::problems(
+            &self.pool,
+            &self.table,
+            schema::INBOX_COLUMNS,
+            schema::INBOX_INDEXES,
+        )
+        .await
+    }
+
+    /// Records `(consumer, message_id)` in the caller's transaction; `true` when new.
+    pub async fn record(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<bool, Error> {
+        if consumer.is_empty() || consumer.chars().count() > 255 {
+            return Err(Error::invalid_event(
+                "the consumer name must have 1..=255 characters",
+            ));
+        }
+        if message_id.is_empty() || message_id.chars().count() > 255 {
+            return Err(Error::invalid_event(
+                "the message id must have 1..=255 characters",
+            ));
+        }
+        let inserted = sqlx::query(self.sql.record.clone())
+            .bind(consumer)
+            .bind(message_id)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    /// [`record`](Self::record) for an outbox message id.
+    pub async fn record_id(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        message_id: Uuid,
+    ) -> Result<bool, Error> {
+        self.record(conn, consumer, &message_id.to_string()).await
+    }
+
+    /// Deletes entries older than `older_than` in batches of `batch_size` until a batch comes
+    /// back short; returns how many.
+    pub async fn purge_older_than(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64, Error> {
+        let limit = batch_size.max(1);
+        let mut total = 0;
+        loop {
+            let deleted = Inbox::purge(self, older_than, limit).await?;
+            total += deleted;
+            if deleted < u64::from(limit) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+}
+
+impl Inbox for PgInbox {
+    type Connection = PgConnection;
+
+    async fn record(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<bool, Error> {
+        PgInbox::record(self, conn, consumer, message_id).await
+    }
+
+    async fn purge(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        Ok(sqlx::query(self.sql.purge.clone())
+            .bind(older_than)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}

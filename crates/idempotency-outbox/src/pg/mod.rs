@@ -1,0 +1,220 @@
+//! The PostgreSQL outbox and inbox (feature `postgres`, on by default).
+
+use std::sync::Arc;
+
+use idempotency_core::config::SchemaMode;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::config::{Ordering, OutboxConfig};
+use crate::error::{Error, SchemaProblem};
+use crate::message::NewEvent;
+
+mod error;
+mod inbox;
+mod listen;
+mod names;
+mod schema;
+mod statements;
+mod store;
+
+pub use inbox::PgInbox;
+pub use listen::PgNotificationListener;
+pub use names::{Channel, TableName};
+pub use schema::{INBOX_DDL_TEMPLATE, OUTBOX_DDL_TEMPLATE, inbox_ddl, outbox_ddl};
+
+use statements::Statements;
+
+/// The PostgreSQL outbox: enqueue through the caller's connection, and the store the relay
+/// claims from. Cheap to clone: the pool and the statements are shared.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_outbox::{NewEvent, PgOutbox};
+/// use idempotency_outbox::config::OutboxConfig;
+///
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
+/// let outbox = PgOutbox::from_config(pool.clone(), &OutboxConfig::default()).await?;
+///
+/// let mut tx = pool.begin().await?;
+/// // ... business statements on &mut *tx ...
+/// outbox.enqueue(&mut tx, &NewEvent::new("charge", "ch_1", "ChargeCreated", &42)?).await?;
+/// tx.commit().await?; // the event becomes visible to relays, and NOTIFY wakes them
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgOutbox {
+    pool: PgPool,
+    table: Arc<TableName>,
+    ordering: Ordering,
+    channel: Option<Channel>,
+    sql: Arc<Statements>,
+}
+
+impl PgOutbox {
+    /// An outbox on the default table `outbox`, `ordered`, notifying channel `outbox`; the
+    /// schema is not touched.
+    pub fn new(pool: PgPool) -> Self {
+        let channel = Channel::parse("outbox").ok();
+        Self::with_options(pool, default_table(), Ordering::Ordered, channel)
+    }
+
+    /// An outbox on `table` with the given ordering and notification channel (`None`: no
+    /// `NOTIFY`); the schema is not touched.
+    pub fn with_options(
+        pool: PgPool,
+        table: TableName,
+        ordering: Ordering,
+        channel: Option<Channel>,
+    ) -> Self {
+        let sql = Statements::new(&table, ordering, channel.is_some());
+        Self {
+            pool,
+            table: Arc::new(table),
+            ordering,
+            channel,
+            sql: Arc::new(sql),
+        }
+    }
+
+    /// An outbox configured by the `outbox` section: validates `table-name` and
+    /// `notify-channel`, then applies `schema.mode`.
+    pub async fn from_config(pool: PgPool, config: &OutboxConfig) -> Result<Self, Error> {
+        let table = TableName::parse(&config.table_name)?;
+        let channel = config
+            .notify_channel
+            .as_deref()
+            .map(Channel::parse)
+            .transpose()?;
+        let outbox = Self::with_options(pool, table, config.ordering, channel);
+        outbox.apply_schema(config.schema.mode).await?;
+        Ok(outbox)
+    }
+
+    /// `create` runs the canonical DDL, `validate` checks the tables, `none` does nothing.
+    pub async fn apply_schema(&self, mode: SchemaMode) -> Result<(), Error> {
+        match mode {
+            SchemaMode::Create => self.create_schema().await,
+            SchemaMode::Validate => self.validate_schema().await,
+            SchemaMode::None => Ok(()),
+        }
+    }
+
+    /// Runs the canonical DDL ([`outbox_ddl`]); safe to run again and concurrently.
+    pub async fn create_schema(&self) -> Result<(), Error> {
+        schema::create(&self.pool, &self.table, outbox_ddl(&self.table)).await
+    }
+
+    /// Checks both tables (columns, types, nullability, the indexes the queries rely on),
+    /// failing with [`Error::Schema`] naming every difference.
+    pub async fn validate_schema(&self) -> Result<(), Error> {
+        let problems = self.schema_problems().await?;
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Schema {
+                table: self.table.to_string(),
+                problems,
+            })
+        }
+    }
+
+    /// Every difference between the tables and the canonical schema (empty when they match).
+    pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
+        let mut problems = schema::problems(
+            &self.pool,
+            &self.table,
+            schema::OUTBOX_COLUMNS,
+            schema::OUTBOX_INDEXES,
+        )
+        .await?;
+        problems.extend(
+            schema::problems(
+                &self.pool,
+                &self.table.sibling("sequences"),
+                schema::SEQUENCE_COLUMNS,
+                schema::SEQUENCE_INDEXES,
+            )
+            .await?,
+        );
+        Ok(problems)
+    }
+
+    /// Writes `event` through `conn`, in the caller's transaction; returns its id.
+    ///
+    /// `conn` is any PostgreSQL connection in a transaction: `&mut sqlx::Transaction`,
+    /// `idempotency_pg::PgTx` (both dereference to `PgConnection`). Rolled back with it;
+    /// visible to relays, and notified, at commit.
+    pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid, Error> {
+        self.enqueue_all(conn, std::slice::from_ref(event))
+            .await
+            .map(|ids| ids.first().copied().unwrap_or(event.id()))
+    }
+
+    /// Writes `events` in one statement, in the caller's transaction; returns their ids.
+    ///
+    /// In `ordered` mode events of one aggregate are numbered in the order given, and a
+    /// concurrent transaction writing the same aggregate waits at this statement until this
+    /// transaction ends. Keep such transactions short, as for any row lock.
+    pub async fn enqueue_all(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>, Error> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::with_capacity(events.len());
+        let mut aggregate_types = Vec::with_capacity(events.len());
+        let mut aggregate_ids = Vec::with_capacity(events.len());
+        let mut event_types = Vec::with_capacity(events.len());
+        let mut payloads = Vec::with_capacity(events.len());
+        let mut headers = Vec::with_capacity(events.len());
+        for event in events {
+            event.validate()?;
+            ids.push(event.id());
+            aggregate_types.push(event.aggregate_type());
+            aggregate_ids.push(event.aggregate_id());
+            event_types.push(event.event_type());
+            payloads.push(event.payload());
+            headers.push(serde_json::to_string(event.headers()).map_err(Error::Payload)?);
+        }
+        let query = sqlx::query(self.sql.enqueue.clone())
+            .bind(&ids)
+            .bind(&aggregate_types)
+            .bind(&aggregate_ids)
+            .bind(&event_types)
+            .bind(&payloads)
+            .bind(&headers);
+        let query = match &self.channel {
+            Some(channel) => query.bind(channel.as_str()),
+            None => query,
+        };
+        query.execute(&mut *conn).await?;
+        Ok(ids)
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The ordering enqueue uses.
+    pub fn ordering(&self) -> Ordering {
+        self.ordering
+    }
+
+    /// The notification channel, if enqueue notifies.
+    pub fn channel(&self) -> Option<&Channel> {
+        self.channel.as_ref()
+    }
+}
+
+fn default_table() -> TableName {
+    TableName::from_parts(None, "outbox".to_owned())
+}

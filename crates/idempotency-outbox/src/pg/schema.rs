@@ -1,0 +1,262 @@
+//! Schema management: `create` runs the canonical DDL, `validate` compares live tables with it.
+
+use std::collections::HashMap;
+
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::error::{Error, SchemaProblem};
+use crate::pg::names::TableName;
+
+/// The outbox DDL template: `{table}`, `{sequences}`, `{pending_index}`, `{aggregate_index}`,
+/// `{published_index}` and `{dead_letter_index}` are replaced by quoted names.
+pub const OUTBOX_DDL_TEMPLATE: &str = include_str!("outbox.sql");
+
+/// The inbox DDL template: `{inbox}` and `{inbox_index}` are replaced by quoted names.
+pub const INBOX_DDL_TEMPLATE: &str = include_str!("inbox.sql");
+
+/// The canonical outbox DDL for `table` (and its `<table>_sequences` counters).
+///
+/// ```
+/// let table = idempotency_outbox::pg::TableName::parse("billing.outbox")?;
+/// let ddl = idempotency_outbox::pg::outbox_ddl(&table);
+/// assert!(ddl.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."outbox_sequences""#));
+/// # Ok::<(), idempotency_outbox::Error>(())
+/// ```
+pub fn outbox_ddl(table: &TableName) -> String {
+    OUTBOX_DDL_TEMPLATE
+        .replace("{table}", table.quoted())
+        .replace("{sequences}", table.sibling("sequences").quoted())
+        .replace("{pending_index}", &table.derived("pending_idx"))
+        .replace("{aggregate_index}", &table.derived("aggregate_idx"))
+        .replace("{published_index}", &table.derived("published_idx"))
+        .replace("{dead_letter_index}", &table.derived("dead_letter_idx"))
+}
+
+/// The canonical inbox DDL for `table`.
+pub fn inbox_ddl(table: &TableName) -> String {
+    INBOX_DDL_TEMPLATE
+        .replace("{inbox}", table.quoted())
+        .replace("{inbox_index}", &table.derived("received_at_idx"))
+}
+
+pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) -> Result<(), Error> {
+    // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
+    // instances starting at once on an advisory lock named after the table.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(lock_name.quoted())
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(crate) struct Column {
+    pub(crate) name: &'static str,
+    pub(crate) types: &'static [&'static str],
+    pub(crate) label: &'static str,
+    pub(crate) nullable: bool,
+}
+
+const fn col(
+    name: &'static str,
+    types: &'static [&'static str],
+    label: &'static str,
+    nullable: bool,
+) -> Column {
+    Column {
+        name,
+        types,
+        label,
+        nullable,
+    }
+}
+
+const TEXT: &[&str] = &["varchar", "text"];
+const TIME: &[&str] = &["timestamptz"];
+const UUID: &[&str] = &["uuid"];
+
+pub(crate) const OUTBOX_COLUMNS: &[Column] = &[
+    col("id", UUID, "uuid", false),
+    col("aggregate_type", TEXT, "varchar(255)", false),
+    col("aggregate_id", TEXT, "varchar(255)", false),
+    col("sequence", &["int8"], "bigint", true),
+    col("event_type", TEXT, "varchar(255)", false),
+    col("payload", &["jsonb"], "jsonb", false),
+    col("headers", &["jsonb"], "jsonb", false),
+    col("created_at", TIME, "timestamptz", false),
+    col("attempts", &["int4"], "integer", false),
+    col("next_attempt_at", TIME, "timestamptz", false),
+    col("claim_token", UUID, "uuid", true),
+    col("last_error", TEXT, "varchar(1000)", true),
+    col("published_at", TIME, "timestamptz", true),
+    col("dead_lettered_at", TIME, "timestamptz", true),
+];
+
+pub(crate) const SEQUENCE_COLUMNS: &[Column] = &[
+    col("aggregate_type", TEXT, "varchar(255)", false),
+    col("aggregate_id", TEXT, "varchar(255)", false),
+    col("last_sequence", &["int8"], "bigint", false),
+];
+
+pub(crate) const INBOX_COLUMNS: &[Column] = &[
+    col("consumer", TEXT, "varchar(255)", false),
+    col("message_id", TEXT, "varchar(255)", false),
+    col("received_at", TIME, "timestamptz", false),
+];
+
+/// An index the store needs: `unique` on exactly `columns` (any order), or a plain or partial
+/// index leading with `columns[0]` (partial when `partial`).
+pub(crate) struct Index {
+    pub(crate) purpose: &'static str,
+    pub(crate) columns: &'static [&'static str],
+    pub(crate) unique: bool,
+    pub(crate) partial: bool,
+}
+
+/// One row of `pg_index`: unique, partial, the columns in order.
+type IndexRow = (bool, bool, Vec<String>);
+
+fn satisfies(index: &Index, (unique, partial, columns): &IndexRow) -> bool {
+    if index.unique {
+        let mut have: Vec<&str> = columns.iter().map(String::as_str).collect();
+        let mut want = index.columns.to_vec();
+        have.sort_unstable();
+        want.sort_unstable();
+        *unique && !*partial && have == want
+    } else {
+        let leading = columns.iter().map(String::as_str);
+        *partial == index.partial
+            && index.columns.len() <= columns.len()
+            && leading.zip(index.columns).all(|(a, b)| a == *b)
+    }
+}
+
+/// Every difference between `table` and `columns` / `indexes`.
+pub(crate) async fn problems(
+    pool: &PgPool,
+    table: &TableName,
+    columns: &[Column],
+    indexes: &[Index],
+) -> Result<Vec<SchemaProblem>, Error> {
+    let name = table.to_string();
+    let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(table.quoted())
+        .fetch_one(pool)
+        .await?;
+    if exists != Some(true) {
+        return Ok(vec![SchemaProblem::MissingTable { table: name }]);
+    }
+    let live: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT a.attname::text, t.typname::text, a.attnotnull \
+         FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+    )
+    .bind(table.quoted())
+    .fetch_all(pool)
+    .await?;
+    let live: HashMap<String, (String, bool)> = live
+        .into_iter()
+        .map(|(column, ty, not_null)| (column, (ty, not_null)))
+        .collect();
+    let mut problems = Vec::new();
+    for expected in columns {
+        let Some((ty, not_null)) = live.get(expected.name) else {
+            problems.push(SchemaProblem::MissingColumn {
+                table: name.clone(),
+                column: expected.name,
+            });
+            continue;
+        };
+        if !expected.types.contains(&ty.as_str()) {
+            problems.push(SchemaProblem::WrongType {
+                table: name.clone(),
+                column: expected.name,
+                expected: expected.label,
+                found: ty.clone(),
+            });
+        } else if expected.nullable == *not_null {
+            problems.push(SchemaProblem::Nullability {
+                table: name.clone(),
+                column: expected.name,
+                nullable: expected.nullable,
+            });
+        }
+    }
+    let live: Vec<IndexRow> = sqlx::query_as(
+        "SELECT i.indisunique, i.indpred IS NOT NULL, \
+                ARRAY(SELECT a.attname::text \
+                      FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                      ORDER BY k.ord) \
+         FROM pg_index i WHERE i.indrelid = to_regclass($1)",
+    )
+    .bind(table.quoted())
+    .fetch_all(pool)
+    .await?;
+    for index in indexes {
+        if !live.iter().any(|row| satisfies(index, row)) {
+            problems.push(SchemaProblem::MissingIndex {
+                table: name.clone(),
+                purpose: index.purpose,
+            });
+        }
+    }
+    Ok(problems)
+}
+
+pub(crate) const OUTBOX_INDEXES: &[Index] = &[
+    Index {
+        purpose: "primary key on (id)",
+        columns: &["id"],
+        unique: true,
+        partial: false,
+    },
+    Index {
+        purpose: "on pending rows by (next_attempt_at), used to claim",
+        columns: &["next_attempt_at"],
+        unique: false,
+        partial: true,
+    },
+    Index {
+        purpose: "on pending rows by (aggregate_type, aggregate_id, sequence), used for order",
+        columns: &["aggregate_type", "aggregate_id", "sequence"],
+        unique: false,
+        partial: true,
+    },
+    Index {
+        purpose: "on published rows by (published_at), used by retention",
+        columns: &["published_at"],
+        unique: false,
+        partial: true,
+    },
+    Index {
+        purpose: "on dead letters by (dead_lettered_at)",
+        columns: &["dead_lettered_at"],
+        unique: false,
+        partial: true,
+    },
+];
+
+pub(crate) const SEQUENCE_INDEXES: &[Index] = &[Index {
+    purpose: "primary key on (aggregate_type, aggregate_id)",
+    columns: &["aggregate_type", "aggregate_id"],
+    unique: true,
+    partial: false,
+}];
+
+pub(crate) const INBOX_INDEXES: &[Index] = &[
+    Index {
+        purpose: "primary key on (consumer, message_id)",
+        columns: &["consumer", "message_id"],
+        unique: true,
+        partial: false,
+    },
+    Index {
+        purpose: "by (received_at), used by purge",
+        columns: &["received_at"],
+        unique: false,
+        partial: false,
+    },
+];

@@ -1,0 +1,179 @@
+//! Every outbox statement, built once per store from the validated names.
+
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::config::Ordering;
+use crate::pg::names::TableName;
+
+pub(crate) fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+/// Columns a claim and the dead-letter listing return, in `MessageRow` order.
+pub(crate) const MESSAGE_COLUMNS: &str = "o.id, o.aggregate_type::text, o.aggregate_id::text, \
+     o.sequence, o.event_type::text, o.payload::text, o.headers::text, o.created_at, o.attempts, \
+     GREATEST(EXTRACT(EPOCH FROM clock_timestamp() - o.created_at), 0)::float8";
+
+const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
+
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) enqueue: SqlStr,
+    pub(crate) claim_ordered: SqlStr,
+    pub(crate) claim_unordered: SqlStr,
+    pub(crate) mark_published: SqlStr,
+    pub(crate) mark_failed: SqlStr,
+    pub(crate) stats: SqlStr,
+    pub(crate) delete_published: SqlStr,
+    pub(crate) delete_dead_lettered: SqlStr,
+    pub(crate) dead_letters: SqlStr,
+    pub(crate) requeue: SqlStr,
+}
+
+fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
+    let t = table.quoted();
+    let input = "input AS ( \
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                                 $6::text[]) \
+            WITH ORDINALITY AS i(id, aggregate_type, aggregate_id, event_type, payload, headers, ord))";
+    let columns = "id, aggregate_type, aggregate_id, sequence, event_type, payload, headers, \
+                   created_at, next_attempt_at";
+    let insert = match ordering {
+        // The upsert locks each aggregate's counter row until the caller's transaction ends
+        // (in a stable order, so two multi-aggregate writers do not deadlock on it): a second
+        // writer of the aggregate waits, then numbers its events after the first one's.
+        Ordering::Ordered => {
+            let s = table.sibling("sequences");
+            let s = s.quoted();
+            format!(
+                "{input}, \
+                 counts AS ( \
+                     SELECT aggregate_type, aggregate_id, count(*) AS n FROM input \
+                     GROUP BY aggregate_type, aggregate_id), \
+                 seq AS ( \
+                     INSERT INTO {s} AS s (aggregate_type, aggregate_id, last_sequence) \
+                     SELECT aggregate_type, aggregate_id, n FROM counts \
+                     ORDER BY aggregate_type, aggregate_id \
+                     ON CONFLICT (aggregate_type, aggregate_id) \
+                     DO UPDATE SET last_sequence = s.last_sequence + EXCLUDED.last_sequence \
+                     RETURNING s.aggregate_type::text, s.aggregate_id::text, s.last_sequence), \
+                 ins AS ( \
+                     INSERT INTO {t} ({columns}) \
+                     SELECT i.id, i.aggregate_type, i.aggregate_id, \
+                            q.last_sequence - c.n + row_number() OVER ( \
+                                PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord), \
+                            i.event_type, i.payload::jsonb, i.headers::jsonb, \
+                            clock_timestamp(), clock_timestamp() \
+                     FROM input i \
+                     JOIN counts c ON c.aggregate_type = i.aggregate_type \
+                                  AND c.aggregate_id = i.aggregate_id \
+                     JOIN seq q ON q.aggregate_type = i.aggregate_type \
+                               AND q.aggregate_id = i.aggregate_id \
+                     RETURNING 1)"
+            )
+        }
+        Ordering::Unordered => format!(
+            "{input}, \
+             ins AS ( \
+                 INSERT INTO {t} ({columns}) \
+                 SELECT id, aggregate_type, aggregate_id, NULL, event_type, payload::jsonb, \
+                        headers::jsonb, clock_timestamp(), clock_timestamp() \
+                 FROM input ORDER BY ord \
+                 RETURNING 1)"
+        ),
+    };
+    if notify {
+        // Delivered at commit, never on rollback; one per transaction and channel.
+        format!("WITH {insert} SELECT pg_notify($7, '') FROM (SELECT 1 FROM ins LIMIT 1) AS x")
+    } else {
+        format!("WITH {insert} SELECT count(*) FROM ins")
+    }
+}
+
+fn claim(t: &str, ordered: bool) -> String {
+    let head = if ordered {
+        // Only the first pending row of its aggregate: while it is leased (in flight) or
+        // backing off after a failure, the aggregate's later rows wait. A correlated
+        // `LIMIT 1` subquery rather than `NOT EXISTS`: it is always planned as an index probe
+        // on the aggregate index, even before the table was ever analyzed (an anti-join may
+        // then be planned as a full scan per batch).
+        format!(
+            "AND (o.sequence IS NULL OR o.sequence <= ( \
+                 SELECT p.sequence FROM {t} p \
+                 WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
+                   AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
+                 ORDER BY p.sequence LIMIT 1))"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "WITH due AS ( \
+             SELECT o.id FROM {t} o \
+             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= now() {head} \
+             ORDER BY o.next_attempt_at \
+             LIMIT $1 \
+             FOR UPDATE OF o SKIP LOCKED) \
+         UPDATE {t} AS o \
+         SET attempts = o.attempts + 1, next_attempt_at = now() + $2, claim_token = $3 \
+         FROM due WHERE o.id = due.id \
+         RETURNING {MESSAGE_COLUMNS}"
+    )
+}
+
+impl Statements {
+    pub(crate) fn new(table: &TableName, ordering: Ordering, notify: bool) -> Self {
+        let t = table.quoted();
+        Self {
+            enqueue: sql(enqueue(table, ordering, notify)),
+            claim_ordered: sql(claim(t, true)),
+            claim_unordered: sql(claim(t, false)),
+            mark_published: sql(format!(
+                "UPDATE {t} SET published_at = clock_timestamp(), claim_token = NULL \
+                 WHERE id = ANY($1) AND claim_token = $2"
+            )),
+            mark_failed: sql(format!(
+                "UPDATE {t} AS o \
+                 SET last_error = f.error, \
+                     next_attempt_at = clock_timestamp() + f.delay_us * interval '1 microsecond', \
+                     dead_lettered_at = CASE WHEN f.dead THEN clock_timestamp() END, \
+                     claim_token = NULL \
+                 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[]) \
+                      AS f(id, error, delay_us, dead) \
+                 WHERE o.id = f.id AND o.claim_token = $5"
+            )),
+            stats: sql(format!(
+                "SELECT p.n, p.age, d.n FROM \
+                 (SELECT count(*) AS n, \
+                         COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0) \
+                             ::float8 AS age \
+                  FROM {t} WHERE {PENDING}) AS p, \
+                 (SELECT count(*) AS n FROM {t} WHERE dead_lettered_at IS NOT NULL) AS d"
+            )),
+            delete_published: sql(format!(
+                "WITH doomed AS ( \
+                     SELECT id FROM {t} WHERE published_at < clock_timestamp() - $1 \
+                     ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM {t} AS o USING doomed WHERE o.id = doomed.id"
+            )),
+            delete_dead_lettered: sql(format!(
+                "WITH doomed AS ( \
+                     SELECT id FROM {t} WHERE dead_lettered_at < clock_timestamp() - $1 \
+                     ORDER BY dead_lettered_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM {t} AS o USING doomed WHERE o.id = doomed.id"
+            )),
+            dead_letters: sql(format!(
+                "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \
+                 WHERE o.dead_lettered_at IS NOT NULL ORDER BY o.dead_lettered_at LIMIT $1"
+            )),
+            requeue: sql(format!(
+                "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0, \
+                        next_attempt_at = clock_timestamp(), claim_token = NULL \
+                 WHERE id = ANY($1) AND dead_lettered_at IS NOT NULL"
+            )),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The SPI implementations of [`PgOutbox`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::config::Ordering;
+use crate::error::Error;
+use crate::message::{DeadLetter, NewEvent, OutboxMessage};
+use crate::pg::PgOutbox;
+use crate::pg::listen::PgNotificationListener;
+use crate::store::{
+    ClaimRequest, DeadLetters, Enqueue, Failure, Housekeeping, OutboxStats, RelayStore,
+};
+
+pub(crate) type MessageRow = (
+    Uuid,
+    String,
+    String,
+    Option<i64>,
+    String,
+    String,
+    String,
+    DateTime<Utc>,
+    i32,
+    f64,
+);
+
+pub(crate) fn message(row: MessageRow) -> Result<OutboxMessage, Error> {
+    let (
+        id,
+        aggregate_type,
+        aggregate_id,
+        sequence,
+        event_type,
+        payload,
+        headers,
+        created_at,
+        attempts,
+        age,
+    ) = row;
+    let headers: BTreeMap<String, String> =
+        serde_json::from_str(&headers).map_err(|e| Error::Corrupt {
+            reason: format!("headers of {id} are not a JSON object of strings: {e}"),
+        })?;
+    Ok(OutboxMessage::new(
+        id,
+        aggregate_type,
+        aggregate_id,
+        sequence,
+        event_type,
+        payload,
+        headers,
+        created_at,
+        u32::try_from(attempts).unwrap_or_default(),
+    )
+    .with_age_at_claim(age))
+}
+
+fn limit(n: u32) -> i64 {
+    i64::from(n)
+}
+
+impl Enqueue for PgOutbox {
+    type Connection = PgConnection;
+
+    async fn enqueue_all(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>, Error> {
+        PgOutbox::enqueue_all(self, conn, events).await
+    }
+}
+
+impl RelayStore for PgOutbox {
+    type Listener = PgNotificationListener;
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxMessage>, Error> {
+        let sql = match request.ordering {
+            Ordering::Ordered => self.sql.claim_ordered.clone(),
+            Ordering::Unordered => self.sql.claim_unordered.clone(),
+        };
+        let rows: Vec<MessageRow> = sqlx::query_as(sql)
+            .bind(limit(request.limit))
+            .bind(request.lease)
+            .bind(request.token)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(message).collect()
+    }
+
+    async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
+        Ok(sqlx::query(self.sql.mark_published.clone())
+            .bind(ids)
+            .bind(token)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
+        let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
+        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+        let delays: Vec<i64> = failures
+            .iter()
+            .map(|f| i64::try_from(f.retry_in.as_micros()).unwrap_or(i64::MAX))
+            .collect();
+        let dead: Vec<bool> = failures.iter().map(|f| f.dead_letter).collect();
+        Ok(sqlx::query(self.sql.mark_failed.clone())
+            .bind(&ids)
+            .bind(&errors)
+            .bind(&delays)
+            .bind(&dead)
+            .bind(token)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn listen(&self) -> Result<Option<PgNotificationListener>, Error> {
+        match &self.channel {
+            Some(channel) => PgNotificationListener::connect(&self.pool, channel)
+                .await
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Housekeeping for PgOutbox {
+    async fn stats(&self) -> Result<OutboxStats, Error> {
+        let (pending, age, dead): (i64, f64, i64) = sqlx::query_as(self.sql.stats.clone())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(OutboxStats::new(
+            u64::try_from(pending).unwrap_or_default(),
+            age,
+            u64::try_from(dead).unwrap_or_default(),
+        ))
+    }
+
+    async fn delete_published(&self, older_than: Duration, limit_: u32) -> Result<u64, Error> {
+        Ok(sqlx::query(self.sql.delete_published.clone())
+            .bind(older_than)
+            .bind(limit(limit_))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn delete_dead_lettered(&self, older_than: Duration, limit_: u32) -> Result<u64, Error> {
+        Ok(sqlx::query(self.sql.delete_dead_lettered.clone())
+            .bind(older_than)
+            .bind(limit(limit_))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}
+
+type DeadLetterRow = (
+    Uuid,
+    String,
+    String,
+    Option<i64>,
+    String,
+    String,
+    String,
+    DateTime<Utc>,
+    i32,
+    f64,
+    Option<String>,
+    DateTime<Utc>,
+);
+
+impl DeadLetters for PgOutbox {
+    async fn dead_letters(&self, limit_: u32) -> Result<Vec<DeadLetter>, Error> {
+        let rows: Vec<DeadLetterRow> = sqlx::query_as(self.sql.dead_letters.clone())
+            .bind(limit(limit_))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|(a, b, c, d, e, f, g, h, i, j, last_error, at)| {
+                Ok(DeadLetter::new(
+                    message((a, b, c, d, e, f, g, h, i, j))?,
+                    last_error,
+                    at,
+                ))
+            })
+            .collect()
+    }
+
+    async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        Ok(sqlx::query(self.sql.requeue.clone())
+            .bind(ids)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}

@@ -1,0 +1,152 @@
+//! The publisher SPI, and the publishers this crate ships.
+//!
+//! A [`Publisher`] sends one message and resolves once the broker confirmed it (JetStream
+//! publish ack, RabbitMQ publisher confirm). The relay publishes a batch concurrently, each
+//! message bounded by `publish-timeout`, and marks published only what was confirmed.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::error::{BoxError, Error};
+use crate::message::OutboxMessage;
+
+mod logging;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbitmq;
+mod template;
+
+pub use logging::LoggingPublisher;
+pub use template::Template;
+
+/// Header names every publisher adds, so consumers can route and check order without parsing
+/// the payload.
+pub mod headers {
+    /// The aggregate type.
+    pub const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+    /// The aggregate id.
+    pub const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+    /// The event type.
+    pub const EVENT_TYPE: &str = "Outbox-Event-Type";
+    /// The per-aggregate sequence (absent for unordered events).
+    pub const SEQUENCE: &str = "Outbox-Sequence";
+}
+
+/// What the broker said about a confirmed message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ack {
+    /// The broker recognised the message id and dropped this copy (JetStream's duplicate
+    /// window). The message is delivered once all the same.
+    pub duplicate: bool,
+}
+
+/// Sends outbox messages to a broker.
+pub trait Publisher: Send + Sync + 'static {
+    /// A low-cardinality label for metrics and logs (`nats`, `rabbitmq:orders`...).
+    fn destination(&self) -> &str;
+
+    /// Publishes `message` with its id as the broker's message id, forwarding its headers,
+    /// and resolves once the broker confirmed it.
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<Ack, PublishError>> + Send;
+}
+
+impl<P: Publisher> Publisher for Arc<P> {
+    fn destination(&self) -> &str {
+        (**self).destination()
+    }
+
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<Ack, PublishError>> + Send {
+        (**self).publish(message)
+    }
+}
+
+/// Why a publish failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PublishErrorKind {
+    /// The broker cannot be reached, or has nothing to take the message (no stream for the
+    /// subject). Retried with backoff.
+    Unavailable,
+    /// The broker refused the message (negative confirm, unroutable, too large).
+    Rejected,
+    /// No confirmation within `publish-timeout`.
+    Timeout,
+    /// The message cannot be expressed for this broker (invalid subject, header).
+    InvalidMessage,
+    /// Anything else.
+    Other,
+}
+
+impl fmt::Display for PublishErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Unavailable => "broker unavailable",
+            Self::Rejected => "rejected by the broker",
+            Self::Timeout => "publish timed out",
+            Self::InvalidMessage => "message invalid for the broker",
+            Self::Other => "publish failed",
+        })
+    }
+}
+
+/// A publish failed; the relay records it as the row's `last_error` and retries.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct PublishError {
+    kind: PublishErrorKind,
+    #[source]
+    source: Option<BoxError>,
+}
+
+impl PublishError {
+    /// An error of `kind` caused by `source`.
+    pub fn new(kind: PublishErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// An error of `kind` without a cause.
+    pub fn kind_only(kind: PublishErrorKind) -> Self {
+        Self { kind, source: None }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> PublishErrorKind {
+        self.kind
+    }
+
+    /// The error and its causes, `: `-separated, for the row's `last_error`.
+    pub fn chain(&self) -> String {
+        let mut text = self.kind.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
+}
+
+impl From<PublishError> for Error {
+    fn from(error: PublishError) -> Self {
+        Self::Publisher(error)
+    }
+}
+
+/// Checks a header name once for all brokers: visible ASCII without `:`.
+pub(crate) fn header_name_ok(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':')
+}

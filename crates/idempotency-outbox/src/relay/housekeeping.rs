@@ -1,0 +1,99 @@
+//! The housekeeping task: gauges every `stats-interval`, retention every
+//! `retention.interval`.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::Shared;
+use crate::error::Error;
+use crate::metrics;
+use crate::store::Housekeeping;
+
+/// What one retention run deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PurgeReport {
+    /// Published rows deleted.
+    pub published: u64,
+    /// Dead-lettered rows deleted.
+    pub dead_lettered: u64,
+    /// Delete statements run.
+    pub batches: u32,
+}
+
+pub(super) async fn refresh_gauges<S: Housekeeping, P>(shared: &Shared<S, P>) -> Result<(), Error> {
+    let stats = shared.store.stats().await?;
+    metrics::stats(&stats);
+    Ok(())
+}
+
+/// Deletes in batches of `batch-size`, each one short statement, until a batch comes back
+/// short: published rows older than `retention.published`, then dead letters older than
+/// `retention.dead-lettered`.
+pub(super) async fn purge<S: Housekeeping, P>(shared: &Shared<S, P>) -> Result<PurgeReport, Error> {
+    let retention = &shared.retention;
+    let limit = retention.batch_size.max(1);
+    let mut report = PurgeReport::default();
+    loop {
+        let deleted = shared
+            .store
+            .delete_published(retention.published, limit)
+            .await?;
+        report.published += deleted;
+        report.batches += 1;
+        if deleted < u64::from(limit) {
+            break;
+        }
+    }
+    if let Some(older_than) = retention.dead_lettered {
+        loop {
+            let deleted = shared.store.delete_dead_lettered(older_than, limit).await?;
+            report.dead_lettered += deleted;
+            report.batches += 1;
+            if deleted < u64::from(limit) {
+                break;
+            }
+        }
+    }
+    Ok(report)
+}
+
+pub(super) async fn run<S: Housekeeping, P>(
+    shared: Arc<Shared<S, P>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut next_purge = Instant::now();
+    loop {
+        if let Err(error) = refresh_gauges(&shared).await {
+            tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "outbox stats query failed"
+            );
+        }
+        if shared.retention.enabled && Instant::now() >= next_purge {
+            next_purge = Instant::now() + shared.retention.interval;
+            match purge(&shared).await {
+                Ok(report) if report.published + report.dead_lettered > 0 => {
+                    tracing::info!(
+                        published = report.published,
+                        dead_lettered = report.dead_lettered,
+                        "outbox retention deleted rows"
+                    );
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(
+                        error = &error as &dyn std::error::Error,
+                        "outbox retention failed"
+                    );
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(shared.config.stats_interval) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

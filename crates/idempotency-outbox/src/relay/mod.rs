@@ -1,0 +1,258 @@
+//! The relay: worker tasks that move committed outbox rows to a broker.
+//!
+//! Each worker loops: claim a batch under a lease (`FOR UPDATE SKIP LOCKED`, one short
+//! statement), publish its messages concurrently (each bounded by `publish-timeout`), mark the
+//! confirmed ones published with one statement and record the failures with backoff. Idle
+//! workers wait for a notification (`LISTEN`, debounced) or the poll interval. Any number of
+//! workers in any number of processes share the table; nothing needs a leader.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::{Ordering, OutboxConfig, RelayConfig, RetentionConfig};
+use crate::error::Error;
+use crate::publisher::Publisher;
+use crate::store::{Housekeeping, RelayStore};
+
+mod backoff;
+mod housekeeping;
+mod wake;
+mod worker;
+
+pub use housekeeping::PurgeReport;
+pub use worker::BatchReport;
+
+/// Counts since the relay started, across its workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayTotals {
+    /// Messages the broker confirmed.
+    pub published: u64,
+    /// Failed publish attempts.
+    pub failed: u64,
+    /// Messages dead-lettered.
+    pub dead_lettered: u64,
+    /// Confirmed copies the broker reported as duplicates.
+    pub duplicates: u64,
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    published: AtomicU64,
+    failed: AtomicU64,
+    dead_lettered: AtomicU64,
+    duplicates: AtomicU64,
+}
+
+impl Totals {
+    fn add(&self, report: &BatchReport) {
+        self.published
+            .fetch_add(report.published, AtomicOrdering::Relaxed);
+        self.failed
+            .fetch_add(report.failed, AtomicOrdering::Relaxed);
+        self.dead_lettered
+            .fetch_add(report.dead_lettered, AtomicOrdering::Relaxed);
+        self.duplicates
+            .fetch_add(report.duplicates, AtomicOrdering::Relaxed);
+    }
+
+    fn snapshot(&self) -> RelayTotals {
+        RelayTotals {
+            published: self.published.load(AtomicOrdering::Relaxed),
+            failed: self.failed.load(AtomicOrdering::Relaxed),
+            dead_lettered: self.dead_lettered.load(AtomicOrdering::Relaxed),
+            duplicates: self.duplicates.load(AtomicOrdering::Relaxed),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared<S, P> {
+    store: S,
+    publisher: P,
+    config: RelayConfig,
+    ordering: Ordering,
+    retention: RetentionConfig,
+    wake: Notify,
+    totals: Totals,
+}
+
+/// A relay over store `S` and publisher `P`. Cheap to clone.
+///
+/// [`spawn`](Self::spawn) starts the workers, the notification listener and the housekeeping
+/// task (gauges, retention); [`run_batch`](Self::run_batch) runs one claim-publish-mark cycle
+/// for callers that drive the relay themselves.
+#[derive(Debug)]
+pub struct Relay<S, P> {
+    shared: Arc<Shared<S, P>>,
+}
+
+impl<S, P> Clone for Relay<S, P> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S, P> Relay<S, P>
+where
+    S: RelayStore + Housekeeping,
+    P: Publisher,
+{
+    /// A relay configured by the `outbox` section (`relay`, `ordering`, `retention`).
+    pub fn new(store: S, publisher: P, config: &OutboxConfig) -> Result<Self, Error> {
+        config.relay.validate()?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                store,
+                publisher,
+                config: config.relay.clone(),
+                ordering: config.ordering,
+                retention: config.retention.clone(),
+                wake: Notify::new(),
+                totals: Totals::default(),
+            }),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.shared.store
+    }
+
+    /// The publisher.
+    pub fn publisher(&self) -> &P {
+        &self.shared.publisher
+    }
+
+    /// Counts since the relay was created.
+    pub fn totals(&self) -> RelayTotals {
+        self.shared.totals.snapshot()
+    }
+
+    /// Claims, publishes and marks one batch, as a worker does. Returns what happened.
+    pub async fn run_batch(&self) -> Result<BatchReport, Error> {
+        worker::run_batch(&self.shared).await
+    }
+
+    /// Refreshes the gauges once.
+    pub async fn refresh_gauges(&self) -> Result<(), Error> {
+        housekeeping::refresh_gauges(&self.shared).await
+    }
+
+    /// Runs retention once: published rows, then dead letters, in bounded batches.
+    pub async fn purge(&self) -> Result<PurgeReport, Error> {
+        housekeeping::purge(&self.shared).await
+    }
+
+    /// Starts `workers` worker tasks, the listener (with `wake-up: listen`) and the
+    /// housekeeping task on the current tokio runtime.
+    pub fn spawn(&self) -> RelayHandle {
+        let (stop, stopped) = watch::channel(false);
+        let workers = (0..self.shared.config.workers)
+            .map(|n| {
+                let shared = Arc::clone(&self.shared);
+                tokio::spawn(worker::work(shared, n, stopped.clone()))
+            })
+            .collect();
+        let mut background = vec![tokio::spawn(housekeeping::run(
+            Arc::clone(&self.shared),
+            stopped.clone(),
+        ))];
+        if self.shared.config.wake_up == crate::config::WakeUp::Listen {
+            background.push(tokio::spawn(wake::listen(
+                Arc::clone(&self.shared),
+                stopped,
+            )));
+        }
+        RelayHandle {
+            stop,
+            workers,
+            background,
+            shutdown_timeout: self.shared.config.shutdown_timeout,
+            totals: Box::new({
+                let shared = Arc::clone(&self.shared);
+                move || shared.totals.snapshot()
+            }),
+        }
+    }
+}
+
+/// How a shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Every worker finished its in-flight batch within the deadline.
+    pub graceful: bool,
+    /// Workers aborted at the deadline; their claimed rows return after the lease.
+    pub aborted: usize,
+    /// Counts over the relay's life.
+    pub totals: RelayTotals,
+}
+
+/// The running relay. [`shutdown`](Self::shutdown) stops it gracefully; dropping the handle
+/// stops it the same way without waiting.
+pub struct RelayHandle {
+    stop: watch::Sender<bool>,
+    workers: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+    shutdown_timeout: Duration,
+    totals: Box<dyn Fn() -> RelayTotals + Send + Sync>,
+}
+
+impl std::fmt::Debug for RelayHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayHandle")
+            .field("workers", &self.workers.len())
+            .field("totals", &(self.totals)())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RelayHandle {
+    /// Counts since the relay started.
+    pub fn totals(&self) -> RelayTotals {
+        (self.totals)()
+    }
+
+    /// Graceful shutdown with `relay.shutdown-timeout` as the deadline.
+    pub async fn shutdown(self) -> ShutdownReport {
+        let timeout = self.shutdown_timeout;
+        self.shutdown_within(timeout).await
+    }
+
+    /// Stops claiming, lets in-flight batches finish (publish and mark) until `deadline`,
+    /// then aborts what is left (those rows become claimable when their lease ends).
+    pub async fn shutdown_within(self, deadline: Duration) -> ShutdownReport {
+        let _ = self.stop.send(true);
+        for task in &self.background {
+            task.abort();
+        }
+        let until = tokio::time::Instant::now() + deadline;
+        let mut aborted = 0;
+        for mut worker in self.workers {
+            if tokio::time::timeout_at(until, &mut worker).await.is_err() {
+                worker.abort();
+                aborted += 1;
+            }
+        }
+        ShutdownReport {
+            graceful: aborted == 0,
+            aborted,
+            totals: (self.totals)(),
+        }
+    }
+
+    /// Aborts every task at once, as a crash would (tests, emergency stop). Claimed rows
+    /// become claimable again when their lease ends.
+    pub fn abort(self) {
+        for task in self.workers.iter().chain(&self.background) {
+            task.abort();
+        }
+    }
+}

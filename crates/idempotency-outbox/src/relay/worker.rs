@@ -1,0 +1,184 @@
+//! One worker: claim, publish concurrently, mark; wait when there is nothing to do.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{Shared, backoff};
+use crate::error::Error;
+use crate::message::OutboxMessage;
+use crate::metrics;
+use crate::publisher::{Ack, PublishError, PublishErrorKind, Publisher};
+use crate::store::{ClaimRequest, Failure, Housekeeping, MAX_ERROR_LEN, RelayStore};
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchReport {
+    /// Rows claimed.
+    pub claimed: u64,
+    /// Messages the broker confirmed.
+    pub published: u64,
+    /// Publish attempts that failed (retried later or dead-lettered).
+    pub failed: u64,
+    /// Messages dead-lettered by this batch.
+    pub dead_lettered: u64,
+    /// Confirmed copies the broker reported as duplicates.
+    pub duplicates: u64,
+}
+
+/// Store calls after a publish are retried this often before the rows are left to their
+/// lease (they are then published again: at least once).
+const MARK_TRIES: u32 = 3;
+
+pub(super) async fn work<S, P>(shared: Arc<Shared<S, P>>, n: usize, mut stop: watch::Receiver<bool>)
+where
+    S: RelayStore + Housekeeping,
+    P: Publisher,
+{
+    tracing::debug!(worker = n, "outbox relay worker started");
+    let limit = u64::from(shared.config.batch_size);
+    while !*stop.borrow() {
+        match run_batch(&shared).await {
+            // A full batch: more is probably due; claim again at once.
+            Ok(report) if report.claimed == limit => continue,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(
+                    worker = n,
+                    error = &error as &dyn std::error::Error,
+                    "outbox claim failed"
+                );
+            }
+        }
+        tokio::select! {
+            () = shared.wake.notified() => {}
+            () = tokio::time::sleep(shared.config.poll_interval) => {}
+            changed = stop.changed() => {
+                // The handle was dropped: stop as on shutdown.
+                if changed.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    tracing::debug!(worker = n, "outbox relay worker stopped");
+}
+
+pub(super) async fn run_batch<S, P>(shared: &Shared<S, P>) -> Result<BatchReport, Error>
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    let config = &shared.config;
+    let token = Uuid::now_v7();
+    let request = ClaimRequest {
+        limit: config.batch_size,
+        lease: config.lease(),
+        token,
+        ordering: shared.ordering,
+    };
+    let batch = shared.store.claim(&request).await?;
+    let claimed_at = Instant::now();
+    let mut report = BatchReport {
+        claimed: batch.len() as u64,
+        ..BatchReport::default()
+    };
+    if batch.is_empty() {
+        return Ok(report);
+    }
+    if batch.len() == config.batch_size as usize {
+        // Let an idle worker take the next batch while this one publishes.
+        shared.wake.notify_one();
+    }
+    let destination = shared.publisher.destination();
+    metrics::attempts(destination, batch.len());
+
+    let timeout = config.publish_timeout;
+    let results = join_all(batch.iter().map(|message| async move {
+        let result = match tokio::time::timeout(timeout, shared.publisher.publish(message)).await {
+            Ok(result) => result,
+            Err(_) => Err(PublishError::kind_only(PublishErrorKind::Timeout)),
+        };
+        (result, claimed_at.elapsed())
+    }))
+    .await;
+
+    let mut published = Vec::with_capacity(batch.len());
+    let mut failures = Vec::new();
+    for (message, (result, elapsed)) in batch.iter().zip(results) {
+        match result {
+            Ok(Ack { duplicate }) => {
+                published.push(message.id);
+                report.published += 1;
+                report.duplicates += u64::from(duplicate);
+                let latency = message.age_at_claim.max(0.0) + elapsed.as_secs_f64();
+                metrics::published(destination, latency, duplicate);
+            }
+            Err(error) => {
+                let failure = failure(shared, message, &error);
+                report.failed += 1;
+                report.dead_lettered += u64::from(failure.dead_letter);
+                metrics::failed(destination, error.kind(), failure.dead_letter);
+                if failure.dead_letter {
+                    tracing::error!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox message dead-lettered");
+                } else {
+                    tracing::warn!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox publish failed; will retry");
+                }
+                failures.push(failure);
+            }
+        }
+    }
+    if !published.is_empty() {
+        retry(|| shared.store.mark_published(token, &published)).await;
+    }
+    if !failures.is_empty() {
+        retry(|| shared.store.mark_failed(token, &failures)).await;
+    }
+    shared.totals.add(&report);
+    Ok(report)
+}
+
+fn failure<S, P>(shared: &Shared<S, P>, message: &OutboxMessage, error: &PublishError) -> Failure {
+    let mut text = error.chain();
+    if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_LEN) {
+        text.truncate(cut);
+    }
+    let dead_letter = message.attempts >= shared.config.max_attempts;
+    Failure {
+        id: message.id,
+        error: text,
+        retry_in: backoff::delay(&shared.config.backoff, message.id, message.attempts),
+        dead_letter,
+    }
+}
+
+async fn retry<F, Fut>(mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u64, Error>>,
+{
+    for attempt in 1..=MARK_TRIES {
+        match call().await {
+            Ok(_) => return,
+            Err(error) if attempt < MARK_TRIES => {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    attempt,
+                    "outbox mark failed; retrying"
+                );
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+            }
+            Err(error) => {
+                tracing::error!(
+                    error = &error as &dyn std::error::Error,
+                    "outbox mark failed; the rows will be published again after their lease"
+                );
+            }
+        }
+    }
+}

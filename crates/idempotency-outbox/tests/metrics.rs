@@ -1,0 +1,141 @@
+//! The relay's metrics through the `metrics` facade, asserted with a local
+//! `DebuggingRecorder` on a current-thread runtime.
+
+#![cfg(feature = "nats")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::nats::TestStream;
+use common::*;
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::{NewEvent, Relay, metrics as names};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, debugging::Snapshotter};
+
+/// One snapshot (taking it resets counters and gauges).
+struct Snap(Vec<(CompositeKey, DebugValue)>);
+
+fn snap(snapshotter: &Snapshotter) -> Snap {
+    Snap(
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(k, _, _, v)| (k, v))
+            .collect(),
+    )
+}
+
+fn value<'a>(snap: &'a Snap, name: &str, labels: &[(&str, &str)]) -> Option<&'a DebugValue> {
+    snap.0
+        .iter()
+        .find(|(key, _)| {
+            let key = key.key();
+            key.name() == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
+        })
+        .map(|(_, value)| value)
+}
+
+fn counter(s: &Snap, name: &str, labels: &[(&str, &str)]) -> u64 {
+    match value(s, name, labels) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("{name} {labels:?}: {other:?}"),
+    }
+}
+
+fn gauge(s: &Snap, name: &str) -> f64 {
+    match value(s, name, &[]) {
+        Some(DebugValue::Gauge(g)) => g.into_inner(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn the_relay_reports_counts_latency_and_gauges() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut config = config(Ordering::Ordered);
+        config.relay.max_attempts = 2;
+        let (pool, outbox) = outbox(&config).await;
+        let stream = TestStream::new().await;
+        // The stream captures orders only: the payment event fails twice, then dead-letters.
+        stream.delete().await;
+        stream
+            .js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: stream.name.clone(),
+                subjects: vec![format!("{}.order.>", stream.prefix)],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut events: Vec<NewEvent> = (0..5).map(|n| event(&format!("m{n}"), n)).collect();
+        events.push(NewEvent::new("payment", "p", "PaymentFailed", &0).unwrap());
+        commit(&pool, &outbox, &events).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        let relay = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
+        relay.refresh_gauges().await.unwrap();
+        let before = snap(&snapshotter);
+        assert_eq!(gauge(&before, names::PENDING), 6.0);
+        let age = gauge(&before, names::OLDEST_PENDING_AGE);
+        assert!(age >= 0.1, "{age}");
+        assert_eq!(gauge(&before, names::DEAD_LETTERED), 0.0);
+
+        let handle = relay.spawn();
+        eventually("5 published and 1 dead letter", || async {
+            published(&pool).await == 5
+                && scalar_i64(
+                    &pool,
+                    "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
+                )
+                .await
+                    == 1
+        })
+        .await;
+        handle.shutdown().await;
+        relay.refresh_gauges().await.unwrap();
+        stream.delete().await;
+    });
+
+    let snapshotter = snap(&snapshotter);
+    let nats = [("destination", "nats")];
+    assert_eq!(counter(&snapshotter, names::PUBLISHED, &nats), 5);
+    assert_eq!(counter(&snapshotter, names::ATTEMPTS, &nats), 7);
+    assert_eq!(
+        counter(
+            &snapshotter,
+            names::FAILED,
+            &[("destination", "nats"), ("kind", "unavailable")]
+        ),
+        2
+    );
+    assert_eq!(counter(&snapshotter, names::DEAD_LETTERED_TOTAL, &nats), 1);
+    match value(&snapshotter, names::LATENCY, &nats) {
+        Some(DebugValue::Histogram(samples)) => {
+            assert_eq!(samples.len(), 5);
+            assert!(
+                samples
+                    .iter()
+                    .all(|s| s.into_inner() > 0.0 && s.into_inner() < 30.0),
+                "{samples:?}"
+            );
+        }
+        other => panic!("latency: {other:?}"),
+    }
+    assert_eq!(gauge(&snapshotter, names::PENDING), 0.0);
+    assert_eq!(gauge(&snapshotter, names::OLDEST_PENDING_AGE), 0.0);
+    assert_eq!(gauge(&snapshotter, names::DEAD_LETTERED), 1.0);
+}

@@ -1,0 +1,324 @@
+//! The relay against a real NATS JetStream: delivery once with the outbox id as `Nats-Msg-Id`,
+//! rollback, broker outage, a worker dying between ack and mark, and a poison message.
+
+#![cfg(feature = "nats")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use common::nats::{TestStream, header};
+use common::*;
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::publisher::headers;
+use idempotency_outbox::{DeadLetters, NewEvent, Relay};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_events_are_published_once_and_rolled_back_ones_never() {
+    let config = config(Ordering::Ordered);
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+
+    let committed: Vec<NewEvent> = (0..5)
+        .map(|n| event(&format!("agg-{}", n % 2), n))
+        .collect();
+    commit(&pool, &outbox, &committed).await;
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue(&mut tx, &event("agg-rolled-back", 99))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let relay = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
+    let handle = relay.spawn();
+    eventually("5 published rows", || async { published(&pool).await == 5 }).await;
+    let report = handle.shutdown().await;
+    assert!(report.graceful);
+    assert_eq!(report.totals.published, 5);
+    assert_eq!(report.totals.duplicates, 0);
+
+    let messages = stream.read(5).await;
+    assert_eq!(stream.count().await, 5, "exactly the committed events");
+    let by_id: BTreeMap<String, &async_nats::jetstream::Message> = messages
+        .iter()
+        .map(|m| (header(m, "Nats-Msg-Id").unwrap().to_owned(), m))
+        .collect();
+    assert_eq!(by_id.len(), 5, "five distinct message ids");
+    for event in &committed {
+        let message = by_id
+            .get(&event.id().to_string())
+            .unwrap_or_else(|| panic!("event {} not in the stream", event.id()));
+        assert_eq!(
+            message.subject.as_str(),
+            format!("{}.order.OrderUpdated", stream.prefix)
+        );
+        assert_eq!(
+            payload_of(&message.payload),
+            serde_json::from_str::<serde_json::Value>(event.payload()).unwrap()
+        );
+        assert_eq!(
+            header(message, "x-test"),
+            event.headers().get("x-test").map(String::as_str)
+        );
+        assert_eq!(
+            header(message, headers::AGGREGATE_ID),
+            Some(event.aggregate_id())
+        );
+        assert_eq!(header(message, headers::EVENT_TYPE), Some("OrderUpdated"));
+    }
+    // Per-aggregate sequences 1.. in enqueue order.
+    let seqs: Vec<(String, String)> = messages
+        .iter()
+        .map(|m| {
+            (
+                header(m, headers::AGGREGATE_ID).unwrap().to_owned(),
+                header(m, headers::SEQUENCE).unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for aggregate in ["agg-0", "agg-1"] {
+        let got: Vec<&str> = seqs
+            .iter()
+            .filter(|(a, _)| a == aggregate)
+            .map(|(_, s)| s.as_str())
+            .collect();
+        let want: Vec<String> = (1..=got.len()).map(|n| n.to_string()).collect();
+        assert_eq!(got, want, "{aggregate}");
+    }
+    let rolled_back: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'agg-rolled-back'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rolled_back, 0);
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_wait_while_the_stream_is_missing_and_are_delivered_when_it_exists() {
+    let config = config(Ordering::Unordered);
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::named().await; // not created: JetStream has no responder
+    let events: Vec<NewEvent> = (0..20).map(|n| event(&format!("a{n}"), n)).collect();
+    commit(&pool, &outbox, &events).await;
+
+    let relay = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
+    let handle = relay.spawn();
+    eventually("every row attempted at least twice", || async {
+        scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts >= 2").await == 20
+    })
+    .await;
+    assert_eq!(
+        pending(&pool).await,
+        20,
+        "nothing is marked while the broker is down"
+    );
+    let errors: Vec<String> = sqlx::query_scalar("SELECT DISTINCT last_error::text FROM outbox")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].starts_with("broker unavailable"), "{errors:?}");
+    let backing_off = scalar_i64(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE next_attempt_at > created_at",
+    )
+    .await;
+    assert_eq!(backing_off, 20);
+
+    stream.create().await; // the broker is back
+    eventually("all delivered", || async { published(&pool).await == 20 }).await;
+    let report = handle.shutdown().await;
+    assert!(report.totals.failed >= 40, "{report:?}");
+    let messages = stream.read(20).await;
+    let ids: HashSet<&str> = messages
+        .iter()
+        .map(|m| header(m, "Nats-Msg-Id").unwrap())
+        .collect();
+    let want: HashSet<String> = events.iter().map(|e| e.id().to_string()).collect();
+    assert_eq!(ids, want.iter().map(String::as_str).collect(), "none lost");
+    assert_eq!(stream.count().await, 20);
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_dying_after_the_ack_causes_a_republish_that_jetstream_drops() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.workers = 1;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    let doomed = event("crash", 1);
+    let doomed_id = doomed.id();
+    commit(&pool, &outbox, &[doomed]).await;
+
+    // First relay: publishes (JetStream acks), then hangs before marking; we abort it.
+    let acked = Arc::new(AtomicU64::new(0));
+    let hanging = HangAfterAck {
+        inner: stream.publisher().await,
+        hang: Box::new(|_| true),
+        acked: Arc::clone(&acked),
+    };
+    let first = Relay::new(outbox.clone(), hanging, &config)
+        .unwrap()
+        .spawn();
+    eventually("the first publish acked", || async {
+        acked.load(AtomicOrdering::SeqCst) == 1
+    })
+    .await;
+    first.abort();
+    assert_eq!(pending(&pool).await, 1, "not marked: the worker died");
+    assert_eq!(stream.count().await, 1);
+
+    // Second relay: the lease expires (publish-timeout + lease-margin = 3 s), it publishes the
+    // same id again; JetStream reports a duplicate and stores nothing new.
+    let second = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
+    let handle = second.spawn();
+    eventually("republished and marked", || async {
+        published(&pool).await == 1
+    })
+    .await;
+    let report = handle.shutdown().await;
+    assert_eq!(report.totals.published, 1);
+    assert_eq!(
+        report.totals.duplicates, 1,
+        "JetStream saw the same Nats-Msg-Id twice"
+    );
+    assert_eq!(
+        stream.count().await,
+        1,
+        "the duplicate was dropped by JetStream"
+    );
+    let attempts = scalar_i64(&pool, "SELECT attempts::int8 FROM outbox").await;
+    assert_eq!(attempts, 2);
+    let message = &stream.read(1).await[0];
+    assert_eq!(
+        header(message, "Nats-Msg-Id"),
+        Some(doomed_id.to_string().as_str())
+    );
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_is_dead_lettered_without_holding_up_other_aggregates() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 3;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    // `payment` events go to `<prefix>.payment.*`... which the publisher routes to a subject
+    // prefix no stream captures: every attempt fails.
+    let publisher =
+        idempotency_outbox::publisher::nats::NatsPublisher::from_context(stream.js.clone())
+            .with_subject(&format!(
+                "{}.{{aggregate_type}}.{{event_type}}",
+                stream.prefix
+            ))
+            .unwrap();
+    let poison = NewEvent::new("payment", "p-1", "PaymentFailed", &1).unwrap();
+    let after_poison = NewEvent::new("payment", "p-1", "PaymentRetried", &2).unwrap();
+    let healthy: Vec<NewEvent> = (0..10).map(|n| event(&format!("o{}", n % 3), n)).collect();
+    // The stream only captures orders.
+    stream.delete().await;
+    stream
+        .js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: stream.name.clone(),
+            subjects: vec![format!("{}.order.>", stream.prefix)],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    commit(&pool, &outbox, &[poison.clone(), after_poison.clone()]).await;
+    commit(&pool, &outbox, &healthy).await;
+
+    let relay = Relay::new(outbox.clone(), publisher, &config).unwrap();
+    let handle = relay.spawn();
+    eventually("the poison message dead-lettered", || async {
+        scalar_i64(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
+        )
+        .await
+            >= 1
+    })
+    .await;
+    eventually("healthy aggregates published", || async {
+        scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE aggregate_type = 'order' AND published_at IS NOT NULL").await == 10
+    })
+    .await;
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.first().map(|d| d.message.id), Some(poison.id()));
+    assert_eq!(dead[0].message.attempts, 3);
+    assert!(
+        dead[0]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .starts_with("broker unavailable")
+    );
+
+    // Fix the routing: the stream now captures payments too. Requeue the dead letters.
+    eventually("both payment events dead-lettered", || async {
+        outbox.dead_letters(10).await.unwrap().len() == 2
+    })
+    .await;
+    let mut info = stream
+        .js
+        .get_stream(&stream.name)
+        .await
+        .unwrap()
+        .get_info()
+        .await
+        .unwrap()
+        .config;
+    info.subjects.push(format!("{}.payment.>", stream.prefix));
+    stream.js.update_stream(info).await.unwrap();
+    let requeued = outbox
+        .requeue(&[poison.id(), after_poison.id()])
+        .await
+        .unwrap();
+    assert_eq!(requeued, 2);
+    eventually("requeued messages published", || async {
+        published(&pool).await == 12
+    })
+    .await;
+    handle.shutdown().await;
+    let messages = stream.read(12).await;
+    let payment: Vec<&str> = messages
+        .iter()
+        .filter(|m| header(m, headers::AGGREGATE_TYPE) == Some("payment"))
+        .map(|m| header(m, headers::EVENT_TYPE).unwrap())
+        .collect();
+    assert_eq!(
+        payment,
+        ["PaymentFailed", "PaymentRetried"],
+        "requeued in sequence order"
+    );
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_wakes_an_idle_relay_long_before_its_poll_interval() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.poll_interval = Duration::from_secs(3600);
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
+        .unwrap()
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(500)).await; // idle, listening
+    for n in 0..3 {
+        commit(&pool, &outbox, &[event("woken", n)]).await;
+        eventually("published after NOTIFY", || async {
+            published(&pool).await == n as i64 + 1
+        })
+        .await;
+    }
+    handle.shutdown().await;
+    assert_eq!(stream.count().await, 3);
+    stream.delete().await;
+}

@@ -1,0 +1,247 @@
+//! The relay against a real RabbitMQ: confirms, `message_id`, persistent delivery, headers;
+//! an outage through a proxy we cut; and a redelivery after a worker died, dropped by the
+//! consumer's inbox.
+
+#![cfg(feature = "rabbitmq")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+
+use common::amqp::{TestQueue, header};
+use common::*;
+use idempotency_core::config::SchemaMode;
+use idempotency_outbox::config::{InboxConfig, Ordering};
+use idempotency_outbox::publisher::headers;
+use idempotency_outbox::publisher::rabbitmq::RabbitMqPublisher;
+use idempotency_outbox::{NewEvent, PgInbox, Relay};
+
+fn publisher(uri: &str, queue: &TestQueue) -> RabbitMqPublisher {
+    // The default exchange routes by queue name: a fixed routing key.
+    RabbitMqPublisher::new(uri)
+        .with_routing_key(&queue.name)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_events_arrive_confirmed_persistent_with_their_id() {
+    let config = config(Ordering::Ordered);
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    let mut consumer = queue.consumer().await;
+    let events: Vec<NewEvent> = (0..4).map(|n| event("amqp-1", n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue(&mut tx, &event("never", 0)).await.unwrap();
+    tx.rollback().await.unwrap();
+
+    let publisher = publisher(&idempotency_testing::amqp_url(), &queue);
+    publisher.connect().await.unwrap();
+    let handle = Relay::new(outbox.clone(), publisher, &config)
+        .unwrap()
+        .spawn();
+    let deliveries = TestQueue::receive(&mut consumer, 4).await;
+    eventually("marked", || async { published(&pool).await == 4 }).await;
+    let report = handle.shutdown().await;
+    assert_eq!(report.totals.published, 4);
+
+    for (event, delivery) in events.iter().zip(&deliveries) {
+        let props = &delivery.properties;
+        assert_eq!(
+            props.message_id().as_ref().map(|s| s.to_string()),
+            Some(event.id().to_string()),
+            "in order, with the outbox id"
+        );
+        assert_eq!(*props.delivery_mode(), Some(2), "persistent");
+        assert_eq!(
+            props.kind().as_ref().map(|s| s.as_str()),
+            Some("OrderUpdated")
+        );
+        assert_eq!(
+            payload_of(&delivery.data),
+            serde_json::from_str::<serde_json::Value>(event.payload()).unwrap()
+        );
+        assert_eq!(
+            header(delivery, "x-test"),
+            event.headers().get("x-test").cloned()
+        );
+        assert_eq!(
+            header(delivery, headers::AGGREGATE_ID).as_deref(),
+            Some("amqp-1")
+        );
+    }
+    // Nothing else (the rolled-back event) is in the queue.
+    let extra = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        futures_util::StreamExt::next(&mut consumer),
+    )
+    .await;
+    assert!(extra.is_err(), "unexpected delivery {extra:?}");
+    queue.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_keeps_rows_pending_until_it_is_back() {
+    let config = config(Ordering::Unordered);
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    let url = idempotency_testing::amqp_url();
+    let proxy = Proxy::start(host_port(&url), false).await; // down
+    let events: Vec<NewEvent> = (0..30).map(|n| event(&format!("r{n}"), n)).collect();
+    commit(&pool, &outbox, &events).await;
+
+    let handle = Relay::new(
+        outbox.clone(),
+        publisher(&via_port(&url, proxy.port), &queue),
+        &config,
+    )
+    .unwrap()
+    .spawn();
+    eventually("every row attempted twice", || async {
+        scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts >= 2").await == 30
+    })
+    .await;
+    assert_eq!(pending(&pool).await, 30);
+    let recorded = scalar_i64(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE last_error LIKE 'broker unavailable%'",
+    )
+    .await;
+    assert_eq!(recorded, 30);
+
+    proxy.enable(); // the broker is back: the publisher reconnects by itself
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, 30).await;
+    eventually("all marked", || async { published(&pool).await == 30 }).await;
+    let mut got: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = events.iter().map(|e| e.id().to_string()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "every event delivered, none lost or doubled");
+
+    // The connection breaks under a running relay (the proxy cuts it): new rows wait, then go
+    // out over a new connection once the broker answers again.
+    proxy.disable();
+    let later: Vec<NewEvent> = (0..10).map(|n| event(&format!("later{n}"), n)).collect();
+    commit(&pool, &outbox, &later).await;
+    eventually("the new rows failed at least once", || async {
+        scalar_i64(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE attempts >= 1 AND published_at IS NULL",
+        )
+        .await
+            == 10
+    })
+    .await;
+    proxy.enable();
+    let deliveries = TestQueue::receive(&mut consumer, 10).await;
+    eventually("all marked", || async { published(&pool).await == 40 }).await;
+    handle.shutdown().await;
+    let mut got: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = later.iter().map(|e| e.id().to_string()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    queue.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_after_a_crash_is_dropped_by_the_inbox() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.workers = 1;
+    let (pool, outbox) = outbox(&config).await;
+    let inbox = PgInbox::from_config(
+        pool.clone(),
+        &InboxConfig {
+            schema: idempotency_core::config::SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..InboxConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    sqlx::query("CREATE TABLE projection (aggregate text PRIMARY KEY, applied int NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let queue = TestQueue::new().await;
+    let url = idempotency_testing::amqp_url();
+    let the_event = event("inbox-agg", 1);
+    commit(&pool, &outbox, std::slice::from_ref(&the_event)).await;
+
+    let acked = Arc::new(AtomicU64::new(0));
+    let first = Relay::new(
+        outbox.clone(),
+        HangAfterAck {
+            inner: publisher(&url, &queue),
+            hang: Box::new(|_| true),
+            acked: Arc::clone(&acked),
+        },
+        &config,
+    )
+    .unwrap()
+    .spawn();
+    eventually("confirmed once", || async {
+        acked.load(AtomicOrdering::SeqCst) == 1
+    })
+    .await;
+    first.abort(); // died before marking
+
+    let handle = Relay::new(outbox.clone(), publisher(&url, &queue), &config)
+        .unwrap()
+        .spawn();
+    eventually("marked by the second relay", || async {
+        published(&pool).await == 1
+    })
+    .await;
+    handle.shutdown().await;
+
+    // The consumer: RabbitMQ has no deduplication, both copies arrive with the same id.
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, 2).await;
+    let mut processed = 0;
+    for delivery in &deliveries {
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        assert_eq!(id, the_event.id().to_string());
+        let mut tx = pool.begin().await.unwrap();
+        if inbox.record(&mut tx, "projector", &id).await.unwrap() {
+            sqlx::query(
+                "INSERT INTO projection VALUES ($1, 1) \
+                 ON CONFLICT (aggregate) DO UPDATE SET applied = projection.applied + 1",
+            )
+            .bind("inbox-agg")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            processed += 1;
+        }
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(processed, 1, "the inbox dropped the redelivery");
+    let applied = scalar_i64(&pool, "SELECT applied::int8 FROM projection").await;
+    assert_eq!(applied, 1);
+    // Another consumer processes the same message independently.
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        inbox
+            .record_id(&mut tx, "auditor", the_event.id())
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+    queue.delete().await;
+}

@@ -1,0 +1,244 @@
+//! Relay lifecycle: graceful shutdown, the shutdown deadline, polling without LISTEN,
+//! retention, and the inbox purge.
+
+#![cfg(feature = "nats")]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use common::nats::TestStream;
+use common::*;
+use idempotency_core::config::SchemaMode;
+use idempotency_outbox::config::{InboxConfig, Ordering, WakeUp};
+use idempotency_outbox::{
+    Ack, DeadLetters, LoggingPublisher, NewEvent, OutboxMessage, PgInbox, PublishError, Publisher,
+    Relay,
+};
+
+/// A slow broker: every publish takes `delay` before reaching the real one.
+struct Slow<P> {
+    inner: P,
+    delay: Duration,
+    started: Arc<AtomicU64>,
+}
+
+impl<P: Publisher> Publisher for Slow<P> {
+    fn destination(&self) -> &str {
+        self.inner.destination()
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        self.started.fetch_add(1, AtomicOrdering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        self.inner.publish(message).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_claiming_and_finishes_the_batch_in_flight() {
+    let mut config = config(Ordering::Unordered);
+    config.relay.workers = 1;
+    config.relay.batch_size = 5;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    let events: Vec<NewEvent> = (0..20).map(|n| event(&format!("s{n}"), n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let started = Arc::new(AtomicU64::new(0));
+    let slow = Slow {
+        inner: stream.publisher().await,
+        delay: Duration::from_millis(700),
+        started: Arc::clone(&started),
+    };
+    let handle = Relay::new(outbox.clone(), slow, &config).unwrap().spawn();
+    eventually("a batch in flight", || async {
+        started.load(AtomicOrdering::SeqCst) == 5
+    })
+    .await;
+    let report = handle.shutdown().await;
+    assert!(report.graceful, "{report:?}");
+    assert_eq!(
+        report.totals.published, 5,
+        "the in-flight batch was finished"
+    );
+    assert_eq!(published(&pool).await, 5, "and marked");
+    let untouched = scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts = 0").await;
+    assert_eq!(untouched, 15, "nothing claimed after the stop");
+    assert_eq!(stream.count().await, 5);
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_deadline_aborts_a_stuck_worker_and_its_rows_return_after_the_lease() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.workers = 1;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    commit(&pool, &outbox, &[event("stuck", 1)]).await;
+    let acked = Arc::new(AtomicU64::new(0));
+    let stuck = HangAfterAck {
+        inner: stream.publisher().await,
+        hang: Box::new(|_| true),
+        acked: Arc::clone(&acked),
+    };
+    let mut slow_config = config.clone();
+    slow_config.relay.publish_timeout = Duration::from_secs(60);
+    let handle = Relay::new(outbox.clone(), stuck, &slow_config)
+        .unwrap()
+        .spawn();
+    eventually("acked", || async {
+        acked.load(AtomicOrdering::SeqCst) == 1
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let report = handle.shutdown_within(Duration::from_millis(300)).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(!report.graceful);
+    assert_eq!(report.aborted, 1);
+    assert_eq!(pending(&pool).await, 1);
+
+    // Its lease is 60 s + 1 s: another relay cannot take it yet...
+    let other = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
+    assert_eq!(other.run_batch().await.unwrap().claimed, 0);
+    // ...until the lease ends (simulated by moving it into the past).
+    sqlx::query("UPDATE outbox SET next_attempt_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let batch = other.run_batch().await.unwrap();
+    assert_eq!(
+        (batch.claimed, batch.published, batch.duplicates),
+        (1, 1, 1)
+    );
+    assert_eq!(published(&pool).await, 1);
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_alone_delivers_without_listen_or_notify() {
+    let mut config = config(Ordering::Ordered);
+    config.notify_channel = None; // no NOTIFY sent
+    config.relay.wake_up = WakeUp::Poll; // and no LISTEN (pgbouncer transaction mode)
+    config.relay.poll_interval = Duration::from_millis(100);
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
+        .unwrap()
+        .spawn();
+    for n in 0..3 {
+        commit(&pool, &outbox, &[event("polled", n)]).await;
+    }
+    eventually("polled and published", || async {
+        published(&pool).await == 3
+    })
+    .await;
+    handle.shutdown().await;
+    assert_eq!(stream.count().await, 3);
+    stream.delete().await;
+}
+
+#[tokio::test]
+async fn retention_deletes_old_published_rows_in_batches_and_keeps_dead_letters_longer() {
+    let mut config = config(Ordering::Unordered);
+    config.retention.published = Duration::from_secs(7 * 86_400);
+    config.retention.dead_lettered = Some(Duration::from_secs(30 * 86_400));
+    config.retention.batch_size = 3;
+    let (pool, outbox) = outbox(&config).await;
+    let events: Vec<NewEvent> = (0..15).map(|n| event(&format!("r{n}"), n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let relay = Relay::new(outbox.clone(), LoggingPublisher::new(), &config).unwrap();
+    assert_eq!(relay.run_batch().await.unwrap().published, 15);
+    commit(&pool, &outbox, &[event("still-pending", 0)]).await;
+    let ids: Vec<uuid::Uuid> = events.iter().map(NewEvent::id).collect();
+    // 7 published 8 days ago, 3 published now; 5 dead letters of various ages.
+    sqlx::query("UPDATE outbox SET published_at = now() - interval '8 days' WHERE id = ANY($1)")
+        .bind(&ids[..7])
+        .execute(&pool)
+        .await
+        .unwrap();
+    for (id, age) in ids[10..]
+        .iter()
+        .zip(["40 days", "31 days", "29 days", "1 day", "0 days"])
+    {
+        sqlx::query(
+            "UPDATE outbox SET published_at = NULL, \
+             dead_lettered_at = now() - $2::interval WHERE id = $1",
+        )
+        .bind(id)
+        .bind(age)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let report = relay.purge().await.unwrap();
+    assert_eq!(report.published, 7);
+    assert_eq!(report.dead_lettered, 2);
+    assert_eq!(
+        report.batches,
+        3 + 1,
+        "7 rows in batches of 3, then 2 dead letters"
+    );
+    assert_eq!(published(&pool).await, 3);
+    assert_eq!(outbox.dead_letters(100).await.unwrap().len(), 3);
+    assert_eq!(pending(&pool).await, 1, "pending rows are never deleted");
+
+    // Without a dead-letter retention, dead letters stay.
+    config.retention.dead_lettered = None;
+    let keep = Relay::new(outbox.clone(), LoggingPublisher::new(), &config).unwrap();
+    sqlx::query("UPDATE outbox SET dead_lettered_at = now() - interval '400 days' WHERE dead_lettered_at IS NOT NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(keep.purge().await.unwrap().dead_lettered, 0);
+    assert_eq!(outbox.dead_letters(100).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn inbox_records_once_per_consumer_and_purges_old_entries() {
+    let pool = idempotency_testing::pg_pool().await;
+    let mut config = InboxConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let inbox = PgInbox::from_config(pool.clone(), &config).await.unwrap();
+    let ids: Vec<String> = (0..5).map(|_| uuid::Uuid::now_v7().to_string()).collect();
+    let mut tx = pool.begin().await.unwrap();
+    for id in &ids {
+        assert!(inbox.record(&mut tx, "c1", id).await.unwrap());
+        assert!(!inbox.record(&mut tx, "c1", id).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    // A rolled-back record is forgotten: the message is processed again.
+    let mut tx = pool.begin().await.unwrap();
+    assert!(inbox.record(&mut tx, "c2", &ids[0]).await.unwrap());
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    assert!(inbox.record(&mut tx, "c2", &ids[0]).await.unwrap());
+    tx.commit().await.unwrap();
+
+    sqlx::query(
+        "UPDATE inbox SET received_at = now() - interval '20 days' WHERE message_id = ANY($1)",
+    )
+    .bind(&ids[..3])
+    .execute(&pool)
+    .await
+    .unwrap();
+    let purged = inbox
+        .purge_older_than(Duration::from_secs(14 * 86_400), 2)
+        .await
+        .unwrap();
+    assert_eq!(purged, 4, "3 ids of c1 and 1 of c2");
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 2);
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        inbox.record(&mut tx, "c1", &ids[0]).await.unwrap(),
+        "purged: new again"
+    );
+    assert!(!inbox.record(&mut tx, "c1", &ids[4]).await.unwrap());
+    let error = inbox.record(&mut tx, "", &ids[4]).await.unwrap_err();
+    assert!(matches!(
+        error,
+        idempotency_outbox::Error::InvalidEvent { .. }
+    ));
+}

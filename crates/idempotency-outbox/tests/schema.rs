@@ -1,0 +1,242 @@
+//! Schema modes against a real PostgreSQL: create, validate (and how it fails), none, the
+//! migration file, and names that try to carry SQL.
+
+#![allow(clippy::unwrap_used)]
+
+use idempotency_core::config::{SchemaConfig, SchemaMode};
+use idempotency_outbox::config::{InboxConfig, OutboxConfig};
+use idempotency_outbox::pg::{TableName, inbox_ddl, outbox_ddl};
+use idempotency_outbox::{Error, PgInbox, PgOutbox, SchemaProblem};
+use sqlx::{AssertSqlSafe, PgPool};
+
+fn with_mode(mode: SchemaMode) -> OutboxConfig {
+    OutboxConfig {
+        schema: SchemaConfig { mode },
+        ..OutboxConfig::default()
+    }
+}
+
+async fn exec(pool: &PgPool, sql: &str) {
+    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn problems_after(alter: &str) -> Vec<SchemaProblem> {
+    let pool = idempotency_testing::pg_pool().await;
+    let outbox = PgOutbox::from_config(pool.clone(), &with_mode(SchemaMode::Create))
+        .await
+        .unwrap();
+    exec(&pool, alter).await;
+    match outbox.validate_schema().await {
+        Err(Error::Schema { problems, .. }) => problems,
+        other => panic!("validate should fail after `{alter}`: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn create_is_idempotent_then_validate_passes() {
+    let pool = idempotency_testing::pg_pool().await;
+    let outbox = PgOutbox::from_config(pool.clone(), &with_mode(SchemaMode::Create))
+        .await
+        .unwrap();
+    outbox.create_schema().await.unwrap();
+    PgOutbox::from_config(pool.clone(), &with_mode(SchemaMode::Validate))
+        .await
+        .unwrap();
+    assert!(outbox.schema_problems().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_create_succeeds() {
+    let pool = idempotency_testing::pg_pool().await;
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                PgOutbox::from_config(pool, &with_mode(SchemaMode::Create)).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn validate_names_what_is_missing() {
+    let pool = idempotency_testing::pg_pool().await;
+    let error = PgOutbox::from_config(pool, &with_mode(SchemaMode::Validate))
+        .await
+        .unwrap_err();
+    let Error::Schema { problems, .. } = &error else {
+        panic!("{error:?}")
+    };
+    assert_eq!(
+        problems,
+        &[
+            SchemaProblem::MissingTable {
+                table: "outbox".into()
+            },
+            SchemaProblem::MissingTable {
+                table: "outbox_sequences".into()
+            }
+        ]
+    );
+    assert!(
+        error.to_string().contains("table outbox does not exist"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn validate_fails_on_columns_types_and_nullability() {
+    let problems = problems_after(
+        "ALTER TABLE outbox DROP COLUMN claim_token; \
+         ALTER TABLE outbox ALTER COLUMN payload TYPE text; \
+         ALTER TABLE outbox ALTER COLUMN last_error SET NOT NULL",
+    )
+    .await;
+    assert_eq!(
+        problems,
+        [
+            SchemaProblem::WrongType {
+                table: "outbox".into(),
+                column: "payload",
+                expected: "jsonb",
+                found: "text".into()
+            },
+            SchemaProblem::MissingColumn {
+                table: "outbox".into(),
+                column: "claim_token"
+            },
+            SchemaProblem::Nullability {
+                table: "outbox".into(),
+                column: "last_error",
+                nullable: true
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn validate_fails_without_the_partial_pending_index() {
+    let problems = problems_after("DROP INDEX outbox_pending_idx").await;
+    assert!(
+        matches!(&problems[..], [SchemaProblem::MissingIndex { purpose, .. }] if purpose.contains("claim")),
+        "{problems:?}"
+    );
+    // A full (non-partial) index is not the one that keeps the claim on pending rows.
+    let problems = problems_after(
+        "DROP INDEX outbox_pending_idx; CREATE INDEX full_idx ON outbox (next_attempt_at)",
+    )
+    .await;
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let problems =
+        problems_after("ALTER TABLE outbox_sequences DROP CONSTRAINT outbox_sequences_pkey").await;
+    assert!(
+        matches!(&problems[..], [SchemaProblem::MissingIndex { table, .. }] if table == "outbox_sequences"),
+        "{problems:?}"
+    );
+}
+
+#[tokio::test]
+async fn none_does_nothing() {
+    let pool = idempotency_testing::pg_pool().await;
+    let outbox = PgOutbox::from_config(pool, &with_mode(SchemaMode::None))
+        .await
+        .unwrap();
+    assert_eq!(outbox.schema_problems().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn inbox_schema_modes() {
+    let pool = idempotency_testing::pg_pool().await;
+    let mut config = InboxConfig::default();
+    assert!(matches!(
+        PgInbox::from_config(pool.clone(), &config).await,
+        Err(Error::Schema { .. })
+    ));
+    config.schema.mode = SchemaMode::Create;
+    PgInbox::from_config(pool.clone(), &config).await.unwrap();
+    config.schema.mode = SchemaMode::Validate;
+    let inbox = PgInbox::from_config(pool.clone(), &config).await.unwrap();
+    exec(&pool, "DROP INDEX inbox_received_at_idx").await;
+    assert_eq!(inbox.schema_problems().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn schema_qualified_tables_and_injection_attempts() {
+    let pool = idempotency_testing::pg_pool().await;
+    let schema = idempotency_testing::unique_name("events");
+    exec(&pool, &format!("CREATE SCHEMA {schema}")).await;
+    let config = OutboxConfig {
+        table_name: format!("{schema}.Outbox"),
+        ..with_mode(SchemaMode::Create)
+    };
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    assert_eq!(outbox.table().schema(), Some(schema.as_str()));
+    let exists: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT to_regclass('{schema}.outbox_sequences') IS NOT NULL"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(exists);
+
+    exec(&pool, "CREATE TABLE victim (id int)").await;
+    for name in [
+        "victim; DROP TABLE victim",
+        "outbox\"; DROP TABLE victim; --",
+        "a.b.c",
+    ] {
+        let config = OutboxConfig {
+            table_name: name.to_owned(),
+            ..with_mode(SchemaMode::Create)
+        };
+        let error = PgOutbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidName { .. }),
+            "{name}: {error:?}"
+        );
+    }
+    let config = OutboxConfig {
+        notify_channel: Some("x'); DROP TABLE victim; --".to_owned()),
+        ..with_mode(SchemaMode::Create)
+    };
+    let error = PgOutbox::from_config(pool.clone(), &config)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        Error::InvalidName {
+            what: "notify channel",
+            ..
+        }
+    ));
+    let still_there: bool = sqlx::query_scalar("SELECT to_regclass('victim') IS NOT NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(still_there);
+}
+
+#[test]
+fn migration_file_is_the_rendered_ddl() {
+    let migration = include_str!("../../../migrations/20261130000002_outbox.sql");
+    let rendered = format!(
+        "{}\n{}",
+        outbox_ddl(&TableName::parse("outbox").unwrap()),
+        inbox_ddl(&TableName::parse("inbox").unwrap())
+    );
+    let statements = |s: &str| -> String {
+        s.lines()
+            .filter(|l| !l.trim_start().starts_with("--") && !l.trim().is_empty())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(statements(migration), statements(&rendered));
+}
