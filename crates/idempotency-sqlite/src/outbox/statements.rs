@@ -1,0 +1,173 @@
+//! Every outbox statement, built once per store from the validated names.
+//!
+//! Lists travel as one JSON array parameter read with `json_each` (SQLite has no array
+//! binds), so a batch is one statement whatever its size.
+
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use super::schema::Names;
+use crate::clock::NOW_MS;
+
+pub(crate) fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+/// Columns a claim and the dead-letter listing return, in `MessageRow` order.
+const MESSAGE_COLUMNS: &str = "id, aggregate_type, aggregate_id, sequence, event_type, payload, \
+     headers, created_at, attempts";
+
+const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
+
+/// The events of one `enqueue_all`, from the JSON array in `?1`, with their position.
+const INPUT: &str = "input AS ( \
+     SELECT key AS ord, json_extract(value, '$.id') AS id, json_extract(value, '$.t') AS t, \
+            json_extract(value, '$.a') AS a, json_extract(value, '$.e') AS e, \
+            json_extract(value, '$.p') AS p, json_extract(value, '$.h') AS h \
+     FROM json_each(?1))";
+
+/// The failures of one `mark_failed`, from the JSON array in `?1`.
+const FAILURES: &str = "(SELECT json_extract(value, '$.id') AS id, \
+            json_extract(value, '$.error') AS error, json_extract(value, '$.delay') AS delay, \
+            json_extract(value, '$.dead') AS dead FROM json_each(?1))";
+
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) bump_sequences: SqlStr,
+    pub(crate) insert_ordered: SqlStr,
+    pub(crate) insert_unordered: SqlStr,
+    pub(crate) any_due: SqlStr,
+    pub(crate) claim_ordered: SqlStr,
+    pub(crate) claim_unordered: SqlStr,
+    pub(crate) mark_published: SqlStr,
+    pub(crate) mark_failed: SqlStr,
+    pub(crate) stats: SqlStr,
+    pub(crate) delete_published: SqlStr,
+    pub(crate) delete_dead_lettered: SqlStr,
+    pub(crate) dead_letters: SqlStr,
+    pub(crate) requeue: SqlStr,
+}
+
+fn claim(t: &str, ordered: bool) -> String {
+    let first_of_aggregate = if ordered {
+        // Only the first pending row of its aggregate: while it is leased (in flight) or
+        // backing off after a failure, the aggregate's later rows wait. `IS NOT NULL`: SQLite
+        // sorts NULLs first, and unordered rows (no sequence) take no part in the order.
+        format!(
+            "AND (o.sequence IS NULL OR o.sequence = ( \
+                 SELECT p.sequence FROM {t} AS p \
+                 WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
+                   AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
+                   AND p.sequence IS NOT NULL \
+                 ORDER BY p.sequence LIMIT 1))"
+        )
+    } else {
+        String::new()
+    };
+    // No `FOR UPDATE SKIP LOCKED`: the claim runs under SQLite's single write lock, so no
+    // other claim can pick the same rows; the lease (`next_attempt_at`) hides them afterwards.
+    format!(
+        "UPDATE {t} SET attempts = attempts + 1, next_attempt_at = {NOW_MS} + ?2, \
+                claim_token = ?3 \
+         WHERE id IN ( \
+             SELECT o.id FROM {t} AS o \
+             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= {NOW_MS} {first_of_aggregate} \
+             ORDER BY o.next_attempt_at, o.id \
+             LIMIT ?1) \
+         RETURNING {MESSAGE_COLUMNS}, \
+                   max(CAST({NOW_MS} - created_at AS REAL) / 1000.0, 0.0)"
+    )
+}
+
+impl Statements {
+    pub(crate) fn new(names: &Names) -> Self {
+        let t = names.table.quoted();
+        let s = names.sequences.quoted();
+        let columns = "id, aggregate_type, aggregate_id, sequence, event_type, payload, headers, \
+                       created_at, next_attempt_at";
+        Self {
+            // `WHERE true`: SQLite's documented way to keep `ON CONFLICT` from parsing as a
+            // join constraint of the `SELECT`.
+            bump_sequences: sql(format!(
+                "WITH {INPUT} \
+                 INSERT INTO {s} (aggregate_type, aggregate_id, last_sequence) \
+                 SELECT t, a, count(*) FROM input WHERE true GROUP BY t, a \
+                 ON CONFLICT (aggregate_type, aggregate_id) \
+                 DO UPDATE SET last_sequence = last_sequence + excluded.last_sequence"
+            )),
+            // Reads the counters just bumped in the same transaction: this batch's events of
+            // an aggregate take the last `n` numbers, in the order given.
+            insert_ordered: sql(format!(
+                "WITH {INPUT}, \
+                 counts AS (SELECT t, a, count(*) AS n FROM input GROUP BY t, a) \
+                 INSERT INTO {t} ({columns}) \
+                 SELECT i.id, i.t, i.a, \
+                        q.last_sequence - c.n \
+                            + row_number() OVER (PARTITION BY i.t, i.a ORDER BY i.ord), \
+                        i.e, i.p, i.h, {NOW_MS}, {NOW_MS} \
+                 FROM input AS i \
+                 JOIN counts AS c ON c.t = i.t AND c.a = i.a \
+                 JOIN {s} AS q ON q.aggregate_type = i.t AND q.aggregate_id = i.a \
+                 ORDER BY i.ord"
+            )),
+            insert_unordered: sql(format!(
+                "WITH {INPUT} \
+                 INSERT INTO {t} ({columns}) \
+                 SELECT id, t, a, NULL, e, p, h, {NOW_MS}, {NOW_MS} FROM input ORDER BY ord"
+            )),
+            // A read on the pool: an idle poll neither takes nor waits for the write lock.
+            any_due: sql(format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} \
+                     WHERE {PENDING} AND next_attempt_at <= {NOW_MS})"
+            )),
+            claim_ordered: sql(claim(t, true)),
+            claim_unordered: sql(claim(t, false)),
+            mark_published: sql(format!(
+                "UPDATE {t} SET published_at = {NOW_MS}, claim_token = NULL \
+                 WHERE claim_token = ?2 AND id IN (SELECT value FROM json_each(?1))"
+            )),
+            mark_failed: sql(format!(
+                "UPDATE {t} AS o \
+                 SET last_error = substr(f.error, 1, 1000), \
+                     next_attempt_at = {NOW_MS} + f.delay, \
+                     dead_lettered_at = CASE WHEN f.dead THEN {NOW_MS} END, \
+                     claim_token = NULL \
+                 FROM {FAILURES} AS f \
+                 WHERE o.id = f.id AND o.claim_token = ?2"
+            )),
+            stats: sql(format!(
+                "SELECT (SELECT count(*) FROM {t} WHERE {PENDING}), \
+                        (SELECT coalesce(max(CAST({NOW_MS} - min(created_at) AS REAL) / 1000.0, \
+                                             0.0), 0.0) \
+                         FROM {t} WHERE {PENDING}), \
+                        (SELECT count(*) FROM {t} WHERE dead_lettered_at IS NOT NULL)"
+            )),
+            // No row locks to skip: each batch is one short write statement that picks the
+            // oldest rows through the retention index.
+            delete_published: sql(format!(
+                "DELETE FROM {t} WHERE id IN ( \
+                     SELECT id FROM {t} WHERE published_at < {NOW_MS} - ?1 \
+                     ORDER BY published_at LIMIT ?2)"
+            )),
+            delete_dead_lettered: sql(format!(
+                "DELETE FROM {t} WHERE id IN ( \
+                     SELECT id FROM {t} WHERE dead_lettered_at < {NOW_MS} - ?1 \
+                     ORDER BY dead_lettered_at LIMIT ?2)"
+            )),
+            dead_letters: sql(format!(
+                "SELECT {MESSAGE_COLUMNS}, \
+                        max(CAST({NOW_MS} - created_at AS REAL) / 1000.0, 0.0), \
+                        last_error, dead_lettered_at \
+                 FROM {t} WHERE dead_lettered_at IS NOT NULL \
+                 ORDER BY dead_lettered_at, id LIMIT ?1"
+            )),
+            requeue: sql(format!(
+                "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0, \
+                        next_attempt_at = {NOW_MS}, claim_token = NULL \
+                 WHERE dead_lettered_at IS NOT NULL AND id IN (SELECT value FROM json_each(?1))"
+            )),
+        }
+    }
+}

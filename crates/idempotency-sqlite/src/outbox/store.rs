@@ -1,0 +1,166 @@
+//! The SPI implementations of [`SqliteOutbox`]: what the relay and operators call.
+
+use std::time::Duration;
+
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::store::{
+    ClaimRequest, DeadLetters, Enqueue, Failure, Housekeeping, NoNotifications, OutboxStats,
+    RelayStore,
+};
+use idempotency_outbox::{DeadLetter, Error, NewEvent, OutboxMessage};
+use sqlx::SqliteConnection;
+use uuid::Uuid;
+
+use super::SqliteOutbox;
+use super::error::outbox_error;
+use super::row::{self, DeadLetterRow, MessageRow};
+use crate::connect::BEGIN_IMMEDIATE;
+
+impl Enqueue for SqliteOutbox {
+    type Connection = SqliteConnection;
+
+    async fn enqueue_all(
+        &self,
+        conn: &mut SqliteConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>, Error> {
+        SqliteOutbox::enqueue_all(self, conn, events).await
+    }
+}
+
+impl RelayStore for SqliteOutbox {
+    type Listener = NoNotifications;
+
+    /// First a read (WAL: no lock taken or waited for): when no row is due, an idle poll ends
+    /// there and request transactions never wait for it. Otherwise one `UPDATE ... RETURNING`
+    /// in a short `BEGIN IMMEDIATE` transaction: it waits for the write lock (up to the busy
+    /// timeout), sets the lease and the fencing token on the due rows, and commits. SQLite has
+    /// a single writer, so no other claim can pick the same rows and nothing needs
+    /// `SKIP LOCKED`. Messages come back oldest first.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxMessage>, Error> {
+        let due: bool = sqlx::query_scalar(self.sql.any_due.clone())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        if !due {
+            return Ok(Vec::new());
+        }
+        let sql = match request.ordering {
+            Ordering::Ordered => self.sql.claim_ordered.clone(),
+            Ordering::Unordered => self.sql.claim_unordered.clone(),
+        };
+        let mut tx = self
+            .pool
+            .begin_with(BEGIN_IMMEDIATE)
+            .await
+            .map_err(outbox_error)?;
+        let rows: Vec<MessageRow> = sqlx::query_as(sql)
+            .bind(i64::from(request.limit))
+            .bind(row::millis(request.lease))
+            .bind(request.token.to_string())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(outbox_error)?;
+        tx.commit().await.map_err(outbox_error)?;
+        let mut messages = rows
+            .into_iter()
+            .map(row::message)
+            .collect::<Result<Vec<_>, _>>()?;
+        // `RETURNING` order is unspecified; publish oldest first.
+        messages.sort_by_key(|m| (m.created_at, m.id));
+        Ok(messages)
+    }
+
+    async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        Ok(sqlx::query(self.sql.mark_published.clone())
+            .bind(row::ids_json(ids)?)
+            .bind(token.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(outbox_error)?
+            .rows_affected())
+    }
+
+    async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
+        if failures.is_empty() {
+            return Ok(0);
+        }
+        Ok(sqlx::query(self.sql.mark_failed.clone())
+            .bind(row::failures_json(failures)?)
+            .bind(token.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(outbox_error)?
+            .rows_affected())
+    }
+
+    /// Always `None`: SQLite has no `LISTEN`/`NOTIFY`, so relays poll every
+    /// `relay.poll-interval` (whatever `relay.wake-up` says).
+    async fn listen(&self) -> Result<Option<NoNotifications>, Error> {
+        Ok(None)
+    }
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or_default()
+}
+
+impl Housekeeping for SqliteOutbox {
+    /// Three counts through the partial indexes, on a read snapshot (no write lock).
+    async fn stats(&self) -> Result<OutboxStats, Error> {
+        let (pending, age, dead): (i64, f64, i64) = sqlx::query_as(self.sql.stats.clone())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        Ok(OutboxStats::new(count(pending), age, count(dead)))
+    }
+
+    /// One `DELETE` of at most `limit` rows, its own short write transaction.
+    async fn delete_published(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        Ok(sqlx::query(self.sql.delete_published.clone())
+            .bind(row::millis(older_than))
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(outbox_error)?
+            .rows_affected())
+    }
+
+    /// One `DELETE` of at most `limit` rows, its own short write transaction.
+    async fn delete_dead_lettered(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        Ok(sqlx::query(self.sql.delete_dead_lettered.clone())
+            .bind(row::millis(older_than))
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(outbox_error)?
+            .rows_affected())
+    }
+}
+
+impl DeadLetters for SqliteOutbox {
+    async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadLetter>, Error> {
+        let rows: Vec<DeadLetterRow> = sqlx::query_as(self.sql.dead_letters.clone())
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        rows.into_iter().map(row::dead_letter).collect()
+    }
+
+    /// Due now, attempts reset, `last_error` kept until the next failure.
+    async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        Ok(sqlx::query(self.sql.requeue.clone())
+            .bind(row::ids_json(ids)?)
+            .execute(&self.pool)
+            .await
+            .map_err(outbox_error)?
+            .rows_affected())
+    }
+}

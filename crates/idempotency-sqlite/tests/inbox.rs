@@ -1,0 +1,160 @@
+//! The consumer inbox on SQLite: a redelivered message is dropped, the record commits and rolls
+//! back with the consumer's effects, a concurrent duplicate waits for the first, purge is
+//! bounded.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod outbox_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_sqlite::SqliteInbox;
+use idempotency_sqlite::core::config::SchemaMode;
+use idempotency_sqlite::idempotency_outbox::config::{InboxConfig, Ordering};
+use idempotency_sqlite::idempotency_outbox::store::Inbox;
+use idempotency_sqlite::idempotency_outbox::{Error, OutboxMessage, Relay};
+use outbox_common::*;
+use sqlx::SqlitePool;
+use tokio::sync::Barrier;
+
+async fn inbox(pool: &SqlitePool) -> SqliteInbox {
+    let config = InboxConfig {
+        schema: idempotency_sqlite::core::config::SchemaConfig {
+            mode: SchemaMode::Create,
+        },
+        ..InboxConfig::default()
+    };
+    let inbox = SqliteInbox::from_config(pool.clone(), &config)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE projection (message_id TEXT NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+    inbox
+}
+
+/// A consumer: records the message and applies its effect in one transaction.
+async fn consume(inbox: &SqliteInbox, message: &OutboxMessage, commit: bool) -> bool {
+    let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let new = inbox
+        .record_id(&mut tx, "projector", message.id)
+        .await
+        .unwrap();
+    if new {
+        sqlx::query("INSERT INTO projection VALUES (?)")
+            .bind(message.id.to_string())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    if commit {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+    new
+}
+
+#[tokio::test]
+async fn a_redelivered_message_is_dropped() {
+    let config = config(Ordering::Ordered);
+    let (_, outbox) = fresh(&config).await;
+    let inbox = inbox(outbox.pool()).await;
+    let recorder = Recorder::default();
+    commit(&outbox, &[event("a", 1)]).await;
+    Relay::new(outbox.clone(), recorder.clone(), &config)
+        .unwrap()
+        .run_batch()
+        .await
+        .unwrap();
+    let message = recorder.published().remove(0);
+
+    assert!(
+        consume(&inbox, &message, false).await,
+        "new, then rolled back"
+    );
+    assert_eq!(
+        scalar(inbox.pool(), "SELECT count(*) FROM inbox").await,
+        0,
+        "rolled back with the effect"
+    );
+    assert!(consume(&inbox, &message, true).await, "first delivery");
+    assert!(!consume(&inbox, &message, true).await, "redelivery");
+    assert!(!consume(&inbox, &message, true).await, "and again");
+    assert_eq!(
+        scalar(inbox.pool(), "SELECT count(*) FROM projection").await,
+        1
+    );
+    // Another consumer processes the same message once for itself.
+    let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert!(
+        Inbox::record(&inbox, &mut tx, "auditor", &message.id.to_string())
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_deliveries_of_one_message_are_processed_once() {
+    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
+    let inbox = inbox(outbox.pool()).await;
+    let barrier = Arc::new(Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (inbox, barrier) = (inbox.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+                let new = inbox.record(&mut tx, "projector", "m-1").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                tx.commit().await.unwrap();
+                new
+            })
+        })
+        .collect();
+    let mut firsts = 0;
+    for task in tasks {
+        firsts += usize::from(task.await.unwrap());
+    }
+    assert_eq!(firsts, 1);
+}
+
+#[tokio::test]
+async fn names_are_bounded_and_purge_deletes_old_entries_in_batches() {
+    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
+    let inbox = inbox(outbox.pool()).await;
+    let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    for (consumer, id) in [("", "m"), ("c", ""), ("c", &"x".repeat(256))] {
+        let error = inbox.record(&mut tx, consumer, id).await.unwrap_err();
+        assert!(matches!(error, Error::InvalidEvent { .. }), "{error:?}");
+    }
+    for n in 0..5 {
+        assert!(inbox.record(&mut tx, "c", &format!("m-{n}")).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(
+        inbox
+            .purge_older_than(Duration::from_secs(3600), 2)
+            .await
+            .unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        Inbox::purge(&inbox, Duration::from_millis(1), 2)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        inbox
+            .purge_older_than(Duration::from_millis(1), 2)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(scalar(inbox.pool(), "SELECT count(*) FROM inbox").await, 0);
+}
