@@ -101,3 +101,36 @@ impl DistributedCache for NoCache {
         Ok(())
     }
 }
+
+/// An optional L1 chosen at run time: `None` behaves as [`NoCache`].
+impl<L: LocalCache> LocalCache for Option<L> {
+    fn get(&self, id: &RecordId) -> Option<Arc<IdempotencyRecord>> {
+        self.as_ref().and_then(|cache| cache.get(id))
+    }
+    fn put(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
+        if let Some(cache) = self {
+            cache.put(id, record);
+        }
+    }
+}
+
+/// An optional L2 chosen at run time (for example only when `REDIS_URL` is set): `None`
+/// behaves as [`NoCache`].
+impl<D: DistributedCache> DistributedCache for Option<D> {
+    async fn get(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, CacheError> {
+        match self {
+            Some(cache) => cache.get(id).await,
+            None => Ok(None),
+        }
+    }
+    async fn put(&self, id: &RecordId, record: &IdempotencyRecord) -> Result<(), CacheError> {
+        match self {
+            Some(cache) => cache.put(id, record).await,
+            None => Ok(()),
+        }
+    }
+    fn failure_policy(&self) -> FailurePolicy {
+        self.as_ref()
+            .map_or(FailurePolicy::FailOpen, DistributedCache::failure_policy)
+    }
+}

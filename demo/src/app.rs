@@ -1,0 +1,311 @@
+//! The application: shared state, the router, and the business handlers.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idempotency_axum::{Error, IdempotencyKeyHeader, OutcomeExt, ScopedKey, UuidKeyHeader};
+use idempotency_cache_moka::MokaCache;
+use idempotency_cache_redis::RedisCache;
+use idempotency_core::{ExecutionResult, IdempotencyService};
+use idempotency_metrics::FacadeMetrics;
+use idempotency_outbox::{Enqueue, NewEvent};
+use metrics_exporter_prometheus::PrometheusHandle;
+use uuid::Uuid;
+
+use crate::config::BusinessConfig;
+use crate::db::Database;
+#[allow(unused_imports)] // the OpenAPI attributes name these types
+use crate::model::{Charge, Payment as PaymentDoc};
+use crate::model::{
+    ChargeCreated, ChargeCreatedEvent, CreateCharge, CreatePayment, CreateRefund,
+    InsufficientFunds, Payment, Refund, RefundLimit,
+};
+use crate::ops;
+use crate::problem::{ApiJson, not_found};
+use crate::scope::OptionalTenant;
+
+/// The idempotency service of the demo: moka and Redis when configured, metrics on the facade.
+pub type DemoService<S> =
+    IdempotencyService<S, Option<MokaCache>, Option<RedisCache>, FacadeMetrics>;
+
+/// What every handler shares. Cheap to clone.
+pub struct App<DB: Database> {
+    /// The database.
+    pub db: DB,
+    /// The idempotency service.
+    pub service: DemoService<DB::Store>,
+    /// The business rules.
+    pub rules: Arc<BusinessConfig>,
+    /// The Redis cache, for health checks.
+    pub redis: Option<RedisCache>,
+    /// The NATS connection, for health checks.
+    pub nats: Option<async_nats::Client>,
+    /// The Prometheus recorder, for `GET /metrics`.
+    pub prometheus: Option<PrometheusHandle>,
+    /// Keys whose `FAIL_ONCE` payment already failed once.
+    failed_once: Arc<Mutex<HashSet<String>>>,
+}
+
+impl<DB: Database> Clone for App<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            db: self.db.clone(),
+            service: self.service.clone(),
+            rules: Arc::clone(&self.rules),
+            redis: self.redis.clone(),
+            nats: self.nats.clone(),
+            prometheus: self.prometheus.clone(),
+            failed_once: Arc::clone(&self.failed_once),
+        }
+    }
+}
+
+impl<DB: Database> App<DB> {
+    /// Assembles the state.
+    pub fn new(db: DB, service: DemoService<DB::Store>, rules: BusinessConfig) -> Self {
+        Self {
+            db,
+            service,
+            rules: Arc::new(rules),
+            redis: None,
+            nats: None,
+            prometheus: None,
+            failed_once: Arc::default(),
+        }
+    }
+
+    /// Whether this is the first `FAIL_ONCE` attempt for the key (which then fails).
+    fn first_failure(&self, key: &str) -> bool {
+        self.failed_once
+            .lock()
+            .map(|mut seen| seen.insert(key.to_owned()))
+            .unwrap_or(false)
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for App<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("db", &self.db.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every route of the demo.
+pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/api/payments", post(create_payment::<DB>))
+        .route("/api/refunds", post(create_refund::<DB>))
+        .route("/charges", post(create_charge::<DB>))
+        .route("/charges/{id}", get(get_charge::<DB>))
+        .route("/health", get(ops::health::<DB>))
+        .route("/metrics", get(ops::metrics::<DB>))
+        .route("/openapi.json", get(crate::openapi::document))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(app)
+}
+
+fn technical(message: &'static str) -> Error {
+    Error::internal(message)
+}
+
+/// `POST /api/payments` (reference 001): 201 with the payment, or 422 `INSUFFICIENT_FUNDS`;
+/// `FAIL_ONCE` fails with 500 once per key, `FAIL_TECH` always.
+#[utoipa::path(
+    post,
+    path = "/api/payments",
+    request_body = CreatePayment,
+    params(
+        ("Idempotency-Key" = String, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string"),
+        ("X-Tenant-Id" = Option<String>, Header, description = "Scopes the key to a tenant (set by a trusted gateway)"),
+    ),
+    responses(
+        (status = 201, description = "The payment (replays carry Idempotent-Replayed)", body = Payment, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
+        (status = 400, description = "Idempotency-Key missing or invalid, malformed JSON, or invalid scope", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The same key is still in flight", body = crate::openapi::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields, key reused with another payload, or a business rejection (replayed)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Technical failure; nothing stored, a retry runs again", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or cache (fail-fast) unavailable; nothing ran", body = crate::openapi::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+    )
+)]
+pub(crate) async fn create_payment<DB: Database>(
+    State(app): State<App<DB>>,
+    key: ScopedKey<OptionalTenant, IdempotencyKeyHeader>,
+    ApiJson(body): ApiJson<CreatePayment>,
+) -> Result<Response, Response> {
+    let request = body.validate().map_err(IntoResponse::into_response)?;
+    let failure_key = format!("{}/{}", key.scope, key.key.key().as_str());
+    let outcome = app
+        .service
+        .execute(key.call("CREATE_PAYMENT", &request), async |conn| {
+            match request.recipient.as_str() {
+                "FAIL_TECH" => return Err(technical("simulated technical failure (FAIL_TECH)")),
+                "FAIL_ONCE" if app.first_failure(&failure_key) => {
+                    return Err(technical("simulated technical failure (FAIL_ONCE)"));
+                }
+                _ => {}
+            }
+            if request.amount > app.rules.available_balance {
+                let details = InsufficientFunds {
+                    requested_amount: request.amount,
+                    available_balance: app.rules.available_balance,
+                };
+                return ExecutionResult::rejected_with("INSUFFICIENT_FUNDS", &details)
+                    .map_err(Error::internal);
+            }
+            let payment = Payment {
+                payment_id: Uuid::now_v7(),
+                order_id: request.order_id.clone(),
+                amount: request.amount,
+                status: "CONFIRMED".to_owned(),
+            };
+            DB::insert_payment(conn, &payment, &request.recipient)
+                .await
+                .map_err(Error::internal)?;
+            Ok(ExecutionResult::success(payment))
+        })
+        .await
+        .map_err(IntoResponse::into_response)?;
+    Ok(outcome.into_json(StatusCode::CREATED).into_response())
+}
+
+/// `POST /api/refunds` (reference 001): 200 with the refund, or 422 `REFUND_LIMIT_EXCEEDED`.
+#[utoipa::path(
+    post,
+    path = "/api/refunds",
+    request_body = CreateRefund,
+    params(
+        ("Idempotency-Key" = String, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string"),
+        ("X-Tenant-Id" = Option<String>, Header, description = "Scopes the key to a tenant (set by a trusted gateway)"),
+    ),
+    responses(
+        (status = 200, description = "The refund (replays carry Idempotent-Replayed)", body = Refund, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
+        (status = 400, description = "Idempotency-Key missing or invalid, malformed JSON, or invalid scope", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The same key is still in flight", body = crate::openapi::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields, key reused with another payload, or a business rejection (replayed)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Technical failure; nothing stored, a retry runs again", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or cache (fail-fast) unavailable; nothing ran", body = crate::openapi::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+    )
+)]
+pub(crate) async fn create_refund<DB: Database>(
+    State(app): State<App<DB>>,
+    key: ScopedKey<OptionalTenant, IdempotencyKeyHeader>,
+    ApiJson(body): ApiJson<CreateRefund>,
+) -> Result<Response, Response> {
+    let request = body.validate().map_err(IntoResponse::into_response)?;
+    let outcome = app
+        .service
+        .execute(key.call("REFUND", &request), async |conn| {
+            if request.amount > app.rules.refund_limit {
+                let details = RefundLimit {
+                    requested_amount: request.amount,
+                    limit: app.rules.refund_limit,
+                };
+                return ExecutionResult::rejected_with("REFUND_LIMIT_EXCEEDED", &details)
+                    .map_err(Error::internal);
+            }
+            let refund = Refund {
+                refund_id: Uuid::now_v7(),
+                payment_id: request.payment_id.clone(),
+                amount: request.amount,
+                status: "REFUNDED".to_owned(),
+            };
+            DB::insert_refund(conn, &refund)
+                .await
+                .map_err(Error::internal)?;
+            Ok(ExecutionResult::success(refund))
+        })
+        .await
+        .map_err(IntoResponse::into_response)?;
+    Ok(outcome.into_json(StatusCode::OK).into_response())
+}
+
+/// `POST /charges` (reference 000): UUID keys; the charge, the idempotency record and a
+/// `ChargeCreated` outbox event commit in one transaction.
+#[utoipa::path(
+    post,
+    path = "/charges",
+    request_body = CreateCharge,
+    params(
+        ("Idempotency-Key" = String, Header, description = "A UUID (8-4-4-4-12), bare or quoted; case-insensitive"),
+        ("X-Tenant-Id" = Option<String>, Header, description = "Scopes the key to a tenant (set by a trusted gateway)"),
+    ),
+    responses(
+        (status = 201, description = "The charge id (replays carry Idempotent-Replayed)", body = ChargeCreated, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
+        (status = 400, description = "Idempotency-Key missing or invalid, malformed JSON, or invalid scope", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The same key is still in flight", body = crate::openapi::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields, key reused with another payload, or a business rejection (replayed)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Technical failure; nothing stored, a retry runs again", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or cache (fail-fast) unavailable; nothing ran", body = crate::openapi::Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+    )
+)]
+pub(crate) async fn create_charge<DB: Database>(
+    State(app): State<App<DB>>,
+    key: ScopedKey<OptionalTenant, UuidKeyHeader>,
+    ApiJson(body): ApiJson<CreateCharge>,
+) -> Result<Response, Response> {
+    let request = body.validate().map_err(IntoResponse::into_response)?;
+    let outbox = app.db.outbox().clone();
+    let outcome = app
+        .service
+        .execute(key.call("POST:/charges", &request), async |conn| {
+            let id = Uuid::now_v7();
+            DB::insert_charge(conn, id, request.amount_cents)
+                .await
+                .map_err(Error::internal)?;
+            let event = ChargeCreatedEvent {
+                charge_id: id,
+                amount_cents: request.amount_cents,
+            };
+            let event = NewEvent::new("charge", id.to_string(), "ChargeCreated", &event)
+                .map_err(Error::internal)?;
+            outbox
+                .enqueue_all(conn, &[event])
+                .await
+                .map_err(Error::internal)?;
+            Ok::<_, Error>(ExecutionResult::success(ChargeCreated { id }))
+        })
+        .await
+        .map_err(IntoResponse::into_response)?;
+    Ok(outcome.into_json(StatusCode::CREATED).into_response())
+}
+
+/// `GET /charges/{id}`.
+#[utoipa::path(
+    get,
+    path = "/charges/{id}",
+    params(("id" = String, Path, description = "The charge id")),
+    responses(
+        (status = 200, description = "The charge", body = Charge),
+        (status = 404, description = "No such charge", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Technical failure", body = crate::openapi::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn get_charge<DB: Database>(
+    State(app): State<App<DB>>,
+    Path(id): Path<String>,
+) -> Result<Response, Response> {
+    let id = Uuid::parse_str(&id).map_err(|_| not_found("charge").into_response())?;
+    match app.db.find_charge(id).await {
+        Ok(Some(charge)) => Ok(Json(charge).into_response()),
+        Ok(None) => Err(not_found("charge").into_response()),
+        Err(error) => Err(Error::internal(error).into_response()),
+    }
+}

@@ -1,0 +1,61 @@
+//! The two databases the demo runs on: PostgreSQL (when `DATABASE_URL` is set) and an embedded
+//! SQLite file (otherwise). Each holds the business tables, the idempotency records and the
+//! outbox; the business statements differ only in their SQL dialect.
+
+use std::future::Future;
+
+use idempotency_core::{ExpiredCleanup, IdempotencyStore};
+use idempotency_outbox::{Enqueue, Housekeeping, RelayStore};
+use idempotency_pg::sqlx;
+use uuid::Uuid;
+
+use crate::model::{Charge, Payment, Refund};
+
+mod postgres;
+mod sqlite;
+
+pub use postgres::Postgres;
+pub use sqlite::Sqlite;
+
+/// The connection a database's transactions run on.
+pub type Conn<DB> = <<DB as Database>::Store as IdempotencyStore>::Connection;
+
+/// A database the demo can run on.
+pub trait Database: Clone + Send + Sync + 'static {
+    /// The idempotency store.
+    type Store: IdempotencyStore + ExpiredCleanup + Clone;
+    /// The outbox, written through the same connection as the business rows.
+    type Outbox: Enqueue<Connection = Conn<Self>> + RelayStore + Housekeeping + Clone;
+
+    /// The idempotency store.
+    fn store(&self) -> &Self::Store;
+    /// The outbox.
+    fn outbox(&self) -> &Self::Outbox;
+    /// Where the data lives, for the startup banner.
+    fn describe(&self) -> String;
+
+    /// Inserts a confirmed payment.
+    fn insert_payment(
+        conn: &mut Conn<Self>,
+        payment: &Payment,
+        recipient: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Inserts a refund.
+    fn insert_refund(
+        conn: &mut Conn<Self>,
+        refund: &Refund,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Inserts a charge.
+    fn insert_charge(
+        conn: &mut Conn<Self>,
+        id: Uuid,
+        amount_cents: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Reads a charge.
+    fn find_charge(
+        &self,
+        id: Uuid,
+    ) -> impl Future<Output = Result<Option<Charge>, sqlx::Error>> + Send;
+    /// Checks that the database answers.
+    fn ping(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}

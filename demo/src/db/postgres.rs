@@ -1,0 +1,160 @@
+//! The PostgreSQL database of the demo.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use idempotency_outbox::PgOutbox;
+use idempotency_pg::PgStore;
+use idempotency_pg::sqlx::{self, PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::Database;
+use crate::StartupError;
+use crate::config::DemoConfig;
+use crate::model::{Charge, Payment, Refund};
+
+const BUSINESS_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS payments (
+    payment_id  UUID PRIMARY KEY,
+    order_id    TEXT NOT NULL,
+    recipient   TEXT NOT NULL,
+    amount      NUMERIC(14, 2) NOT NULL CHECK (amount > 0),
+    status      TEXT NOT NULL,
+    created_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS refunds (
+    refund_id   UUID PRIMARY KEY,
+    payment_id  TEXT NOT NULL,
+    amount      NUMERIC(14, 2) NOT NULL CHECK (amount > 0),
+    status      TEXT NOT NULL,
+    created_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS charges (
+    id            UUID PRIMARY KEY,
+    amount_cents  BIGINT NOT NULL CHECK (amount_cents > 0),
+    created_at    TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+";
+
+/// PostgreSQL: records, outbox and business tables in one database.
+#[derive(Debug, Clone)]
+pub struct Postgres {
+    pool: PgPool,
+    store: PgStore,
+    outbox: PgOutbox,
+}
+
+impl Postgres {
+    /// Connects to `url` and prepares the schema.
+    pub async fn connect(url: &str, config: &DemoConfig) -> Result<Self, StartupError> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(20)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect(url)
+            .await?;
+        Self::from_pool(pool, config).await
+    }
+
+    /// Prepares the schema on an existing pool (tests give each run its own schema).
+    pub async fn from_pool(pool: PgPool, config: &DemoConfig) -> Result<Self, StartupError> {
+        let store = PgStore::from_config(pool.clone(), &config.idempotency.persistence).await?;
+        let outbox = PgOutbox::from_config(pool.clone(), &config.outbox).await?;
+        sqlx::raw_sql(BUSINESS_TABLES).execute(&pool).await?;
+        Ok(Self {
+            pool,
+            store,
+            outbox,
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl Database for Postgres {
+    type Store = PgStore;
+    type Outbox = PgOutbox;
+
+    fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    fn outbox(&self) -> &PgOutbox {
+        &self.outbox
+    }
+
+    fn describe(&self) -> String {
+        let options = self.pool.connect_options();
+        format!(
+            "PostgreSQL at {}:{} (database {})",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("default")
+        )
+    }
+
+    async fn insert_payment(
+        conn: &mut PgConnection,
+        payment: &Payment,
+        recipient: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO payments (payment_id, order_id, recipient, amount, status) \
+             VALUES ($1::uuid, $2, $3, $4::numeric, $5)",
+        )
+        .bind(payment.payment_id.to_string())
+        .bind(&payment.order_id)
+        .bind(recipient)
+        .bind(payment.amount.to_string())
+        .bind(&payment.status)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_refund(conn: &mut PgConnection, refund: &Refund) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO refunds (refund_id, payment_id, amount, status) VALUES ($1::uuid, $2, $3::numeric, $4)",
+        )
+        .bind(refund.refund_id.to_string())
+        .bind(&refund.payment_id)
+        .bind(refund.amount.to_string())
+        .bind(&refund.status)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_charge(
+        conn: &mut PgConnection,
+        id: Uuid,
+        amount_cents: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO charges (id, amount_cents) VALUES ($1::uuid, $2)")
+            .bind(id.to_string())
+            .bind(amount_cents)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn find_charge(&self, id: Uuid) -> Result<Option<Charge>, sqlx::Error> {
+        let row: Option<(i64, DateTime<Utc>)> =
+            sqlx::query_as("SELECT amount_cents, created_at FROM charges WHERE id = $1::uuid")
+                .bind(id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(amount_cents, created_at)| Charge {
+            id,
+            amount_cents,
+            created_at: created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        }))
+    }
+
+    async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,103 @@
+//! Operations endpoints: `GET /health` and `GET /metrics`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::app::App;
+use crate::db::Database;
+
+/// The state of one dependency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    /// Answering.
+    Up,
+    /// Not answering.
+    Down,
+    /// Not configured.
+    Disabled,
+}
+
+/// The body of `GET /health`.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `UP` when the database answers (the caches and the broker only degrade the service).
+    pub status: Status,
+    /// The database.
+    pub database: Status,
+    /// The Redis cache.
+    pub cache: Status,
+    /// The message broker (NATS), or `DISABLED` with the logging publisher.
+    pub broker: Status,
+}
+
+/// `GET /health`: 200 when the database answers, 503 otherwise; each dependency is listed.
+#[utoipa::path(
+    get,
+    path = "/health",
+    responses(
+        (status = 200, description = "The database answers", body = Health),
+        (status = 503, description = "The database does not answer", body = Health),
+    )
+)]
+pub async fn health<DB: Database>(State(app): State<App<DB>>) -> Response {
+    let database =
+        match tokio::time::timeout(std::time::Duration::from_secs(2), app.db.ping()).await {
+            Ok(Ok(())) => Status::Up,
+            _ => Status::Down,
+        };
+    let cache = match &app.redis {
+        Some(redis) if idempotency_cache_redis::is_connected(redis.client()) => Status::Up,
+        Some(_) => Status::Down,
+        None => Status::Disabled,
+    };
+    let broker = match &app.nats {
+        Some(nats) if nats.connection_state() == async_nats::connection::State::Connected => {
+            Status::Up
+        }
+        Some(_) => Status::Down,
+        None => Status::Disabled,
+    };
+    let status = database;
+    let code = if status == Status::Up {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        Json(Health {
+            status,
+            database,
+            cache,
+            broker,
+        }),
+    )
+        .into_response()
+}
+
+/// `GET /metrics`: Prometheus text exposition of every metric (idempotency, outbox, process).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"),
+        (status = 404, description = "No metrics recorder installed"),
+    )
+)]
+pub async fn metrics<DB: Database>(State(app): State<App<DB>>) -> Response {
+    match &app.prometheus {
+        Some(handle) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            handle.render(),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}

@@ -1,0 +1,131 @@
+//! The demo on its embedded default (a SQLite file): 20 concurrent duplicates run the payment
+//! once, and a charge commits with its outbox event.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use idempotency_core::config::SchemaMode;
+use idempotency_demo::config::DemoConfig;
+use idempotency_demo::db::{Database, Sqlite};
+use idempotency_demo::{App, build_service, router};
+use idempotency_pg::sqlx;
+use serde_json::Value;
+use tower::ServiceExt;
+
+async fn demo() -> (axum::Router, Sqlite, tempdir::Dir) {
+    let dir = tempdir::Dir::new();
+    let mut config = DemoConfig::default();
+    config.idempotency.persistence.schema.mode = SchemaMode::Create;
+    config.outbox.schema.mode = SchemaMode::Create;
+    config.outbox.notify_channel = None;
+    let db = Sqlite::open(&dir.path().join("data/demo.db"), &config)
+        .await
+        .unwrap();
+    let service = build_service(db.store().clone(), &config.idempotency, None);
+    let app = App::new(db.clone(), service, config.demo.clone());
+    (router(app, config.server.max_body_bytes), db, dir)
+}
+
+async fn post(app: &axum::Router, path: &str, key: &str, body: &str) -> (StatusCode, bool, Value) {
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Body::from(body.to_owned()))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, replayed, serde_json::from_slice(&bytes).unwrap())
+}
+
+async fn count(db: &Sqlite, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .fetch_one(db.store().pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_duplicates_run_once() {
+    let (app, db, _dir) = demo().await;
+    let body = r#"{"orderId":"o-20","recipient":"dave","amount":20}"#;
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { post(&app, "/api/payments", "twenty", body).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.unwrap());
+    }
+    assert!(
+        replies
+            .iter()
+            .all(|(status, _, _)| *status == StatusCode::CREATED),
+        "{replies:?}"
+    );
+    assert_eq!(
+        replies.iter().filter(|(_, replayed, _)| !replayed).count(),
+        1,
+        "one execution"
+    );
+    let id = &replies[0].2["paymentId"];
+    assert!(replies.iter().all(|(_, _, body)| &body["paymentId"] == id));
+    assert_eq!(count(&db, "payments").await, 1);
+    assert_eq!(count(&db, "idempotency_records").await, 1);
+}
+
+#[tokio::test]
+async fn a_charge_commits_with_its_event() {
+    let (app, db, _dir) = demo().await;
+    let key = "2c5ea4c0-4067-11e9-8bad-9b1deb4d3b7d";
+    let (status, _, first) = post(&app, "/charges", key, r#"{"amountCents":4900}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, replayed, again) = post(&app, "/charges", key, r#"{"amountCents":4900}"#).await;
+    assert!(replayed);
+    assert_eq!(first, again);
+    assert_eq!(count(&db, "charges").await, 1);
+    assert_eq!(count(&db, "outbox").await, 1);
+    let failed = post(
+        &app,
+        "/api/payments",
+        "fail",
+        r#"{"orderId":"o","recipient":"FAIL_TECH","amount":1}"#,
+    )
+    .await;
+    assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        count(&db, "idempotency_records").await,
+        1,
+        "a technical failure stores nothing"
+    );
+}
+
+/// A temporary directory removed on drop (no extra dependency for one helper).
+mod tempdir {
+    use std::path::{Path, PathBuf};
+
+    pub(super) struct Dir(PathBuf);
+
+    impl Dir {
+        pub(super) fn new() -> Self {
+            let path = std::env::temp_dir().join(idempotency_testing::unique_name("demo-sqlite"));
+            std::fs::create_dir_all(&path).unwrap();
+            Self(path)
+        }
+
+        pub(super) fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
