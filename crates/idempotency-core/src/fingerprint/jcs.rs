@@ -9,7 +9,14 @@
 //! **Deliberate deviation from RFC 8785:** a number that is an integer in the JSON value (it fits
 //! in `i64`/`u64`, or is an integer literal when serde_json's `arbitrary_precision` feature is on)
 //! is written with all its digits. For integers up to 2^53 this is exactly what RFC 8785 writes;
-//! above 2^53 RFC 8785 would round them to the nearest double.
+//! above 2^53 RFC 8785 would round them to the nearest double. So that a value keeps one text
+//! however it is spelled, an integral double from 2^53 up to the 64-bit range (`2^60` written as
+//! `1152921504606846976.0`) is written with its exact digits too, where RFC 8785 would print
+//! ECMAScript's shortest form (`1152921504606847000`, which would then collide with that other
+//! integer). Beyond 64 bits, doubles follow RFC 8785.
+//!
+//! A limit no canonicalizer can lift: a JSON number with a fraction or an exponent is parsed into
+//! a double, so `9007199254740993.0` is the double `9007199254740992` before it gets here.
 
 use serde_json::{Map, Number, Value};
 
@@ -75,17 +82,44 @@ fn write_number<S: Sink>(number: &Number, out: &mut S) {
             // Only reachable with serde_json's `arbitrary_precision`: an integer beyond 64 bits.
             write_big_integer(&text, out);
         } else if let Some(float) = number.as_f64() {
-            let mut buffer = ryu_js::Buffer::new();
-            // JSON numbers are finite, and ECMAScript prints -0 as "0".
-            out.put(
-                buffer
-                    .format(if float == 0.0 { 0.0 } else { float })
-                    .as_bytes(),
-            );
+            if let Some(integer) = exact_integer(float) {
+                // Same text as the same value spelled as an integer (see the module docs).
+                write_i128(integer, out);
+            } else {
+                let mut buffer = ryu_js::Buffer::new();
+                // JSON numbers are finite, and ECMAScript prints -0 as "0".
+                out.put(
+                    buffer
+                        .format(if float == 0.0 { 0.0 } else { float })
+                        .as_bytes(),
+                );
+            }
         } else {
             out.put(text.as_bytes());
         }
     }
+}
+
+/// 2^53: below it, ECMAScript formatting of an integral double already prints every digit.
+const EXACT_FLOAT_INTEGERS: f64 = 9_007_199_254_740_992.0;
+
+/// An integral double from 2^53 up to the 64-bit integer range, as the integer it is exactly.
+/// Written with all its digits, it canonicalizes like the same value parsed as an `i64`/`u64`.
+fn exact_integer(float: f64) -> Option<i128> {
+    let in_range = (-9_223_372_036_854_775_808.0..18_446_744_073_709_551_616.0).contains(&float);
+    if in_range && float.abs() >= EXACT_FLOAT_INTEGERS && float.fract() == 0.0 {
+        // Exact: the value is an integer that fits in an i128.
+        Some(float as i128)
+    } else {
+        None
+    }
+}
+
+fn write_i128<S: Sink>(integer: i128, out: &mut S) {
+    if integer < 0 {
+        out.put(b"-");
+    }
+    out.put(integer.unsigned_abs().to_string().as_bytes());
 }
 
 fn is_integer_literal(text: &str) -> bool {
@@ -249,6 +283,18 @@ mod tests {
         assert_eq!(canon("-12"), "-12");
         assert_eq!(canon(&i64::MIN.to_string()), i64::MIN.to_string());
         assert_eq!(canon(&u64::MAX.to_string()), u64::MAX.to_string());
+    }
+
+    /// Integral doubles above 2^53 print like the same integer, and never like another one.
+    #[test]
+    fn integral_doubles_above_2_53_print_their_exact_digits() {
+        assert_eq!(canon("1152921504606846976.0"), "1152921504606846976");
+        assert_eq!(canon("1.152921504606846976e18"), canon("1152921504606846976"));
+        assert_ne!(canon("1152921504606846976.0"), canon("1152921504606847000"));
+        assert_eq!(canon("-9223372036854775808.0"), "-9223372036854775808");
+        assert_eq!(canon("9007199254740992.0"), "9007199254740992");
+        assert_eq!(canon("1e20"), "100000000000000000000", "beyond 64 bits: RFC 8785 formatting");
+        assert_eq!(canon("1.5e300"), "1.5e+300");
     }
 
     /// The documented deviation: integers above 2^53 keep all their digits.
