@@ -100,6 +100,10 @@ impl<DB: Database> std::fmt::Debug for App<DB> {
 pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/api/payments", post(create_payment::<DB>))
+        .route(
+            "/api/payments/unprotected",
+            post(create_payment_unprotected::<DB>),
+        )
         .route("/api/refunds", post(create_refund::<DB>))
         .route("/charges", post(create_charge::<DB>))
         .route("/charges/{id}", get(get_charge::<DB>))
@@ -176,6 +180,44 @@ pub(crate) async fn create_payment<DB: Database>(
         .await
         .map_err(IntoResponse::into_response)?;
     Ok(outcome.into_json(StatusCode::CREATED).into_response())
+}
+
+/// `POST /api/payments/unprotected`: the same payment without idempotency, for comparison in
+/// benchmarks, and to show what a retry does without a key: a second payment.
+#[utoipa::path(
+    post,
+    path = "/api/payments/unprotected",
+    request_body = CreatePayment,
+    responses(
+        (status = 201, description = "A new payment, every time", body = Payment),
+        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Technical failure", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = crate::openapi::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn create_payment_unprotected<DB: Database>(
+    State(app): State<App<DB>>,
+    ApiJson(body): ApiJson<CreatePayment>,
+) -> Result<Response, Response> {
+    let request = body.validate().map_err(IntoResponse::into_response)?;
+    let payment = Payment {
+        payment_id: Uuid::now_v7(),
+        order_id: request.order_id.clone(),
+        amount: request.amount,
+        status: "CONFIRMED".to_owned(),
+    };
+    let failed = |error: idempotency_core::StoreError| {
+        Error::from(idempotency_core::Error::Store(error)).into_response()
+    };
+    let mut tx = app.service.begin().await.map_err(failed)?;
+    DB::insert_payment(&mut tx, &payment, &request.recipient)
+        .await
+        .map_err(|e| Error::internal(e).into_response())?;
+    tx.commit().await.map_err(failed)?;
+    Ok((StatusCode::CREATED, Json(payment)).into_response())
 }
 
 /// `POST /api/refunds` (reference 001): 200 with the refund, or 422 `REFUND_LIMIT_EXCEEDED`.

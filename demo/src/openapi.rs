@@ -46,6 +46,7 @@ pub struct Problem {
     ),
     paths(
         crate::app::create_payment,
+        crate::app::create_payment_unprotected,
         crate::app::create_refund,
         crate::app::create_charge,
         crate::app::get_charge,

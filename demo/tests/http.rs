@@ -571,3 +571,16 @@ async fn openapi_document_lists_every_endpoint() {
         );
     }
 }
+
+/// Without idempotency, a retry is a second payment: the contrast the other endpoints avoid.
+#[tokio::test]
+async fn the_unprotected_endpoint_pays_twice() {
+    let (app, pool) = demo().await;
+    let body = json!({"orderId": "o-9", "recipient": "erin", "amount": 9}).to_string();
+    let first = send(&app, "POST", "/api/payments/unprotected", &[], &body).await;
+    let retry = send(&app, "POST", "/api/payments/unprotected", &[], &body).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_ne!(first.body["paymentId"], retry.body["paymentId"]);
+    assert_eq!(count(&pool, "payments").await, 2);
+}

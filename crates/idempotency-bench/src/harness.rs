@@ -1,4 +1,5 @@
-//! Runs one operation from N concurrent clients for a fixed duration and measures it.
+//! Runs operations from N concurrent clients for a fixed time and measures them, interleaving
+//! scenarios over several rounds so that a ratio compares runs that shared the same machine load.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,10 +21,28 @@ where
     Arc::new(move |client, iteration| Box::pin(f(client, iteration)))
 }
 
-/// What one scenario measured.
+/// A named operation and how many clients run it.
+pub(crate) struct Scenario {
+    pub(crate) name: String,
+    pub(crate) clients: u64,
+    pub(crate) op: Op,
+}
+
+impl Scenario {
+    pub(crate) fn new(name: impl Into<String>, clients: u64, op: Op) -> Self {
+        Self {
+            name: name.into(),
+            clients,
+            op,
+        }
+    }
+}
+
+/// What one scenario measured over all rounds.
 #[derive(Debug, Clone)]
 pub(crate) struct Measurement {
     pub(crate) name: String,
+    pub(crate) clients: u64,
     pub(crate) ops: u64,
     pub(crate) elapsed: Duration,
     pub(crate) p50: Duration,
@@ -36,25 +55,56 @@ impl Measurement {
     }
 }
 
-/// Runs `op` from `clients` tasks for `duration` (after a short warm-up) and measures it.
-pub(crate) async fn measure(name: &str, clients: u64, duration: Duration, op: Op) -> Measurement {
-    let warm_up = Instant::now() + Duration::from_millis(300);
-    run_clients(clients, warm_up, Arc::clone(&op), u64::MAX / 2).await;
-    let started = Instant::now();
-    let deadline = started + duration;
-    let histograms = run_clients(clients, deadline, op, 0).await;
-    let elapsed = started.elapsed();
-    let mut all = Histogram::<u64>::new(3).expect("histogram");
-    for h in histograms {
-        all.add(h).expect("same bounds");
+/// Runs every scenario once per round, each for `duration / rounds`, in order, `rounds` times.
+pub(crate) async fn run_interleaved(
+    scenarios: &[Scenario],
+    duration: Duration,
+    rounds: u32,
+) -> Vec<Measurement> {
+    let slice = duration / rounds.max(1);
+    let mut totals: Vec<(u64, Duration, Histogram<u64>)> = scenarios
+        .iter()
+        .map(|_| (0, Duration::ZERO, Histogram::new(3).expect("histogram")))
+        .collect();
+    for scenario in scenarios {
+        run_clients(
+            scenario.clients,
+            Instant::now() + Duration::from_millis(200),
+            Arc::clone(&scenario.op),
+            1 << 40,
+        )
+        .await;
     }
-    Measurement {
-        name: name.to_owned(),
-        ops: all.len(),
-        elapsed,
-        p50: Duration::from_micros(all.value_at_quantile(0.5)),
-        p99: Duration::from_micros(all.value_at_quantile(0.99)),
+    for round in 0..rounds.max(1) {
+        for (scenario, total) in scenarios.iter().zip(totals.iter_mut()) {
+            let started = Instant::now();
+            let first = u64::from(round) << 32;
+            let histograms = run_clients(
+                scenario.clients,
+                started + slice,
+                Arc::clone(&scenario.op),
+                first,
+            )
+            .await;
+            total.1 += started.elapsed();
+            for h in histograms {
+                total.0 += h.len();
+                total.2.add(h).expect("same bounds");
+            }
+        }
     }
+    scenarios
+        .iter()
+        .zip(totals)
+        .map(|(scenario, (ops, elapsed, histogram))| Measurement {
+            name: scenario.name.clone(),
+            clients: scenario.clients,
+            ops,
+            elapsed,
+            p50: Duration::from_micros(histogram.value_at_quantile(0.5)),
+            p99: Duration::from_micros(histogram.value_at_quantile(0.99)),
+        })
+        .collect()
 }
 
 async fn run_clients(

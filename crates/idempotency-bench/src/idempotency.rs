@@ -1,5 +1,6 @@
-//! Idempotency scenarios: the business transaction alone, the same SQL the library issues, the
-//! library itself (first executions and replays from each tier), concurrent duplicates.
+//! Idempotency scenarios: the business transaction alone, the same SQL the library issues
+//! (taken from the store itself, not copied), the library (first executions in both modes,
+//! replays from each tier), and concurrent duplicates.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,44 +11,34 @@ use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
 use idempotency_core::config::{DistributedCacheConfig, LocalCacheConfig};
 use idempotency_core::{
-    Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Level, Origin, Outcome,
-    ServiceConfig,
+    Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Level, Operation, Origin,
+    Outcome, RecordId, Scope, ServiceConfig,
 };
 use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::{self, PgConnection, PgPool};
+use idempotency_pg::sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
 
-use crate::harness::{Measurement, Op, measure, op};
+use crate::harness::{Measurement, Op, Scenario, op, run_interleaved};
 
-/// The statements `PgStore` issues (see crates/idempotency-pg/src/store.rs), issued directly.
-const ACQUIRE_BOUNDED: &str = "WITH cfg AS MATERIALIZED ( \
-     SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', $6, true) AS applied), \
- ins AS ( \
-     INSERT INTO idempotency_records (operation, scope, idempotency_key, request_hash, status, created_at, expires_at) \
-     SELECT $1, $2, $3, $4, 'PROCESSING', now(), now() + $5 FROM cfg \
-     ON CONFLICT (operation, scope, idempotency_key) DO NOTHING RETURNING 1) \
- SELECT i.n, set_config('lock_timeout', cfg.previous, true) FROM cfg, (SELECT count(*) AS n FROM ins) AS i";
-const COMPLETE: &str = "UPDATE idempotency_records SET status = $4, result_payload = $5::jsonb, error_code = $6, \
-     completed_at = clock_timestamp() \
- WHERE operation = $1 AND scope = $2 AND idempotency_key = $3 AND status = 'PROCESSING' \
- RETURNING request_hash, created_at, completed_at, expires_at";
-const INSERT_COMPLETED_BOUNDED: &str = "WITH cfg AS MATERIALIZED ( \
-     SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', $9, true) AS applied), \
- ins AS ( \
-     INSERT INTO idempotency_records (operation, scope, idempotency_key, request_hash, status, \
-         result_payload, error_code, created_at, completed_at, expires_at) \
-     SELECT $1, $2, $3, $4, $5, $6::jsonb, $7, now(), clock_timestamp(), now() + $8 FROM cfg \
-     ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
-     RETURNING created_at, completed_at, expires_at) \
- SELECT ins.created_at, ins.completed_at, ins.expires_at, set_config('lock_timeout', cfg.previous, true) \
- FROM cfg LEFT JOIN ins ON true";
-const FIND: &str = "SELECT request_hash, status, result_payload::text, error_code, created_at, completed_at, \
-     expires_at FROM idempotency_records WHERE operation = $1 AND scope = $2 AND idempotency_key = $3";
 /// A timestamp column.
 type Ts = sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>;
 /// The columns `complete` returns.
 type CompleteRow = (String, Ts, Option<Ts>, Option<Ts>);
+/// The columns `insert_completed_bounded` returns.
+type InsertedRow = (Option<Ts>, Option<Ts>, Option<Ts>, String);
+/// The columns `find` returns.
+type FindRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Ts,
+    Option<Ts>,
+    Option<Ts>,
+);
 
 const HASH: &str = "5f2b1c0e0a7d4e8b9c3a6f1d2e4b7a8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6";
+/// The service's default in-flight budget, as the bounded statements receive it.
+const LOCK_BUDGET: &str = "10000ms";
 
 fn ttl() -> sqlx::postgres::types::PgInterval {
     sqlx::postgres::types::PgInterval {
@@ -57,7 +48,10 @@ fn ttl() -> sqlx::postgres::types::PgInterval {
     }
 }
 
-async fn insert_payment(conn: &mut PgConnection, order: &str) -> Result<i64, sqlx::Error> {
+pub(crate) async fn insert_payment(
+    conn: &mut PgConnection,
+    order: &str,
+) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "INSERT INTO bench_payments (order_id, amount) VALUES ($1, 100.00) RETURNING id",
     )
@@ -70,6 +64,10 @@ fn payment_body(id: i64, order: &str) -> serde_json::Value {
     serde_json::json!({"paymentId": id, "orderId": order, "amount": "100.00", "status": "CONFIRMED"})
 }
 
+fn request(order: &str) -> serde_json::Value {
+    serde_json::json!({"orderId": order, "recipient": "alice", "amount": "100.00"})
+}
+
 #[derive(Debug, thiserror::Error)]
 enum BenchError {
     #[error(transparent)]
@@ -78,24 +76,18 @@ enum BenchError {
     Sql(#[from] sqlx::Error),
 }
 
-/// A fresh, unique key per (run, client, iteration).
-fn key(prefix: &str, run: u64, client: u64, iteration: u64) -> IdempotencyKey {
-    IdempotencyKey::new(format!("{prefix}-{run}-{client}-{iteration}")).expect("key")
-}
-
-static RUN: AtomicU64 = AtomicU64::new(0);
-
-/// Everything the idempotency scenarios need, set up once.
+/// Everything the scenarios need, set up once: an isolated schema, the business table, Redis.
 pub(crate) struct Setup {
-    pool: PgPool,
-    store: PgStore,
+    pub(crate) pool: PgPool,
+    pub(crate) store: PgStore,
     redis: RedisCache,
+    run: u64,
 }
 
 impl Setup {
     pub(crate) async fn new(clients: u64) -> Self {
         let pool =
-            idempotency_testing::pg_pool_with(u32::try_from(clients).unwrap_or(64) + 4).await;
+            idempotency_testing::pg_pool_with(u32::try_from(clients).unwrap_or(64) + 8).await;
         let store = PgStore::new(pool.clone());
         store.create_schema().await.expect("schema");
         sqlx::raw_sql(
@@ -114,133 +106,158 @@ impl Setup {
         )
         .expect("redis");
         redis.client().wait_for_connect().await.expect("redis");
-        RUN.store(std::process::id().into(), Ordering::Relaxed);
-        Self { pool, store, redis }
+        Self {
+            pool,
+            store,
+            redis,
+            run: u64::from(std::process::id()),
+        }
+    }
+
+    fn statement(&self, name: &str) -> AssertSqlSafe<String> {
+        AssertSqlSafe(
+            self.store
+                .statement(name)
+                .expect("known statement")
+                .to_owned(),
+        )
     }
 }
 
-/// Runs every idempotency scenario and returns the measurements in report order.
-pub(crate) async fn run(setup: &Setup, clients: u64, duration: Duration) -> Vec<Measurement> {
-    let mut out = Vec::new();
-    let run_id = RUN.fetch_add(1, Ordering::Relaxed);
+/// First executions: the business transaction alone, the same SQL as each mode issued directly,
+/// and each mode through the library.
+pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
+    let run = setup.run;
     let pool = setup.pool.clone();
+    let baseline = op(move |c, i| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.expect("begin");
+            insert_payment(&mut tx, &format!("o-{c}-{i}"))
+                .await
+                .expect("insert");
+            tx.commit().await.expect("commit");
+        }
+    });
 
-    let p = pool.clone();
-    out.push(
-        measure(
-            "baseline: business transaction",
-            clients,
-            duration,
-            op(move |c, i| {
-                let p = p.clone();
-                async move {
-                    let mut tx = p.begin().await.expect("begin");
-                    insert_payment(&mut tx, &format!("o-{c}-{i}"))
-                        .await
-                        .expect("insert");
-                    tx.commit().await.expect("commit");
-                }
-            }),
-        )
-        .await,
+    let (pool, acquire, complete) = (
+        setup.pool.clone(),
+        setup.statement("acquire_bounded"),
+        setup.statement("complete"),
     );
+    let direct_claim = op(move |c, i| {
+        let (pool, acquire, complete) = (pool.clone(), acquire.0.clone(), complete.0.clone());
+        async move {
+            let key = format!("direct-{run}-{c}-{i}");
+            let mut tx = pool.begin().await.expect("begin");
+            let _: (i64, String) = sqlx::query_as(AssertSqlSafe(acquire))
+                .bind("PAY")
+                .bind("")
+                .bind(&key)
+                .bind(HASH)
+                .bind(ttl())
+                .bind(LOCK_BUDGET)
+                .fetch_one(&mut *tx)
+                .await
+                .expect("acquire");
+            let id = insert_payment(&mut tx, &key).await.expect("insert");
+            let _: Option<CompleteRow> = sqlx::query_as(AssertSqlSafe(complete))
+                .bind("PAY")
+                .bind("")
+                .bind(&key)
+                .bind("COMPLETED")
+                .bind(payment_body(id, &key).to_string())
+                .bind(None::<&str>)
+                .fetch_optional(&mut *tx)
+                .await
+                .expect("complete");
+            tx.commit().await.expect("commit");
+        }
+    });
 
-    let p = pool.clone();
-    out.push(
-        measure(
+    let (pool, insert) = (
+        setup.pool.clone(),
+        setup.statement("insert_completed_bounded"),
+    );
+    let direct_optimistic = op(move |c, i| {
+        let (pool, insert) = (pool.clone(), insert.0.clone());
+        async move {
+            let key = format!("direct-opt-{run}-{c}-{i}");
+            let mut tx = pool.begin().await.expect("begin");
+            let id = insert_payment(&mut tx, &key).await.expect("insert");
+            let _: Option<InsertedRow> = sqlx::query_as(AssertSqlSafe(insert))
+                .bind("PAY")
+                .bind("")
+                .bind(&key)
+                .bind(HASH)
+                .bind("COMPLETED")
+                .bind(payment_body(id, &key).to_string())
+                .bind(None::<&str>)
+                .bind(ttl())
+                .bind(LOCK_BUDGET)
+                .fetch_optional(&mut *tx)
+                .await
+                .expect("insert completed");
+            tx.commit().await.expect("commit");
+        }
+    });
+
+    let service = IdempotencyService::new(setup.store.clone());
+    vec![
+        Scenario::new("baseline: business transaction", clients, baseline),
+        Scenario::new(
             "direct SQL: claim, business, complete",
             clients,
-            duration,
-            op(move |c, i| {
-                let p = p.clone();
-                async move {
-                    let k = format!("direct-{run_id}-{c}-{i}");
-                    let mut tx = p.begin().await.expect("begin");
-                    let _: (i64, String) = sqlx::query_as(ACQUIRE_BOUNDED)
-                        .bind("PAY")
-                        .bind("")
-                        .bind(&k)
-                        .bind(HASH)
-                        .bind(ttl())
-                        .bind("10000ms")
-                        .fetch_one(&mut *tx)
-                        .await
-                        .expect("acquire");
-                    let id = insert_payment(&mut tx, &k).await.expect("insert");
-                    let _: Option<CompleteRow> = sqlx::query_as(COMPLETE)
-                        .bind("PAY")
-                        .bind("")
-                        .bind(&k)
-                        .bind("COMPLETED")
-                        .bind(payment_body(id, &k).to_string())
-                        .bind(None::<&str>)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .expect("complete");
-                    tx.commit().await.expect("commit");
-                }
-            }),
-        )
-        .await,
-    );
-
-    let service = IdempotencyService::new(setup.store.clone());
-    out.push(
-        measure(
+            direct_claim,
+        ),
+        Scenario::new(
             "execute: first execution",
             clients,
-            duration,
-            first_execution(service, run_id, false),
-        )
-        .await,
-    );
-
-    let p = pool.clone();
-    out.push(
-        measure(
+            first_execution(service.clone(), run, false),
+        ),
+        Scenario::new(
             "direct SQL: business, insert completed",
             clients,
-            duration,
-            op(move |c, i| {
-                let p = p.clone();
-                async move {
-                    let k = format!("direct-opt-{run_id}-{c}-{i}");
-                    let mut tx = p.begin().await.expect("begin");
-                    let id = insert_payment(&mut tx, &k).await.expect("insert");
-                    type Row = (Option<Ts>, Option<Ts>, Option<Ts>, String);
-                    let _: Option<Row> = sqlx::query_as(INSERT_COMPLETED_BOUNDED)
-                        .bind("PAY")
-                        .bind("")
-                        .bind(&k)
-                        .bind(HASH)
-                        .bind("COMPLETED")
-                        .bind(payment_body(id, &k).to_string())
-                        .bind(None::<&str>)
-                        .bind(ttl())
-                        .bind("10000ms")
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .expect("insert completed");
-                    tx.commit().await.expect("commit");
-                }
-            }),
-        )
-        .await,
-    );
-
-    let service = IdempotencyService::new(setup.store.clone());
-    out.push(
-        measure(
+            direct_optimistic,
+        ),
+        Scenario::new(
             "execute_optimistic: first execution",
             clients,
-            duration,
-            first_execution(service, run_id, true),
-        )
-        .await,
-    );
+            first_execution(service, run, true),
+        ),
+    ]
+}
 
-    // Replays of one stored record, from each tier.
-    let key = IdempotencyKey::new(format!("replay-{run_id}")).expect("key");
+fn first_execution(service: IdempotencyService<PgStore>, run: u64, optimistic: bool) -> Op {
+    op(move |c, i| {
+        let service = service.clone();
+        let key = IdempotencyKey::new(format!(
+            "{}-{run}-{c}-{i}",
+            if optimistic { "opt" } else { "exec" }
+        ))
+        .expect("key");
+        async move {
+            let body = request(key.as_str());
+            let call = Call::new("PAY", key.clone(), &body);
+            let action = async |conn: &mut PgConnection| {
+                let id = insert_payment(conn, key.as_str()).await?;
+                Ok::<_, BenchError>(ExecutionResult::success(payment_body(id, key.as_str())))
+            };
+            let outcome: Outcome<serde_json::Value> = if optimistic {
+                service.execute_optimistic(call, action).await
+            } else {
+                service.execute(call, action).await
+            }
+            .expect("execute");
+            assert!(outcome.is_executed());
+        }
+    })
+}
+
+/// Replays of one stored record from each tier, next to the bare round trip each is compared
+/// with. Latency pairs run with one client, throughput with `clients`.
+pub(crate) async fn replays(setup: &Setup, clients: u64) -> Vec<Scenario> {
+    let key = IdempotencyKey::new(format!("replay-{}", setup.run)).expect("key");
     let seeded: Outcome<serde_json::Value> = IdempotencyService::new(setup.store.clone())
         .execute(
             Call::new("PAY", key.clone(), &request("replay")),
@@ -260,189 +277,97 @@ pub(crate) async fn run(setup: &Setup, clients: u64, duration: Duration) -> Vec<
     let from_pg = IdempotencyService::builder(setup.store.clone())
         .config(lookup_first)
         .build();
-    out.push(
-        measure(
-            "replay: postgres (lookup-before-acquire)",
-            clients,
-            duration,
-            replay(from_pg, key.clone(), Level::Persistence),
-        )
-        .await,
-    );
     let from_pg_insert_first = IdempotencyService::new(setup.store.clone());
-    out.push(
-        measure(
-            "replay: postgres (insert-first)",
-            clients,
-            duration,
-            replay(from_pg_insert_first, key.clone(), Level::Persistence),
-        )
-        .await,
-    );
-
-    let p = pool.clone();
-    let k = key.as_str().to_owned();
-    out.push(
-        measure(
-            "bare: primary-key SELECT",
-            clients,
-            duration,
-            op(move |_, _| {
-                let (p, k) = (p.clone(), k.clone());
-                async move {
-                    type Row = (
-                        String,
-                        String,
-                        Option<String>,
-                        Option<String>,
-                        Ts,
-                        Option<Ts>,
-                        Option<Ts>,
-                    );
-                    let row: Option<Row> = sqlx::query_as(FIND)
-                        .bind("PAY")
-                        .bind("")
-                        .bind(&k)
-                        .fetch_optional(&p)
-                        .await
-                        .expect("select");
-                    assert!(row.is_some());
-                }
-            }),
-        )
-        .await,
-    );
-
     let from_redis = IdempotencyService::builder(setup.store.clone())
         .distributed_cache(setup.redis.clone())
         .build();
-    // Fill Redis from the store once.
-    replay(from_redis.clone(), key.clone(), Level::Persistence)(0, 0).await;
-    out.push(
-        measure(
-            "replay: redis",
-            clients,
-            duration,
-            replay(from_redis, key.clone(), Level::Distributed),
-        )
-        .await,
-    );
-
-    let redis = setup.redis.clone();
-    let redis_key = redis.key_for(&idempotency_core::RecordId::new(
-        idempotency_core::Operation::new("PAY").expect("op"),
-        idempotency_core::Scope::default(),
-        key.clone(),
-    ));
-    out.push(
-        measure(
-            "bare: redis GET",
-            clients,
-            duration,
-            op(move |_, _| {
-                let (redis, k) = (redis.clone(), redis_key.clone());
-                async move {
-                    let value: Option<String> = redis.client().get(k.as_str()).await.expect("get");
-                    assert!(value.is_some());
-                }
-            }),
-        )
-        .await,
-    );
-
+    replay(from_redis.clone(), key.clone(), Level::Persistence)(0, 0).await; // fills Redis
     let from_moka = IdempotencyService::builder(setup.store.clone())
         .local_cache(MokaCache::new(&LocalCacheConfig::default()))
         .build();
-    replay(from_moka.clone(), key.clone(), Level::Persistence)(0, 0).await;
-    out.push(
-        measure(
-            "replay: moka",
-            clients,
-            duration,
-            replay(from_moka, key, Level::Local),
-        )
-        .await,
-    );
+    replay(from_moka.clone(), key.clone(), Level::Persistence)(0, 0).await; // fills moka
 
-    // Many clients on few keys: every key runs once, everything else replays or waits.
-    let service = IdempotencyService::new(setup.store.clone());
-    let executions = Arc::new(AtomicU64::new(0));
-    let counted = Arc::clone(&executions);
-    let measurement = measure(
-        "concurrent duplicates (4 keys per 100 ms)",
-        clients,
-        duration,
-        op(move |_, i| {
-            let (service, counted) = (service.clone(), Arc::clone(&counted));
-            // all clients share the same few keys during each 100 ms window
-            let window = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() / 100)
-                .unwrap_or_default();
-            let k = IdempotencyKey::new(format!("dup-{run_id}-{window}-{}", i % 4)).expect("key");
-            async move {
-                let body = request(k.as_str());
-                let _: Outcome<serde_json::Value> = service
-                    .execute(Call::new("PAY", k.clone(), &body), async |conn| {
-                        counted.fetch_add(1, Ordering::Relaxed);
-                        let id = insert_payment(conn, k.as_str()).await?;
-                        Ok::<_, BenchError>(ExecutionResult::success(payment_body(id, k.as_str())))
-                    })
-                    .await
-                    .expect("duplicate");
-            }
-        }),
-    )
-    .await;
-    let distinct: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM idempotency_records WHERE idempotency_key LIKE $1",
-    )
-    .bind(format!("dup-{run_id}-%"))
-    .fetch_one(&pool)
-    .await
-    .expect("count");
-    let ran = executions.load(Ordering::Relaxed);
-    let name = format!(
-        "{} [{} keys, {} executions]",
-        measurement.name, distinct, ran
+    let (pool, find, k) = (
+        setup.pool.clone(),
+        setup.statement("find"),
+        key.as_str().to_owned(),
     );
-    assert_eq!(
-        i64::try_from(ran).unwrap_or(-1),
-        distinct,
-        "a key ran twice"
-    );
-    out.push(Measurement {
-        name,
-        ..measurement
-    });
-    out
-}
-
-fn request(order: &str) -> serde_json::Value {
-    serde_json::json!({"orderId": order, "recipient": "alice", "amount": "100.00"})
-}
-
-fn first_execution(service: IdempotencyService<PgStore>, run_id: u64, optimistic: bool) -> Op {
-    op(move |c, i| {
-        let service = service.clone();
-        let prefix = if optimistic { "opt" } else { "exec" };
-        let k = key(prefix, run_id, c, i);
+    let bare_select = op(move |_, _| {
+        let (pool, find, k) = (pool.clone(), find.0.clone(), k.clone());
         async move {
-            let body = request(k.as_str());
-            let call = Call::new("PAY", k.clone(), &body);
-            let action = async |conn: &mut PgConnection| {
-                let id = insert_payment(conn, k.as_str()).await?;
-                Ok::<_, BenchError>(ExecutionResult::success(payment_body(id, k.as_str())))
-            };
-            let outcome: Outcome<serde_json::Value> = if optimistic {
-                service.execute_optimistic(call, action).await
-            } else {
-                service.execute(call, action).await
-            }
-            .expect("execute");
-            assert!(outcome.is_executed());
+            let row: Option<FindRow> = sqlx::query_as(AssertSqlSafe(find))
+                .bind("PAY")
+                .bind("")
+                .bind(&k)
+                .fetch_optional(&pool)
+                .await
+                .expect("select");
+            assert!(row.is_some());
         }
-    })
+    });
+    let redis = setup.redis.clone();
+    let redis_key = redis.key_for(&RecordId::new(
+        Operation::new("PAY").expect("op"),
+        Scope::default(),
+        key.clone(),
+    ));
+    let bare_get = op(move |_, _| {
+        let (redis, k) = (redis.clone(), redis_key.clone());
+        async move {
+            let value: Option<String> = redis.client().get(k.as_str()).await.expect("get");
+            assert!(value.is_some());
+        }
+    });
+
+    vec![
+        Scenario::new(
+            "replay: postgres (lookup-before-acquire)",
+            1,
+            replay(from_pg.clone(), key.clone(), Level::Persistence),
+        ),
+        Scenario::new("bare: primary-key SELECT", 1, Arc::clone(&bare_select)),
+        Scenario::new(
+            "replay: redis",
+            1,
+            replay(from_redis.clone(), key.clone(), Level::Distributed),
+        ),
+        Scenario::new("bare: redis GET", 1, Arc::clone(&bare_get)),
+        Scenario::new(
+            "replay: moka",
+            1,
+            replay(from_moka.clone(), key.clone(), Level::Local),
+        ),
+        Scenario::new(
+            format!("replay: postgres (lookup-before-acquire), {clients} clients"),
+            clients,
+            replay(from_pg, key.clone(), Level::Persistence),
+        ),
+        Scenario::new(
+            format!("replay: postgres (insert-first), {clients} clients"),
+            clients,
+            replay(from_pg_insert_first, key.clone(), Level::Persistence),
+        ),
+        Scenario::new(
+            format!("bare: primary-key SELECT, {clients} clients"),
+            clients,
+            bare_select,
+        ),
+        Scenario::new(
+            format!("replay: redis, {clients} clients"),
+            clients,
+            replay(from_redis, key.clone(), Level::Distributed),
+        ),
+        Scenario::new(
+            format!("bare: redis GET, {clients} clients"),
+            clients,
+            bare_get,
+        ),
+        Scenario::new(
+            format!("replay: moka, {clients} clients"),
+            clients,
+            replay(from_moka, key, Level::Local),
+        ),
+    ]
 }
 
 fn replay<L, D>(service: IdempotencyService<PgStore, L, D>, key: IdempotencyKey, from: Level) -> Op
@@ -463,4 +388,56 @@ where
             assert_eq!(outcome.origin(), Origin::Replayed { from });
         }
     })
+}
+
+/// Many clients on few keys: every 100 ms window, all clients share 4 fresh keys. Each key must
+/// run exactly once; everything else replays (or waited and replayed).
+pub(crate) async fn duplicates(setup: &Setup, clients: u64, duration: Duration) -> Measurement {
+    let service = IdempotencyService::new(setup.store.clone());
+    let executions = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&executions);
+    let run = setup.run;
+    let scenario = Scenario::new(
+        "concurrent duplicates (all clients on 4 keys per 100 ms)",
+        clients,
+        op(move |_, i| {
+            let (service, counted) = (service.clone(), Arc::clone(&counted));
+            let window = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() / 100)
+                .unwrap_or_default();
+            let key = IdempotencyKey::new(format!("dup-{run}-{window}-{}", i % 4)).expect("key");
+            async move {
+                let body = request(key.as_str());
+                let _: Outcome<serde_json::Value> = service
+                    .execute(Call::new("PAY", key.clone(), &body), async |conn| {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        let id = insert_payment(conn, key.as_str()).await?;
+                        Ok::<_, BenchError>(ExecutionResult::success(payment_body(
+                            id,
+                            key.as_str(),
+                        )))
+                    })
+                    .await
+                    .expect("duplicate");
+            }
+        }),
+    );
+    let mut measured = run_interleaved(std::slice::from_ref(&scenario), duration, 1).await;
+    let mut measurement = measured.remove(0);
+    let distinct: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM idempotency_records WHERE idempotency_key LIKE $1",
+    )
+    .bind(format!("dup-{run}-%"))
+    .fetch_one(&setup.pool)
+    .await
+    .expect("count");
+    let ran = executions.load(Ordering::Relaxed);
+    assert_eq!(
+        i64::try_from(ran).unwrap_or(-1),
+        distinct,
+        "a key ran twice"
+    );
+    measurement.name = format!("{} [{distinct} keys, {ran} executions]", measurement.name);
+    measurement
 }

@@ -1,37 +1,45 @@
-//! Load bench against real servers: N concurrent clients, a fixed duration per scenario, ops/s,
-//! p50, p99, and the ratios the performance targets are stated in, all from one run.
+//! Load bench against real servers: concurrent clients, a fixed time per scenario, ops/s, p50,
+//! p99, and the ratios the performance targets are stated in, all from one run. Scenarios are
+//! interleaved over several rounds, so the two sides of a ratio share the machine's load.
 //!
-//! `cargo run --release -p idempotency-bench -- --clients 4 --duration 5s`
+//! `cargo run --release -p idempotency-bench -- --clients 4 --duration 10s --rounds 5`
 
 #![allow(clippy::print_stdout)] // a command-line tool: the report is its output
 
 mod harness;
 mod idempotency;
+mod outbox;
 
 use std::time::Duration;
 
 use clap::Parser;
 
-use crate::harness::Measurement;
+use crate::harness::{Measurement, run_interleaved};
 
 /// Command-line options.
 #[derive(Debug, Parser)]
 #[command(about = "Load bench of the idempotency workspace against PostgreSQL, Redis and NATS")]
 struct Args {
-    /// Concurrent clients per scenario.
+    /// Concurrent clients for the throughput scenarios.
     #[arg(long, default_value_t = 4)]
     clients: u64,
-    /// Measured time per scenario (after a 300 ms warm-up), e.g. `5s`.
-    #[arg(long, default_value = "5s", value_parser = humantime_duration)]
+    /// Measured time per scenario, split over the rounds: `500ms`, `10s`, `1m`.
+    #[arg(long, default_value = "10s", value_parser = duration)]
     duration: Duration,
+    /// Rounds over which the scenarios are interleaved.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Events drained by the relay scenario.
+    #[arg(long, default_value_t = 20_000)]
+    drain_events: usize,
 }
 
-fn humantime_duration(text: &str) -> Result<Duration, String> {
+fn duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|e| format!("{text}: {e}"))?;
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
@@ -41,17 +49,21 @@ fn humantime_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
-fn find<'a>(results: &'a [Measurement], prefix: &str) -> Option<&'a Measurement> {
-    results.iter().find(|m| m.name.starts_with(prefix))
+fn find<'a>(results: &'a [Measurement], name: &str) -> &'a Measurement {
+    results
+        .iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("no scenario named {name:?}"))
 }
 
 fn print_table(results: &[Measurement]) {
-    println!("| scenario | ops/s | p50 | p99 |");
-    println!("|---|---:|---:|---:|");
+    println!("| scenario | clients | ops/s | p50 | p99 |");
+    println!("|---|---:|---:|---:|---:|");
     for m in results {
         println!(
-            "| {} | {:.0} | {:.2} ms | {:.2} ms |",
+            "| {} | {} | {:.0} | {:.3} ms | {:.3} ms |",
             m.name,
+            m.clients,
             m.ops_per_sec(),
             m.p50.as_secs_f64() * 1e3,
             m.p99.as_secs_f64() * 1e3
@@ -59,89 +71,116 @@ fn print_table(results: &[Measurement]) {
     }
 }
 
-fn ratio_line(results: &[Measurement], what: &str, a: &str, b: &str, target: &str) {
-    if let (Some(a), Some(b)) = (find(results, a), find(results, b)) {
-        println!(
-            "| {what} | {:.2} | {target} |",
-            a.ops_per_sec() / b.ops_per_sec()
-        );
-    }
-}
+struct Ratios<'a>(&'a [Measurement]);
 
-fn latency_line(results: &[Measurement], what: &str, a: &str, b: &str, target: &str) {
-    if let (Some(a), Some(b)) = (find(results, a), find(results, b)) {
-        println!(
-            "| {what} | {:.2} | {target} |",
-            a.p50.as_secs_f64() / b.p50.as_secs_f64()
-        );
+impl Ratios<'_> {
+    fn throughput(&self, what: &str, a: &str, b: &str, target: &str) {
+        let ratio = find(self.0, a).ops_per_sec() / find(self.0, b).ops_per_sec();
+        println!("| {what} | throughput | {ratio:.2} | {target} |");
+    }
+
+    fn latency(&self, what: &str, a: &str, b: &str, target: &str) {
+        let ratio = find(self.0, a).p50.as_secs_f64() / find(self.0, b).p50.as_secs_f64();
+        println!("| {what} | p50 latency | {ratio:.2} | {target} |");
     }
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args = Args::parse();
+    let n = args.clients;
     println!(
-        "clients: {}, duration per scenario: {:?}, cores: {}",
-        args.clients,
+        "clients: {n}, {:?} per scenario over {} interleaved rounds, cores: {}",
         args.duration,
+        args.rounds,
         std::thread::available_parallelism()
             .map(usize::from)
             .unwrap_or(1)
     );
-    let setup = idempotency::Setup::new(args.clients).await;
-    let results = idempotency::run(&setup, args.clients, args.duration).await;
+    let setup = idempotency::Setup::new(n).await;
+
+    let mut scenarios = idempotency::first_executions(&setup, n);
+    scenarios.extend(outbox::enqueue(&setup, n).await);
+    let mut results = run_interleaved(&scenarios, args.duration, args.rounds).await;
+    let replays = idempotency::replays(&setup, n).await;
+    results.extend(run_interleaved(&replays, args.duration, args.rounds).await);
+    results.push(idempotency::duplicates(&setup, n * 8, args.duration).await);
+
     println!();
     print_table(&results);
     println!();
-    println!("| ratio | measured | target |");
-    println!("|---|---:|---|");
-    ratio_line(
-        &results,
-        "execute / the same SQL issued directly (throughput)",
-        "execute:",
-        "direct SQL: claim",
+    println!("| ratio | measure | measured | target |");
+    println!("|---|---|---:|---|");
+    let r = Ratios(&results);
+    r.throughput(
+        "execute / the same SQL issued directly",
+        "execute: first execution",
+        "direct SQL: claim, business, complete",
         ">= 0.90",
     );
-    ratio_line(
-        &results,
-        "execute / business transaction alone (throughput)",
-        "execute:",
-        "baseline",
-        "report (pgbench ~0.58)",
+    r.throughput(
+        "execute / the business transaction alone",
+        "execute: first execution",
+        "baseline: business transaction",
+        "report (pgbench: ~0.58)",
     );
-    ratio_line(
-        &results,
+    r.throughput(
         "execute_optimistic / the same SQL issued directly",
-        "execute_optimistic",
-        "direct SQL: business, insert",
+        "execute_optimistic: first execution",
+        "direct SQL: business, insert completed",
         ">= 0.90",
     );
-    ratio_line(
-        &results,
-        "execute_optimistic / business transaction alone",
-        "execute_optimistic",
-        "baseline",
-        "report (pgbench ~0.78)",
+    r.throughput(
+        "execute_optimistic / the business transaction alone",
+        "execute_optimistic: first execution",
+        "baseline: business transaction",
+        "report (pgbench: ~0.78)",
     );
-    ratio_line(
-        &results,
-        "replay moka / replay postgres (throughput)",
-        "replay: moka",
-        "replay: postgres (lookup",
-        ">= 20",
-    );
-    latency_line(
-        &results,
-        "replay redis / bare redis GET (p50 latency)",
+    for label in ["ordered, NOTIFY", "unordered, no NOTIFY"] {
+        let library = format!("outbox ({label}): business transaction + enqueue");
+        let direct = format!("direct SQL ({label}): business transaction + the enqueue statement");
+        r.throughput(
+            &format!("outbox enqueue ({label}) / the same SQL issued directly"),
+            &library,
+            &direct,
+            ">= 0.90",
+        );
+        r.throughput(
+            &format!("outbox enqueue ({label}) / the business transaction alone"),
+            &library,
+            "baseline: business transaction",
+            "report (pgbench: ~0.79)",
+        );
+    }
+    r.latency(
+        "replay from Redis / a bare Redis GET",
         "replay: redis",
         "bare: redis GET",
         "<= 1.3",
     );
-    latency_line(
-        &results,
-        "replay postgres / bare primary-key SELECT (p50 latency)",
-        "replay: postgres (lookup",
+    r.latency(
+        "replay from PostgreSQL / a bare primary-key SELECT",
+        "replay: postgres (lookup-before-acquire)",
         "bare: primary-key SELECT",
         "<= 1.3",
     );
+    let moka = format!("replay: moka, {n} clients");
+    let pg = format!("replay: postgres (lookup-before-acquire), {n} clients");
+    r.throughput(
+        "replay from moka / replay from PostgreSQL",
+        &moka,
+        &pg,
+        ">= 20",
+    );
+
+    println!();
+    println!("| relay drain to JetStream (acks awaited, 1000 aggregates, ordered) | events/s |");
+    println!("|---|---:|");
+    for (workers, batch) in [(1, 100), (2, 100)] {
+        let rate = outbox::relay_drain(&setup, args.drain_events, workers, batch).await;
+        println!(
+            "| {workers} worker(s), batch {batch}, {} events | {rate:.0} |",
+            args.drain_events
+        );
+    }
 }

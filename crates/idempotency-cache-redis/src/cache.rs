@@ -201,15 +201,15 @@ where
     }
 
     async fn put(&self, id: &RecordId, record: &IdempotencyRecord) -> Result<(), CacheError> {
-        if !record.is_terminal() {
-            return Ok(());
-        }
         let lifetime = self.lifetime(record);
         let millis = i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX);
         if millis <= 0 {
             return Ok(());
         }
-        let value = codec::encode(record).map_err(|e| CacheError::Backend(Box::new(e)))?;
+        let Some(value) = codec::encode(record).map_err(|e| CacheError::Corrupt(Box::new(e)))?
+        else {
+            return Ok(()); // PROCESSING: never cached
+        };
         let key = self.key_for(id);
         self.call(self.client.set::<(), _, _>(
             key.as_str(),

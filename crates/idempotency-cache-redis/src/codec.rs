@@ -1,15 +1,81 @@
-//! The cached value: a version tag, then the record as JSON.
+//! The cached value: a version tag, then a compact JSON object.
+//!
+//! `v1:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires]}`
+//! The stored payload is already JSON, so it is embedded as is (no escaping, and decoding borrows
+//! it); times are milliseconds since the Unix epoch.
 
-use idempotency_core::IdempotencyRecord;
+use std::borrow::Cow;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idempotency_core::{Fingerprint, IdempotencyRecord, StoredOutcome};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// The current format tag. Entries with another tag read as a miss (written by a newer or older
 /// release), never as an error.
 const TAG: &str = "v1:";
 
-pub(crate) fn encode(record: &IdempotencyRecord) -> Result<String, serde_json::Error> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Status {
+    #[serde(rename = "C")]
+    Completed,
+    #[serde(rename = "R")]
+    Rejected,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow)]
+    f: Cow<'a, str>,
+    s: Status,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    p: Option<&'a RawValue>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    c: Option<Cow<'a, str>>,
+    t: (u64, Option<u64>, Option<u64>),
+}
+
+fn millis(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn time(millis: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(millis)
+}
+
+fn raw(json: &str) -> Result<Box<RawValue>, serde_json::Error> {
+    RawValue::from_string(json.to_owned())
+}
+
+/// Encodes a terminal record; `None` for a `PROCESSING` one, which is never cached.
+pub(crate) fn encode(record: &IdempotencyRecord) -> Result<Option<String>, serde_json::Error> {
+    let (status, payload, code) = match &record.outcome {
+        Some(StoredOutcome::Completed { payload }) => {
+            (Status::Completed, Some(raw(payload)?), None)
+        }
+        Some(StoredOutcome::Rejected { code, details }) => (
+            Status::Rejected,
+            details.as_deref().map(raw).transpose()?,
+            Some(Cow::Borrowed(code.as_str())),
+        ),
+        None => return Ok(None),
+    };
+    let wire = Wire {
+        f: Cow::Borrowed(record.fingerprint.as_str()),
+        s: status,
+        p: payload.as_deref(),
+        c: code,
+        t: (
+            millis(record.created_at),
+            record.completed_at.map(millis),
+            record.expires_at.map(millis),
+        ),
+    };
     let mut out = String::from(TAG);
-    out.push_str(&serde_json::to_string(record)?);
-    Ok(out)
+    out.push_str(&serde_json::to_string(&wire)?);
+    Ok(Some(out))
 }
 
 /// What a stored value turned out to be.
@@ -20,20 +86,43 @@ pub(crate) enum Decoded {
     Corrupt(serde_json::Error),
 }
 
+fn corrupt(reason: &str) -> Decoded {
+    Decoded::Corrupt(serde_json::Error::io(std::io::Error::other(
+        reason.to_owned(),
+    )))
+}
+
 pub(crate) fn decode(value: &str) -> Decoded {
-    match value.strip_prefix(TAG) {
-        Some(json) => match serde_json::from_str::<IdempotencyRecord>(json) {
-            Ok(record) if record.is_terminal() => Decoded::Record(record),
-            Ok(_) => Decoded::Corrupt(serde_json::Error::io(std::io::Error::other(
-                "a PROCESSING record was cached",
-            ))),
-            Err(error) => Decoded::Corrupt(error),
+    let Some(json) = value.strip_prefix(TAG) else {
+        return if is_version_tag(value) {
+            Decoded::OtherVersion
+        } else {
+            corrupt("no version tag")
+        };
+    };
+    let wire: Wire<'_> = match serde_json::from_str(json) {
+        Ok(wire) => wire,
+        Err(error) => return Decoded::Corrupt(error),
+    };
+    let outcome = match (wire.s, wire.p, wire.c) {
+        // A `null` payload (a result-less operation) reads back as no `p` at all.
+        (Status::Completed, payload, None) => StoredOutcome::Completed {
+            payload: payload.map_or("null", RawValue::get).to_owned(),
         },
-        None if is_version_tag(value) => Decoded::OtherVersion,
-        None => Decoded::Corrupt(serde_json::Error::io(std::io::Error::other(
-            "no version tag",
-        ))),
-    }
+        (Status::Rejected, details, Some(code)) => StoredOutcome::Rejected {
+            code: code.into_owned(),
+            details: details.map(|d| d.get().to_owned()),
+        },
+        _ => return corrupt("inconsistent status, payload and code"),
+    };
+    let (created, completed, expires) = wire.t;
+    Decoded::Record(IdempotencyRecord {
+        fingerprint: Fingerprint::new(wire.f.into_owned()),
+        outcome: Some(outcome),
+        created_at: time(created),
+        completed_at: completed.map(time),
+        expires_at: expires.map(time),
+    })
 }
 
 /// `v<digits>:` at the start.
@@ -46,32 +135,53 @@ fn is_version_tag(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
-    use idempotency_core::{Fingerprint, StoredOutcome};
-
     use super::*;
 
     fn record(outcome: Option<StoredOutcome>) -> IdempotencyRecord {
         IdempotencyRecord {
             fingerprint: Fingerprint::new("f".repeat(64)),
             outcome,
-            created_at: SystemTime::UNIX_EPOCH,
-            completed_at: None,
-            expires_at: Some(SystemTime::now()),
+            created_at: UNIX_EPOCH + Duration::from_millis(1_796_000_000_123),
+            completed_at: Some(UNIX_EPOCH + Duration::from_millis(1_796_000_000_456)),
+            expires_at: None,
         }
     }
 
     #[test]
     fn round_trip() {
-        let original = record(Some(StoredOutcome::Rejected {
-            code: "NO".into(),
-            details: Some("{\"a\":1}".into()),
-        }));
-        let Decoded::Record(back) = decode(&encode(&original).unwrap()) else {
-            panic!()
-        };
-        assert_eq!(back, original);
+        for outcome in [
+            StoredOutcome::Completed {
+                payload: r#"{"paymentId":"p-1","amount":"1.00","n":[1,null,"\u00e9"]}"#.into(),
+            },
+            StoredOutcome::Completed {
+                payload: "null".into(),
+            },
+            StoredOutcome::Rejected {
+                code: "NO".into(),
+                details: Some(r#"{"a":1}"#.into()),
+            },
+            StoredOutcome::Rejected {
+                code: "NO\"pe".into(),
+                details: None,
+            },
+        ] {
+            let original = record(Some(outcome));
+            let encoded = encode(&original).unwrap().unwrap();
+            let Decoded::Record(back) = decode(&encoded) else {
+                panic!("{encoded}")
+            };
+            assert_eq!(back, original);
+        }
+    }
+
+    #[test]
+    fn the_payload_is_embedded_not_escaped() {
+        let encoded = encode(&record(Some(StoredOutcome::Completed {
+            payload: r#"{"a":"b"}"#.into(),
+        })))
+        .unwrap()
+        .unwrap();
+        assert!(encoded.contains(r#""p":{"a":"b"}"#), "{encoded}");
     }
 
     #[test]
@@ -81,9 +191,18 @@ mod tests {
             Decoded::OtherVersion
         ));
         assert!(matches!(decode("v1:{not json"), Decoded::Corrupt(_)));
+        assert!(
+            matches!(
+                decode(r#"v1:{"f":"x","s":"R","t":[1,null,null]}"#),
+                Decoded::Corrupt(_)
+            ),
+            "a rejection needs a code"
+        );
         assert!(matches!(decode("hello"), Decoded::Corrupt(_)));
         assert!(matches!(decode(""), Decoded::Corrupt(_)));
-        let processing = encode(&record(None)).unwrap();
-        assert!(matches!(decode(&processing), Decoded::Corrupt(_)));
+        assert!(
+            encode(&record(None)).unwrap().is_none(),
+            "PROCESSING is never encoded"
+        );
     }
 }

@@ -186,6 +186,24 @@ impl PgStore {
     pub fn table(&self) -> &TableName {
         &self.table
     }
+
+    /// The SQL text of one of the statements this store issues, for inspection (`EXPLAIN`) and
+    /// benchmarks: `acquire`, `acquire_bounded` (with the in-flight wait budget),
+    /// `insert_completed`, `insert_completed_bounded`, `find`, `complete`, `delete_expired`.
+    pub fn statement(&self, name: &str) -> Option<&str> {
+        let sql = &self.sql;
+        let statement = match name {
+            "acquire" => &sql.acquire,
+            "acquire_bounded" => &sql.acquire_bounded,
+            "insert_completed" => &sql.insert_completed,
+            "insert_completed_bounded" => &sql.insert_completed_bounded,
+            "find" => &sql.find,
+            "complete" => &sql.complete,
+            "delete_expired" => &sql.delete_expired,
+            _ => return None,
+        };
+        Some(statement.as_str())
+    }
 }
 
 fn interval(ttl: Option<Duration>) -> Option<PgInterval> {

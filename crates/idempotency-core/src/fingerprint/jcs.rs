@@ -289,11 +289,18 @@ mod tests {
     #[test]
     fn integral_doubles_above_2_53_print_their_exact_digits() {
         assert_eq!(canon("1152921504606846976.0"), "1152921504606846976");
-        assert_eq!(canon("1.152921504606846976e18"), canon("1152921504606846976"));
+        assert_eq!(
+            canon("1.152921504606846976e18"),
+            canon("1152921504606846976")
+        );
         assert_ne!(canon("1152921504606846976.0"), canon("1152921504606847000"));
         assert_eq!(canon("-9223372036854775808.0"), "-9223372036854775808");
         assert_eq!(canon("9007199254740992.0"), "9007199254740992");
-        assert_eq!(canon("1e20"), "100000000000000000000", "beyond 64 bits: RFC 8785 formatting");
+        assert_eq!(
+            canon("1e20"),
+            "100000000000000000000",
+            "beyond 64 bits: RFC 8785 formatting"
+        );
         assert_eq!(canon("1.5e300"), "1.5e+300");
     }
 

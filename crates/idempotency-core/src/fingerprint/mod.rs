@@ -124,18 +124,30 @@ impl JcsFingerprint {
     }
 }
 
-struct HashSink<D>(D);
-
-impl<D: Digest> jcs::Sink for HashSink<D> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
-    }
+thread_local! {
+    /// The canonical text is written here, then hashed in one call: fewer, larger hash updates,
+    /// and no allocation once the buffer has grown to the usual request size.
+    static CANONICAL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn digest_hex<D: Digest>(value: &serde_json::Value) -> String {
-    let mut sink = HashSink(D::new());
-    jcs::write_value(value, &mut sink);
-    to_hex(&sink.0.finalize())
+    CANONICAL.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut buffer) => {
+            buffer.clear();
+            jcs::write_value(value, &mut *buffer);
+            let digest = to_hex(&D::digest(buffer.as_slice()));
+            if buffer.capacity() > 1 << 20 {
+                *buffer = Vec::new(); // do not keep a huge request's buffer alive
+            }
+            digest
+        }
+        // Re-entered from inside a custom `Serialize` impl: use a fresh buffer.
+        Err(_) => {
+            let mut fresh = Vec::new();
+            jcs::write_value(value, &mut fresh);
+            to_hex(&D::digest(&fresh))
+        }
+    })
 }
 
 fn to_hex(bytes: &[u8]) -> String {

@@ -194,6 +194,14 @@ impl PgOutbox {
         Ok(ids)
     }
 
+    /// The SQL text [`enqueue_all`](Self::enqueue_all) issues (one statement per call), for
+    /// inspection (`EXPLAIN`) and benchmarks. Its parameters are six parallel arrays (ids,
+    /// aggregate types, aggregate ids, event types, payloads, headers), then the notify channel
+    /// when notifications are on.
+    pub fn enqueue_statement(&self) -> &str {
+        self.sql.enqueue.as_str()
+    }
+
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
