@@ -5,7 +5,8 @@
 #   lint       cargo fmt --check, clippy -D warnings
 #   docs       rustdoc with -D warnings
 #   test       scripts/test.sh (the README's test command: starts servers, cargo test)
-#   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, then on SQLite
+#   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, then on SQLite,
+#              then schemathesis against its OpenAPI document
 #   hack       cargo hack check --each-feature --no-dev-deps
 #   deny       cargo deny: bans, licenses, sources (blocking); advisories (reported only)
 #   package    cargo publish --workspace --dry-run (every published crate packages and builds)
@@ -38,6 +39,8 @@ scenarios() {
   bash scripts/demo-scenarios.sh postgres
   step "demo scenarios on the embedded default (SQLite, no DATABASE_URL)"
   bash scripts/demo-scenarios.sh sqlite
+  step "schemathesis: property-based HTTP fuzzing from the OpenAPI document"
+  bash scripts/schemathesis.sh 100
 }
 
 hack() {

@@ -125,8 +125,11 @@ fn technical(message: &'static str) -> Error {
     path = "/api/payments",
     request_body = CreatePayment,
     params(
-        ("Idempotency-Key" = String, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string"),
-        ("X-Tenant-Id" = Option<String>, Header, description = "Scopes the key to a tenant (set by a trusted gateway)"),
+        ("Idempotency-Key" = String, Header,
+            pattern = r#"^(?:[!#-+\--:<-~]{1,255}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#,
+            description = "1 to 255 visible ASCII characters: bare (without `\"`, `,` or `;`), or as a quoted Structured Field string where `\\\"` and `\\\\` escape `\"` and `\\`"),
+        ("X-Tenant-Id" = Option<String>, Header, pattern = r"^[!-~]{1,255}$",
+            description = "Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters"),
     ),
     responses(
         (status = 201, description = "The payment (replays carry Idempotent-Replayed)", body = Payment, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
@@ -226,8 +229,11 @@ pub(crate) async fn create_payment_unprotected<DB: Database>(
     path = "/api/refunds",
     request_body = CreateRefund,
     params(
-        ("Idempotency-Key" = String, Header, description = "1 to 255 visible ASCII characters, bare or as a quoted Structured Field string"),
-        ("X-Tenant-Id" = Option<String>, Header, description = "Scopes the key to a tenant (set by a trusted gateway)"),
+        ("Idempotency-Key" = String, Header,
+            pattern = r#"^(?:[!#-+\--:<-~]{1,255}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#,
+            description = "1 to 255 visible ASCII characters: bare (without `\"`, `,` or `;`), or as a quoted Structured Field string where `\\\"` and `\\\\` escape `\"` and `\\`"),
+        ("X-Tenant-Id" = Option<String>, Header, pattern = r"^[!-~]{1,255}$",
+            description = "Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters"),
     ),
     responses(
         (status = 200, description = "The refund (replays carry Idempotent-Replayed)", body = Refund, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
@@ -282,8 +288,9 @@ pub(crate) async fn create_refund<DB: Database>(
     path = "/charges",
     request_body = CreateCharge,
     params(
-        ("Idempotency-Key" = String, Header, description = "A UUID (8-4-4-4-12), bare or quoted; case-insensitive"),
-        ("X-Tenant-Id" = Option<String>, Header, description = "Scopes the key to a tenant (set by a trusted gateway)"),
+        ("Idempotency-Key" = uuid::Uuid, Header, description = "A UUID (8-4-4-4-12), bare or quoted; case-insensitive"),
+        ("X-Tenant-Id" = Option<String>, Header, pattern = r"^[!-~]{1,255}$",
+            description = "Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters"),
     ),
     responses(
         (status = 201, description = "The charge id (replays carry Idempotent-Replayed)", body = ChargeCreated, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),

@@ -1,5 +1,5 @@
 //! The demo's scope: the `X-Tenant-Id` header when present (set by a trusted gateway), the
-//! shared default scope otherwise.
+//! shared default scope when absent. A present but empty or invalid value is a 400.
 
 use axum::http::request::Parts;
 use idempotency_axum::{Error, ScopeSource};
@@ -26,11 +26,16 @@ impl<S: Send + Sync> ScopeSource<S> for OptionalTenant {
                 error: None,
             });
         }
-        let text = value.to_str().map_err(|_| Error::ScopeInvalid {
+        let invalid = || Error::ScopeInvalid {
             from: "x-tenant-id header",
             error: None,
-        })?;
-        Scope::new(text.trim()).map_err(|error| Error::ScopeInvalid {
+        };
+        let text = value.to_str().map_err(|_| invalid())?;
+        // Present means a tenant: an empty value is an error, never the shared default scope.
+        if text.is_empty() {
+            return Err(invalid());
+        }
+        Scope::new(text).map_err(|error| Error::ScopeInvalid {
             from: "x-tenant-id header",
             error: Some(error),
         })

@@ -584,3 +584,21 @@ async fn the_unprotected_endpoint_pays_twice() {
     assert_ne!(first.body["paymentId"], retry.body["paymentId"]);
     assert_eq!(count(&pool, "payments").await, 2);
 }
+
+/// A present but empty tenant header is an error, never the shared default scope.
+#[tokio::test]
+async fn an_empty_tenant_is_refused() {
+    let (app, pool) = demo().await;
+    let body = json!({"orderId": "o-10", "recipient": "f", "amount": 1}).to_string();
+    let reply = send(
+        &app,
+        "POST",
+        "/api/payments",
+        &[("idempotency-key", "t-1"), ("x-tenant-id", "")],
+        &body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.problem_type(), "scope-invalid");
+    assert_eq!(count(&pool, "payments").await, 0);
+}
