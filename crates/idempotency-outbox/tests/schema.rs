@@ -240,3 +240,35 @@ fn migration_file_is_the_rendered_ddl() {
     };
     assert_eq!(statements(migration), statements(&rendered));
 }
+
+#[tokio::test]
+async fn injection_through_the_inbox_table_name_is_an_error_not_sql() {
+    let pool = idempotency_testing::pg_pool().await;
+    exec(&pool, "CREATE TABLE victim (id int)").await;
+    for name in [
+        "inbox; DROP TABLE victim",
+        "inbox\"; DROP TABLE victim; --",
+        "a.b.c",
+        "",
+    ] {
+        let config = InboxConfig {
+            table_name: name.to_owned(),
+            schema: SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..Default::default()
+        };
+        let error = PgInbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidName { .. }),
+            "{name}: {error:?}"
+        );
+    }
+    let still_there: bool = sqlx::query_scalar("SELECT to_regclass('victim') IS NOT NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(still_there);
+}

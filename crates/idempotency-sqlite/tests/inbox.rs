@@ -158,3 +158,39 @@ async fn names_are_bounded_and_purge_deletes_old_entries_in_batches() {
     );
     assert_eq!(scalar(inbox.pool(), "SELECT count(*) FROM inbox").await, 0);
 }
+
+#[tokio::test]
+async fn injection_through_the_inbox_table_name_is_an_error_not_sql() {
+    let (store, _outbox) = fresh(&config(Ordering::Ordered)).await;
+    let pool = store.pool().clone();
+    sqlx::query("CREATE TABLE victim (id INTEGER)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for name in [
+        "inbox; DROP TABLE victim",
+        "inbox\"; DROP TABLE victim; --",
+        "other.inbox",
+        "",
+    ] {
+        let config = InboxConfig {
+            table_name: name.to_owned(),
+            schema: idempotency_sqlite::core::config::SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..InboxConfig::default()
+        };
+        let error = SqliteInbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidName { .. }),
+            "{name}: {error:?}"
+        );
+    }
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM victim").await,
+        0,
+        "the victim table is still there"
+    );
+}
