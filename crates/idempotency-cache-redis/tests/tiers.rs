@@ -399,3 +399,35 @@ async fn another_format_version_is_a_miss_not_an_error() {
     );
     assert_eq!(l2.stats().corrupt, 0);
 }
+
+/// The cache takes the fred client the application already has: here a connection pool.
+#[tokio::test]
+async fn a_fred_pool_works_as_well_as_a_client() {
+    use idempotency_cache_redis::fred::prelude::{Builder, Config};
+    let (db, store) = store().await;
+    let fred_pool =
+        Builder::from_config(Config::from_url(&idempotency_testing::redis_url()).unwrap())
+            .build_pool(2)
+            .unwrap();
+    fred_pool.init().await.unwrap();
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("pool")),
+        timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let l2 = RedisCache::new(fred_pool, &config);
+    let first = IdempotencyService::builder(store.clone())
+        .distributed_cache(l2.clone())
+        .build();
+    pay(&first, "pooled", 5).await;
+    wipe_store(&db).await; // only Redis, through the pool, can answer now
+    let other = IdempotencyService::builder(store)
+        .distributed_cache(l2)
+        .build();
+    assert_eq!(
+        pay(&other, "pooled", 5).await.origin(),
+        Origin::Replayed {
+            from: Level::Distributed
+        }
+    );
+}
