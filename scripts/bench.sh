@@ -109,8 +109,9 @@ label = {"unprotected": "`POST /api/payments/unprotected` (no idempotency)", "fi
 for name in ["unprotected", "first", "replay", "health"]:
     r = http[name]
     statuses = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("statuses", {}).items()))
-    print(f"| {label[name]} | {r.get('ops_per_sec', 0):.0f} | {r.get('p50_ms', 0):.2f} ms | {r.get('p99_ms', 0):.2f} ms | {statuses} |")
-u, f, p = (http[n].get("ops_per_sec", 0) or 1 for n in ["unprotected", "first", "replay"])
+    lat = r.get("latency_ms", {})
+    print(f"| {label[name]} | {r.get('ops_per_s', 0):.0f} | {lat.get('p50', 0):.2f} ms | {lat.get('p99', 0):.2f} ms | {statuses} |")
+u, f, p = (http[n].get("ops_per_s", 0) or 1 for n in ["unprotected", "first", "replay"])
 print(f"\nFirst execution / no idempotency: **{f/u:.2f}**; replay / no idempotency: **{p/u:.2f}**.")
 print(f"Peak resident memory of the demo during the HTTP bench: **{peak_kib/1024:.1f} MiB** (target: under 100 MiB).\n")
 print("## Replay tiers, one client (criterion)\n")

@@ -118,6 +118,26 @@ fn technical(message: &'static str) -> Error {
     Error::internal(message)
 }
 
+/// A business statement failed: classified like the store's own errors, so a lost connection
+/// answers 503 `store-unavailable` and a serialization failure 409, not 500.
+fn database<DB: Database>(error: idempotency_pg::sqlx::Error) -> Error {
+    Error::from(idempotency_core::Error::Store(DB::classify(error)))
+}
+
+/// An outbox enqueue failed: the same classification.
+fn outbox_error(error: idempotency_outbox::Error) -> Error {
+    use idempotency_core::StoreError;
+    match error {
+        idempotency_outbox::Error::Unavailable(e) => {
+            Error::from(idempotency_core::Error::Store(StoreError::Unavailable(e)))
+        }
+        idempotency_outbox::Error::Conflict(e) => {
+            Error::from(idempotency_core::Error::Store(StoreError::Conflict(e)))
+        }
+        other => Error::internal(other),
+    }
+}
+
 /// `POST /api/payments` (reference 001): 201 with the payment, or 422 `INSUFFICIENT_FUNDS`;
 /// `FAIL_ONCE` fails with 500 once per key, `FAIL_TECH` always.
 #[utoipa::path(
@@ -177,7 +197,7 @@ pub(crate) async fn create_payment<DB: Database>(
             };
             DB::insert_payment(conn, &payment, &request.recipient)
                 .await
-                .map_err(Error::internal)?;
+                .map_err(database::<DB>)?;
             Ok(ExecutionResult::success(payment))
         })
         .await
@@ -218,7 +238,7 @@ pub(crate) async fn create_payment_unprotected<DB: Database>(
     let mut tx = app.service.begin().await.map_err(failed)?;
     DB::insert_payment(&mut tx, &payment, &request.recipient)
         .await
-        .map_err(|e| Error::internal(e).into_response())?;
+        .map_err(|e| database::<DB>(e).into_response())?;
     tx.commit().await.map_err(failed)?;
     Ok((StatusCode::CREATED, Json(payment)).into_response())
 }
@@ -273,7 +293,7 @@ pub(crate) async fn create_refund<DB: Database>(
             };
             DB::insert_refund(conn, &refund)
                 .await
-                .map_err(Error::internal)?;
+                .map_err(database::<DB>)?;
             Ok(ExecutionResult::success(refund))
         })
         .await
@@ -318,7 +338,7 @@ pub(crate) async fn create_charge<DB: Database>(
             let id = Uuid::now_v7();
             DB::insert_charge(conn, id, request.amount_cents)
                 .await
-                .map_err(Error::internal)?;
+                .map_err(database::<DB>)?;
             let event = ChargeCreatedEvent {
                 charge_id: id,
                 amount_cents: request.amount_cents,
@@ -328,7 +348,7 @@ pub(crate) async fn create_charge<DB: Database>(
             outbox
                 .enqueue_all(conn, &[event])
                 .await
-                .map_err(Error::internal)?;
+                .map_err(outbox_error)?;
             Ok::<_, Error>(ExecutionResult::success(ChargeCreated { id }))
         })
         .await
@@ -355,6 +375,6 @@ pub(crate) async fn get_charge<DB: Database>(
     match app.db.find_charge(id).await {
         Ok(Some(charge)) => Ok(Json(charge).into_response()),
         Ok(None) => Err(not_found("charge").into_response()),
-        Err(error) => Err(Error::internal(error).into_response()),
+        Err(error) => Err(database::<DB>(error).into_response()),
     }
 }

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use idempotency_core::{ExpiredCleanup, IdempotencyStore};
+use idempotency_core::{ExpiredCleanup, IdempotencyStore, StoreError};
 use idempotency_outbox::{Enqueue, Housekeeping, RelayStore};
 use idempotency_pg::sqlx;
 use uuid::Uuid;
@@ -33,6 +33,9 @@ pub trait Database: Clone + Send + Sync + 'static {
     fn outbox(&self) -> &Self::Outbox;
     /// Where the data lives, for the startup banner.
     fn describe(&self) -> String;
+    /// Classifies an error of a business statement the way the store classifies its own:
+    /// a lost connection is `Unavailable` (503), a serialization failure `Conflict` (409).
+    fn classify(error: sqlx::Error) -> StoreError;
 
     /// Inserts a confirmed payment.
     fn insert_payment(

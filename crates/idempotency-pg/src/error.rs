@@ -118,7 +118,12 @@ impl fmt::Display for SchemaProblems<'_> {
 }
 
 /// Classifies a database error by SQLSTATE and error kind, never by message text.
-pub(crate) fn store_error(error: sqlx::Error) -> StoreError {
+///
+/// Public so that an action can classify its own statements' errors the same way: a lost
+/// connection becomes [`StoreError::Unavailable`] (HTTP 503 with `idempotency-axum`), a
+/// serialization failure or deadlock [`StoreError::Conflict`] (retryable), anything else
+/// [`StoreError::Database`].
+pub fn store_error(error: sqlx::Error) -> StoreError {
     let code = error
         .as_database_error()
         .and_then(|db| db.code())

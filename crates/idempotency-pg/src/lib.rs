@@ -6,7 +6,7 @@ mod schema;
 mod store;
 mod table;
 
-pub use error::{Error, SchemaProblem};
+pub use error::{Error, SchemaProblem, store_error};
 pub use schema::{DDL_TEMPLATE, ddl};
 pub use store::PgStore;
 pub use table::TableName;

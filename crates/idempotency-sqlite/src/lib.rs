@@ -11,7 +11,7 @@ mod records;
 mod table;
 
 pub use connect::{DEFAULT_BUSY_TIMEOUT, connect_options};
-pub use error::{Error, SchemaProblem};
+pub use error::{Error, SchemaProblem, store_error};
 pub use inbox::{INBOX_DDL_TEMPLATE, SqliteInbox, inbox_ddl};
 pub use outbox::{OUTBOX_DDL_TEMPLATE, SqliteOutbox, outbox_ddl};
 pub use records::{DDL_TEMPLATE, SqliteStore, ddl};

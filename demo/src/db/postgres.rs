@@ -1,6 +1,7 @@
 //! The PostgreSQL database of the demo.
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use idempotency_core::StoreError;
 use idempotency_outbox::PgOutbox;
 use idempotency_pg::PgStore;
 use idempotency_pg::sqlx::{self, PgConnection, PgPool};
@@ -81,6 +82,10 @@ impl Database for Postgres {
 
     fn outbox(&self) -> &PgOutbox {
         &self.outbox
+    }
+
+    fn classify(error: sqlx::Error) -> StoreError {
+        idempotency_pg::store_error(error)
     }
 
     fn describe(&self) -> String {

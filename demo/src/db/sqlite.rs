@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use idempotency_core::StoreError;
 use idempotency_pg::sqlx::{self, SqliteConnection};
 use idempotency_sqlite::{SqliteOutbox, SqliteStore, connect_options};
 use uuid::Uuid;
@@ -72,6 +73,10 @@ impl Database for Sqlite {
 
     fn outbox(&self) -> &SqliteOutbox {
         &self.outbox
+    }
+
+    fn classify(error: sqlx::Error) -> StoreError {
+        idempotency_sqlite::store_error(error)
     }
 
     fn describe(&self) -> String {

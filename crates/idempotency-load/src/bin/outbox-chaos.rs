@@ -1,0 +1,289 @@
+//! `outbox-chaos`: the steps of the relay-kill experiment (`scripts/chaos/relay-kill.sh`), one
+//! subcommand each, so that a script can `SIGKILL` the relay process and start it again.
+//!
+//! ```sh
+//! outbox-chaos stream  --nats-url nats://127.0.0.1:4223 --stream CHAOS --subjects 'chaos.>'
+//! outbox-chaos watch   --nats-url ... --subjects 'chaos.>' --out watch.json &   # until SIGTERM
+//! outbox-chaos enqueue --database-url postgres://... --table outbox_chaos --count 10000
+//! outbox-chaos relay   --database-url ... --nats-url ... --table outbox_chaos \
+//!                      --subject 'chaos.{aggregate_type}.{event_type}' --life 1 > life-1.acks  # kill -9 it
+//! outbox-chaos verify  --database-url ... --nats-url ... --table outbox_chaos --stream CHAOS \
+//!                      --acks-dir . --watch watch.json
+//! ```
+
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool: the report is its output
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use idempotency_load::Error;
+use idempotency_load::chaos::{self, acks, enqueue, relay, stream, verify, watch};
+use idempotency_outbox::PgOutbox;
+use idempotency_outbox::config::{Ordering, OutboxConfig};
+use idempotency_outbox::core::config::SchemaMode;
+use idempotency_outbox::sqlx::PgPool;
+use idempotency_outbox::sqlx::postgres::PgPoolOptions;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Command-line options.
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-chaos",
+    about = "Outbox relay under repeated SIGKILL: the steps"
+)]
+struct Cli {
+    #[command(subcommand)]
+    step: Step,
+}
+
+#[derive(Debug, Subcommand)]
+enum Step {
+    /// Create the JetStream stream.
+    Stream {
+        #[command(flatten)]
+        nats: Nats,
+        /// Stream name.
+        #[arg(long)]
+        stream: String,
+        /// Duplicate window: longer than the whole run.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        duplicate_window: Duration,
+    },
+    /// Count every copy published on the subjects until SIGTERM, then write the counts.
+    Watch {
+        #[command(flatten)]
+        nats: Nats,
+        /// Where to write the counts (JSON).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Enqueue events into a fresh outbox table (created if missing).
+    Enqueue {
+        #[command(flatten)]
+        outbox: Outbox,
+        /// Events.
+        #[arg(long, default_value_t = 10_000)]
+        count: u64,
+        /// Aggregates the events are spread over.
+        #[arg(long, default_value_t = 1_000)]
+        aggregates: u64,
+        /// Events per transaction.
+        #[arg(long, default_value_t = 500)]
+        per_tx: u64,
+    },
+    /// Run the relay until SIGTERM, one `<id> <duplicate 0|1>` line per ack on stdout.
+    Relay {
+        #[command(flatten)]
+        outbox: Outbox,
+        /// NATS server.
+        #[arg(long)]
+        nats_url: String,
+        /// Subject template.
+        #[arg(long)]
+        subject: String,
+        /// This process's number, sent as the `Chaos-Relay-Life` header of each copy.
+        #[arg(long, default_value_t = 1)]
+        life: u64,
+    },
+    /// Check the outbox, the stream, the ack logs and the watch counts against each other.
+    Verify {
+        #[command(flatten)]
+        outbox: Outbox,
+        /// NATS server.
+        #[arg(long)]
+        nats_url: String,
+        /// Stream name.
+        #[arg(long)]
+        stream: String,
+        /// Directory of the relays' `*.acks` files.
+        #[arg(long)]
+        acks_dir: PathBuf,
+        /// The counts `watch` wrote.
+        #[arg(long)]
+        watch: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+struct Nats {
+    /// NATS server.
+    #[arg(long)]
+    nats_url: String,
+    /// Subjects (`chaos.>`).
+    #[arg(long)]
+    subjects: String,
+}
+
+#[derive(Debug, Args)]
+struct Outbox {
+    /// PostgreSQL.
+    #[arg(long)]
+    database_url: String,
+    /// Outbox table (a plain identifier); also the notify channel.
+    #[arg(long, default_value = "outbox_chaos")]
+    table: String,
+    /// Per-aggregate order (`ordered`) or not (`unordered`).
+    #[arg(long, default_value = "ordered", value_parser = ordering)]
+    ordering: Ordering,
+    /// Relay workers per process.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Rows per claimed batch.
+    #[arg(long, default_value_t = 100)]
+    batch_size: u32,
+}
+
+fn ordering(text: &str) -> Result<Ordering, String> {
+    match text {
+        "ordered" => Ok(Ordering::Ordered),
+        "unordered" => Ok(Ordering::Unordered),
+        other => Err(format!("{other}: ordered or unordered")),
+    }
+}
+
+impl Outbox {
+    fn config(&self, schema: SchemaMode) -> OutboxConfig {
+        chaos::outbox_config(
+            &self.table,
+            self.ordering,
+            self.workers,
+            self.batch_size,
+            schema,
+        )
+    }
+
+    async fn open(&self, schema: SchemaMode) -> Result<(PgPool, PgOutbox), Error> {
+        let pool = PgPoolOptions::new()
+            .max_connections(u32::try_from(self.workers).unwrap_or(8).saturating_add(3))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&self.database_url)
+            .await?;
+        let outbox = PgOutbox::from_config(pool.clone(), &self.config(schema)).await?;
+        Ok((pool, outbox))
+    }
+}
+
+async fn terminated() {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> Result<(), Error> {
+    std::fs::write(path, serde_json::to_vec(value)?).map_err(|source| Error::File {
+        path: path.clone(),
+        source,
+    })
+}
+
+async fn main_inner(step: Step) -> Result<bool, Error> {
+    match step {
+        Step::Stream {
+            nats,
+            stream,
+            duplicate_window,
+        } => {
+            let client = stream::connect(&nats.nats_url).await?;
+            stream::create(&client, &stream, &nats.subjects, duplicate_window).await?;
+        }
+        Step::Watch { nats, out } => {
+            let client = stream::connect(&nats.nats_url).await?;
+            let ready = || eprintln!("watching {}", nats.subjects);
+            let watched = watch::run(&client, &nats.subjects, ready, terminated()).await?;
+            write_json(&out, &watched)?;
+        }
+        Step::Enqueue {
+            outbox,
+            count,
+            aggregates,
+            per_tx,
+        } => {
+            let (pool, store) = outbox.open(SchemaMode::Create).await?;
+            let enqueued = enqueue::run(&pool, &store, count, aggregates, per_tx).await?;
+            println!("{}", serde_json::to_string(&enqueued)?);
+        }
+        Step::Relay {
+            outbox,
+            nats_url,
+            subject,
+            life,
+        } => {
+            let (_, store) = outbox.open(SchemaMode::Validate).await?;
+            let client = stream::connect(&nats_url).await?;
+            relay::run(
+                store,
+                client,
+                &subject,
+                &outbox.config(SchemaMode::Validate),
+                life,
+            )
+            .await?;
+        }
+        Step::Verify {
+            outbox,
+            nats_url,
+            stream,
+            acks_dir,
+            watch,
+        } => {
+            let (pool, _) = outbox.open(SchemaMode::Validate).await?;
+            let client = stream::connect(&nats_url).await?;
+            let acks = acks::AckLogs::read(&acks_dir)?;
+            let text = std::fs::read_to_string(&watch).map_err(|source| Error::File {
+                path: watch.clone(),
+                source,
+            })?;
+            let watched: watch::Watched = serde_json::from_str(&text)?;
+            let bound = outbox.workers as u64 * u64::from(outbox.batch_size);
+            let verdict = verify::run(
+                &pool,
+                &outbox.table,
+                &client,
+                &stream,
+                &acks,
+                &watched,
+                bound,
+            )
+            .await?;
+            println!("{}", serde_json::to_string(&verdict)?);
+            return Ok(verdict.violations.is_empty());
+        }
+    }
+    Ok(true)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    match main_inner(Cli::parse().step).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            let mut message = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                message.push_str(": ");
+                message.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            eprintln!("outbox-chaos: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,11 @@
+#![doc = include_str!("../README.md")]
+
+pub mod chaos;
+pub mod client;
+mod error;
+pub mod keys;
+pub mod load;
+pub mod report;
+pub mod tally;
+
+pub use error::{BoxError, Error};
