@@ -50,4 +50,5 @@ grep -E "data:|cache:|publisher:" "$log" | sed 's/\x1b\[[0-9;]*m//g' || true
 if ! BASE_URL="http://127.0.0.1:$port" bash demo/scenarios.sh; then
   echo "--- demo log" >&2; tail -n 50 "$log" >&2; exit 1
 fi
-[ "$mode" = sqlite ] && ls -la "$workdir/data"
+# (an `if`: as the last command, a false `[ ... ] &&` would be the exit status of the script)
+if [ "$mode" = sqlite ]; then ls -la "$workdir/data"; fi

@@ -3,6 +3,14 @@
 //! Servers are found through `DATABASE_URL`, `REDIS_URL`, `NATS_URL` and `AMQP_URL`, defaulting to
 //! the local ports. A server that does not answer fails the test loudly with what to set; tests
 //! never skip.
+//!
+//! With the `testcontainers` feature (the laptop path), when `DATABASE_URL` / `REDIS_URL` is not
+//! set and nothing answers on the local port, but a Docker engine answers, [`database_url`] (and
+//! so [`pg_pool`]) and [`redis_url`] start PostgreSQL 16 and Redis 7 containers, once per test
+//! process, and use them; the containers are removed when the process exits. With no URL, no
+//! local server and no Docker, the first test that needs the server fails with one message
+//! saying what to set. Without the feature nothing is probed: the URL variable, else the local
+//! default.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,15 +18,20 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
-/// `DATABASE_URL`, or the local PostgreSQL.
+#[cfg(feature = "testcontainers")]
+mod containers;
+mod servers;
+
+/// `DATABASE_URL`, or the local PostgreSQL; with the `testcontainers` feature, a PostgreSQL
+/// container when neither is there and Docker is (chosen once per process).
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    servers::resolve(&servers::POSTGRES)
 }
 
-/// `REDIS_URL`, or the local Redis.
+/// `REDIS_URL`, or the local Redis; with the `testcontainers` feature, a Redis container when
+/// neither is there and Docker is (chosen once per process).
 pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+    servers::resolve(&servers::REDIS)
 }
 
 /// `NATS_URL`, or the local NATS server.
@@ -61,11 +74,13 @@ async fn admin_connection() -> PgConnection {
     {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => panic!(
-            "cannot connect to PostgreSQL at {url}: {e}. Start it (scripts/test.sh does) or set DATABASE_URL."
+            "cannot connect to PostgreSQL at {url}: {e}. Start it (scripts/test.sh does), set \
+             DATABASE_URL, or run with a Docker engine and `--features idempotency-testing/testcontainers`."
         ),
-        Err(_) => {
-            panic!("PostgreSQL at {url} did not answer within 10 s. Start it or set DATABASE_URL.")
-        }
+        Err(_) => panic!(
+            "PostgreSQL at {url} did not answer within 10 s. Start it, set DATABASE_URL, or run \
+             with a Docker engine and `--features idempotency-testing/testcontainers`."
+        ),
     }
 }
 
