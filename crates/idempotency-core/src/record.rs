@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::Fingerprint;
+use crate::store::StoreError;
 
 /// The lifecycle status of a record.
 ///
@@ -87,6 +88,54 @@ impl StoredOutcome {
             Self::Completed { .. } => RecordStatus::Completed,
             Self::Rejected { .. } => RecordStatus::Rejected,
         }
+    }
+
+    /// The outcome as the canonical schema stores it: the JSON column (the value, or the
+    /// rejection details) and the rejection-code column.
+    ///
+    /// ```
+    /// use idempotency_core::StoredOutcome;
+    /// let rejected = StoredOutcome::Rejected { code: "NO".into(), details: None };
+    /// assert_eq!(rejected.to_columns(), (None, Some("NO")));
+    /// ```
+    pub fn to_columns(&self) -> (Option<&str>, Option<&str>) {
+        match self {
+            Self::Completed { payload } => (Some(payload.as_str()), None),
+            Self::Rejected { code, details } => (details.as_deref(), Some(code.as_str())),
+        }
+    }
+
+    /// The outcome read back from the status, JSON and code columns; `None` while
+    /// `PROCESSING`. A missing payload of a completed record reads as `null`; an unknown status,
+    /// or a rejection without a code, is [`StoreError::Corrupt`].
+    ///
+    /// ```
+    /// use idempotency_core::StoredOutcome;
+    /// let outcome = StoredOutcome::from_columns("COMPLETED", None, None)?;
+    /// assert_eq!(outcome, Some(StoredOutcome::Completed { payload: "null".into() }));
+    /// assert!(StoredOutcome::from_columns("REJECTED", None, None).is_err());
+    /// # Ok::<(), idempotency_core::StoreError>(())
+    /// ```
+    pub fn from_columns(
+        status: &str,
+        payload: Option<String>,
+        code: Option<String>,
+    ) -> Result<Option<Self>, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt { reason };
+        let status: RecordStatus = status
+            .parse()
+            .map_err(|e: UnknownStatus| corrupt(e.to_string()))?;
+        Ok(match status {
+            RecordStatus::Processing => None,
+            RecordStatus::Completed => Some(Self::Completed {
+                payload: payload.unwrap_or_else(|| "null".to_owned()),
+            }),
+            RecordStatus::Rejected => Some(Self::Rejected {
+                code: code
+                    .ok_or_else(|| corrupt("REJECTED record without error_code".to_owned()))?,
+                details: payload,
+            }),
+        })
     }
 }
 

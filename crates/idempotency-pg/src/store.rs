@@ -8,7 +8,7 @@ use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
     Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
 };
-use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, RecordStatus, StoredOutcome};
+use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr};
 
@@ -248,19 +248,7 @@ type CompleteRow = (
 
 fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
     let (hash, status, payload, code, created_at, completed_at, expires_at) = row;
-    let status: RecordStatus = status
-        .parse()
-        .map_err(|e: idempotency_core::UnknownStatus| corrupt(e.to_string()))?;
-    let outcome = match status {
-        RecordStatus::Processing => None,
-        RecordStatus::Completed => Some(StoredOutcome::Completed {
-            payload: payload.unwrap_or_else(|| "null".to_owned()),
-        }),
-        RecordStatus::Rejected => Some(StoredOutcome::Rejected {
-            code: code.ok_or_else(|| corrupt("REJECTED record without error_code"))?,
-            details: payload,
-        }),
-    };
+    let outcome = StoredOutcome::from_columns(&status, payload, code)?;
     Ok(IdempotencyRecord {
         fingerprint: Fingerprint::new(hash),
         outcome,
@@ -357,7 +345,7 @@ impl IdempotencyStore for PgStore {
         id: &RecordId,
         outcome: &StoredOutcome,
     ) -> Result<IdempotencyRecord, StoreError> {
-        let (payload, code) = payload_and_code(outcome);
+        let (payload, code) = outcome.to_columns();
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -392,13 +380,6 @@ impl IdempotencyStore for PgStore {
     }
 }
 
-fn payload_and_code(outcome: &StoredOutcome) -> (Option<&str>, Option<&str>) {
-    match outcome {
-        StoredOutcome::Completed { payload } => (Some(payload.as_str()), None),
-        StoredOutcome::Rejected { code, details } => (details.as_deref(), Some(code.as_str())),
-    }
-}
-
 type InsertedRow = (
     Option<DateTime<Utc>>,
     Option<DateTime<Utc>>,
@@ -413,7 +394,7 @@ impl InsertCompleted for PgStore {
         outcome: &StoredOutcome,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
-        let (payload, code) = payload_and_code(outcome);
+        let (payload, code) = outcome.to_columns();
         let timeout = lock_timeout(claim.wait);
         let sql = match timeout {
             None => self.sql.insert_completed.clone(),

@@ -173,8 +173,9 @@ impl FingerprintStrategy for JcsFingerprint {
 
 /// The RFC 8785 canonical JSON text of `value`.
 ///
-/// Integers that fit in 64 bits keep all their digits (RFC 8785 would round those above 2^53
-/// through a double); every other value is canonicalized exactly as RFC 8785 says.
+/// Integers that fit in 64 bits, and integral doubles up to the 64-bit range, keep all their
+/// digits (RFC 8785 would round those above 2^53 through a double); every other value is
+/// canonicalized exactly as RFC 8785 says.
 ///
 /// ```
 /// let value = serde_json::json!({"b": [1.50, "x"], "a": null});

@@ -10,9 +10,7 @@ use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
-use super::row::{
-    CompleteRow, FindRow, completed_record, parse_status, payload_and_code, record_from_row,
-};
+use super::row::{CompleteRow, FindRow, completed_record, parse_status, record_from_row};
 use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_millis;
@@ -205,7 +203,7 @@ impl IdempotencyStore for SqliteStore {
         id: &RecordId,
         outcome: &StoredOutcome,
     ) -> Result<IdempotencyRecord, StoreError> {
-        let (payload, code) = payload_and_code(outcome);
+        let (payload, code) = outcome.to_columns();
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -241,7 +239,7 @@ impl InsertCompleted for SqliteStore {
         outcome: &StoredOutcome,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
-        let (payload, code) = payload_and_code(outcome);
+        let (payload, code) = outcome.to_columns();
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.insert_completed.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
