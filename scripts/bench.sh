@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs every benchmark against the real servers and rewrites PERFORMANCE.md with the figures:
 #
-#   scripts/bench.sh            # the full grid (about 15 minutes on 2 cores)
-#   QUICK=1 scripts/bench.sh    # shorter runs, for a smoke test of the script itself
+#   scripts/bench.sh                  # the full grid (about 20 minutes on 2 cores)
+#   QUICK=1 scripts/bench.sh          # shorter runs, for a smoke test of the script itself
+#   ASSEMBLE_ONLY=1 scripts/bench.sh  # rewrite PERFORMANCE.md from the last run's raw outputs
+#
+# Raw outputs are kept in target/bench/.
 #
 # Figures that are compared are measured in the same run (ratios), because the machine is
 # shared and noisy; absolute numbers move from run to run, ratios much less.
@@ -16,8 +19,10 @@ duration=20s; rounds=5; criterion=(--warm-up-time 2 --measurement-time 8); http_
 if [ -n "$quick" ]; then
   duration=3s; rounds=2; criterion=(--warm-up-time 1 --measurement-time 2); http_seconds=4s
 fi
-out="$(mktemp -d)"
-trap 'rm -rf "$out"; [ -n "${demo_pid:-}" ] && kill "$demo_pid" 2>/dev/null || true' EXIT
+out="$(cd "${CARGO_TARGET_DIR:-target}" 2>/dev/null && pwd || echo "$PWD/target")/bench"
+mkdir -p "$out"
+trap '[ -n "${demo_pid:-}" ] && kill "$demo_pid" 2>/dev/null || true' EXIT
+if [ -z "${ASSEMBLE_ONLY:-}" ]; then
 
 echo "== building (release)"
 cargo build --release -q -p idempotency-bench -p idempotency-load -p idempotency-demo
@@ -49,6 +54,7 @@ demo_pid=$!
 for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
 rss() { awk '/VmRSS/ {print $2}' "/proc/$demo_pid/status"; }
 peak=0
+rm -f "$out/rss"
 sample() { while kill -0 "$demo_pid" 2>/dev/null; do r=$(rss); [ "${r:-0}" -gt "$peak" ] && peak=$r && echo "$peak" > "$out/rss"; sleep 0.2; done; }
 sample & sampler=$!
 load() { "$target/idempotency-load" --url "http://127.0.0.1:$port" --clients 16 --duration "$http_seconds" --json "$@"; }
@@ -57,8 +63,9 @@ load --fresh > "$out/http-first.json"
 load --replay "bench-replay-key" > "$out/http-replay.json"
 load --endpoint health > "$out/http-health.json"
 kill "$sampler" 2>/dev/null || true
-peak_kib=$(cat "$out/rss" 2>/dev/null || echo 0)
 kill "$demo_pid"; wait "$demo_pid" 2>/dev/null || true; demo_pid=
+fi
+peak_kib=$(cat "$out/rss" 2>/dev/null || echo 0)
 
 python3 - "$out" "$peak_kib" > PERFORMANCE.md <<'PY'
 import json, os, platform, subprocess, sys
@@ -98,6 +105,48 @@ print("Round trips per call are fixed by design and checked by a test")
 print("(`crates/idempotency-pg/tests/round_trips.rs`): first execution 5 statements (`BEGIN`,")
 print("acquire, business insert, complete, `COMMIT`), optimistic 4, replay with")
 print("`lookup-before-acquire` 1 (no transaction), replay insert-first 4, replay from a cache 0.\n")
+print("## Targets\n")
+print("| target | measured | met |")
+print("|---|---:|---|")
+def ratios():
+    for line in read("load.txt").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1] in ("throughput", "p50 latency"):
+            yield cells
+for what, measure, value, target in ratios():
+    try:
+        v = float(value)
+    except ValueError:
+        continue
+    if target.startswith(">="):
+        met = "yes" if v >= float(target[2:]) else "**no**"
+    elif target.startswith("<="):
+        met = "yes" if v <= float(target[2:]) else "**no**"
+    else:
+        met = "(reported)"
+    print(f"| {what} ({measure}; target {target}) | {v:.2f} | {met} |")
+import re
+drain = re.findall(r"\| (\d) worker\(s\), batch 100, \d+ events \| (\d+) \|", read("load.txt"))
+for workers, rate in drain:
+    print(f"| relay drain to JetStream, batch 100, {workers} worker(s) (target >= 10,000 events/s) | {int(rate):,} | {'yes' if int(rate) >= 10000 else '**no**'} |")
+notify = re.search(r"LISTEN/NOTIFY \| [^|]+ \| ([0-9.]+)ms", read("relay.txt"))
+if notify:
+    p99 = float(notify.group(1))
+    print(f"| commit-to-ack p99 with NOTIFY at 200 events/s (target < 50 ms) | {p99:.1f} ms | {'yes' if p99 < 50 else '**no**'} |")
+print(f"| resident memory of the demo under the HTTP bench (target < 100 MiB) | {peak_kib/1024:.1f} MiB | {'yes' if peak_kib < 100*1024 else '**no**'} |")
+print()
+print("Reading the ratios to the business transaction alone: every statement is a round trip, so")
+print("`execute` (5 statements: `BEGIN`, claim, business insert, complete, `COMMIT`) lands near")
+print("pgbench's 0.58 for the same statements against 3 (`BEGIN`, insert, `COMMIT`), and")
+print("`execute_optimistic` (4 statements) in between. Its ratio stays below pgbench's 0.78 because")
+print("the terminal insert carries the JSON payload and the lock-budget `set_config` in the same")
+print("statement. The outbox's default configuration (ordered, NOTIFY) costs more than a plain")
+print("insert: the per-aggregate counter row is an extra upsert inside the statement, and")
+print("PostgreSQL serializes the commits of transactions that sent a NOTIFY; the unordered")
+print("configuration without NOTIFY is the one comparable to pgbench's single insert. Over HTTP a")
+print("first execution also writes Redis and moka after the commit, and a replay does no database")
+print("work at all, hence a replay several times faster than the same payment without")
+print("idempotency.\n")
 print("## Load bench\n")
 print("```")
 print(read("load.txt").strip())
