@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The CI steps, one subcommand each. `.ci/run` and `.github/workflows/ci.yml` both call this
-# script, so there is one recipe. Run `scripts/ci.sh all` to do everything `.ci/run` does.
+# script, so there is one recipe. `scripts/ci.sh all` (what `.ci/run` runs) is every step but
+# `coverage` (the whole suite again, instrumented: over the time budget of `.ci/run`) and
+# `testcontainers` (needs a Docker engine and no servers on the local ports).
 #
 #   lint       cargo fmt --check, clippy -D warnings
 #   docs       rustdoc with -D warnings
@@ -11,6 +13,8 @@
 #   deny       cargo deny: bans, licenses, sources (blocking); advisories (reported only)
 #   package    cargo package --no-verify of every published crate, then the packages built together
 #   coverage   scripts/coverage.sh (per-crate line coverage, fails under 80 %)
+#   testcontainers  the laptop path: no URLs, a Docker engine; the test helpers start
+#              PostgreSQL and Redis containers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
@@ -94,6 +98,12 @@ coverage() {
   bash scripts/coverage.sh
 }
 
+testcontainers() {
+  step "tests on containers started by the test helpers (no URLs set)"
+  env -u DATABASE_URL -u REDIS_URL \
+    cargo test --features idempotency-testing/testcontainers -p idempotency-pg -p idempotency-cache-redis
+}
+
 case "${1:-all}" in
   lint) lint ;;
   docs) docs ;;
@@ -103,6 +113,7 @@ case "${1:-all}" in
   deny) deny ;;
   package) package ;;
   coverage) coverage ;;
+  testcontainers) testcontainers ;;
   all) lint; docs; tests; scenarios; hack; deny; package ;;
   *) echo "unknown step: $1" >&2; exit 2 ;;
 esac

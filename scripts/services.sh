@@ -2,7 +2,7 @@
 # Makes sure the servers the tests talk to are installed, running and answering:
 # PostgreSQL, Redis, NATS (JetStream) and RabbitMQ on 127.0.0.1. Source it, then call
 # `ensure_services`; it exports DATABASE_URL, REDIS_URL, NATS_URL and AMQP_URL (keeping any
-# value already set, in which case that server is not started here).
+# value already set, in which case that server is not started here, only waited for).
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -27,8 +27,17 @@ wait_for() { # name host port seconds
   return 1
 }
 
+given() { # name url default-port seconds: waits for a server named by a URL set by the caller
+  local name=$1 rest=${2#*://} default=$3 seconds=$4 host port
+  rest=${rest##*@}; rest=${rest%%/*}; rest=${rest%%\?*}
+  host=${rest%:*}; port=${rest##*:}
+  [ "$host" = "$rest" ] && port=$default
+  [ -z "$host" ] && return 0 # a Unix socket: nothing to wait for on TCP
+  wait_for "$name" "$host" "$port" "$seconds"
+}
+
 ensure_postgres() {
-  if [ -n "${DATABASE_URL:-}" ]; then return 0; fi
+  if [ -n "${DATABASE_URL:-}" ]; then given PostgreSQL "$DATABASE_URL" 5432 60; return; fi
   export DATABASE_URL="postgres://postgres@127.0.0.1:5432/test"
   if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
     :
@@ -54,7 +63,7 @@ ensure_postgres() {
 }
 
 ensure_redis() {
-  if [ -n "${REDIS_URL:-}" ]; then return 0; fi
+  if [ -n "${REDIS_URL:-}" ]; then given Redis "$REDIS_URL" 6379 30; return; fi
   export REDIS_URL="redis://127.0.0.1:6379"
   port_open 127.0.0.1 6379 && return 0
   command -v redis-server >/dev/null || apt_install redis-server
@@ -66,7 +75,7 @@ ensure_redis() {
 }
 
 ensure_nats() {
-  if [ -n "${NATS_URL:-}" ]; then return 0; fi
+  if [ -n "${NATS_URL:-}" ]; then given NATS "$NATS_URL" 4222 30; return; fi
   export NATS_URL="nats://127.0.0.1:4222"
   port_open 127.0.0.1 4222 && return 0
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || apt_install nats-server
@@ -80,7 +89,7 @@ ensure_nats() {
 }
 
 ensure_rabbitmq() {
-  if [ -n "${AMQP_URL:-}" ]; then return 0; fi
+  if [ -n "${AMQP_URL:-}" ]; then given RabbitMQ "$AMQP_URL" 5672 120; return; fi
   export AMQP_URL="amqp://guest:guest@127.0.0.1:5672/%2f"
   port_open 127.0.0.1 5672 && return 0
   command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || apt_install rabbitmq-server
