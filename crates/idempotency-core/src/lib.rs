@@ -31,7 +31,9 @@ pub use key::{
 pub use metrics::{IdempotencyMetrics, NoopMetrics};
 pub use record::{IdempotencyRecord, RecordStatus, StoredOutcome, UnknownStatus};
 pub use result::{ExecutionResult, Level, Origin, Outcome, Rejection};
-pub use serializer::{JsonSerializer, ResultSerializer, SerializationError};
+pub use serializer::{
+    JsonSerializer, MAX_REJECTION_CODE_LEN, ResultSerializer, SerializationError,
+};
 pub use service::{Call, IdempotencyService, InFlightPolicy, ServiceBuilder, ServiceConfig};
 pub use store::{Acquire, BoxError, Claim, ExpiredCleanup, IdempotencyStore, LockWait, StoreError};
 pub use tx::Tx;

@@ -17,7 +17,19 @@ pub enum SerializationError {
     /// A custom serializer failed.
     #[error("result serializer failed: {0}")]
     Custom(String),
+    /// A rejection code is empty or longer than [`MAX_REJECTION_CODE_LEN`] characters, so it
+    /// cannot be stored. Nothing was written; the transaction must be rolled back.
+    #[error(
+        "a rejection code must be 1 to {MAX_REJECTION_CODE_LEN} characters long, this one has {len}"
+    )]
+    RejectionCode {
+        /// The length of the code, in characters.
+        len: usize,
+    },
 }
+
+/// The longest rejection code a store keeps (the `error_code` column is `VARCHAR(128)`).
+pub const MAX_REJECTION_CODE_LEN: usize = 128;
 
 /// Turns result values into stored text and back.
 ///

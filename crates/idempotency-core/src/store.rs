@@ -44,6 +44,16 @@ pub enum StoreError {
     /// Any other database error.
     #[error("database error")]
     Database(#[source] BoxError),
+    /// [`Tx::commit`](crate::Tx::commit) was called on a transaction holding a `PROCESSING`
+    /// record whose outcome was never stored (the action or `complete` failed). Committing it
+    /// would leave the key in flight until its TTL, so the transaction was rolled back instead.
+    #[error(
+        "{count} key(s) acquired in this transaction have no stored outcome; rolled back instead of committing"
+    )]
+    UnfinishedClaim {
+        /// How many keys were acquired and not completed.
+        count: usize,
+    },
 }
 
 impl StoreError {

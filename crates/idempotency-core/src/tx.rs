@@ -15,6 +15,11 @@ type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// service registers its cache writes as hooks: they run after [`commit`](Self::commit) succeeds,
 /// and are dropped on rollback or when the `Tx` is dropped uncommitted (which rolls back).
 ///
+/// A `Tx` also remembers the keys [`execute_in`](crate::IdempotencyService::execute_in) acquired
+/// and has not completed yet (the action returned an error after the acquire): committing then
+/// would leave a `PROCESSING` record that answers every retry with "in flight" until its TTL,
+/// so [`commit`](Self::commit) rolls back instead and returns [`StoreError::UnfinishedClaim`].
+///
 /// `Tx` dereferences to the backend connection, so business statements run on it directly
 /// (with sqlx: `sqlx::query(..).execute(&mut **tx)` or `tx.connection()`).
 ///
@@ -46,6 +51,7 @@ type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 pub struct Tx<S: IdempotencyStore> {
     inner: S::Transaction,
     hooks: Vec<Hook>,
+    unfinished: usize,
 }
 
 impl<S: IdempotencyStore> Tx<S> {
@@ -54,6 +60,7 @@ impl<S: IdempotencyStore> Tx<S> {
         Self {
             inner,
             hooks: Vec::new(),
+            unfinished: 0,
         }
     }
 
@@ -77,10 +84,41 @@ impl<S: IdempotencyStore> Tx<S> {
         self.hooks.len()
     }
 
+    /// Number of keys acquired in this transaction whose outcome is not stored yet.
+    pub fn unfinished_claims(&self) -> usize {
+        self.unfinished
+    }
+
+    /// A key was acquired: it holds a `PROCESSING` record until its outcome is stored.
+    pub(crate) fn claim_acquired(&mut self) {
+        self.unfinished += 1;
+    }
+
+    /// The outcome of an acquired key is stored.
+    pub(crate) fn claim_completed(&mut self) {
+        self.unfinished = self.unfinished.saturating_sub(1);
+    }
+
     /// Commits, then runs the after-commit hooks in registration order.
     ///
     /// Hooks only speed up later replays (cache writes, metrics); they cannot fail the commit.
+    ///
+    /// Never commit after one of the transaction's statements failed: PostgreSQL answers the
+    /// `COMMIT` of such an aborted transaction with a rollback and no error, so the commit
+    /// would look successful, and the hooks would cache outcomes that were never stored.
+    ///
+    /// # Errors
+    ///
+    /// The backend's commit error, or [`StoreError::UnfinishedClaim`] (after a rollback) when
+    /// a key acquired in this transaction has no stored outcome.
     pub async fn commit(self) -> Result<(), StoreError> {
+        if self.unfinished > 0 {
+            let count = self.unfinished;
+            if let Err(error) = S::rollback(self.inner).await {
+                tracing::warn!(%error, "rollback of a transaction with unfinished claims failed");
+            }
+            return Err(StoreError::UnfinishedClaim { count });
+        }
         S::commit(self.inner).await?;
         for hook in self.hooks {
             hook.await;
@@ -95,6 +133,8 @@ impl<S: IdempotencyStore> Tx<S> {
 
     /// Unwraps the backend transaction, dropping the hooks: caches will not be filled by this
     /// transaction, which is safe (they are only an optimization) but loses the speed-up.
+    /// The unfinished-claim guard of [`commit`](Self::commit) goes too: check
+    /// [`unfinished_claims`](Self::unfinished_claims) first.
     pub fn into_inner(self) -> S::Transaction {
         self.inner
     }
@@ -117,6 +157,7 @@ impl<S: IdempotencyStore> fmt::Debug for Tx<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tx")
             .field("pending_hooks", &self.hooks.len())
+            .field("unfinished_claims", &self.unfinished)
             .finish_non_exhaustive()
     }
 }

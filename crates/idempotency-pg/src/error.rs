@@ -133,9 +133,12 @@ pub fn store_error(error: sqlx::Error) -> StoreError {
         (_, Some("55P03")) => StoreError::LockTimeout(Box::new(error)),
         // serialization_failure, deadlock_detected
         (_, Some("40001" | "40P01")) => StoreError::Conflict(Box::new(error)),
-        // connection_exception class, admin/crash shutdown, cannot_connect_now
+        // connection_exception class, insufficient_resources class (too many connections, disk
+        // full, out of memory), admin/crash shutdown, cannot_connect_now
         (_, Some(code))
-            if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03") =>
+            if code.starts_with("08")
+                || code.starts_with("53")
+                || matches!(code, "57P01" | "57P02" | "57P03") =>
         {
             StoreError::Unavailable(Box::new(error))
         }

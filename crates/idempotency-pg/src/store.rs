@@ -219,7 +219,11 @@ fn lock_timeout(wait: LockWait) -> Option<String> {
         LockWait::Unbounded => None,
         // lock_timeout = 0 would disable the timeout: 1 ms is the shortest wait PostgreSQL offers.
         LockWait::NoWait => Some("1ms".to_owned()),
-        LockWait::Timeout(timeout) => Some(format!("{}ms", timeout.as_millis().max(1))),
+        // PostgreSQL takes at most i32::MAX ms (about 24.8 days); a longer wait is that long.
+        LockWait::Timeout(timeout) => Some(format!(
+            "{}ms",
+            timeout.as_millis().clamp(1, i32::MAX as u128)
+        )),
     }
 }
 

@@ -157,6 +157,74 @@ async fn bounded_acquire_restores_lock_timeout() {
     }
 }
 
+/// A wait budget longer than PostgreSQL's `lock_timeout` range (i32::MAX ms, about 24.8 days)
+/// is capped, not refused by the server on every acquire.
+#[tokio::test]
+async fn a_wait_budget_beyond_the_servers_range_is_capped() {
+    let (_pool, service) = setup().await;
+    let store = service.store();
+    let mut tx = store.begin().await.unwrap();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("long-wait").unwrap(),
+    );
+    let fingerprint = Fingerprint::new("0".repeat(64));
+    let acquired = store
+        .acquire(
+            &mut tx,
+            &Claim {
+                id: &id,
+                fingerprint: &fingerprint,
+                ttl: None,
+                wait: LockWait::Timeout(Duration::from_secs(60 * 60 * 24 * 365)),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(acquired, Acquire::Acquired));
+}
+
+/// Errors are classified by SQLSTATE, raised here by the real server.
+#[tokio::test]
+async fn errors_are_classified_by_sqlstate() {
+    let (pool, _service) = setup().await;
+    fn kind(error: &StoreError) -> &'static str {
+        match error {
+            StoreError::LockTimeout(_) => "lock-timeout",
+            StoreError::Conflict(_) => "conflict",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Database(_) => "database",
+            _ => "other",
+        }
+    }
+    let cases = [
+        ("55P03", "lock-timeout"),
+        ("40001", "conflict"),
+        ("40P01", "conflict"),
+        ("08006", "unavailable"),
+        ("53300", "unavailable"),
+        ("53100", "unavailable"),
+        ("57P01", "unavailable"),
+        ("23505", "database"),
+    ];
+    for (code, expected) in cases {
+        let raised = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DO $$ BEGIN RAISE EXCEPTION 'raised by the test' USING ERRCODE = '{code}'; END $$"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        let classified = idempotency_pg::store_error(raised);
+        assert_eq!(kind(&classified), expected, "{code}: {classified:?}");
+        assert_eq!(
+            classified.is_retryable(),
+            !matches!(classified, StoreError::Database(_)),
+            "{code}"
+        );
+    }
+}
+
 /// After a failed statement PostgreSQL aborts the transaction; an action that catches a SQL
 /// error must run it in a savepoint (`conn.begin()`) for the record to be written.
 #[tokio::test]

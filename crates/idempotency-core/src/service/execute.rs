@@ -14,7 +14,7 @@ use crate::key::{Operation, RecordId};
 use crate::metrics::IdempotencyMetrics;
 use crate::record::{IdempotencyRecord, StoredOutcome};
 use crate::result::{ExecutionResult, Level, Origin, Outcome, Rejection};
-use crate::serializer::ResultSerializer;
+use crate::serializer::{MAX_REJECTION_CODE_LEN, ResultSerializer, SerializationError};
 use crate::store::{Acquire, Claim, IdempotencyStore, LockWait, StoreError};
 use crate::tx::Tx;
 
@@ -93,7 +93,9 @@ where
     ///    concurrent transaction holds it, waits for it within the in-flight policy.
     /// 5. Runs `action` on the transaction's connection and stores its outcome (success or
     ///    rejection) on the record. An `Err` from the action is returned as is: the caller must
-    ///    roll back, which removes the record too.
+    ///    roll back, which removes the record too (a `tx.commit()` instead rolls back and
+    ///    returns [`StoreError::UnfinishedClaim`](crate::StoreError::UnfinishedClaim), so a
+    ///    `PROCESSING` record never commits).
     /// 6. Registers the cache writes on `tx`: they happen after `tx.commit()` succeeds.
     ///
     /// A replay checks the fingerprint first: the same key with another payload is
@@ -168,6 +170,7 @@ where
             match acquired {
                 Ok(Acquire::Acquired) => {
                     inner.metrics.acquired(op);
+                    tx.claim_acquired();
                     return self.run(tx, id, fingerprint, action).await;
                 }
                 Ok(Acquire::Exists) => {
@@ -239,6 +242,7 @@ where
             .complete(tx.connection(), &id, &stored)
             .await
             .map_err(Error::from)?;
+        tx.claim_completed();
         if record.fingerprint != fingerprint {
             return Err(Error::Store(StoreError::Corrupt {
                 reason: "completed record carries another fingerprint".to_owned(),
@@ -386,7 +390,13 @@ where
                 payload: self.serializer.serialize(value)?,
             },
             ExecutionResult::Rejected(rejection) => StoredOutcome::Rejected {
-                code: rejection.code().to_owned(),
+                code: {
+                    let len = rejection.code().chars().count();
+                    if len == 0 || len > MAX_REJECTION_CODE_LEN {
+                        return Err(SerializationError::RejectionCode { len }.into());
+                    }
+                    rejection.code().to_owned()
+                },
                 details: rejection
                     .details()
                     .map(|details| self.serializer.serialize(details))

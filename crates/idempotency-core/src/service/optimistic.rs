@@ -35,7 +35,8 @@ where
     /// key) also replays the winner. Replays of an already committed key run the action too (and
     /// roll it back) unless a cache or `lookup_before_acquire` answers first, so enable one of
     /// them. Use [`execute`](Self::execute) for anything with effects outside the database (a
-    /// payment provider, an e-mail): it guarantees the action runs at most once.
+    /// payment provider, an e-mail): a duplicate never runs the action while another request
+    /// holds the key, nor after an outcome committed.
     pub async fn execute_optimistic<R, T, E, A>(
         &self,
         call: Call<'_, R>,

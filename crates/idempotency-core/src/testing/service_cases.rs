@@ -134,6 +134,62 @@ pub async fn rejected_outcome_is_replayed<S: IdempotencyStore>(store: S, _caps: 
     );
 }
 
+/// A rejection code the store cannot keep (empty, or over 128 characters) is a typed error
+/// before anything is written: nothing is stored and the key can run again. 128 characters
+/// (multi-byte ones included) round-trip.
+pub async fn rejection_codes_are_checked_before_writing<S: IdempotencyStore>(
+    store: S,
+    _caps: Capabilities,
+) {
+    let service = IdempotencyService::new(store);
+    let counter = CountingAction::default();
+    let request = json!({"amount": "1.00"});
+    for bad in [String::new(), "X".repeat(129)] {
+        let k = key("bad-code");
+        let failed: Result<Outcome<Value>, SuiteError> = service
+            .execute(Call::new("OP", k.clone(), &request), async |_conn| {
+                counter.hit();
+                Ok(ExecutionResult::rejected(bad.clone()))
+            })
+            .await;
+        assert!(
+            matches!(
+                failed.as_ref().map_err(SuiteError::idempotency),
+                Err(Some(Error::Serialization(
+                    crate::SerializationError::RejectionCode { len }
+                ))) if *len == bad.chars().count()
+            ),
+            "{failed:?}"
+        );
+        let id = RecordId::new(
+            crate::Operation::new("OP").expect("op"),
+            Scope::default(),
+            k,
+        );
+        assert!(
+            record_of(service.store(), &id).await.is_none(),
+            "nothing stored"
+        );
+    }
+    let longest = "É".repeat(crate::MAX_REJECTION_CODE_LEN);
+    let k = key("longest-code");
+    for round in 0..2 {
+        let outcome: Outcome<Value> = service
+            .execute(Call::new("OP", k.clone(), &request), async |_conn| {
+                counter.hit();
+                Ok::<_, SuiteError>(ExecutionResult::rejected(longest.clone()))
+            })
+            .await
+            .expect("a 128-character code is stored");
+        assert_eq!(outcome.is_replayed(), round == 1);
+        assert_eq!(
+            outcome.result().rejection().expect("rejection").code(),
+            longest
+        );
+    }
+    assert_eq!(counter.count(), 3);
+}
+
 /// The same key with another payload is a `PayloadConflict`, and the action does not run.
 pub async fn payload_conflict_is_an_error<S: IdempotencyStore>(store: S, _caps: Capabilities) {
     let service = IdempotencyService::new(store);
@@ -518,6 +574,72 @@ pub async fn execute_in_follows_the_callers_transaction<S: IdempotencyStore>(
         2,
         "the rolled-back run left nothing behind, so the key ran again"
     );
+}
+
+/// A caller that commits its transaction after `execute_in` failed in the action does not
+/// commit a `PROCESSING` record: the commit rolls back with `UnfinishedClaim`, the caller's own
+/// statements go with it, and a retry with the key runs.
+pub async fn commit_after_a_failed_action_commits_nothing<S: IdempotencyStore>(
+    store: S,
+    _caps: Capabilities,
+) {
+    let cache = RecordingCache::default();
+    let service = IdempotencyService::builder(store)
+        .local_cache(cache.clone())
+        .build();
+    let (k, counter) = (key("unfinished"), CountingAction::default());
+    let request = json!({"x": 1});
+    let id = RecordId::new(
+        crate::Operation::new("OP").expect("op"),
+        Scope::default(),
+        k.clone(),
+    );
+
+    let mut tx: Tx<S> = service.begin().await.expect("begin");
+    let failed: Result<Outcome<i32>, SuiteError> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", k.clone(), &request),
+            async |_conn| {
+                counter.hit();
+                Err(SuiteError::Boom)
+            },
+        )
+        .await;
+    assert!(matches!(failed, Err(SuiteError::Boom)));
+    assert_eq!(tx.unfinished_claims(), 1);
+    let committed = tx.commit().await;
+    assert!(
+        matches!(
+            committed,
+            Err(crate::StoreError::UnfinishedClaim { count: 1 })
+        ),
+        "commit refused: {committed:?}"
+    );
+    assert!(
+        record_of(service.store(), &id).await.is_none(),
+        "no PROCESSING record committed"
+    );
+    assert!(cache.is_empty(), "nothing cached");
+
+    let mut tx: Tx<S> = service.begin().await.expect("begin");
+    let retry: Outcome<i32> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", k.clone(), &request),
+            async |_conn| {
+                counter.hit();
+                Ok::<_, SuiteError>(ExecutionResult::success(5))
+            },
+        )
+        .await
+        .expect("retry");
+    assert_eq!(tx.unfinished_claims(), 0, "the outcome is stored");
+    tx.commit().await.expect("commit");
+    assert!(retry.is_executed());
+    assert!(matches!(retry.result(), ExecutionResult::Success(5)));
+    assert_eq!(counter.count(), 2, "the retry ran the action");
+    assert!(record_of(service.store(), &id).await.is_some());
 }
 
 /// Caches are written after the commit only, and never on rollback.
