@@ -1,6 +1,7 @@
 //! The demo's configuration: a YAML file plus environment overrides.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use idempotency_core::config::IdempotencyConfig;
 use idempotency_outbox::config::OutboxConfig;
@@ -13,6 +14,8 @@ use serde::Deserialize;
 pub struct DemoConfig {
     /// The HTTP server.
     pub server: ServerConfig,
+    /// The PostgreSQL pool (when `DATABASE_URL` is set).
+    pub database: DatabaseConfig,
     /// The business rules of the demo.
     pub demo: BusinessConfig,
     /// The `idempotency.*` properties, named as in the reference starter.
@@ -36,6 +39,28 @@ impl Default for ServerConfig {
         Self {
             port: 8080,
             max_body_bytes: 16 * 1024,
+        }
+    }
+}
+
+/// `database.*`: the PostgreSQL connection pool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// Connections in the pool. Default 20.
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection before it fails with 503
+    /// `store-unavailable`; also bounds how long requests hang while the database is down.
+    /// Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 20,
+            acquire_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -73,8 +98,9 @@ impl DemoConfig {
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         let mut builder =
             config::Config::builder().add_source(config::File::from(file).required(false));
-        // Only variables of the four sections are read, never the whole environment.
-        for section in ["SERVER", "DEMO", "IDEMPOTENCY", "OUTBOX"] {
+        // Only variables of the five sections are read, never the whole environment
+        // (`DATABASE_URL` has no `__`, so it is not read as a key of `database`).
+        for section in ["SERVER", "DATABASE", "DEMO", "IDEMPOTENCY", "OUTBOX"] {
             builder = builder.add_source(
                 config::Environment::with_prefix(section)
                     .prefix_separator("__")
@@ -85,5 +111,53 @@ impl DemoConfig {
         }
         let settings = builder.build()?;
         Ok(settings.try_deserialize()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn load(yaml: &str) -> Result<DemoConfig, ConfigError> {
+        let dir = std::env::temp_dir().join(format!(
+            "idempotency-demo-config-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("demo.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let loaded = DemoConfig::load(&file);
+        std::fs::remove_dir_all(&dir).unwrap();
+        loaded
+    }
+
+    #[test]
+    fn the_shipped_file_loads() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/demo.yaml");
+        let config = DemoConfig::load(&file).unwrap();
+        assert_eq!(config.database.max_connections, 20);
+        assert_eq!(config.database.acquire_timeout, Duration::from_secs(5));
+        assert_eq!(config.demo.available_balance, Decimal::new(100_000, 2));
+    }
+
+    #[test]
+    fn the_pool_is_configurable() {
+        let config = load("database:\n  max-connections: 7\n  acquire-timeout: 750ms\n").unwrap();
+        assert_eq!(config.database.max_connections, 7);
+        assert_eq!(config.database.acquire_timeout, Duration::from_millis(750));
+        assert_eq!(
+            config.server.port, 8080,
+            "other sections keep their defaults"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_durations_are_errors() {
+        assert!(load("database:\n  max-conections: 7\n").is_err());
+        assert!(load("database:\n  acquire-timeout: soon\n").is_err());
+        assert!(load("server:\n  prot: 1\n").is_err());
     }
 }

@@ -47,8 +47,8 @@ impl Postgres {
     /// Connects to `url` and prepares the schema.
     pub async fn connect(url: &str, config: &DemoConfig) -> Result<Self, StartupError> {
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(20)
-            .acquire_timeout(std::time::Duration::from_secs(5))
+            .max_connections(config.database.max_connections)
+            .acquire_timeout(config.database.acquire_timeout)
             .connect(url)
             .await?;
         Self::from_pool(pool, config).await
