@@ -1,5 +1,6 @@
 //! The demo's configuration: a YAML file plus environment overrides.
 
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -47,8 +48,8 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// Connections in the pool. Default 20.
-    pub max_connections: u32,
+    /// Connections in the pool (at least 1). Default 20.
+    pub max_connections: NonZeroU32,
     /// How long a request waits for a pooled connection before it fails with 503
     /// `store-unavailable`; also bounds how long requests hang while the database is down.
     /// Default 5 s.
@@ -59,7 +60,7 @@ pub struct DatabaseConfig {
 impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
-            max_connections: 20,
+            max_connections: NonZeroU32::MIN.saturating_add(19),
             acquire_timeout: Duration::from_secs(5),
         }
     }
@@ -138,7 +139,7 @@ mod tests {
     fn the_shipped_file_loads() {
         let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/demo.yaml");
         let config = DemoConfig::load(&file).unwrap();
-        assert_eq!(config.database.max_connections, 20);
+        assert_eq!(config.database.max_connections.get(), 20);
         assert_eq!(config.database.acquire_timeout, Duration::from_secs(5));
         assert_eq!(config.demo.available_balance, Decimal::new(100_000, 2));
     }
@@ -146,7 +147,7 @@ mod tests {
     #[test]
     fn the_pool_is_configurable() {
         let config = load("database:\n  max-connections: 7\n  acquire-timeout: 750ms\n").unwrap();
-        assert_eq!(config.database.max_connections, 7);
+        assert_eq!(config.database.max_connections.get(), 7);
         assert_eq!(config.database.acquire_timeout, Duration::from_millis(750));
         assert_eq!(
             config.server.port, 8080,
@@ -157,6 +158,7 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_durations_are_errors() {
         assert!(load("database:\n  max-conections: 7\n").is_err());
+        assert!(load("database:\n  max-connections: 0\n").is_err());
         assert!(load("database:\n  acquire-timeout: soon\n").is_err());
         assert!(load("server:\n  prot: 1\n").is_err());
     }

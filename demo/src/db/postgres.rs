@@ -47,7 +47,7 @@ impl Postgres {
     /// Connects to `url` and prepares the schema.
     pub async fn connect(url: &str, config: &DemoConfig) -> Result<Self, StartupError> {
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(config.database.max_connections)
+            .max_connections(config.database.max_connections.get())
             .acquire_timeout(config.database.acquire_timeout)
             .connect(url)
             .await?;
