@@ -144,24 +144,10 @@ fn outbox_error(error: idempotency_outbox::Error) -> Error {
     post,
     path = "/api/payments",
     request_body = CreatePayment,
-    params(
-        ("Idempotency-Key" = String, Header,
-            pattern = r#"^(?:[!#-+\--:<-~]{1,255}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#,
-            description = "1 to 255 visible ASCII characters: bare (without `\"`, `,` or `;`), or as a quoted Structured Field string where `\\\"` and `\\\\` escape `\"` and `\\`"),
-        ("X-Tenant-Id" = Option<String>, Header, pattern = r"^[!-~]{1,255}$",
-            description = "Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters"),
-    ),
+    params(crate::openapi::KeyHeader, crate::openapi::TenantHeader),
     responses(
         (status = 201, description = "The payment (replays carry Idempotent-Replayed)", body = Payment, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
-        (status = 400, description = "Idempotency-Key missing or invalid, malformed JSON, or invalid scope", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The same key is still in flight", body = crate::openapi::Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
-        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields, key reused with another payload, or a business rejection (replayed)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Technical failure; nothing stored, a retry runs again", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database or cache (fail-fast) unavailable; nothing ran", body = crate::openapi::Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        crate::openapi::IdempotencyProblems,
     )
 )]
 pub(crate) async fn create_payment<DB: Database>(
@@ -248,24 +234,10 @@ pub(crate) async fn create_payment_unprotected<DB: Database>(
     post,
     path = "/api/refunds",
     request_body = CreateRefund,
-    params(
-        ("Idempotency-Key" = String, Header,
-            pattern = r#"^(?:[!#-+\--:<-~]{1,255}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#,
-            description = "1 to 255 visible ASCII characters: bare (without `\"`, `,` or `;`), or as a quoted Structured Field string where `\\\"` and `\\\\` escape `\"` and `\\`"),
-        ("X-Tenant-Id" = Option<String>, Header, pattern = r"^[!-~]{1,255}$",
-            description = "Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters"),
-    ),
+    params(crate::openapi::KeyHeader, crate::openapi::TenantHeader),
     responses(
         (status = 200, description = "The refund (replays carry Idempotent-Replayed)", body = Refund, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
-        (status = 400, description = "Idempotency-Key missing or invalid, malformed JSON, or invalid scope", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The same key is still in flight", body = crate::openapi::Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
-        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields, key reused with another payload, or a business rejection (replayed)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Technical failure; nothing stored, a retry runs again", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database or cache (fail-fast) unavailable; nothing ran", body = crate::openapi::Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        crate::openapi::IdempotencyProblems,
     )
 )]
 pub(crate) async fn create_refund<DB: Database>(
@@ -307,22 +279,10 @@ pub(crate) async fn create_refund<DB: Database>(
     post,
     path = "/charges",
     request_body = CreateCharge,
-    params(
-        ("Idempotency-Key" = uuid::Uuid, Header, description = "A UUID (8-4-4-4-12), bare or quoted; case-insensitive"),
-        ("X-Tenant-Id" = Option<String>, Header, pattern = r"^[!-~]{1,255}$",
-            description = "Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters"),
-    ),
+    params(crate::openapi::UuidKeyHeader, crate::openapi::TenantHeader),
     responses(
         (status = 201, description = "The charge id (replays carry Idempotent-Replayed)", body = ChargeCreated, headers(("Idempotent-Replayed" = String, description = "`true` when the stored outcome of an earlier request is replayed"))),
-        (status = 400, description = "Idempotency-Key missing or invalid, malformed JSON, or invalid scope", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The same key is still in flight", body = crate::openapi::Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
-        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields, key reused with another payload, or a business rejection (replayed)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Technical failure; nothing stored, a retry runs again", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database or cache (fail-fast) unavailable; nothing ran", body = crate::openapi::Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+        crate::openapi::IdempotencyProblems,
     )
 )]
 pub(crate) async fn create_charge<DB: Database>(

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use utoipa::openapi::OpenApi as Document;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::{IntoParams, IntoResponses, OpenApi, ToSchema};
 
 use crate::model::{
     Charge, ChargeCreated, CreateCharge, CreatePayment, CreateRefund, InsufficientFunds, Payment,
@@ -33,6 +33,75 @@ pub struct Problem {
     reason: Option<String>,
     /// For `invalid-request`: the field at fault.
     field: Option<String>,
+}
+
+/// The `Idempotency-Key` header of the endpoints that take any key.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // documentation only
+pub struct KeyHeader {
+    #[doc = "1 to 255 visible ASCII characters: bare (without `\"`, `,` or `;`), or as a quoted \
+             Structured Field string where `\\\"` and `\\\\` escape `\"` and `\\`"]
+    #[param(
+        rename = "Idempotency-Key",
+        pattern = r#"^(?:[!#-+\--:<-~]{1,255}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#
+    )]
+    key: String,
+}
+
+/// The `Idempotency-Key` header of the endpoints that take UUID keys.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // documentation only
+pub struct UuidKeyHeader {
+    /// A UUID (8-4-4-4-12), bare or quoted; case-insensitive
+    #[param(rename = "Idempotency-Key")]
+    key: uuid::Uuid,
+}
+
+/// The optional tenant header every idempotent endpoint reads.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // documentation only
+pub struct TenantHeader {
+    /// Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters
+    #[param(rename = "X-Tenant-Id", pattern = r"^[!-~]{1,255}$")]
+    tenant: Option<String>,
+}
+
+/// The problem responses of every idempotent endpoint (the HTTP contract of DESIGN.md).
+#[derive(Debug, IntoResponses)]
+#[allow(dead_code)] // documentation only
+pub enum IdempotencyProblems {
+    /// Idempotency-Key missing or invalid, malformed JSON, or invalid scope
+    #[response(status = 400, content_type = "application/problem+json")]
+    BadRequest(Problem),
+    /// The same key is still in flight
+    #[response(
+        status = 409,
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))
+    )]
+    InFlight(Problem),
+    /// The body is too large
+    #[response(status = 413, content_type = "application/problem+json")]
+    TooLarge(Problem),
+    /// The body is not application/json
+    #[response(status = 415, content_type = "application/problem+json")]
+    UnsupportedMediaType(Problem),
+    /// Invalid fields, key reused with another payload, or a business rejection (replayed)
+    #[response(status = 422, content_type = "application/problem+json")]
+    Unprocessable(Problem),
+    /// Technical failure; nothing stored, a retry runs again
+    #[response(status = 500, content_type = "application/problem+json")]
+    Internal(Problem),
+    /// Database or cache (fail-fast) unavailable; nothing ran
+    #[response(
+        status = 503,
+        content_type = "application/problem+json",
+        headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))
+    )]
+    Unavailable(Problem),
 }
 
 /// The demo's API.
