@@ -114,28 +114,30 @@ async fn pay(app: &Router, key: &str, body: Value) -> Reply {
     .await
 }
 
+async fn refund(app: &Router, key: &str, body: &Value) -> Reply {
+    send(
+        app,
+        "POST",
+        "/api/refunds",
+        &[("idempotency-key", key)],
+        &body.to_string(),
+    )
+    .await
+}
+
+async fn charge(app: &Router, key: &str, amount_cents: i64) -> Reply {
+    let body = format!(r#"{{"amountCents":{amount_cents}}}"#);
+    send(app, "POST", "/charges", &[("idempotency-key", key)], &body).await
+}
+
 const CHARGE_KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
 
 /// Reference 000: two identical POST /charges, one charge, one outbox row, one record.
 #[tokio::test]
 async fn same_key_creates_one_charge_and_one_outbox_row() {
     let (app, pool) = demo().await;
-    let first = send(
-        &app,
-        "POST",
-        "/charges",
-        &[("idempotency-key", CHARGE_KEY)],
-        r#"{"amountCents":4900}"#,
-    )
-    .await;
-    let replay = send(
-        &app,
-        "POST",
-        "/charges",
-        &[("idempotency-key", CHARGE_KEY)],
-        r#"{"amountCents":4900}"#,
-    )
-    .await;
+    let first = charge(&app, CHARGE_KEY, 4900).await;
+    let replay = charge(&app, CHARGE_KEY, 4900).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(replay.status, StatusCode::CREATED);
     assert_eq!(first.body, replay.body);
@@ -153,14 +155,7 @@ async fn same_key_creates_one_charge_and_one_outbox_row() {
 
     // Quoted (Structured Field) and upper-case spellings are the same UUID key.
     let quoted = format!("\"{}\"", CHARGE_KEY.to_uppercase());
-    let again = send(
-        &app,
-        "POST",
-        "/charges",
-        &[("idempotency-key", &quoted)],
-        r#"{"amountCents":4900}"#,
-    )
-    .await;
+    let again = charge(&app, &quoted, 4900).await;
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
 
@@ -184,32 +179,11 @@ async fn same_key_creates_one_charge_and_one_outbox_row() {
 #[tokio::test]
 async fn charge_key_reuse_and_bad_keys() {
     let (app, pool) = demo().await;
-    send(
-        &app,
-        "POST",
-        "/charges",
-        &[("idempotency-key", CHARGE_KEY)],
-        r#"{"amountCents":4900}"#,
-    )
-    .await;
-    let reused = send(
-        &app,
-        "POST",
-        "/charges",
-        &[("idempotency-key", CHARGE_KEY)],
-        r#"{"amountCents":5000}"#,
-    )
-    .await;
+    charge(&app, CHARGE_KEY, 4900).await;
+    let reused = charge(&app, CHARGE_KEY, 5000).await;
     assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(reused.problem_type(), "idempotency-key-reused");
-    let not_uuid = send(
-        &app,
-        "POST",
-        "/charges",
-        &[("idempotency-key", "demo-1")],
-        r#"{"amountCents":4900}"#,
-    )
-    .await;
+    let not_uuid = charge(&app, "demo-1", 4900).await;
     assert_eq!(not_uuid.status, StatusCode::BAD_REQUEST);
     assert_eq!(not_uuid.problem_type(), "idempotency-key-invalid");
     let missing = send(&app, "POST", "/charges", &[], r#"{"amountCents":4900}"#).await;
@@ -228,16 +202,7 @@ async fn overlapping_charges_one_winner() {
         let key = "1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b";
         let calls = (0..8).map(|_| {
             let app = app.clone();
-            tokio::spawn(async move {
-                send(
-                    &app,
-                    "POST",
-                    "/charges",
-                    &[("idempotency-key", key)],
-                    r#"{"amountCents":100}"#,
-                )
-                .await
-            })
+            tokio::spawn(async move { charge(&app, key, 100).await })
         });
         let mut replies = Vec::new();
         for call in calls.collect::<Vec<_>>() {
@@ -350,34 +315,13 @@ async fn refunds() {
     let (app, pool) = demo().await;
     let over = json!({"paymentId": "p-1", "amount": 800.00});
     for _ in 0..2 {
-        let reply = send(
-            &app,
-            "POST",
-            "/api/refunds",
-            &[("idempotency-key", "refund-1")],
-            &over.to_string(),
-        )
-        .await;
+        let reply = refund(&app, "refund-1", &over).await;
         assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(reply.body["code"], "REFUND_LIMIT_EXCEEDED");
     }
     let ok = json!({"paymentId": "p-1", "amount": 300.00});
-    let first = send(
-        &app,
-        "POST",
-        "/api/refunds",
-        &[("idempotency-key", "refund-2")],
-        &ok.to_string(),
-    )
-    .await;
-    let second = send(
-        &app,
-        "POST",
-        "/api/refunds",
-        &[("idempotency-key", "refund-2")],
-        &ok.to_string(),
-    )
-    .await;
+    let first = refund(&app, "refund-2", &ok).await;
+    let second = refund(&app, "refund-2", &ok).await;
     assert_eq!(first.status, StatusCode::OK);
     assert_eq!(first.body["status"], "REFUNDED");
     assert_eq!(second.status, StatusCode::OK);
