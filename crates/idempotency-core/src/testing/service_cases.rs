@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::Capabilities;
@@ -33,6 +35,23 @@ pub(crate) async fn run<S: IdempotencyStore, L: LocalCache>(
 ) -> Result<Outcome<Value>, SuiteError> {
     service
         .execute(Call::new(operation, key.clone(), request), async |_conn| {
+            counter.hit();
+            Ok(ExecutionResult::success(value))
+        })
+        .await
+}
+
+/// Runs a counting action that returns `value`, inside the caller's transaction `tx`.
+async fn run_in<S: IdempotencyStore, L: LocalCache, T: Serialize + DeserializeOwned>(
+    service: &IdempotencyService<S, L>,
+    tx: &mut Tx<S>,
+    key: &IdempotencyKey,
+    request: &Value,
+    counter: &CountingAction,
+    value: T,
+) -> Result<Outcome<T>, SuiteError> {
+    service
+        .execute_in(tx, Call::new("OP", key.clone(), request), async |_conn| {
             counter.hit();
             Ok(ExecutionResult::success(value))
         })
@@ -517,15 +536,7 @@ pub async fn lookup_before_acquire_replays_from_the_store<S: IdempotencyStore>(
     ));
     // The same lookup inside a caller's transaction.
     let mut tx = service.begin().await.expect("begin");
-    let inside: Outcome<Value> = service
-        .execute_in(
-            &mut tx,
-            Call::new("OP", k.clone(), &request),
-            async |_conn| {
-                counter.hit();
-                Ok::<_, SuiteError>(ExecutionResult::success(json!(4)))
-            },
-        )
+    let inside: Outcome<Value> = run_in(&service, &mut tx, &k, &request, &counter, json!(4))
         .await
         .expect("replay in a transaction");
     tx.commit().await.expect("commit");
@@ -550,15 +561,7 @@ pub async fn execute_in_follows_the_callers_transaction<S: IdempotencyStore>(
     );
     for commit in [false, true] {
         let mut tx = service.begin().await.expect("begin");
-        let outcome: Outcome<i32> = service
-            .execute_in(
-                &mut tx,
-                Call::new("OP", k.clone(), &request),
-                async |_conn| {
-                    counter.hit();
-                    Ok::<_, SuiteError>(ExecutionResult::success(7))
-                },
-            )
+        let outcome: Outcome<i32> = run_in(&service, &mut tx, &k, &request, &counter, 7)
             .await
             .expect("execute_in");
         assert!(outcome.is_executed());
@@ -623,15 +626,7 @@ pub async fn commit_after_a_failed_action_commits_nothing<S: IdempotencyStore>(
     assert!(cache.is_empty(), "nothing cached");
 
     let mut tx: Tx<S> = service.begin().await.expect("begin");
-    let retry: Outcome<i32> = service
-        .execute_in(
-            &mut tx,
-            Call::new("OP", k.clone(), &request),
-            async |_conn| {
-                counter.hit();
-                Ok::<_, SuiteError>(ExecutionResult::success(5))
-            },
-        )
+    let retry: Outcome<i32> = run_in(&service, &mut tx, &k, &request, &counter, 5)
         .await
         .expect("retry");
     assert_eq!(tx.unfinished_claims(), 0, "the outcome is stored");
@@ -655,15 +650,7 @@ pub async fn caches_are_written_only_after_commit<S: IdempotencyStore>(
     let request = json!({"x": 1});
 
     let mut tx: Tx<S> = service.begin().await.expect("begin");
-    let _: Outcome<i32> = service
-        .execute_in(
-            &mut tx,
-            Call::new("OP", k.clone(), &request),
-            async |_conn| {
-                counter.hit();
-                Ok::<_, SuiteError>(ExecutionResult::success(1))
-            },
-        )
+    let _: Outcome<i32> = run_in(&service, &mut tx, &k, &request, &counter, 1)
         .await
         .expect("execute_in");
     assert!(cache.is_empty(), "written before the commit");
