@@ -15,6 +15,19 @@ pub enum Error {
     /// The operation name, scope or key is invalid. Nothing was sent to any backend.
     #[error("invalid input: {0}")]
     InvalidInput(#[from] KeyError),
+    /// The record lifetime is longer than [`MAX_TTL`](crate::MAX_TTL), which backends cannot
+    /// store as an expiry time (PostgreSQL would refuse every acquire). Nothing was sent to any
+    /// backend. To keep records forever, set no TTL ([`Call::no_expiry`](crate::Call::no_expiry),
+    /// `ttl: null` in the configuration).
+    #[error(
+        "record TTL of {ttl:?} exceeds the maximum of {max:?}; set no TTL to keep records forever"
+    )]
+    InvalidTtl {
+        /// The TTL asked for.
+        ttl: std::time::Duration,
+        /// [`MAX_TTL`](crate::MAX_TTL).
+        max: std::time::Duration,
+    },
     /// The key was already used for this operation with a different request payload.
     /// The client must pick a new key for a new request.
     #[error("the idempotency key was already used with a different request payload")]

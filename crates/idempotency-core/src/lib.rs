@@ -34,6 +34,8 @@ pub use result::{ExecutionResult, Level, Origin, Outcome, Rejection};
 pub use serializer::{
     JsonSerializer, MAX_REJECTION_CODE_LEN, ResultSerializer, SerializationError,
 };
-pub use service::{Call, IdempotencyService, InFlightPolicy, ServiceBuilder, ServiceConfig};
+pub use service::{
+    Call, IdempotencyService, InFlightPolicy, MAX_TTL, ServiceBuilder, ServiceConfig,
+};
 pub use store::{Acquire, BoxError, Claim, ExpiredCleanup, IdempotencyStore, LockWait, StoreError};
 pub use tx::Tx;

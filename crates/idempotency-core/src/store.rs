@@ -54,6 +54,12 @@ pub enum StoreError {
         /// How many keys were acquired and not completed.
         count: usize,
     },
+    /// [`Tx::commit`](crate::Tx::commit) was called on a transaction in which a store statement
+    /// had failed. PostgreSQL aborts such a transaction and answers its `COMMIT` with a silent
+    /// rollback; the commit is refused on every backend instead, after a rollback, and no
+    /// after-commit hook runs. Retry the whole request in a new transaction.
+    #[error("a store statement failed in this transaction; rolled back instead of committing")]
+    Poisoned,
 }
 
 impl StoreError {

@@ -20,6 +20,12 @@ type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// would leave a `PROCESSING` record that answers every retry with "in flight" until its TTL,
 /// so [`commit`](Self::commit) rolls back instead and returns [`StoreError::UnfinishedClaim`].
 ///
+/// A store statement that failed inside `execute_in` (a lock timeout, a lost connection, a
+/// constraint) *poisons* the `Tx`: PostgreSQL has aborted the transaction and would answer a
+/// `COMMIT` with a silent rollback, which sqlx reports as success, and the after-commit hooks
+/// would then cache outcomes that were never stored. [`commit`](Self::commit) of a poisoned `Tx`
+/// rolls back, runs no hook, and returns [`StoreError::Poisoned`], on every backend alike.
+///
 /// `Tx` dereferences to the backend connection, so business statements run on it directly
 /// (with sqlx: `sqlx::query(..).execute(&mut **tx)` or `tx.connection()`).
 ///
@@ -52,6 +58,7 @@ pub struct Tx<S: IdempotencyStore> {
     inner: S::Transaction,
     hooks: Vec<Hook>,
     unfinished: usize,
+    poisoned: bool,
 }
 
 impl<S: IdempotencyStore> Tx<S> {
@@ -61,6 +68,7 @@ impl<S: IdempotencyStore> Tx<S> {
             inner,
             hooks: Vec::new(),
             unfinished: 0,
+            poisoned: false,
         }
     }
 
@@ -89,6 +97,20 @@ impl<S: IdempotencyStore> Tx<S> {
         self.unfinished
     }
 
+    /// Whether a store statement failed in this transaction: [`commit`](Self::commit) will roll
+    /// back and return [`StoreError::Poisoned`].
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Passes a store statement's result through, poisoning the transaction when it failed.
+    pub(crate) fn watch<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if result.is_err() {
+            self.poisoned = true;
+        }
+        result
+    }
+
     /// A key was acquired: it holds a `PROCESSING` record until its outcome is stored.
     pub(crate) fn claim_acquired(&mut self) {
         self.unfinished += 1;
@@ -109,15 +131,24 @@ impl<S: IdempotencyStore> Tx<S> {
     ///
     /// # Errors
     ///
-    /// The backend's commit error, or [`StoreError::UnfinishedClaim`] (after a rollback) when
-    /// a key acquired in this transaction has no stored outcome.
+    /// The backend's commit error; after a rollback, [`StoreError::Poisoned`] when a store
+    /// statement failed in this transaction, or [`StoreError::UnfinishedClaim`] when a key
+    /// acquired in it has no stored outcome.
     pub async fn commit(self) -> Result<(), StoreError> {
-        if self.unfinished > 0 {
-            let count = self.unfinished;
+        let refused = if self.poisoned {
+            Some(StoreError::Poisoned)
+        } else if self.unfinished > 0 {
+            Some(StoreError::UnfinishedClaim {
+                count: self.unfinished,
+            })
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
             if let Err(error) = S::rollback(self.inner).await {
-                tracing::warn!(%error, "rollback of a transaction with unfinished claims failed");
+                tracing::warn!(%error, reason = %refused, "rollback of a refused commit failed");
             }
-            return Err(StoreError::UnfinishedClaim { count });
+            return Err(refused);
         }
         S::commit(self.inner).await?;
         for hook in self.hooks {
@@ -158,6 +189,7 @@ impl<S: IdempotencyStore> fmt::Debug for Tx<S> {
         f.debug_struct("Tx")
             .field("pending_hooks", &self.hooks.len())
             .field("unfinished_claims", &self.unfinished)
+            .field("poisoned", &self.poisoned)
             .finish_non_exhaustive()
     }
 }

@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     idempotency_key  VARCHAR(255) NOT NULL,
     request_hash     VARCHAR(128) NOT NULL,
     status           VARCHAR(32)  NOT NULL CHECK (status IN ('PROCESSING', 'COMPLETED', 'REJECTED')),
-    result_payload   JSONB,
+    result_payload   JSON,
     error_code       VARCHAR(128),
     created_at       TIMESTAMPTZ  NOT NULL DEFAULT now(),
     completed_at     TIMESTAMPTZ,

@@ -73,6 +73,19 @@ pub enum SchemaProblem {
     MissingPrimaryKey,
     /// No index leading with `expires_at`, which cleanup relies on.
     MissingExpiryIndex,
+    /// `result_payload` is `jsonb`, the type of tables created by earlier releases: it refuses the
+    /// `\u0000` escape (every such outcome failed to store, and its retries ran the action
+    /// again) and reorders keys and rewrites numbers, so replays were not byte-identical.
+    /// The store needs `json`, which keeps the text as written.
+    JsonbPayload,
+    /// A key column has a nondeterministic (case- or accent-insensitive) collation: the
+    /// primary key would merge keys, or tenants, that differ only in case.
+    NondeterministicCollation {
+        /// The column.
+        column: &'static str,
+        /// The collation found.
+        collation: String,
+    },
 }
 
 impl fmt::Display for SchemaProblem {
@@ -99,6 +112,18 @@ impl fmt::Display for SchemaProblem {
                 f.write_str("no primary key or unique index on (operation, scope, idempotency_key)")
             }
             Self::MissingExpiryIndex => f.write_str("no index on expires_at"),
+            Self::JsonbPayload => f.write_str(
+                "column result_payload is jsonb, which cannot store \\u0000 and rewrites keys \
+                 and numbers; migrate it to json with `ALTER TABLE <table> ALTER COLUMN \
+                 result_payload TYPE json USING result_payload::text::json` \
+                 (migrations/20261201000001_idempotency_payload_json.sql)",
+            ),
+            Self::NondeterministicCollation { column, collation } => write!(
+                f,
+                "column {column} has the nondeterministic collation {collation}, which would \
+                 merge keys that differ only in case; use a deterministic collation (the \
+                 database default, or \"C\")"
+            ),
         }
     }
 }
@@ -114,6 +139,22 @@ impl fmt::Display for SchemaProblems<'_> {
             write!(f, "{problem}")?;
         }
         Ok(())
+    }
+}
+
+/// [`store_error`] for a statement that may wait for a concurrent holder of the key (`acquire`,
+/// `insert_completed`): a `statement_timeout` (57014) that fires during that wait is the
+/// in-flight wait running out, like `lock_timeout`, so it is [`StoreError::LockTimeout`]
+/// (HTTP 409 with `Retry-After`), not a database error.
+pub(crate) fn wait_error(error: sqlx::Error) -> StoreError {
+    let canceled = error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "57014");
+    if canceled {
+        StoreError::LockTimeout(Box::new(error))
+    } else {
+        store_error(error)
     }
 }
 

@@ -87,8 +87,8 @@ const EXPECTED: &[Expected] = &[
     },
     Expected {
         column: "result_payload",
-        types: &["jsonb"],
-        type_label: "jsonb",
+        types: &["json"],
+        type_label: "json",
         nullable: true,
         min_len: None,
     },
@@ -158,6 +158,10 @@ pub(crate) async fn problems(
             });
             continue;
         };
+        if expected.column == "result_payload" && ty == "jsonb" {
+            problems.push(SchemaProblem::JsonbPayload);
+            continue;
+        }
         if !expected.types.contains(&ty.as_str()) {
             problems.push(SchemaProblem::WrongType {
                 column: expected.column,
@@ -180,6 +184,24 @@ pub(crate) async fn problems(
                 column: expected.column,
                 nullable: expected.nullable,
             });
+        }
+    }
+
+    // A nondeterministic collation (case- or accent-insensitive) would make the primary key
+    // merge keys that differ only in case: one tenant would replay another's response.
+    let collations: Vec<(String, String)> = sqlx::query_as(
+        "SELECT a.attname::text, c.collname::text \
+         FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+           AND a.attname = ANY($2) AND NOT c.collisdeterministic",
+    )
+    .bind(table.quoted())
+    .bind(&KEY_COLUMNS[..])
+    .fetch_all(pool)
+    .await?;
+    for (column, collation) in collations {
+        if let Some(column) = KEY_COLUMNS.iter().find(|c| **c == column) {
+            problems.push(SchemaProblem::NondeterministicCollation { column, collation });
         }
     }
 

@@ -12,7 +12,7 @@ use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr};
 
-use crate::error::{Error, SchemaProblem, store_error};
+use crate::error::{Error, SchemaProblem, store_error, wait_error};
 use crate::schema;
 use crate::table::TableName;
 
@@ -64,7 +64,7 @@ impl Statements {
             )),
             insert_completed: sql(format!(
                 "INSERT INTO {t} ({completed_columns}) \
-                 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, now(), clock_timestamp(), now() + $8) \
+                 VALUES ($1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8) \
                  ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
                  RETURNING created_at, completed_at, expires_at"
             )),
@@ -75,7 +75,7 @@ impl Statements {
                             set_config('lock_timeout', $9, true) AS applied), \
                  ins AS ( \
                      INSERT INTO {t} ({completed_columns}) \
-                     SELECT $1, $2, $3, $4, $5, $6::jsonb, $7, now(), clock_timestamp(), now() + $8 \
+                     SELECT $1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8 \
                      FROM cfg \
                      ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
                      RETURNING created_at, completed_at, expires_at) \
@@ -88,7 +88,7 @@ impl Statements {
                         completed_at, expires_at FROM {t} WHERE {key}"
             )),
             complete: sql(format!(
-                "UPDATE {t} SET status = $4, result_payload = $5::jsonb, error_code = $6, \
+                "UPDATE {t} SET status = $4, result_payload = $5::json, error_code = $6, \
                         completed_at = clock_timestamp() \
                  WHERE {key} AND status = 'PROCESSING' \
                  RETURNING request_hash, created_at, completed_at, expires_at"
@@ -293,7 +293,7 @@ impl IdempotencyStore for PgStore {
                 .bind(interval(claim.ttl))
                 .execute(&mut *conn)
                 .await
-                .map_err(store_error)?
+                .map_err(wait_error)?
                 .rows_affected(),
             Some(timeout) => {
                 let (count, _restored): (i64, String) =
@@ -306,7 +306,7 @@ impl IdempotencyStore for PgStore {
                         .bind(timeout)
                         .fetch_one(&mut *conn)
                         .await
-                        .map_err(store_error)?;
+                        .map_err(wait_error)?;
                 u64::try_from(count).unwrap_or_default()
             }
         };
@@ -416,10 +416,7 @@ impl InsertCompleted for PgStore {
         if let Some(timeout) = timeout {
             query = query.bind(timeout);
         }
-        let row = query
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(store_error)?;
+        let row = query.fetch_optional(&mut *conn).await.map_err(wait_error)?;
         // Unbounded: no row when the key is taken. Bounded: one row, NULLs when it is taken.
         let Some((Some(created_at), completed_at, expires_at)) = row else {
             return Ok(None);

@@ -100,11 +100,34 @@ impl TableName {
         &self.quoted
     }
 
-    /// A quoted name for an object derived from the table (`<table>_<suffix>`), cut to 63 bytes.
+    /// A quoted name for an object derived from the table: `<table>_<suffix>` when that fits in
+    /// 63 bytes, else `<table cut>_<hash>_<suffix>` with 8 hex digits of a hash of the whole
+    /// table name.
+    ///
+    /// PostgreSQL would cut a longer name to 63 bytes itself, so two long table names sharing a
+    /// prefix would derive the same index name (and a 63-byte table name would derive its own
+    /// name); `CREATE INDEX IF NOT EXISTS` would then skip the index without a word. The hash
+    /// keeps every derived name complete and distinct, and short names unchanged.
+    ///
+    /// ```
+    /// let short = idempotency_pg::TableName::parse("records")?;
+    /// assert_eq!(short.derived("expires_at_idx"), r#""records_expires_at_idx""#);
+    /// let long = idempotency_pg::TableName::parse(&"r".repeat(63))?;
+    /// let derived = long.derived("expires_at_idx");
+    /// assert!(derived.len() <= 63 + 2 && derived.ends_with(r#"_expires_at_idx""#));
+    /// # Ok::<(), idempotency_pg::Error>(())
+    /// ```
     pub fn derived(&self, suffix: &str) -> String {
-        let mut name = format!("{}_{suffix}", self.name);
-        name.truncate(MAX_IDENTIFIER_LEN);
-        format!("\"{name}\"")
+        let full = format!("{}_{suffix}", self.name);
+        if full.len() <= MAX_IDENTIFIER_LEN {
+            return format!("\"{full}\"");
+        }
+        let hash = idempotency_core::fingerprint::short_hash(&self.name);
+        let hash = &hash[..8];
+        // Names are ASCII (checked by `parse`), so any byte index is a char boundary.
+        let keep = MAX_IDENTIFIER_LEN.saturating_sub(suffix.len() + hash.len() + 2);
+        let cut = &self.name[..keep.min(self.name.len())];
+        format!("\"{cut}_{hash}_{suffix}\"")
     }
 }
 
@@ -161,9 +184,17 @@ mod tests {
     }
 
     #[test]
-    fn derived_names_fit_the_identifier_limit() {
+    fn derived_names_fit_the_identifier_limit_and_stay_distinct() {
         let t = TableName::parse(&"x".repeat(63)).unwrap();
         let derived = t.derived("expires_at_idx");
         assert_eq!(derived.len(), 63 + 2);
+        assert_ne!(derived, t.quoted(), "not the table's own name");
+        let prefix = "p".repeat(55);
+        let (a, b) = (
+            TableName::parse(&format!("{prefix}_a")).unwrap(),
+            TableName::parse(&format!("{prefix}_b")).unwrap(),
+        );
+        assert_ne!(a.derived("expires_at_idx"), b.derived("expires_at_idx"));
+        assert!(a.derived("expires_at_idx").ends_with("_expires_at_idx\""));
     }
 }

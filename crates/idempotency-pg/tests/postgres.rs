@@ -453,3 +453,171 @@ async fn optimistic_duplicates_leave_one_business_row() {
     assert_eq!(count(&pool, "ledger").await, 1);
     assert_eq!(count(&pool, "idempotency_records").await, 1);
 }
+
+fn claim_id(key: &str) -> RecordId {
+    RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new(key).unwrap(),
+    )
+}
+
+/// Holds `key` in an open transaction (a concurrent request still running).
+async fn hold(
+    service: &IdempotencyService<PgStore>,
+    key: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let store = service.store();
+    let mut holder = store.begin().await.unwrap();
+    let acquired = store
+        .acquire(
+            &mut holder,
+            &Claim {
+                id: &claim_id(key),
+                fingerprint: &Fingerprint::new("0".repeat(64)),
+                ttl: None,
+                wait: LockWait::Unbounded,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(acquired, Acquire::Acquired);
+    holder
+}
+
+/// `lock_timeout` aborts the caller's transaction; a caller that commits anyway would get a
+/// silent rollback from PostgreSQL and a success from sqlx. `Tx::commit` refuses instead
+/// (`StoreError::Poisoned`), so the key completed before in the same transaction is neither
+/// stored nor cached.
+#[tokio::test]
+async fn commit_after_a_lock_timeout_is_refused_and_caches_nothing() {
+    use idempotency_core::testing::RecordingCache;
+    use idempotency_core::{InFlightPolicy, ServiceConfig};
+
+    let (pool, service) = setup().await;
+    let holder = hold(&service, "held").await;
+    let cache = RecordingCache::default();
+    let config = ServiceConfig {
+        in_flight: InFlightPolicy::Reject,
+        ..ServiceConfig::default()
+    };
+    let rejecting = IdempotencyService::builder(service.store().clone())
+        .config(config)
+        .local_cache(cache.clone())
+        .build();
+    let request = serde_json::json!({"x": 1});
+    let mut tx = rejecting.begin().await.unwrap();
+    let first: Outcome<i64> = rejecting
+        .execute_in(
+            &mut tx,
+            Call::new("OP", IdempotencyKey::new("free").unwrap(), &request),
+            async |conn| {
+                Ok::<_, AppError>(ExecutionResult::success(
+                    insert_payment(conn, "o-free").await?,
+                ))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(first.is_executed());
+    let second: Result<Outcome<i64>, AppError> = rejecting
+        .execute_in(
+            &mut tx,
+            Call::new("OP", IdempotencyKey::new("held").unwrap(), &request),
+            async |conn| {
+                Ok(ExecutionResult::success(
+                    insert_payment(conn, "o-held").await?,
+                ))
+            },
+        )
+        .await;
+    assert!(
+        matches!(second, Err(AppError::Idempotency(Error::InFlight))),
+        "{second:?}"
+    );
+    assert!(tx.is_poisoned());
+    let committed = tx.commit().await;
+    assert!(
+        matches!(committed, Err(StoreError::Poisoned)),
+        "commit of an aborted transaction: {committed:?}"
+    );
+    assert!(
+        cache.is_empty(),
+        "an outcome that never committed was cached"
+    );
+    assert_eq!(count(&pool, "payments").await, 0);
+    drop(holder);
+}
+
+/// A `statement_timeout` that fires while `acquire` waits for the key's holder is an in-flight
+/// wait that ran out (HTTP 409 with `Retry-After`), not a database error (500).
+#[tokio::test]
+async fn a_statement_timeout_while_waiting_for_the_holder_is_in_flight() {
+    use idempotency_core::{InFlightPolicy, ServiceConfig};
+
+    let (_pool, service) = setup().await;
+    let holder = hold(&service, "slow").await;
+    let config = ServiceConfig {
+        in_flight: InFlightPolicy::Wait { timeout: None },
+        ..ServiceConfig::default()
+    };
+    let waiting = IdempotencyService::builder(service.store().clone())
+        .config(config)
+        .build();
+    let mut tx = waiting.begin().await.unwrap();
+    sqlx::query("SET LOCAL statement_timeout = '200ms'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let waited: Result<Outcome<i64>, AppError> = waiting
+        .execute_in(
+            &mut tx,
+            Call::new(
+                "OP",
+                IdempotencyKey::new("slow").unwrap(),
+                &serde_json::json!({}),
+            ),
+            async |_conn| Ok(ExecutionResult::success(1)),
+        )
+        .await;
+    assert!(
+        matches!(waited, Err(AppError::Idempotency(Error::InFlight))),
+        "{waited:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    tx.rollback().await.unwrap();
+    drop(holder);
+}
+
+/// A TTL PostgreSQL's timestamps cannot hold (`Duration::MAX` meant as "forever") is refused
+/// before any I/O with a typed error naming the limit, instead of failing every acquire (22008).
+#[tokio::test]
+async fn a_ttl_beyond_the_storable_range_is_refused_before_io() {
+    let (pool, service) = setup().await;
+    let request = serde_json::json!({});
+    let refused: Result<Outcome<i64>, AppError> = service
+        .execute(
+            Call::new("OP", IdempotencyKey::new("forever").unwrap(), &request).ttl(Duration::MAX),
+            async |_conn| Ok(ExecutionResult::success(1)),
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(AppError::Idempotency(Error::InvalidTtl { .. }))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(count(&pool, "idempotency_records").await, 0);
+    // The longest accepted TTL is stored.
+    let stored: Outcome<i64> = service
+        .execute(
+            Call::new("OP", IdempotencyKey::new("long").unwrap(), &request)
+                .ttl(idempotency_core::MAX_TTL),
+            async |_conn| Ok::<_, AppError>(ExecutionResult::success(1)),
+        )
+        .await
+        .unwrap();
+    assert!(stored.is_executed());
+}

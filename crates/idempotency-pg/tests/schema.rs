@@ -89,7 +89,7 @@ async fn validate_fails_on_wrong_type() {
         problems,
         [SchemaProblem::WrongType {
             column: "result_payload",
-            expected: "jsonb",
+            expected: "json",
             found: "text".into()
         }]
     );
@@ -258,17 +258,108 @@ async fn injection_through_the_table_name_is_an_error_not_sql() {
     assert!(still_there);
 }
 
-#[test]
-fn migration_file_is_the_rendered_ddl() {
-    let migration = include_str!("../../../migrations/20261130000001_idempotency_records.sql");
-    let rendered = idempotency_pg::ddl(&TableName::parse("idempotency_records").unwrap());
-    let statements = |s: &str| -> String {
-        s.lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n")
-            .trim()
-            .to_owned()
-    };
-    assert_eq!(statements(migration), statements(&rendered));
+/// The shipped migrations, applied in order, give a table `validate` accepts; a record written
+/// before the payload migration (on `jsonb`) still reads back after it.
+#[tokio::test]
+async fn the_migrations_give_the_canonical_table_and_keep_old_records() {
+    use idempotency_core::store::IdempotencyStore;
+    use idempotency_core::{IdempotencyKey, Operation, RecordId, Scope, StoredOutcome};
+
+    let pool = idempotency_testing::pg_pool().await;
+    exec(
+        &pool,
+        include_str!("../../../migrations/20261130000001_idempotency_records.sql"),
+    )
+    .await;
+    exec(
+        &pool,
+        "INSERT INTO idempotency_records (operation, idempotency_key, request_hash, status, \
+                                          result_payload, completed_at) \
+         VALUES ('OP', 'old', 'h', 'COMPLETED', '{\"b\": 1, \"a\": 2}'::jsonb, now())",
+    )
+    .await;
+    exec(
+        &pool,
+        include_str!("../../../migrations/20261201000001_idempotency_payload_json.sql"),
+    )
+    .await;
+    let store = store(&pool).await;
+    store.validate_schema().await.unwrap();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("old").unwrap(),
+    );
+    let record = store.lookup(&id).await.unwrap().unwrap();
+    assert_eq!(
+        record.outcome,
+        Some(StoredOutcome::Completed {
+            payload: r#"{"a": 2, "b": 1}"#.to_owned()
+        })
+    );
+}
+
+/// A nondeterministic (case-insensitive) collation on a key column would merge `tenant-a` with
+/// `TENANT-A`, so one tenant would replay another's response: validate refuses it.
+#[tokio::test]
+async fn validate_fails_on_a_case_insensitive_key_collation() {
+    for column in ["scope", "idempotency_key", "operation"] {
+        let problems = problems_after(&format!(
+            "CREATE COLLATION case_insensitive (provider = icu, locale = 'und-u-ks-level2', \
+                                                deterministic = false); \
+             ALTER TABLE idempotency_records ALTER COLUMN {column} \
+                 TYPE varchar(255) COLLATE case_insensitive"
+        ))
+        .await;
+        assert_eq!(
+            problems,
+            [SchemaProblem::NondeterministicCollation {
+                column,
+                collation: "case_insensitive".into()
+            }],
+            "{column}"
+        );
+        assert!(problems[0].to_string().contains("nondeterministic"));
+    }
+}
+
+/// A payload column still on JSONB (which refuses `\u0000` and rewrites keys and numbers) is
+/// refused by validate with the migration to run.
+#[tokio::test]
+async fn validate_explains_the_jsonb_payload_migration() {
+    let problems = problems_after(
+        "ALTER TABLE idempotency_records ALTER COLUMN result_payload TYPE jsonb \
+         USING result_payload::text::jsonb",
+    )
+    .await;
+    assert_eq!(problems, [SchemaProblem::JsonbPayload]);
+    let explained = problems[0].to_string();
+    assert!(
+        explained.contains("TYPE json USING result_payload::text::json")
+            && explained.contains("migrations/20261201000001_idempotency_payload_json.sql"),
+        "{explained}"
+    );
+}
+
+/// Long table names get distinct, complete derived names: the expiry index of a 55-, 60- or
+/// 63-character table is created (not skipped as "already exists") and validate passes.
+#[tokio::test]
+async fn long_table_names_get_their_own_expiry_index() {
+    let pool = idempotency_testing::pg_pool().await;
+    let prefix = "r".repeat(50);
+    for name in [
+        format!("{prefix}_aaaa"),
+        format!("{prefix}_bbbb"),
+        format!("{prefix}_cccccccc1"),
+        format!("{prefix}_cccccccc2"),
+        format!("{prefix}_ddddddddddd1"),
+        format!("{prefix}_ddddddddddd2"),
+    ] {
+        let store = PgStore::with_table(pool.clone(), TableName::parse(&name).unwrap());
+        store.create_schema().await.unwrap();
+        store
+            .validate_schema()
+            .await
+            .unwrap_or_else(|e| panic!("{} chars: {e}", name.len()));
+    }
 }

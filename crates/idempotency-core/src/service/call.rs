@@ -4,6 +4,19 @@ use std::time::Duration;
 
 use crate::key::{IdempotencyKey, Scope};
 
+/// The longest record lifetime `execute` accepts: 1,000 years.
+///
+/// Far beyond any retention policy, and within every backend's timestamp range (PostgreSQL's
+/// `timestamptz` ends in 294276 AD, so `now() + Duration::MAX` overflows it). A longer TTL is
+/// refused with [`Error::InvalidTtl`](crate::Error::InvalidTtl) before any I/O rather than
+/// clamped: "keep forever" is spelled as no TTL ([`Call::no_expiry`], `ttl: null`).
+///
+/// ```
+/// use std::time::Duration;
+/// assert!(idempotency_core::MAX_TTL > Duration::from_secs(999 * 365 * 24 * 3600));
+/// ```
+pub const MAX_TTL: Duration = Duration::from_secs(1000 * 365 * 24 * 60 * 60);
+
 /// One request to run idempotently: operation, key, optional scope, the request payload that is
 /// fingerprinted, and an optional record lifetime.
 ///
@@ -47,7 +60,8 @@ impl<'a, R: ?Sized> Call<'a, R> {
         self
     }
 
-    /// Overrides the record lifetime for this call.
+    /// Overrides the record lifetime for this call; at most [`MAX_TTL`], or `execute` answers
+    /// [`Error::InvalidTtl`](crate::Error::InvalidTtl) before any I/O.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(Some(ttl));
         self

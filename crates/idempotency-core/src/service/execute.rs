@@ -100,7 +100,9 @@ where
     ///
     /// A replay checks the fingerprint first: the same key with another payload is
     /// [`Error::PayloadConflict`]. After any error the transaction may be unusable (PostgreSQL
-    /// aborts it after a failed statement): roll it back.
+    /// aborts it after a failed statement): roll it back. A store statement that failed here
+    /// poisons `tx`, so a `tx.commit()` rolls back and returns
+    /// [`StoreError::Poisoned`](crate::StoreError::Poisoned) instead of committing half of it.
     pub async fn execute_in<R, T, E, A>(
         &self,
         tx: &mut Tx<S>,
@@ -125,12 +127,8 @@ where
             return Ok(outcome);
         }
         if inner.config.lookup_before_acquire {
-            let found = inner
-                .store
-                .find(tx.connection(), &prepared.id)
-                .await
-                .map_err(Error::from)?;
-            if let Some(record) = found {
+            let found = inner.store.find(tx.connection(), &prepared.id).await;
+            if let Some(record) = tx.watch(found).map_err(Error::from)? {
                 return Ok(self.replay_stored(tx, prepared.id, record, &prepared.fingerprint)?);
             }
         }
@@ -167,7 +165,7 @@ where
             let started = Instant::now();
             let acquired = inner.store.acquire(tx.connection(), &claim).await;
             inner.metrics.acquire_wait(op, started.elapsed());
-            match acquired {
+            match tx.watch(acquired) {
                 Ok(Acquire::Acquired) => {
                     inner.metrics.acquired(op);
                     tx.claim_acquired();
@@ -175,12 +173,8 @@ where
                 }
                 Ok(Acquire::Exists) => {
                     inner.metrics.acquire_conflict(op);
-                    let found = inner
-                        .store
-                        .find(tx.connection(), &id)
-                        .await
-                        .map_err(Error::from)?;
-                    if let Some(record) = found {
+                    let found = inner.store.find(tx.connection(), &id).await;
+                    if let Some(record) = tx.watch(found).map_err(Error::from)? {
                         return Ok(self.replay_stored(tx, id, record, &fingerprint)?);
                     }
                     tracing::debug!(
@@ -237,11 +231,8 @@ where
         let inner = &*self.inner;
         let result = action(tx.connection()).await?;
         let stored = inner.encode(&result)?;
-        let record = inner
-            .store
-            .complete(tx.connection(), &id, &stored)
-            .await
-            .map_err(Error::from)?;
+        let completed = inner.store.complete(tx.connection(), &id, &stored).await;
+        let record = tx.watch(completed).map_err(Error::from)?;
         tx.claim_completed();
         if record.fingerprint != fingerprint {
             return Err(Error::Store(StoreError::Corrupt {
@@ -303,6 +294,14 @@ where
         }
         let fingerprint = self.fingerprint_of(call.request)?;
         let ttl = self.ttl_for(&call);
+        if let Some(ttl) = ttl
+            && ttl > super::MAX_TTL
+        {
+            return Err(Error::InvalidTtl {
+                ttl,
+                max: super::MAX_TTL,
+            });
+        }
         let id = RecordId::new(operation, call.scope, call.key);
         tracing::debug!(
             operation = id.operation.as_str(),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use builder::ServiceBuilder;
-pub use call::Call;
+pub use call::{Call, MAX_TTL};
 
 use crate::cache::NoCache;
 use crate::config::{IdempotencyConfig, InFlightPolicyKind};

@@ -22,7 +22,9 @@ pub use concurrency::*;
 pub use optimistic::*;
 pub use service_cases::*;
 pub use store_cases::*;
-pub use support::{CountingAction, RecordingCache, SuiteError, VanishingStore, key, op};
+pub use support::{
+    CountingAction, FailingAcquireStore, RecordingCache, SuiteError, VanishingStore, key, op,
+};
 
 /// What a backend can do, where backends legitimately differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +82,8 @@ macro_rules! store_conformance_tests {
             lookup_before_acquire_replays_from_the_store,
             execute_in_follows_the_callers_transaction,
             commit_after_a_failed_action_commits_nothing,
+            commit_after_a_store_error_commits_nothing,
+            outcomes_replay_byte_for_byte,
             caches_are_written_only_after_commit,
             invalid_operation_is_rejected_before_io,
             acquire_loop_exhaustion_is_an_error,

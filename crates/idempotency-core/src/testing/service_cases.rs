@@ -720,3 +720,106 @@ pub async fn acquire_loop_exhaustion_is_an_error<S: IdempotencyStore + Clone>(
     );
     assert_eq!(counter.count(), 0);
 }
+
+/// A store error inside `execute_in` poisons the caller's transaction (PostgreSQL aborts it,
+/// and answers a later `COMMIT` with a silent rollback): a caller that commits anyway gets
+/// [`StoreError::Poisoned`](crate::StoreError::Poisoned) after a rollback, the key completed
+/// earlier in the same transaction is not stored, and no after-commit hook caches it.
+pub async fn commit_after_a_store_error_commits_nothing<S: IdempotencyStore>(
+    store: S,
+    _caps: Capabilities,
+) {
+    let cache = RecordingCache::default();
+    let service = IdempotencyService::builder(super::FailingAcquireStore(store))
+        .local_cache(cache.clone())
+        .build();
+    let counter = CountingAction::default();
+    let (good, bad) = (key("poison-ok"), key("fail-poison"));
+    let request = json!({"x": 1});
+    let id = RecordId::new(
+        crate::Operation::new("OP").expect("op"),
+        Scope::default(),
+        good.clone(),
+    );
+
+    let mut tx = service.begin().await.expect("begin");
+    let first: Outcome<i32> = run_in(&service, &mut tx, &good, &request, &counter, 1)
+        .await
+        .expect("first key");
+    assert!(first.is_executed());
+    let failed: Result<Outcome<i32>, SuiteError> =
+        run_in(&service, &mut tx, &bad, &request, &counter, 2).await;
+    assert!(
+        matches!(
+            failed.as_ref().map_err(SuiteError::idempotency),
+            Err(Some(Error::Store(_)))
+        ),
+        "{failed:?}"
+    );
+    assert!(tx.is_poisoned());
+    let committed = tx.commit().await;
+    assert!(
+        matches!(committed, Err(crate::StoreError::Poisoned)),
+        "commit after a store error: {committed:?}"
+    );
+    assert!(
+        record_of(service.store(), &id).await.is_none(),
+        "the first key was rolled back with the transaction"
+    );
+    assert!(cache.is_empty(), "no after-commit hook ran");
+    assert_eq!(counter.count(), 1, "the failing key never ran its action");
+
+    // The retry of the first key runs again: nothing of the poisoned transaction survived.
+    let retry = run(&service, "OP", &good, &request, &counter, json!(3))
+        .await
+        .expect("retry");
+    assert!(retry.is_executed());
+    assert_eq!(counter.count(), 2);
+}
+
+/// Whatever JSON the serializer produces replays byte for byte from the store: object keys in
+/// their order, numbers as spelled (`1e2`, `1.50`), `\u0000` escapes; rejection details with a
+/// NUL replay equal.
+pub async fn outcomes_replay_byte_for_byte<S: IdempotencyStore>(store: S, _caps: Capabilities) {
+    use serde_json::value::RawValue;
+
+    let service = IdempotencyService::new(store);
+    let text = r#"{"b":1,"a":"x\u0000y","n":1e2,"nested":{"z":[1.50,-0.0],"y":null}}"#;
+    let counter = CountingAction::default();
+    let request = json!({"x": 1});
+    let k = key("bytes");
+    for round in 0..2 {
+        let outcome: Outcome<Box<RawValue>> = service
+            .execute(Call::new("OP", k.clone(), &request), async |_conn| {
+                counter.hit();
+                let raw = RawValue::from_string(text.to_owned()).map_err(|_| SuiteError::Boom)?;
+                Ok::<_, SuiteError>(ExecutionResult::success(raw))
+            })
+            .await
+            .expect("execute");
+        assert_eq!(outcome.is_replayed(), round == 1);
+        assert_eq!(
+            outcome.result().value().map(|raw| raw.get()),
+            Some(text),
+            "round {round}"
+        );
+    }
+    assert_eq!(counter.count(), 1);
+
+    let details = json!({"reason": "nul \u{0} inside", "limit": 100});
+    let k = key("bytes-rejected");
+    for round in 0..2 {
+        let outcome: Outcome<()> = service
+            .execute(Call::new("OP", k.clone(), &request), async |_conn| {
+                counter.hit();
+                ExecutionResult::rejected_with("NUL_DETAILS", &details)
+                    .map_err(|_| SuiteError::Boom)
+            })
+            .await
+            .expect("execute rejected");
+        assert_eq!(outcome.is_replayed(), round == 1);
+        let rejection = outcome.result().rejection().expect("rejected");
+        assert_eq!(rejection.details(), Some(&details), "round {round}");
+    }
+    assert_eq!(counter.count(), 2);
+}

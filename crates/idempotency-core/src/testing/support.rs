@@ -136,3 +136,48 @@ impl<S: IdempotencyStore> IdempotencyStore for VanishingStore<S> {
         self.0.complete(conn, id, outcome).await
     }
 }
+
+/// A store whose `acquire` fails with a database error for keys starting with `fail-`, as a
+/// store statement that errors in the middle of a caller's transaction.
+#[derive(Debug, Clone)]
+pub struct FailingAcquireStore<S>(pub S);
+
+impl<S: IdempotencyStore> IdempotencyStore for FailingAcquireStore<S> {
+    type Connection = S::Connection;
+    type Transaction = S::Transaction;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.0.begin().await
+    }
+    async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
+        S::commit(tx).await
+    }
+    async fn rollback(tx: Self::Transaction) -> Result<(), StoreError> {
+        S::rollback(tx).await
+    }
+    async fn acquire(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim<'_>,
+    ) -> Result<Acquire, StoreError> {
+        if claim.id.key.as_str().starts_with("fail-") {
+            return Err(StoreError::Database("acquire failed on purpose".into()));
+        }
+        self.0.acquire(conn, claim).await
+    }
+    async fn find(
+        &self,
+        conn: &mut Self::Connection,
+        id: &RecordId,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.0.find(conn, id).await
+    }
+    async fn complete(
+        &self,
+        conn: &mut Self::Connection,
+        id: &RecordId,
+        outcome: &StoredOutcome,
+    ) -> Result<IdempotencyRecord, StoreError> {
+        self.0.complete(conn, id, outcome).await
+    }
+}
