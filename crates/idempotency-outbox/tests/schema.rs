@@ -1,5 +1,5 @@
 //! Schema modes against a real PostgreSQL: create, validate (and how it fails), none, the
-//! migration file, and names that try to carry SQL.
+//! migration file, names too long for their derived names, and names that try to carry SQL.
 
 #![allow(clippy::unwrap_used)]
 
@@ -222,6 +222,109 @@ async fn schema_qualified_tables_and_injection_attempts() {
         .await
         .unwrap();
     assert!(still_there);
+}
+
+#[tokio::test]
+async fn table_names_without_room_for_their_derived_names_are_refused() {
+    let pool = idempotency_testing::pg_pool().await;
+    for len in [55, 60, 63] {
+        let name = "o".repeat(len);
+        for input in [name.clone(), format!("events.{name}")] {
+            let error = TableName::parse(&input).unwrap_err();
+            assert!(
+                matches!(&error, Error::InvalidName { reason, .. } if reason.contains("47")),
+                "{len}: {error:?}"
+            );
+        }
+        let config = OutboxConfig {
+            table_name: name.clone(),
+            ..with_mode(SchemaMode::Create)
+        };
+        let error = PgOutbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidName { .. }),
+            "{len}: {error:?}"
+        );
+        let config = InboxConfig {
+            table_name: name,
+            schema: SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..Default::default()
+        };
+        let error = PgInbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidName { .. }),
+            "{len}: {error:?}"
+        );
+    }
+    let created: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class WHERE relnamespace = current_schema()::regnamespace",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(created, 0, "nothing was created");
+
+    // The longest name accepted gets its counters table and every index under its own name.
+    let name = "o".repeat(47);
+    let config = OutboxConfig {
+        table_name: name.clone(),
+        ..with_mode(SchemaMode::Create)
+    };
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    assert!(outbox.schema_problems().await.unwrap().is_empty());
+    let inbox = PgInbox::from_config(
+        pool.clone(),
+        &InboxConfig {
+            table_name: "i".repeat(47),
+            schema: SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(inbox.schema_problems().await.unwrap().is_empty());
+    let mut names: Vec<String> = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_class \
+         WHERE relnamespace = current_schema()::regnamespace AND relkind IN ('r', 'i')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    names.sort();
+    let i = "i".repeat(47);
+    let mut expected: Vec<String> = [
+        name.clone(),
+        format!("{name}_aggregate_idx"),
+        format!("{name}_dead_letter_idx"),
+        format!("{name}_pending_idx"),
+        format!("{name}_pkey"),
+        format!("{name}_published_idx"),
+        format!("{name}_sequences"),
+        i.clone(),
+        format!("{i}_pkey"),
+        format!("{i}_received_at_idx"),
+    ]
+    .into_iter()
+    .collect();
+    let sequences_pkey: String = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_class c JOIN pg_index x ON x.indexrelid = c.oid \
+         WHERE x.indrelid = to_regclass($1)",
+    )
+    .bind(format!("{name}_sequences"))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    expected.push(sequences_pkey);
+    expected.sort();
+    assert_eq!(names, expected);
 }
 
 #[test]

@@ -20,7 +20,7 @@ mod store;
 
 pub use inbox::PgInbox;
 pub use listen::PgNotificationListener;
-pub use names::{Channel, TableName};
+pub use names::{Channel, MAX_TABLE_NAME_LEN, TableName};
 pub use schema::{INBOX_DDL_TEMPLATE, OUTBOX_DDL_TEMPLATE, inbox_ddl, outbox_ddl};
 
 use statements::Statements;

@@ -74,8 +74,8 @@ pub struct SqliteOutbox {
 
 impl SqliteOutbox {
     /// An outbox on `table` (its counters in `<table>_sequences`) with the given ordering; the
-    /// schema is not touched. Fails when `table` is longer than 53 bytes (the counter table's
-    /// name must fit the 63-byte limit).
+    /// schema is not touched. Fails when `table` is longer than 47 bytes (the names derived from
+    /// it, up to `<table>_dead_letter_idx`, must fit 63 bytes, as on PostgreSQL).
     pub fn with_options(
         pool: SqlitePool,
         table: TableName,
