@@ -31,6 +31,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A write that must join the caller's transaction got a connection outside one: it would
+    /// commit on its own, whatever the caller's business change does. Nothing was written.
+    #[error(
+        "{operation} needs a connection in a transaction (begin one, or use the connection an \
+         `execute` action receives); nothing was written"
+    )]
+    NotInTransaction {
+        /// What was called (`enqueue`, `inbox record`).
+        operation: &'static str,
+    },
     /// The event payload could not be serialized to JSON.
     #[error("the event payload cannot be serialized to JSON")]
     Payload(#[source] serde_json::Error),

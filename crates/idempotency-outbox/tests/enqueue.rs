@@ -1,6 +1,7 @@
 //! Enqueue in the caller's transaction: rollback, commit, NOTIFY at commit only, the
 //! per-aggregate counter serializing writers (sequence order = commit order), the
-//! idempotency service's transaction, and bad input.
+//! idempotency service's transaction, and connections outside a
+//! transaction, and bad input.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,9 +10,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use idempotency_outbox::config::Ordering;
-use idempotency_outbox::{Enqueue, Error, NewEvent};
+use idempotency_core::config::{SchemaConfig, SchemaMode};
+use idempotency_outbox::config::{InboxConfig, Ordering};
+use idempotency_outbox::{Enqueue, Error, NewEvent, PgInbox};
 use idempotency_pg::{Call, ExecutionResult, IdempotencyKey, PgIdempotencyService, PgStore, PgTx};
+use sqlx::Connection;
 use sqlx::postgres::PgListener;
 
 /// An application error, as a service would define it.
@@ -210,4 +213,51 @@ async fn invalid_events_are_rejected_before_sql() {
         .unwrap_err();
     assert!(matches!(error, Error::Database(_)), "{error:?}");
     assert!(!error.is_retryable());
+}
+
+#[tokio::test]
+async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() {
+    let config = config(Ordering::Ordered);
+    let (pool, outbox) = outbox(&config).await;
+    let inbox_config = InboxConfig {
+        schema: SchemaConfig {
+            mode: SchemaMode::Create,
+        },
+        ..InboxConfig::default()
+    };
+    let inbox = PgInbox::from_config(pool.clone(), &inbox_config)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+
+    for error in [
+        outbox
+            .enqueue(&mut conn, &event("auto", 1))
+            .await
+            .unwrap_err(),
+        Enqueue::enqueue_all(&outbox, &mut conn, &[event("auto", 2)])
+            .await
+            .unwrap_err(),
+        inbox
+            .record(&mut conn, "projector", "m-1")
+            .await
+            .unwrap_err(),
+    ] {
+        assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
+        assert!(!error.is_retryable());
+    }
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(
+        scalar_i64(&pool, "SELECT count(*) FROM outbox_sequences").await,
+        0
+    );
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 0);
+
+    // The same connection in a transaction works as before.
+    let mut tx = conn.begin().await.unwrap();
+    outbox.enqueue(&mut tx, &event("auto", 3)).await.unwrap();
+    assert!(inbox.record(&mut tx, "projector", "m-1").await.unwrap());
+    tx.commit().await.unwrap();
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 1);
 }

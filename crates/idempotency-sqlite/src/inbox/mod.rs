@@ -7,7 +7,7 @@ use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::InboxConfig;
 use idempotency_outbox::store::Inbox;
 use idempotency_outbox::{Error, SchemaProblem};
-use sqlx::{SqlStr, SqliteConnection, SqlitePool};
+use sqlx::{Connection, SqlStr, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 use crate::clock::NOW_MS;
@@ -139,12 +139,20 @@ impl SqliteInbox {
 
     /// Records `(consumer, message_id)` in the caller's transaction; `true` when new (process
     /// the message), `false` for a redelivery (skip it). Both must have 1 to 255 characters.
+    ///
+    /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
+    /// transaction begun through sqlx: the entry would commit without the consumer's effects.
     pub async fn record(
         &self,
         conn: &mut SqliteConnection,
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, Error> {
+        if !conn.is_in_transaction() {
+            return Err(Error::NotInTransaction {
+                operation: "inbox record",
+            });
+        }
         for (what, value) in [("consumer name", consumer), ("message id", message_id)] {
             if value.is_empty() || value.chars().count() > MAX_LEN {
                 return Err(Error::InvalidEvent {
