@@ -11,7 +11,7 @@ use idempotency_sqlite::idempotency_outbox::config::Ordering;
 use idempotency_sqlite::idempotency_outbox::store::{
     ClaimRequest, Enqueue, Failure, Housekeeping, RelayStore,
 };
-use idempotency_sqlite::idempotency_outbox::{Error, NewEvent};
+use idempotency_sqlite::idempotency_outbox::{Error, NewEvent, Relay};
 use outbox_common::*;
 use uuid::Uuid;
 
@@ -265,6 +265,26 @@ async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() 
         tx.commit().await.unwrap();
         assert_eq!(pending(outbox.pool()).await, 1);
     }
+}
+
+#[tokio::test]
+async fn payload_and_headers_reach_the_publisher_byte_for_byte() {
+    let config = config(Ordering::Ordered);
+    let (_, outbox) = fresh(&config).await;
+    let payload = r#"{"b":1,"a":"x\u0000y","n":1e2}"#;
+    let sent = NewEvent::from_json_text("order", "nul", "Odd", payload)
+        .header("trace", "a\0b")
+        .header("x-order", "z");
+    commit(&outbox, std::slice::from_ref(&sent)).await;
+    let recorder = Recorder::default();
+    let relay = Relay::new(outbox.clone(), recorder.clone(), &config).unwrap();
+    relay.run_batch().await.unwrap();
+    let got = recorder.published();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].id, sent.id());
+    assert_eq!(got[0].payload.as_bytes(), payload.as_bytes());
+    assert_eq!(&got[0].headers, sent.headers());
+    assert_eq!(published(outbox.pool()).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
