@@ -31,6 +31,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A write that must join the caller's transaction got a connection outside one: it would
+    /// commit on its own, whatever the caller's business change does. Nothing was written.
+    #[error(
+        "{operation} needs a connection in a transaction (begin one, or use the connection an \
+         `execute` action receives); nothing was written"
+    )]
+    NotInTransaction {
+        /// What was called (`enqueue`, `inbox record`).
+        operation: &'static str,
+    },
     /// The event payload could not be serialized to JSON.
     #[error("the event payload cannot be serialized to JSON")]
     Payload(#[source] serde_json::Error),
@@ -112,6 +122,22 @@ pub enum SchemaProblem {
         /// What the table has.
         found: String,
     },
+    /// A column still has the type an older version of the schema gave it; `migration`
+    /// converts it in place.
+    OutdatedType {
+        /// The table.
+        table: String,
+        /// The column.
+        column: &'static str,
+        /// What the store needs.
+        expected: &'static str,
+        /// What the table has.
+        found: String,
+        /// Why the old type does not do.
+        reason: &'static str,
+        /// The migration file (under `migrations/`) that converts it.
+        migration: &'static str,
+    },
     /// A column is `NOT NULL` where the store writes `NULL`, or the reverse.
     Nullability {
         /// The table.
@@ -143,6 +169,19 @@ impl fmt::Display for SchemaProblem {
                 expected,
                 found,
             } => write!(f, "column {table}.{column} is {found}, expected {expected}"),
+            Self::OutdatedType {
+                table,
+                column,
+                expected,
+                found,
+                reason,
+                migration,
+            } => write!(
+                f,
+                "column {table}.{column} is {found}, the type of an older schema, expected \
+                 {expected} ({reason}); run migrations/{migration} (or its statements with your \
+                 table name) to convert it"
+            ),
             Self::Nullability {
                 table,
                 column,

@@ -1,18 +1,39 @@
 //! Enqueue in the caller's transaction: rollback, commit, NOTIFY at commit only, the
 //! per-aggregate counter serializing writers (sequence order = commit order), the
-//! idempotency service's transaction, and bad input.
+//! idempotency service's transaction, connections outside a transaction, payloads kept byte
+//! for byte, and bad input.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use idempotency_outbox::config::Ordering;
-use idempotency_outbox::{Enqueue, Error, NewEvent};
+use idempotency_core::config::{SchemaConfig, SchemaMode};
+use idempotency_outbox::config::{InboxConfig, Ordering};
+use idempotency_outbox::{
+    Ack, Enqueue, Error, NewEvent, OutboxMessage, PgInbox, PublishError, Publisher, Relay,
+};
 use idempotency_pg::{Call, ExecutionResult, IdempotencyKey, PgIdempotencyService, PgStore, PgTx};
+use sqlx::Connection;
 use sqlx::postgres::PgListener;
+
+/// A broker that confirms everything and keeps what the relay handed it.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<OutboxMessage>>);
+
+impl Publisher for Recorder {
+    fn destination(&self) -> &str {
+        "recorder"
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        self.0.lock().unwrap().push(message.clone());
+        Ok(Ack::default())
+    }
+}
 
 /// An application error, as a service would define it.
 #[derive(Debug, thiserror::Error)]
@@ -210,4 +231,74 @@ async fn invalid_events_are_rejected_before_sql() {
         .unwrap_err();
     assert!(matches!(error, Error::Database(_)), "{error:?}");
     assert!(!error.is_retryable());
+}
+
+#[tokio::test]
+async fn payload_and_headers_reach_the_publisher_byte_for_byte() {
+    let config = config(Ordering::Ordered);
+    let (pool, outbox) = outbox(&config).await;
+    // Key order, a number's spelling and the NUL escape are what a JSONB column would change
+    // or refuse.
+    let payload = r#"{"b":1,"a":"x\u0000y","n":1e2}"#;
+    let sent = NewEvent::from_json_text("order", "nul", "Odd", payload)
+        .header("trace", "a\0b")
+        .header("x-order", "z");
+    commit(&pool, &outbox, std::slice::from_ref(&sent)).await;
+
+    let recorder = Arc::new(Recorder::default());
+    let relay = Relay::new(outbox.clone(), Arc::clone(&recorder), &config).unwrap();
+    relay.run_batch().await.unwrap();
+    let got = recorder.0.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].id, sent.id());
+    assert_eq!(got[0].payload.as_bytes(), payload.as_bytes());
+    assert_eq!(&got[0].headers, sent.headers());
+    assert_eq!(published(&pool).await, 1);
+}
+
+#[tokio::test]
+async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() {
+    let config = config(Ordering::Ordered);
+    let (pool, outbox) = outbox(&config).await;
+    let inbox_config = InboxConfig {
+        schema: SchemaConfig {
+            mode: SchemaMode::Create,
+        },
+        ..InboxConfig::default()
+    };
+    let inbox = PgInbox::from_config(pool.clone(), &inbox_config)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+
+    for error in [
+        outbox
+            .enqueue(&mut conn, &event("auto", 1))
+            .await
+            .unwrap_err(),
+        Enqueue::enqueue_all(&outbox, &mut conn, &[event("auto", 2)])
+            .await
+            .unwrap_err(),
+        inbox
+            .record(&mut conn, "projector", "m-1")
+            .await
+            .unwrap_err(),
+    ] {
+        assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
+        assert!(!error.is_retryable());
+    }
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(
+        scalar_i64(&pool, "SELECT count(*) FROM outbox_sequences").await,
+        0
+    );
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 0);
+
+    // The same connection in a transaction works as before.
+    let mut tx = conn.begin().await.unwrap();
+    outbox.enqueue(&mut tx, &event("auto", 3)).await.unwrap();
+    assert!(inbox.record(&mut tx, "projector", "m-1").await.unwrap());
+    tx.commit().await.unwrap();
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 1);
 }

@@ -1,5 +1,5 @@
 //! Schema modes against a real PostgreSQL: create, validate (and how it fails), none, the
-//! migration file, and names that try to carry SQL.
+//! migration files, names too long for their derived names, and names that try to carry SQL.
 
 #![allow(clippy::unwrap_used)]
 
@@ -104,7 +104,7 @@ async fn validate_fails_on_columns_types_and_nullability() {
             SchemaProblem::WrongType {
                 table: "outbox".into(),
                 column: "payload",
-                expected: "jsonb",
+                expected: "json",
                 found: "text".into()
             },
             SchemaProblem::MissingColumn {
@@ -224,21 +224,205 @@ async fn schema_qualified_tables_and_injection_attempts() {
     assert!(still_there);
 }
 
-#[test]
-fn migration_file_is_the_rendered_ddl() {
-    let migration = include_str!("../../../migrations/20261130000002_outbox.sql");
-    let rendered = format!(
-        "{}\n{}",
-        outbox_ddl(&TableName::parse("outbox").unwrap()),
-        inbox_ddl(&TableName::parse("inbox").unwrap())
-    );
-    let statements = |s: &str| -> String {
-        s.lines()
-            .filter(|l| !l.trim_start().starts_with("--") && !l.trim().is_empty())
-            .collect::<Vec<_>>()
-            .join("\n")
+const FIRST_MIGRATION: &str = include_str!("../../../migrations/20261130000002_outbox.sql");
+const JSON_MIGRATION: &str = include_str!("../../../migrations/20261201083000_outbox_json.sql");
+
+/// Columns (type, nullability, default) and index definitions of the tables in the pool's
+/// schema, with the schema name taken out.
+async fn catalog(pool: &PgPool) -> Vec<String> {
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) \
+                || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END \
+                || COALESCE(' default ' || pg_get_expr(d.adbin, d.adrelid), '') \
+         FROM pg_class c \
+         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+         LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum \
+         WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' \
+         UNION ALL \
+         SELECT replace(indexdef, schemaname || '.', '') FROM pg_indexes \
+         WHERE schemaname = current_schema() \
+         ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows
+}
+
+#[tokio::test]
+async fn the_migrations_build_the_schema_create_builds() {
+    let migrated = idempotency_testing::pg_pool().await;
+    exec(&migrated, FIRST_MIGRATION).await;
+    exec(&migrated, JSON_MIGRATION).await;
+    PgOutbox::from_config(migrated.clone(), &with_mode(SchemaMode::Validate))
+        .await
+        .unwrap();
+    PgInbox::from_config(migrated.clone(), &InboxConfig::default())
+        .await
+        .unwrap();
+
+    let created = idempotency_testing::pg_pool().await;
+    exec(&created, &outbox_ddl(&TableName::parse("outbox").unwrap())).await;
+    exec(&created, &inbox_ddl(&TableName::parse("inbox").unwrap())).await;
+    assert_eq!(catalog(&migrated).await, catalog(&created).await);
+}
+
+#[tokio::test]
+async fn a_jsonb_outbox_fails_validation_naming_the_migration_that_converts_it() {
+    let pool = idempotency_testing::pg_pool().await;
+    exec(&pool, FIRST_MIGRATION).await;
+    exec(
+        &pool,
+        r#"INSERT INTO outbox (id, aggregate_type, aggregate_id, sequence, event_type, payload, headers)
+           VALUES ('0190b6c4-4a8c-7000-8000-000000000001', 'order', 'o-1', 1, 'Placed',
+                   '{"n": 1}', '{"trace": "t"}')"#,
+    )
+    .await;
+    let error = PgOutbox::from_config(pool.clone(), &with_mode(SchemaMode::Validate))
+        .await
+        .unwrap_err();
+    let Error::Schema { problems, .. } = &error else {
+        panic!("{error:?}")
     };
-    assert_eq!(statements(migration), statements(&rendered));
+    let outdated: Vec<&str> = problems
+        .iter()
+        .map(|problem| match problem {
+            SchemaProblem::OutdatedType {
+                column,
+                found,
+                expected,
+                migration,
+                ..
+            } if found == "jsonb" && *expected == "json" => {
+                assert!(migration.ends_with("_outbox_json.sql"), "{migration}");
+                *column
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(outdated, ["payload", "headers"]);
+    let message = error.to_string();
+    for needle in ["jsonb", "20261201083000_outbox_json.sql", "\\u0000"] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+
+    // The migration converts the table in place; the row is kept.
+    exec(&pool, JSON_MIGRATION).await;
+    let outbox = PgOutbox::from_config(pool.clone(), &with_mode(SchemaMode::Validate))
+        .await
+        .unwrap();
+    assert!(outbox.schema_problems().await.unwrap().is_empty());
+    let kept: (String, String) = sqlx::query_as("SELECT payload::text, headers::text FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        kept,
+        (r#"{"n": 1}"#.to_owned(), r#"{"trace": "t"}"#.to_owned())
+    );
+}
+
+#[tokio::test]
+async fn table_names_without_room_for_their_derived_names_are_refused() {
+    let pool = idempotency_testing::pg_pool().await;
+    for len in [55, 60, 63] {
+        let name = "o".repeat(len);
+        for input in [name.clone(), format!("events.{name}")] {
+            let error = TableName::parse(&input).unwrap_err();
+            assert!(
+                matches!(&error, Error::InvalidName { reason, .. } if reason.contains("47")),
+                "{len}: {error:?}"
+            );
+        }
+        let config = OutboxConfig {
+            table_name: name.clone(),
+            ..with_mode(SchemaMode::Create)
+        };
+        let error = PgOutbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidName { .. }),
+            "{len}: {error:?}"
+        );
+        let config = InboxConfig {
+            table_name: name,
+            schema: SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..Default::default()
+        };
+        let error = PgInbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidName { .. }),
+            "{len}: {error:?}"
+        );
+    }
+    let created: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class WHERE relnamespace = current_schema()::regnamespace",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(created, 0, "nothing was created");
+
+    // The longest name accepted gets its counters table and every index under its own name.
+    let name = "o".repeat(47);
+    let config = OutboxConfig {
+        table_name: name.clone(),
+        ..with_mode(SchemaMode::Create)
+    };
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    assert!(outbox.schema_problems().await.unwrap().is_empty());
+    let inbox = PgInbox::from_config(
+        pool.clone(),
+        &InboxConfig {
+            table_name: "i".repeat(47),
+            schema: SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(inbox.schema_problems().await.unwrap().is_empty());
+    let mut names: Vec<String> = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_class \
+         WHERE relnamespace = current_schema()::regnamespace AND relkind IN ('r', 'i')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    names.sort();
+    let i = "i".repeat(47);
+    let mut expected: Vec<String> = [
+        name.clone(),
+        format!("{name}_aggregate_idx"),
+        format!("{name}_dead_letter_idx"),
+        format!("{name}_pending_idx"),
+        format!("{name}_pkey"),
+        format!("{name}_published_idx"),
+        format!("{name}_sequences"),
+        i.clone(),
+        format!("{i}_pkey"),
+        format!("{i}_received_at_idx"),
+    ]
+    .into_iter()
+    .collect();
+    let sequences_pkey: String = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_class c JOIN pg_index x ON x.indexrelid = c.oid \
+         WHERE x.indrelid = to_regclass($1)",
+    )
+    .bind(format!("{name}_sequences"))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    expected.push(sequences_pkey);
+    expected.sort();
+    assert_eq!(names, expected);
 }
 
 #[tokio::test]

@@ -194,3 +194,28 @@ async fn injection_through_the_inbox_table_name_is_an_error_not_sql() {
         "the victim table is still there"
     );
 }
+
+#[tokio::test]
+async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() {
+    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
+    let inbox = inbox(outbox.pool()).await;
+    let mut conn = inbox.pool().acquire().await.unwrap();
+    for error in [
+        inbox
+            .record(&mut conn, "projector", "m-1")
+            .await
+            .unwrap_err(),
+        Inbox::record(&inbox, &mut conn, "projector", "m-2")
+            .await
+            .unwrap_err(),
+    ] {
+        assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
+        assert!(!error.is_retryable());
+    }
+    assert_eq!(scalar(inbox.pool(), "SELECT count(*) FROM inbox").await, 0);
+    // The same connection in a transaction works as before.
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    assert!(inbox.record(&mut tx, "projector", "m-1").await.unwrap());
+    tx.commit().await.unwrap();
+    assert_eq!(scalar(inbox.pool(), "SELECT count(*) FROM inbox").await, 1);
+}

@@ -1,5 +1,6 @@
 //! Outbox and inbox schema modes on SQLite: create (idempotent, concurrent), validate (and what
-//! it names when it fails), none, configured names, and names that try to carry SQL.
+//! it names when it fails), none, configured names, names too long for their derived names, and
+//! names that try to carry SQL.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
@@ -206,12 +207,85 @@ async fn configured_names_are_validated_and_used() {
             "{bad}: {error:?}"
         );
     }
-    // The counters' table is named after the outbox table and must fit 63 bytes too.
-    let long = TableName::parse(&"o".repeat(54)).unwrap();
-    assert!(matches!(outbox_ddl(&long), Err(Error::InvalidName { .. })));
-    assert!(SqliteOutbox::with_options(pool.clone(), long, Ordering::Ordered).is_err());
-    let fits = TableName::parse(&"o".repeat(53)).unwrap();
-    assert!(outbox_ddl(&fits).is_ok());
+}
+
+#[tokio::test]
+async fn table_names_without_room_for_their_derived_names_are_refused() {
+    let pool = pool().await;
+    for len in [55, 60, 63] {
+        let name = "o".repeat(len);
+        let table = TableName::parse(&name).unwrap();
+        let refused = |error: &Error| matches!(error, Error::InvalidName { reason, .. } if reason.contains("47"));
+        let error = outbox_ddl(&table).unwrap_err();
+        assert!(refused(&error), "{len}: {error:?}");
+        let error =
+            SqliteOutbox::with_options(pool.clone(), table.clone(), Ordering::Ordered).unwrap_err();
+        assert!(refused(&error), "{len}: {error:?}");
+        let error = SqliteInbox::with_table(pool.clone(), table).unwrap_err();
+        assert!(refused(&error), "{len}: {error:?}");
+        let mut config = config(Ordering::Ordered);
+        config.table_name = name.clone();
+        let error = SqliteOutbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(refused(&error), "{len}: {error:?}");
+        let config = InboxConfig {
+            table_name: name,
+            schema: SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..InboxConfig::default()
+        };
+        let error = SqliteInbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap_err();
+        assert!(refused(&error), "{len}: {error:?}");
+    }
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM sqlite_schema").await,
+        0,
+        "nothing was created"
+    );
+
+    // The longest name accepted gets its counters table and every index under its own name.
+    let (o, i) = ("o".repeat(47), "i".repeat(47));
+    let mut config = config(Ordering::Ordered);
+    config.table_name = o.clone();
+    let outbox = SqliteOutbox::from_config(pool.clone(), &config)
+        .await
+        .unwrap();
+    assert!(outbox.schema_problems().await.unwrap().is_empty());
+    let inbox = SqliteInbox::from_config(
+        pool.clone(),
+        &InboxConfig {
+            table_name: i.clone(),
+            schema: SchemaConfig {
+                mode: SchemaMode::Create,
+            },
+            ..InboxConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(inbox.schema_problems().await.unwrap().is_empty());
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_schema WHERE name NOT LIKE 'sqlite_autoindex%' ORDER BY name",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected = vec![
+        i.clone(),
+        format!("{i}_received_at_idx"),
+        o.clone(),
+        format!("{o}_aggregate_idx"),
+        format!("{o}_dead_letter_idx"),
+        format!("{o}_pending_idx"),
+        format!("{o}_published_idx"),
+        format!("{o}_sequences"),
+    ];
+    expected.sort();
+    assert_eq!(names, expected);
 }
 
 #[tokio::test]

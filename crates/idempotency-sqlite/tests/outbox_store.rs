@@ -11,7 +11,7 @@ use idempotency_sqlite::idempotency_outbox::config::Ordering;
 use idempotency_sqlite::idempotency_outbox::store::{
     ClaimRequest, Enqueue, Failure, Housekeeping, RelayStore,
 };
-use idempotency_sqlite::idempotency_outbox::{Error, NewEvent};
+use idempotency_sqlite::idempotency_outbox::{Error, NewEvent, Relay};
 use outbox_common::*;
 use uuid::Uuid;
 
@@ -228,12 +228,63 @@ async fn rows_store_times_as_database_milliseconds_and_ids_as_text() {
 async fn sqlite_has_no_notifications_and_enqueue_of_nothing_is_a_no_op() {
     let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
     assert!(outbox.listen().await.unwrap().is_none());
-    let mut conn = outbox.pool().acquire().await.unwrap();
-    assert!(outbox.enqueue_all(&mut conn, &[]).await.unwrap().is_empty());
-    // Outside a transaction an enqueue is its own transaction.
-    outbox.enqueue(&mut conn, &event("solo", 1)).await.unwrap();
-    drop(conn);
-    assert_eq!(pending(outbox.pool()).await, 1);
+    let mut tx = outbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert!(outbox.enqueue_all(&mut tx, &[]).await.unwrap().is_empty());
+    tx.commit().await.unwrap();
+    assert_eq!(pending(outbox.pool()).await, 0);
+}
+
+#[tokio::test]
+async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() {
+    for ordering in [Ordering::Ordered, Ordering::Unordered] {
+        let (_, outbox) = fresh(&config(ordering)).await;
+        let mut conn = outbox.pool().acquire().await.unwrap();
+        for error in [
+            outbox
+                .enqueue(&mut conn, &event("solo", 1))
+                .await
+                .unwrap_err(),
+            Enqueue::enqueue_all(&outbox, &mut conn, &[event("solo", 2)])
+                .await
+                .unwrap_err(),
+        ] {
+            assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
+            assert!(!error.is_retryable());
+        }
+        assert_eq!(
+            scalar(outbox.pool(), "SELECT count(*) FROM outbox").await,
+            0
+        );
+        assert_eq!(
+            scalar(outbox.pool(), "SELECT count(*) FROM outbox_sequences").await,
+            0
+        );
+        // The same connection in a transaction works as before.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        outbox.enqueue(&mut tx, &event("solo", 3)).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(pending(outbox.pool()).await, 1);
+    }
+}
+
+#[tokio::test]
+async fn payload_and_headers_reach_the_publisher_byte_for_byte() {
+    let config = config(Ordering::Ordered);
+    let (_, outbox) = fresh(&config).await;
+    let payload = r#"{"b":1,"a":"x\u0000y","n":1e2}"#;
+    let sent = NewEvent::from_json_text("order", "nul", "Odd", payload)
+        .header("trace", "a\0b")
+        .header("x-order", "z");
+    commit(&outbox, std::slice::from_ref(&sent)).await;
+    let recorder = Recorder::default();
+    let relay = Relay::new(outbox.clone(), recorder.clone(), &config).unwrap();
+    relay.run_batch().await.unwrap();
+    let got = recorder.published();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].id, sent.id());
+    assert_eq!(got[0].payload.as_bytes(), payload.as_bytes());
+    assert_eq!(&got[0].headers, sent.headers());
+    assert_eq!(published(outbox.pool()).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -109,12 +109,17 @@ impl PgInbox {
     }
 
     /// Records `(consumer, message_id)` in the caller's transaction; `true` when new.
+    ///
+    /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
+    /// transaction begun through sqlx: the entry would commit without the consumer's effects,
+    /// and a crash in between would lose the message.
     pub async fn record(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, Error> {
+        crate::pg::require_transaction(conn, "inbox record")?;
         if consumer.is_empty() || consumer.chars().count() > 255 {
             return Err(Error::invalid_event(
                 "the consumer name must have 1..=255 characters",

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use idempotency_core::config::SchemaMode;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::{Ordering, OutboxConfig};
@@ -20,7 +20,7 @@ mod store;
 
 pub use inbox::PgInbox;
 pub use listen::PgNotificationListener;
-pub use names::{Channel, TableName};
+pub use names::{Channel, MAX_TABLE_NAME_LEN, TableName};
 pub use schema::{INBOX_DDL_TEMPLATE, OUTBOX_DDL_TEMPLATE, inbox_ddl, outbox_ddl};
 
 use statements::Statements;
@@ -144,7 +144,8 @@ impl PgOutbox {
     ///
     /// `conn` is any PostgreSQL connection in a transaction: `&mut sqlx::Transaction`,
     /// `idempotency_pg::PgTx` (both dereference to `PgConnection`). Rolled back with it;
-    /// visible to relays, and notified, at commit.
+    /// visible to relays, and notified, at commit. A connection outside a transaction is
+    /// refused with [`Error::NotInTransaction`] (the event would commit on its own).
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid, Error> {
         self.enqueue_all(conn, std::slice::from_ref(event))
             .await
@@ -156,11 +157,16 @@ impl PgOutbox {
     /// In `ordered` mode events of one aggregate are numbered in the order given, and a
     /// concurrent transaction writing the same aggregate waits at this statement until this
     /// transaction ends. Keep such transactions short, as for any row lock.
+    ///
+    /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
+    /// transaction begun through sqlx (`begin`, `begin_with`, or an `execute` action's
+    /// connection): a `BEGIN` sent as plain SQL is not seen.
     pub async fn enqueue_all(
         &self,
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<Uuid>, Error> {
+        require_transaction(conn, "enqueue")?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
@@ -220,6 +226,20 @@ impl PgOutbox {
     /// The notification channel, if enqueue notifies.
     pub fn channel(&self) -> Option<&Channel> {
         self.channel.as_ref()
+    }
+}
+
+/// Refuses a connection outside a transaction: a write meant to join the caller's transaction
+/// would otherwise commit on its own (an event for a change that is rolled back, an inbox entry
+/// without the consumer's effects).
+pub(crate) fn require_transaction(
+    conn: &PgConnection,
+    operation: &'static str,
+) -> Result<(), Error> {
+    if conn.is_in_transaction() {
+        Ok(())
+    } else {
+        Err(Error::NotInTransaction { operation })
     }
 }
 

@@ -7,6 +7,14 @@ use crate::error::Error;
 /// PostgreSQL's identifier length limit (`NAMEDATALEN - 1`).
 const MAX_IDENTIFIER_LEN: usize = 63;
 
+/// The longest suffix of a name derived from a table name: `_dead_letter_idx` (outbox) and
+/// `_received_at_idx` (inbox).
+const LONGEST_SUFFIX_LEN: usize = "_dead_letter_idx".len();
+
+/// The longest table name (without schema): its derived names still fit
+/// PostgreSQL's 63-byte identifier limit uncut.
+pub const MAX_TABLE_NAME_LEN: usize = MAX_IDENTIFIER_LEN - LONGEST_SUFFIX_LEN;
+
 fn check_part(what: &'static str, input: &str, part: &str) -> Result<String, Error> {
     let invalid = |reason: &'static str| Error::InvalidName {
         what,
@@ -33,8 +41,17 @@ fn check_part(what: &'static str, input: &str, part: &str) -> Result<String, Err
 /// A table name from configuration, checked and quoted so it can never carry SQL.
 ///
 /// Accepts `name` or `schema.name`; each part starts with a letter or `_` and continues with
-/// letters, digits, `_` or `$`, at most 63 bytes. Parts are folded to lower case, as PostgreSQL
-/// does for unquoted names, then double-quoted in every statement.
+/// letters, digits, `_` or `$`. Parts are folded to lower case, as PostgreSQL does for unquoted
+/// names, then double-quoted in every statement.
+///
+/// The schema may have 63 bytes (PostgreSQL's limit), the name at most
+/// [`MAX_TABLE_NAME_LEN`] (47): the stores name other objects after the table
+/// (`<table>_sequences`, `<table>_pending_idx`, up to `<table>_dead_letter_idx` and
+/// `<table>_received_at_idx`), and PostgreSQL cuts longer identifiers to 63 bytes, so that the
+/// names of a longer table would collide with each other or with the table itself, and
+/// `CREATE ... IF NOT EXISTS` would skip an object without a word. A longer name is refused
+/// here, rather than derived names shortened with a hash, so that every object keeps a name an
+/// operator can predict and a migration can spell.
 ///
 /// ```
 /// use idempotency_outbox::pg::TableName;
@@ -70,6 +87,15 @@ impl TableName {
                 });
             }
         };
+        if name.len() > MAX_TABLE_NAME_LEN {
+            return Err(Error::InvalidName {
+                what,
+                name: input.to_owned(),
+                reason: "the table name (without schema) is longer than 47 bytes, which leaves \
+                         no room for the names derived from it (`<table>_dead_letter_idx`...) \
+                         within PostgreSQL's 63-byte limit",
+            });
+        }
         Ok(Self::from_parts(schema, name))
     }
 
@@ -101,14 +127,15 @@ impl TableName {
     }
 
     /// A quoted, unqualified name for an index of the table (`<table>_<suffix>`), cut to 63
-    /// bytes.
+    /// bytes (never cut for the suffixes the stores use: see [`MAX_TABLE_NAME_LEN`]).
     pub fn derived(&self, suffix: &str) -> String {
         let mut name = format!("{}_{suffix}", self.name);
         name.truncate(MAX_IDENTIFIER_LEN);
         format!("\"{name}\"")
     }
 
-    /// A sibling table in the same schema (`<table>_<suffix>`), cut to 63 bytes.
+    /// A sibling table in the same schema (`<table>_<suffix>`), cut to 63 bytes (never cut for
+    /// the suffixes the stores use: see [`MAX_TABLE_NAME_LEN`]).
     pub fn sibling(&self, suffix: &str) -> Self {
         let mut name = format!("{}_{suffix}", self.name);
         name.truncate(MAX_IDENTIFIER_LEN);
@@ -180,5 +207,17 @@ mod tests {
         assert!(Channel::parse("a$b").is_err());
         assert!(Channel::parse("a'b").is_err());
         assert!(Channel::parse(&"c".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn the_longest_table_name_leaves_room_for_every_derived_name() {
+        let schema = "s".repeat(MAX_IDENTIFIER_LEN);
+        let t = TableName::parse(&format!("{schema}.{}", "t".repeat(MAX_TABLE_NAME_LEN))).unwrap();
+        for suffix in ["dead_letter_idx", "received_at_idx", "sequences"] {
+            let derived = format!("{}_{suffix}", t.name());
+            assert!(derived.len() <= MAX_IDENTIFIER_LEN, "{derived}");
+            assert_eq!(t.derived(suffix), format!("\"{derived}\""));
+        }
+        assert!(TableName::parse(&"t".repeat(MAX_TABLE_NAME_LEN + 1)).is_err());
     }
 }

@@ -1,13 +1,15 @@
 -- Canonical DDL of the transactional outbox (PostgreSQL 13+).
 -- {table}, {sequences} and the index names are replaced by the configured, validated and quoted names.
+-- payload and headers are JSON, not JSONB: the text is kept as enqueued (key order, numbers,
+-- the \u0000 escape), so the relay publishes exactly the bytes the application wrote.
 CREATE TABLE IF NOT EXISTS {table} (
     id                UUID          PRIMARY KEY,
     aggregate_type    VARCHAR(255)  NOT NULL,
     aggregate_id      VARCHAR(255)  NOT NULL,
     sequence          BIGINT,
     event_type        VARCHAR(255)  NOT NULL,
-    payload           JSONB         NOT NULL,
-    headers           JSONB         NOT NULL DEFAULT '{}',
+    payload           JSON          NOT NULL,
+    headers           JSON          NOT NULL DEFAULT '{}',
     created_at        TIMESTAMPTZ   NOT NULL DEFAULT clock_timestamp(),
     attempts          INTEGER       NOT NULL DEFAULT 0,
     next_attempt_at   TIMESTAMPTZ   NOT NULL DEFAULT clock_timestamp(),

@@ -76,6 +76,56 @@ const fn col(
 const TEXT: &[&str] = &["varchar", "text"];
 const TIME: &[&str] = &["timestamptz"];
 const UUID: &[&str] = &["uuid"];
+const JSON: &[&str] = &["json"];
+
+/// A column type an older version of the schema used, and the migration that converts it.
+struct Outdated {
+    column: &'static str,
+    found: &'static str,
+    reason: &'static str,
+    migration: &'static str,
+}
+
+const OUTDATED: &[Outdated] = &[
+    Outdated {
+        column: "payload",
+        found: "jsonb",
+        reason: JSONB_REASON,
+        migration: JSON_MIGRATION,
+    },
+    Outdated {
+        column: "headers",
+        found: "jsonb",
+        reason: JSONB_REASON,
+        migration: JSON_MIGRATION,
+    },
+];
+
+const JSONB_REASON: &str = "jsonb reorders keys, rewrites numbers and refuses \\u0000, so \
+     the relay would not publish the bytes that were enqueued";
+const JSON_MIGRATION: &str = "20261201083000_outbox_json.sql";
+
+fn wrong_type(table: &str, expected: &Column, found: &str) -> SchemaProblem {
+    match OUTDATED
+        .iter()
+        .find(|old| old.column == expected.name && old.found == found)
+    {
+        Some(old) => SchemaProblem::OutdatedType {
+            table: table.to_owned(),
+            column: expected.name,
+            expected: expected.label,
+            found: found.to_owned(),
+            reason: old.reason,
+            migration: old.migration,
+        },
+        None => SchemaProblem::WrongType {
+            table: table.to_owned(),
+            column: expected.name,
+            expected: expected.label,
+            found: found.to_owned(),
+        },
+    }
+}
 
 pub(crate) const OUTBOX_COLUMNS: &[Column] = &[
     col("id", UUID, "uuid", false),
@@ -83,8 +133,8 @@ pub(crate) const OUTBOX_COLUMNS: &[Column] = &[
     col("aggregate_id", TEXT, "varchar(255)", false),
     col("sequence", &["int8"], "bigint", true),
     col("event_type", TEXT, "varchar(255)", false),
-    col("payload", &["jsonb"], "jsonb", false),
-    col("headers", &["jsonb"], "jsonb", false),
+    col("payload", JSON, "json", false),
+    col("headers", JSON, "json", false),
     col("created_at", TIME, "timestamptz", false),
     col("attempts", &["int4"], "integer", false),
     col("next_attempt_at", TIME, "timestamptz", false),
@@ -170,12 +220,7 @@ pub(crate) async fn problems(
             continue;
         };
         if !expected.types.contains(&ty.as_str()) {
-            problems.push(SchemaProblem::WrongType {
-                table: name.clone(),
-                column: expected.name,
-                expected: expected.label,
-                found: ty.clone(),
-            });
+            problems.push(wrong_type(&name, expected, ty));
         } else if expected.nullable == *not_null {
             problems.push(SchemaProblem::Nullability {
                 table: name.clone(),

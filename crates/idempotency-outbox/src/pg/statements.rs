@@ -64,7 +64,7 @@ fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
                      SELECT i.id, i.aggregate_type, i.aggregate_id, \
                             q.last_sequence - c.n + row_number() OVER ( \
                                 PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord), \
-                            i.event_type, i.payload::jsonb, i.headers::jsonb, \
+                            i.event_type, i.payload::json, i.headers::json, \
                             clock_timestamp(), clock_timestamp() \
                      FROM input i \
                      JOIN counts c ON c.aggregate_type = i.aggregate_type \
@@ -78,8 +78,8 @@ fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
             "{input}, \
              ins AS ( \
                  INSERT INTO {t} ({columns}) \
-                 SELECT id, aggregate_type, aggregate_id, NULL, event_type, payload::jsonb, \
-                        headers::jsonb, clock_timestamp(), clock_timestamp() \
+                 SELECT id, aggregate_type, aggregate_id, NULL, event_type, payload::json, \
+                        headers::json, clock_timestamp(), clock_timestamp() \
                  FROM input ORDER BY ord \
                  RETURNING 1)"
         ),

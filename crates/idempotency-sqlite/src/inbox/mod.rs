@@ -7,7 +7,7 @@ use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::InboxConfig;
 use idempotency_outbox::store::Inbox;
 use idempotency_outbox::{Error, SchemaProblem};
-use sqlx::{SqlStr, SqliteConnection, SqlitePool};
+use sqlx::{Connection, SqlStr, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 use crate::clock::NOW_MS;
@@ -85,8 +85,10 @@ pub struct SqliteInbox {
 }
 
 impl SqliteInbox {
-    /// An inbox on `table`; the schema is not touched.
-    pub fn with_table(pool: SqlitePool, table: TableName) -> Self {
+    /// An inbox on `table`; the schema is not touched. Fails when `table` is longer than 47
+    /// bytes (its index is named after it and must fit 63 bytes, as on PostgreSQL).
+    pub fn with_table(pool: SqlitePool, table: TableName) -> Result<Self, Error> {
+        schema::check_room(&table, "inbox table name")?;
         let t = table.quoted();
         let sql = Statements {
             record: statements_sql(format!(
@@ -99,18 +101,18 @@ impl SqliteInbox {
                      ORDER BY received_at LIMIT ?2)"
             )),
         };
-        Self {
+        Ok(Self {
             pool,
             table: Arc::new(table),
             sql: Arc::new(sql),
-        }
+        })
     }
 
     /// An inbox configured by the `inbox` section: validates `table-name` (`name` or
     /// `main.name`), applies `schema.mode`.
     pub async fn from_config(pool: SqlitePool, config: &InboxConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name).map_err(from_crate_error)?;
-        let inbox = Self::with_table(pool, table);
+        let inbox = Self::with_table(pool, table)?;
         match config.schema.mode {
             SchemaMode::Create => inbox.create_schema().await?,
             SchemaMode::Validate => inbox.validate_schema().await?,
@@ -137,12 +139,20 @@ impl SqliteInbox {
 
     /// Records `(consumer, message_id)` in the caller's transaction; `true` when new (process
     /// the message), `false` for a redelivery (skip it). Both must have 1 to 255 characters.
+    ///
+    /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
+    /// transaction begun through sqlx: the entry would commit without the consumer's effects.
     pub async fn record(
         &self,
         conn: &mut SqliteConnection,
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, Error> {
+        if !conn.is_in_transaction() {
+            return Err(Error::NotInTransaction {
+                operation: "inbox record",
+            });
+        }
         for (what, value) in [("consumer name", consumer), ("message id", message_id)] {
             if value.is_empty() || value.chars().count() > MAX_LEN {
                 return Err(Error::InvalidEvent {

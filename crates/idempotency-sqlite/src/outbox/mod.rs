@@ -11,7 +11,7 @@ use std::sync::Arc;
 use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{Ordering, OutboxConfig};
 use idempotency_outbox::{Error, NewEvent, SchemaProblem};
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::{Connection, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 pub(crate) use error::{from_crate_error, outbox_error};
@@ -74,8 +74,8 @@ pub struct SqliteOutbox {
 
 impl SqliteOutbox {
     /// An outbox on `table` (its counters in `<table>_sequences`) with the given ordering; the
-    /// schema is not touched. Fails when `table` is longer than 53 bytes (the counter table's
-    /// name must fit the 63-byte limit).
+    /// schema is not touched. Fails when `table` is longer than 47 bytes (the names derived from
+    /// it, up to `<table>_dead_letter_idx`, must fit 63 bytes, as on PostgreSQL).
     pub fn with_options(
         pool: SqlitePool,
         table: TableName,
@@ -134,7 +134,9 @@ impl SqliteOutbox {
     ///
     /// `conn` is any SQLite connection in a transaction: `&mut sqlx::Transaction`,
     /// [`SqliteTx`](crate::SqliteTx), the connection an `execute` action receives (all
-    /// dereference to `SqliteConnection`). Rolled back with it; visible to relays at commit.
+    /// dereference to `SqliteConnection`). Rolled back with it; visible to relays at commit. A
+    /// connection outside a transaction is refused with [`Error::NotInTransaction`] (the event
+    /// would commit on its own).
     pub async fn enqueue(
         &self,
         conn: &mut SqliteConnection,
@@ -154,11 +156,20 @@ impl SqliteOutbox {
     /// order. Begin such transactions with `BEGIN IMMEDIATE` (a deferred transaction that read
     /// first may fail with a retryable [`Error::Conflict`] when another writer committed in
     /// between).
+    ///
+    /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
+    /// transaction begun through sqlx (`begin`, `begin_with`, [`SqliteTx`](crate::SqliteTx), an
+    /// `execute` action's connection): a `BEGIN` sent as plain SQL is not seen.
     pub async fn enqueue_all(
         &self,
         conn: &mut SqliteConnection,
         events: &[NewEvent],
     ) -> Result<Vec<Uuid>, Error> {
+        if !conn.is_in_transaction() {
+            return Err(Error::NotInTransaction {
+                operation: "enqueue",
+            });
+        }
         if events.is_empty() {
             return Ok(Vec::new());
         }

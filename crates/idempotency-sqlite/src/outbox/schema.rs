@@ -20,17 +20,30 @@ pub(crate) struct Names {
     pub(crate) sequences: TableName,
 }
 
+/// The longest outbox or inbox table name: the names derived from it, up to
+/// `<table>_dead_letter_idx` and `<table>_received_at_idx`, still fit the 63-byte limit uncut.
+pub(crate) const MAX_TABLE_NAME_LEN: usize = 63 - "_dead_letter_idx".len();
+
+/// Refuses a table name that leaves no room for the names derived from it (a cut name could
+/// collide with another one, or with the table itself, and `IF NOT EXISTS` would skip it).
+pub(crate) fn check_room(table: &TableName, what: &'static str) -> Result<(), Error> {
+    if table.name().len() > MAX_TABLE_NAME_LEN {
+        return Err(Error::InvalidName {
+            what,
+            name: table.name().to_owned(),
+            reason: "at most 47 bytes: the names derived from it (`<table>_dead_letter_idx`...) \
+                     must fit 63 bytes, the limit one configuration shares with PostgreSQL",
+        });
+    }
+    Ok(())
+}
+
 impl Names {
-    /// Fails when `<table>_sequences` would not fit the 63-byte name limit (a cut name could
-    /// collide with the table itself).
+    /// Fails when the table name leaves no room for its derived names ([`check_room`]).
     pub(crate) fn new(table: TableName) -> Result<Self, Error> {
-        let sequences = TableName::parse(&format!("{}_sequences", table.name())).map_err(|_| {
-            Error::InvalidName {
-                what: "outbox table name",
-                name: table.name().to_owned(),
-                reason: "at most 53 bytes: the `<table>_sequences` table is named after it",
-            }
-        })?;
+        check_room(&table, "outbox table name")?;
+        let sequences =
+            TableName::parse(&format!("{}_sequences", table.name())).map_err(from_crate_error)?;
         Ok(Self { table, sequences })
     }
 }
