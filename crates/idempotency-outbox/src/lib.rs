@@ -13,6 +13,9 @@ pub mod pg;
 pub mod publisher;
 pub mod relay;
 pub mod store;
+#[cfg(feature = "test-utils")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
+pub mod testing;
 
 pub use error::{BoxError, Error, SchemaProblem};
 pub use message::{DeadLetter, MAX_NAME_LEN, NewEvent, OutboxMessage};

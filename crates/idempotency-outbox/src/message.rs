@@ -118,8 +118,18 @@ impl NewEvent {
         &self.headers
     }
 
-    /// Checks the lengths and header syntax the stores and brokers need.
+    /// Checks the lengths, the header syntax and the JSON payload the stores and brokers need.
+    ///
+    /// Every backend calls it before writing anything, so an invalid event is the same
+    /// [`Error::InvalidEvent`] everywhere and leaves the caller's transaction usable (a payload
+    /// refused by the database instead would abort a PostgreSQL transaction).
     pub fn validate(&self) -> Result<(), Error> {
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&self.payload) {
+            return Err(Error::invalid_event(format!(
+                "the payload of {} is not JSON: {e}",
+                self.id
+            )));
+        }
         for (what, value) in [
             ("aggregate type", &self.aggregate_type),
             ("aggregate id", &self.aggregate_id),

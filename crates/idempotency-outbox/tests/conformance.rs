@@ -1,0 +1,49 @@
+//! The outbox conformance suite on PostgreSQL: every case, every capability (notifications,
+//! concurrent writers), each test on a fresh schema.
+
+use idempotency_core::config::SchemaMode;
+use idempotency_outbox::config::{InboxConfig, OutboxConfig};
+use idempotency_outbox::testing::{Capabilities, OutboxBackend};
+use idempotency_outbox::{PgInbox, PgOutbox};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+
+struct Pg(PgPool);
+
+impl OutboxBackend for Pg {
+    type Connection = PgConnection;
+    type Transaction = Transaction<'static, Postgres>;
+    type Outbox = PgOutbox;
+    type Inbox = PgInbox;
+
+    async fn outbox(&self, config: &OutboxConfig) -> PgOutbox {
+        PgOutbox::from_config(self.0.clone(), config)
+            .await
+            .expect("outbox")
+    }
+
+    async fn inbox(&self) -> PgInbox {
+        let mut config = InboxConfig::default();
+        config.schema.mode = SchemaMode::Create;
+        PgInbox::from_config(self.0.clone(), &config)
+            .await
+            .expect("inbox")
+    }
+
+    async fn begin(&self) -> Self::Transaction {
+        self.0.begin().await.expect("begin")
+    }
+
+    async fn commit(tx: Self::Transaction) {
+        tx.commit().await.expect("commit");
+    }
+
+    async fn rollback(tx: Self::Transaction) {
+        tx.rollback().await.expect("rollback");
+    }
+}
+
+async fn backend() -> Pg {
+    Pg(idempotency_testing::pg_pool().await)
+}
+
+idempotency_outbox::outbox_conformance_tests!(backend, Capabilities::FULL);
