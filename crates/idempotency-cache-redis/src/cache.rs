@@ -106,6 +106,9 @@ where
             breaker: Arc::new(Breaker::new(
                 config.circuit_breaker.failure_threshold,
                 config.circuit_breaker.cool_down,
+                // A trial that runs is over after one timeout: twice that is only ever reached
+                // by a trial whose future is no longer polled.
+                config.timeout.saturating_mul(2),
             )),
             counters: Arc::new(Counters::default()),
         }
@@ -141,24 +144,25 @@ where
         &self,
         call: impl Future<Output = Result<T, fred::error::Error>>,
     ) -> Result<T, CacheError> {
-        if !self.breaker.allow() {
+        let Some(permit) = self.breaker.allow() else {
             self.counters
                 .short_circuited
                 .fetch_add(1, Ordering::Relaxed);
             return Err(CacheError::CircuitOpen);
-        }
+        };
+        // Cancelled at this `.await`, the permit is dropped unreported: a failure.
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => {
-                self.breaker.on_success();
+                permit.success();
                 Ok(value)
             }
             Ok(Err(error)) => {
-                self.breaker.on_failure();
+                permit.failure();
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 Err(CacheError::Backend(Box::new(error)))
             }
             Err(_) => {
-                self.breaker.on_failure();
+                permit.failure();
                 self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
                 Err(CacheError::Timeout(self.timeout))
             }
