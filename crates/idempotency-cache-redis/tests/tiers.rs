@@ -247,6 +247,34 @@ async fn rejected_outcomes_round_trip_through_redis() {
 }
 
 #[tokio::test]
+async fn a_rejection_with_null_details_replays_from_redis_with_null_details() {
+    let (pool, store) = store().await;
+    let l2 = redis(Default::default()).await;
+    let first = IdempotencyService::builder(store.clone())
+        .distributed_cache(l2.clone())
+        .build();
+    let reject = async |_c: &mut _| {
+        Ok::<_, Error>(ExecutionResult::<i32>::rejected_with("NO", &serde_json::Value::Null).unwrap())
+    };
+    let call = || Call::new("PAY", IdempotencyKey::new("null-details").unwrap(), &1);
+    let rejected = first.execute(call(), reject).await.unwrap();
+    let details = rejected.result().rejection().unwrap().details();
+    assert_eq!(details, Some(&serde_json::Value::Null));
+    wipe_store(&pool).await;
+    let other = IdempotencyService::builder(store)
+        .distributed_cache(l2)
+        .build();
+    let replay = other.execute(call(), reject).await.unwrap();
+    assert_eq!(
+        replay.origin(),
+        Origin::Replayed {
+            from: Level::Distributed
+        }
+    );
+    assert_eq!(replay.result(), rejected.result());
+}
+
+#[tokio::test]
 async fn the_ttl_is_set_in_redis_and_never_exceeds_the_record() {
     let (_pool, store) = store().await;
     let l2 = redis(DistributedCacheConfig {
