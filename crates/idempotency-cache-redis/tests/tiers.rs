@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use idempotency_cache_moka::MokaCache;
-use idempotency_cache_redis::RedisCache;
-use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
-use idempotency_core::config::{DistributedCacheConfig, LocalCacheConfig};
+use idempotency_cache_redis::fred::prelude::{
+    ClientLike, HashesInterface, KeysInterface, ListInterface,
+};
+use idempotency_cache_redis::{BreakerState, RedisCache};
+use idempotency_core::config::{CircuitBreakerConfig, DistributedCacheConfig, LocalCacheConfig};
 use idempotency_core::{
     Call, DistributedCache, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord,
     IdempotencyService, Level, LocalCache, Operation, Origin, Outcome, RecordId, Scope,
@@ -408,6 +410,79 @@ async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss() {
         refilled.starts_with("v1:{"),
         "the corrupt entry was replaced: {refilled}"
     );
+}
+
+/// Puts what `plant` writes at the key of a stored record, then replays that record through a
+/// fail-fast L2 whose breaker opens on the first failure: the entry must read as a corrupt miss
+/// (the database answers), be counted, be replaced, and leave the breaker closed.
+async fn a_foreign_value_is_a_corrupt_miss<F: Future<Output = ()>>(
+    key: &str,
+    plant: impl FnOnce(RedisCache, String) -> F,
+) {
+    let (_pool, store) = store().await;
+    let l2 = redis(DistributedCacheConfig {
+        failure_policy: idempotency_core::FailurePolicy::FailFast,
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    pay(&IdempotencyService::new(store.clone()), key, 7).await;
+    plant(l2.clone(), l2.key_for(&id("PAY", "", key))).await;
+
+    let cached = IdempotencyService::builder(store)
+        .distributed_cache(l2.clone())
+        .build();
+    let replay = pay(&cached, key, 7).await;
+    assert_eq!(
+        replay.origin(),
+        Origin::Replayed {
+            from: Level::Persistence
+        },
+        "a corrupt entry is a miss even in fail-fast"
+    );
+    let stats = l2.stats();
+    assert_eq!((stats.corrupt, stats.errors), (1, 0), "{stats:?}");
+    assert_eq!(l2.breaker_state(), BreakerState::Closed { failures: 0 });
+    let refilled = in_redis(&l2, &id("PAY", "", key)).await.unwrap();
+    assert!(refilled.starts_with("v1:{"), "not replaced: {refilled}");
+    assert_eq!(
+        pay(&cached, key, 7).await.origin(),
+        Origin::Replayed {
+            from: Level::Distributed
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_value_that_is_not_utf8_is_a_corrupt_miss_not_a_backend_error() {
+    a_foreign_value_is_a_corrupt_miss("bytes", async |l2, key| {
+        let bytes: &[u8] = b"v1:\xff\xfe{";
+        let _: () = l2
+            .client()
+            .set(key.as_str(), bytes, None, None, false)
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_key_holding_a_list_is_a_corrupt_miss_not_a_backend_error() {
+    a_foreign_value_is_a_corrupt_miss("list", async |l2, key| {
+        let _: i64 = l2.client().rpush(key.as_str(), "v1:{}").await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_key_holding_a_hash_is_a_corrupt_miss_not_a_backend_error() {
+    a_foreign_value_is_a_corrupt_miss("hash", async |l2, key| {
+        let _: i64 = l2.client().hset(key.as_str(), ("f", "v")).await.unwrap();
+    })
+    .await;
 }
 
 #[tokio::test]
