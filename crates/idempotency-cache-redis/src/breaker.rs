@@ -35,10 +35,16 @@ pub enum BreakerState {
 
 #[derive(Debug, Clone, Copy)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: Instant },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
     /// One trial call is out; it counts as failed if it has not reported by `deadline`.
-    HalfOpen { deadline: Instant },
+    HalfOpen {
+        deadline: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -156,9 +162,11 @@ impl Breaker {
                         failures: failures + 1,
                     };
                 }
-                (State::Closed { .. } | State::HalfOpen { .. }, false) => inner.enter(State::Open {
-                    until: now + cool_down,
-                }),
+                (State::Closed { .. } | State::HalfOpen { .. }, false) => {
+                    inner.enter(State::Open {
+                        until: now + cool_down,
+                    });
+                }
                 (State::Open { .. }, _) => {} // nothing is admitted while open
             }
         });

@@ -6,9 +6,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use idempotency_cache_redis::{BreakerState, RedisCache};
 use idempotency_core::config::{CircuitBreakerConfig, DistributedCacheConfig};
-use futures_util::FutureExt;
 use idempotency_core::{
     CacheError, Call, DistributedCache, Error, ExecutionResult, FailurePolicy, IdempotencyKey,
     IdempotencyService, Level, Operation, Origin, Outcome, RecordId, Scope,
@@ -244,5 +244,10 @@ async fn a_cancelled_trial_call_does_not_keep_the_breaker_half_open() {
         .distributed_cache(cache)
         .build();
     let runs = AtomicUsize::new(0);
-    assert!(pay(&service, "after-trial", &runs).await.unwrap().is_executed());
+    assert!(
+        pay(&service, "after-trial", &runs)
+            .await
+            .unwrap()
+            .is_executed()
+    );
 }

@@ -11,12 +11,13 @@ use idempotency_cache_redis::fred::prelude::{
 use idempotency_cache_redis::{BreakerState, RedisCache};
 use idempotency_core::config::{CircuitBreakerConfig, DistributedCacheConfig, LocalCacheConfig};
 use idempotency_core::{
-    Call, DistributedCache, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord,
-    IdempotencyService, Level, LocalCache, Operation, Origin, Outcome, RecordId, Scope,
-    StoredOutcome,
+    Call, DistributedCache, Error, ExecutionResult, Fingerprint, FingerprintStrategy,
+    IdempotencyKey, IdempotencyRecord, IdempotencyService, JcsFingerprint, JsonSerializer, Level,
+    LocalCache, Operation, Origin, Outcome, RecordId, ResultSerializer, Scope, StoredOutcome,
 };
 use idempotency_pg::PgStore;
 use idempotency_pg::sqlx::PgPool;
+use serde_json::value::RawValue;
 
 async fn redis(config: DistributedCacheConfig) -> RedisCache {
     let config = DistributedCacheConfig {
@@ -256,7 +257,9 @@ async fn a_rejection_with_null_details_replays_from_redis_with_null_details() {
         .distributed_cache(l2.clone())
         .build();
     let reject = async |_c: &mut _| {
-        Ok::<_, Error>(ExecutionResult::<i32>::rejected_with("NO", &serde_json::Value::Null).unwrap())
+        Ok::<_, Error>(
+            ExecutionResult::<i32>::rejected_with("NO", &serde_json::Value::Null).unwrap(),
+        )
     };
     let call = || Call::new("PAY", IdempotencyKey::new("null-details").unwrap(), &1);
     let rejected = first.execute(call(), reject).await.unwrap();
@@ -322,6 +325,114 @@ fn record(outcome: Option<StoredOutcome>) -> IdempotencyRecord {
         completed_at: None,
         expires_at: None,
     }
+}
+
+/// A success value as its action serialized it: object keys out of order, a number spelled `1e2`,
+/// a string holding U+0000. A replay must give back these bytes, not an equal JSON value.
+const AWKWARD: &str = r#"{"zebra":1,"apple":1e2,"text":"a\u0000b","nested":{"y":[1e2],"x":null}}"#;
+
+fn awkward() -> Box<RawValue> {
+    RawValue::from_string(AWKWARD.to_owned()).unwrap()
+}
+
+async fn pay_awkward<L: LocalCache, D: DistributedCache>(
+    service: &IdempotencyService<PgStore, L, D>,
+    key: &str,
+) -> Outcome<Box<RawValue>> {
+    service
+        .execute(
+            Call::new("PAY", IdempotencyKey::new(key).unwrap(), &1),
+            async |_c| Ok::<_, Error>(ExecutionResult::success(awkward())),
+        )
+        .await
+        .unwrap()
+}
+
+fn replayed_text(outcome: &Outcome<Box<RawValue>>) -> &str {
+    outcome.result().value().unwrap().get()
+}
+
+/// The caches alone, whatever the store does to a payload: the record the first answer stores
+/// (its value serialized as the service does) goes into Redis, and replays from Redis, then from
+/// moka, give back the same bytes.
+#[tokio::test]
+async fn a_success_value_replays_byte_identical_from_redis_and_moka() {
+    let (_pool, store) = store().await;
+    let l2 = redis(Default::default()).await;
+    let first_answer = JsonSerializer.serialize(&awkward()).unwrap();
+    assert_eq!(first_answer, AWKWARD);
+    let request = serde_json::to_value(1).unwrap();
+    let stored = IdempotencyRecord {
+        fingerprint: JcsFingerprint::default().fingerprint(&request).unwrap(),
+        outcome: Some(StoredOutcome::Completed {
+            payload: first_answer.clone(),
+        }),
+        created_at: std::time::SystemTime::now(),
+        completed_at: Some(std::time::SystemTime::now()),
+        expires_at: None,
+    };
+    l2.put(&id("PAY", "", "awkward"), &stored).await.unwrap();
+
+    let service = IdempotencyService::builder(store)
+        .local_cache(moka())
+        .distributed_cache(l2)
+        .build();
+    let from_redis = pay_awkward(&service, "awkward").await;
+    assert_eq!(
+        from_redis.origin(),
+        Origin::Replayed {
+            from: Level::Distributed
+        }
+    );
+    assert_eq!(replayed_text(&from_redis), first_answer);
+    let from_moka = pay_awkward(&service, "awkward").await;
+    assert_eq!(from_moka.origin(), Origin::Replayed { from: Level::Local });
+    assert_eq!(replayed_text(&from_moka), first_answer);
+}
+
+/// The whole path: executed once (stored in PostgreSQL, then written to both caches), replayed
+/// by another instance from Redis, then from its moka, then from the store alone.
+#[tokio::test]
+#[ignore = "the PostgreSQL store keeps payloads as JSONB, which refuses \\u0000 and rewrites \
+            numbers and key order; runs once payloads are stored as json text"]
+async fn a_success_value_replays_byte_identical_through_every_tier() {
+    let (_pool, store) = store().await;
+    let l2 = redis(Default::default()).await;
+    let first = IdempotencyService::builder(store.clone())
+        .local_cache(moka())
+        .distributed_cache(l2.clone())
+        .build();
+    let executed = pay_awkward(&first, "awkward-all").await;
+    assert!(executed.is_executed());
+    let first_answer = JsonSerializer
+        .serialize(executed.result().value().unwrap())
+        .unwrap();
+    assert_eq!(first_answer, AWKWARD);
+
+    let other = IdempotencyService::builder(store.clone())
+        .local_cache(moka())
+        .distributed_cache(l2)
+        .build();
+    let from_redis = pay_awkward(&other, "awkward-all").await;
+    assert_eq!(
+        from_redis.origin(),
+        Origin::Replayed {
+            from: Level::Distributed
+        }
+    );
+    assert_eq!(replayed_text(&from_redis), first_answer);
+    let from_moka = pay_awkward(&other, "awkward-all").await;
+    assert_eq!(from_moka.origin(), Origin::Replayed { from: Level::Local });
+    assert_eq!(replayed_text(&from_moka), first_answer);
+
+    let from_store = pay_awkward(&IdempotencyService::new(store), "awkward-all").await;
+    assert_eq!(
+        from_store.origin(),
+        Origin::Replayed {
+            from: Level::Persistence
+        }
+    );
+    assert_eq!(replayed_text(&from_store), first_answer);
 }
 
 #[tokio::test]
