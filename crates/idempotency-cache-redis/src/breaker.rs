@@ -1,7 +1,19 @@
 //! A small circuit breaker: after `threshold` consecutive failures, stop calling for `cool_down`,
 //! then let one trial call through.
 //!
-//! Hand-written on purpose: it is a dozen lines of state under a mutex that is never held across
+//! A call is admitted with a [`Permit`] that carries the breaker's *generation* (a counter bumped
+//! on every change of state) and reports the call's outcome once:
+//!
+//! - a permit dropped without a report (the caller's future was cancelled: client gone, an outer
+//!   timeout, a `select!`) counts as a failure, so a cancelled trial reopens the breaker instead
+//!   of leaving it half-open for ever;
+//! - a trial that has not reported within `trial_timeout` (a permit held by a future that is
+//!   never polled again) counts as failed as well: the next trial comes at most
+//!   `trial_timeout + cool_down` later;
+//! - an outcome from an older generation is ignored: a slow call admitted before the breaker
+//!   opened cannot close it, and one admitted before it closed cannot count against the new run.
+//!
+//! Hand-written on purpose: it is a few lines of state under a mutex that is never held across
 //! an `.await`, and the crates that offer one are either tied to `tower` services or unmaintained.
 
 use std::sync::Mutex;
@@ -21,87 +33,149 @@ pub enum BreakerState {
     HalfOpen,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: Instant },
-    HalfOpen { trial_running: bool },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
+    /// One trial call is out; it counts as failed if it has not reported by `deadline`.
+    HalfOpen {
+        deadline: Instant,
+    },
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    generation: u64,
+}
+
+impl Inner {
+    fn enter(&mut self, state: State) {
+        self.state = state;
+        self.generation = self.generation.wrapping_add(1);
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct Breaker {
     threshold: u32,
     cool_down: Duration,
-    state: Mutex<State>,
+    trial_timeout: Duration,
+    inner: Mutex<Inner>,
+}
+
+/// Leave to make one call; report its outcome with [`success`](Self::success) or
+/// [`failure`](Self::failure). Dropped without a report, it counts as a failure.
+#[derive(Debug)]
+#[must_use = "an unreported permit counts as a failure"]
+pub(crate) struct Permit<'a> {
+    breaker: &'a Breaker,
+    generation: u64,
+    reported: bool,
+}
+
+impl Permit<'_> {
+    pub(crate) fn success(mut self) {
+        self.reported = true;
+        self.breaker.report(self.generation, true);
+    }
+
+    pub(crate) fn failure(mut self) {
+        self.reported = true;
+        self.breaker.report(self.generation, false);
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.breaker.report(self.generation, false);
+        }
+    }
 }
 
 impl Breaker {
-    pub(crate) fn new(threshold: u32, cool_down: Duration) -> Self {
+    pub(crate) fn new(threshold: u32, cool_down: Duration, trial_timeout: Duration) -> Self {
         Self {
             threshold: threshold.max(1),
             cool_down,
-            state: Mutex::new(State::Closed { failures: 0 }),
+            trial_timeout,
+            inner: Mutex::new(Inner {
+                state: State::Closed { failures: 0 },
+                generation: 0,
+            }),
         }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        let mut guard = self
-            .state
+    /// Runs `f` on the state, after a trial that outlived its deadline was counted as failed.
+    fn with<R>(&self, f: impl FnOnce(&mut Inner, Instant) -> R) -> R {
+        let mut inner = self
+            .inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut guard)
+        let now = Instant::now();
+        if let State::HalfOpen { deadline } = inner.state
+            && now >= deadline
+        {
+            inner.enter(State::Open {
+                until: deadline + self.cool_down,
+            });
+        }
+        f(&mut inner, now)
     }
 
-    /// Whether a call may go out now.
-    pub(crate) fn allow(&self) -> bool {
-        self.with(|state| match *state {
-            State::Closed { .. } => true,
-            State::Open { until } if Instant::now() >= until => {
-                *state = State::HalfOpen {
-                    trial_running: true,
-                };
-                true
+    /// A permit if a call may go out now.
+    pub(crate) fn allow(&self) -> Option<Permit<'_>> {
+        let trial_timeout = self.trial_timeout;
+        let generation = self.with(|inner, now| match inner.state {
+            State::Closed { .. } => Some(inner.generation),
+            State::Open { until } if now >= until => {
+                inner.enter(State::HalfOpen {
+                    deadline: now + trial_timeout,
+                });
+                Some(inner.generation)
             }
-            State::Open { .. } => false,
-            State::HalfOpen {
-                trial_running: false,
-            } => {
-                *state = State::HalfOpen {
-                    trial_running: true,
-                };
-                true
-            }
-            State::HalfOpen {
-                trial_running: true,
-            } => false,
+            State::Open { .. } | State::HalfOpen { .. } => None,
+        })?;
+        Some(Permit {
+            breaker: self,
+            generation,
+            reported: false,
         })
     }
 
-    pub(crate) fn on_success(&self) {
-        self.with(|state| *state = State::Closed { failures: 0 });
-    }
-
-    pub(crate) fn on_failure(&self) {
+    fn report(&self, generation: u64, succeeded: bool) {
         let (threshold, cool_down) = (self.threshold, self.cool_down);
-        self.with(|state| {
-            let failures = match *state {
-                State::Closed { failures } => failures + 1,
-                State::HalfOpen { .. } | State::Open { .. } => threshold,
-            };
-            *state = if failures >= threshold {
-                State::Open {
-                    until: Instant::now() + cool_down,
+        self.with(|inner, now| {
+            if generation != inner.generation {
+                return; // admitted under an older state
+            }
+            match (inner.state, succeeded) {
+                (State::Closed { .. }, true) => inner.state = State::Closed { failures: 0 },
+                (State::HalfOpen { .. }, true) => inner.enter(State::Closed { failures: 0 }),
+                (State::Closed { failures }, false) if failures + 1 < threshold => {
+                    inner.state = State::Closed {
+                        failures: failures + 1,
+                    };
                 }
-            } else {
-                State::Closed { failures }
-            };
+                (State::Closed { .. } | State::HalfOpen { .. }, false) => {
+                    inner.enter(State::Open {
+                        until: now + cool_down,
+                    });
+                }
+                (State::Open { .. }, _) => {} // nothing is admitted while open
+            }
         });
     }
 
     pub(crate) fn state(&self) -> BreakerState {
-        self.with(|state| match *state {
+        self.with(|inner, now| match inner.state {
             State::Closed { failures } => BreakerState::Closed { failures },
-            State::Open { until } if Instant::now() < until => BreakerState::Open,
+            State::Open { until } if now < until => BreakerState::Open,
             State::Open { .. } | State::HalfOpen { .. } => BreakerState::HalfOpen,
         })
     }
@@ -111,38 +185,85 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    const TRIAL: Duration = Duration::from_secs(60);
+
     #[test]
     fn opens_after_threshold_and_recovers_through_one_trial() {
-        let breaker = Breaker::new(3, Duration::from_millis(50));
+        let breaker = Breaker::new(3, Duration::from_millis(50), TRIAL);
         for _ in 0..2 {
-            assert!(breaker.allow());
-            breaker.on_failure();
+            breaker.allow().unwrap().failure();
         }
         assert_eq!(breaker.state(), BreakerState::Closed { failures: 2 });
-        breaker.on_failure();
+        breaker.allow().unwrap().failure();
         assert_eq!(breaker.state(), BreakerState::Open);
-        assert!(!breaker.allow());
+        assert!(breaker.allow().is_none());
         std::thread::sleep(Duration::from_millis(60));
-        assert!(breaker.allow(), "one trial after the cool-down");
-        assert!(!breaker.allow(), "only one trial at a time");
-        breaker.on_failure();
+        let trial = breaker.allow().expect("one trial after the cool-down");
+        assert!(breaker.allow().is_none(), "only one trial at a time");
+        trial.failure();
         assert_eq!(
             breaker.state(),
             BreakerState::Open,
             "a failed trial reopens"
         );
         std::thread::sleep(Duration::from_millis(60));
-        assert!(breaker.allow());
-        breaker.on_success();
+        breaker.allow().unwrap().success();
         assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
     }
 
     #[test]
     fn success_resets_the_count() {
-        let breaker = Breaker::new(2, Duration::from_secs(60));
-        breaker.on_failure();
-        breaker.on_success();
-        breaker.on_failure();
+        let breaker = Breaker::new(2, Duration::from_secs(60), TRIAL);
+        breaker.allow().unwrap().failure();
+        breaker.allow().unwrap().success();
+        breaker.allow().unwrap().failure();
         assert_eq!(breaker.state(), BreakerState::Closed { failures: 1 });
+    }
+
+    #[test]
+    fn a_late_success_of_a_call_admitted_before_the_breaker_opened_is_ignored() {
+        let breaker = Breaker::new(1, Duration::from_secs(60), TRIAL);
+        let slow = breaker.allow().unwrap();
+        breaker.allow().unwrap().failure(); // another call fails and opens the breaker
+        slow.success(); // the slow call finally answers
+        assert_eq!(breaker.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn a_late_failure_from_before_the_breaker_closed_does_not_count() {
+        let breaker = Breaker::new(1, Duration::from_millis(10), TRIAL);
+        let slow = breaker.allow().unwrap();
+        breaker.allow().unwrap().failure();
+        std::thread::sleep(Duration::from_millis(20));
+        breaker.allow().unwrap().success(); // the trial closes it
+        slow.failure();
+        assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
+    }
+
+    #[test]
+    fn a_dropped_trial_counts_as_failed() {
+        let breaker = Breaker::new(1, Duration::from_millis(30), TRIAL);
+        breaker.allow().unwrap().failure();
+        std::thread::sleep(Duration::from_millis(40));
+        drop(breaker.allow().unwrap()); // the caller's future was cancelled
+        assert_eq!(breaker.state(), BreakerState::Open, "reopened, not stuck");
+        std::thread::sleep(Duration::from_millis(40));
+        breaker.allow().expect("a new trial").success();
+        assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
+    }
+
+    #[test]
+    fn a_trial_that_never_reports_expires() {
+        let breaker = Breaker::new(1, Duration::from_millis(30), Duration::from_millis(20));
+        breaker.allow().unwrap().failure();
+        std::thread::sleep(Duration::from_millis(40));
+        let lost = breaker.allow().unwrap(); // held by a future that is never polled again
+        assert!(breaker.allow().is_none());
+        std::thread::sleep(Duration::from_millis(60));
+        let trial = breaker.allow().expect("a new trial after the lost one");
+        drop(lost); // reports far too late: ignored
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        trial.success();
+        assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
     }
 }

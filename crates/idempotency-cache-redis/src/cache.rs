@@ -7,10 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fred::clients::Client;
+use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
 use fred::prelude::{Builder, Config, Expiration, ReconnectPolicy};
 use idempotency_core::config::DistributedCacheConfig;
-use idempotency_core::{CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId};
+use idempotency_core::{
+    BoxError, CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId,
+};
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::codec::{self, Decoded};
@@ -106,6 +109,9 @@ where
             breaker: Arc::new(Breaker::new(
                 config.circuit_breaker.failure_threshold,
                 config.circuit_breaker.cool_down,
+                // A trial that runs is over after one timeout: twice that is only ever reached
+                // by a trial whose future is no longer polled.
+                config.timeout.saturating_mul(2),
             )),
             counters: Arc::new(Counters::default()),
         }
@@ -141,24 +147,25 @@ where
         &self,
         call: impl Future<Output = Result<T, fred::error::Error>>,
     ) -> Result<T, CacheError> {
-        if !self.breaker.allow() {
+        let Some(permit) = self.breaker.allow() else {
             self.counters
                 .short_circuited
                 .fetch_add(1, Ordering::Relaxed);
             return Err(CacheError::CircuitOpen);
-        }
+        };
+        // Cancelled at this `.await`, the permit is dropped unreported: a failure.
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => {
-                self.breaker.on_success();
+                permit.success();
                 Ok(value)
             }
             Ok(Err(error)) => {
-                self.breaker.on_failure();
+                permit.failure();
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 Err(CacheError::Backend(Box::new(error)))
             }
             Err(_) => {
-                self.breaker.on_failure();
+                permit.failure();
                 self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
                 Err(CacheError::Timeout(self.timeout))
             }
@@ -183,21 +190,27 @@ where
 {
     async fn get(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, CacheError> {
         let key = self.key_for(id);
-        let value: Option<String> = self.call(self.client.get(key.as_str())).await?;
-        let Some(value) = value else { return Ok(None) };
-        match codec::decode(&value) {
-            Decoded::Record(record) => Ok(Some(record)),
-            Decoded::OtherVersion => Ok(None),
-            Decoded::Corrupt(error) => {
-                self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    operation = id.operation.as_str(),
-                    "corrupt idempotency cache entry; deleting it"
-                );
-                let _: Result<i64, _> = self.call(self.client.del(key.as_str())).await;
-                Err(CacheError::Corrupt(Box::new(error)))
-            }
-        }
+        let found = self.call(read(&self.client, &key)).await?;
+        let corrupt: BoxError = match found {
+            Found::Nothing => return Ok(None),
+            Found::OtherType(error) => Box::new(error),
+            Found::Value(bytes) => match String::from_utf8(bytes) {
+                Err(error) => Box::new(error),
+                Ok(value) => match codec::decode(&value) {
+                    Decoded::Record(record) => return Ok(Some(record)),
+                    Decoded::OtherVersion => return Ok(None),
+                    Decoded::Corrupt(error) => Box::new(error),
+                },
+            },
+        };
+        self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            operation = id.operation.as_str(),
+            error = %corrupt,
+            "corrupt idempotency cache entry; deleting it"
+        );
+        let _: Result<i64, _> = self.call(self.client.del(key.as_str())).await;
+        Err(CacheError::Corrupt(corrupt))
     }
 
     async fn put(&self, id: &RecordId, record: &IdempotencyRecord) -> Result<(), CacheError> {
@@ -223,6 +236,26 @@ where
 
     fn failure_policy(&self) -> FailurePolicy {
         self.policy
+    }
+}
+
+/// What a `GET` found at a key.
+enum Found {
+    Nothing,
+    /// The raw value: not necessarily UTF-8 if someone else wrote it.
+    Value(Vec<u8>),
+    /// The key holds a list, a hash, ... (Redis's `WRONGTYPE` reply).
+    OtherType(fred::error::Error),
+}
+
+/// `GET key`. Redis's `WRONGTYPE` reply is an answer about the entry, not a failure of Redis:
+/// it comes back as [`Found::OtherType`], so the breaker counts the call as a success. It is the
+/// only `InvalidArgument` error a `GET` of a string key can get.
+async fn read<C: KeysInterface>(client: &C, key: &str) -> Result<Found, fred::error::Error> {
+    match client.get::<Option<Vec<u8>>, _>(key).await {
+        Ok(value) => Ok(value.map_or(Found::Nothing, Found::Value)),
+        Err(error) if *error.kind() == ErrorKind::InvalidArgument => Ok(Found::OtherType(error)),
+        Err(error) => Err(error),
     }
 }
 

@@ -2,13 +2,14 @@
 //!
 //! `v1:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires]}`
 //! The stored payload is already JSON, so it is embedded as is (no escaping, and decoding borrows
-//! it); times are milliseconds since the Unix epoch.
+//! it); times are milliseconds since the Unix epoch. `p` is absent only for a rejection without
+//! details: a rejection whose details are JSON `null` has `"p":null`.
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotency_core::{Fingerprint, IdempotencyRecord, StoredOutcome};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 /// The current format tag. Entries with another tag read as a miss (written by a newer or older
@@ -28,11 +29,24 @@ struct Wire<'a> {
     #[serde(borrow)]
     f: Cow<'a, str>,
     s: Status,
-    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    /// Absent: no details. Present, even as `null`: that JSON (see [`present`]).
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     p: Option<&'a RawValue>,
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     c: Option<Cow<'a, str>>,
     t: (u64, Option<u64>, Option<u64>),
+}
+
+/// A present field is `Some`, also when it is `null`: a plain `Option` would read `"p":null` as
+/// absent and lose the `null` details of a rejection. Entries written before this distinction was
+/// read already wrote `"p":null` only for `null` JSON, so they keep their meaning.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(deserializer).map(Some)
 }
 
 fn millis(time: SystemTime) -> u64 {
@@ -105,7 +119,7 @@ pub(crate) fn decode(value: &str) -> Decoded {
         Err(error) => return Decoded::Corrupt(error),
     };
     let outcome = match (wire.s, wire.p, wire.c) {
-        // A `null` payload (a result-less operation) reads back as no `p` at all.
+        // A payload is always written; a missing one reads as `null` (a result-less operation).
         (Status::Completed, payload, None) => StoredOutcome::Completed {
             payload: payload.map_or("null", RawValue::get).to_owned(),
         },
@@ -171,6 +185,21 @@ mod tests {
                 panic!("{encoded}")
             };
             assert_eq!(back, original);
+        }
+    }
+
+    #[test]
+    fn a_rejection_with_null_details_is_not_a_rejection_without_details() {
+        for details in [Some("null"), None] {
+            let original = record(Some(StoredOutcome::Rejected {
+                code: "NO".into(),
+                details: details.map(str::to_owned),
+            }));
+            let encoded = encode(&original).unwrap().unwrap();
+            let Decoded::Record(back) = decode(&encoded) else {
+                panic!("{encoded}")
+            };
+            assert_eq!(back, original, "{encoded}");
         }
     }
 

@@ -6,14 +6,16 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use idempotency_cache_redis::{BreakerState, RedisCache};
 use idempotency_core::config::{CircuitBreakerConfig, DistributedCacheConfig};
 use idempotency_core::{
-    CacheError, Call, Error, ExecutionResult, FailurePolicy, IdempotencyKey, IdempotencyService,
-    Level, Origin, Outcome,
+    CacheError, Call, DistributedCache, Error, ExecutionResult, FailurePolicy, IdempotencyKey,
+    IdempotencyService, Level, Operation, Origin, Outcome, RecordId, Scope,
 };
 use idempotency_pg::PgStore;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -48,6 +50,34 @@ async fn hanging_url() -> String {
         }
     });
     format!("redis://127.0.0.1:{port}")
+}
+
+/// A proxy to the real Redis that holds every byte, as a hanging Redis does, until `true` is sent
+/// on the returned channel: then Redis answers again, on the same connections.
+async fn hanging_then_redis_url() -> (String, watch::Sender<bool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (back, is_back) = watch::channel(false);
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let mut is_back = is_back.clone();
+            tokio::spawn(async move {
+                if is_back.wait_for(|back| *back).await.is_ok() {
+                    forward_to_redis(socket).await;
+                }
+            });
+        }
+    });
+    (format!("redis://127.0.0.1:{port}"), back)
+}
+
+async fn forward_to_redis(mut socket: TcpStream) {
+    let url = idempotency_testing::redis_url();
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap();
+    let address = authority.rsplit('@').next().unwrap();
+    let mut redis = TcpStream::connect(address).await.unwrap();
+    let _ = tokio::io::copy_bidirectional(&mut socket, &mut redis).await;
 }
 
 async fn store() -> PgStore {
@@ -162,4 +192,62 @@ async fn redis_hanging_fail_fast_answers_within_the_timeout() {
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// A trial call dropped by its caller (client gone, an outer timeout, a `select!`) never reports
+/// its outcome; the breaker must not wait for it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_trial_call_does_not_keep_the_breaker_half_open() {
+    let cool_down = Duration::from_millis(200);
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("trial")),
+        failure_policy: FailurePolicy::FailFast,
+        timeout: TIMEOUT,
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: 1,
+            cool_down,
+        },
+        ..Default::default()
+    };
+    let (url, redis_back) = hanging_then_redis_url().await;
+    let cache = RedisCache::connect(&url, &config).unwrap();
+    let id = RecordId::new(
+        Operation::new("PAY").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("trial").unwrap(),
+    );
+    let error = cache.get(&id).await.unwrap_err();
+    assert!(matches!(error, CacheError::Timeout(_)), "{error:?}");
+    assert_eq!(cache.breaker_state(), BreakerState::Open);
+
+    tokio::time::sleep(cool_down + Duration::from_millis(20)).await;
+    assert!(
+        cache.get(&id).now_or_never().is_none(),
+        "the trial call hangs"
+    ); // ... and is dropped by its caller before it reports
+
+    redis_back.send(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = cache.get(&id).await;
+    while last.is_err() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = cache.get(&id).await;
+    }
+    assert!(
+        matches!(last, Ok(None)),
+        "the breaker never let a call through again: {last:?}, {:?}",
+        cache.breaker_state()
+    );
+    assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
+
+    let service = IdempotencyService::builder(store().await)
+        .distributed_cache(cache)
+        .build();
+    let runs = AtomicUsize::new(0);
+    assert!(
+        pay(&service, "after-trial", &runs)
+            .await
+            .unwrap()
+            .is_executed()
+    );
 }

@@ -2,100 +2,19 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
+mod support;
+
 use std::time::Duration;
 
-use idempotency_cache_moka::MokaCache;
 use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
-use idempotency_core::config::{DistributedCacheConfig, LocalCacheConfig};
+use idempotency_core::config::DistributedCacheConfig;
 use idempotency_core::{
     Call, DistributedCache, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord,
-    IdempotencyService, Level, LocalCache, Operation, Origin, Outcome, RecordId, Scope,
-    StoredOutcome,
+    IdempotencyService, Level, LocalCache, Origin, Outcome, Scope, StoredOutcome,
 };
-use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::PgPool;
 
-async fn redis(config: DistributedCacheConfig) -> RedisCache {
-    let config = DistributedCacheConfig {
-        key_prefix: format!("{}:", idempotency_testing::unique_name("it")),
-        timeout: Duration::from_secs(2),
-        ..config
-    };
-    let cache = RedisCache::connect(&idempotency_testing::redis_url(), &config).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "Redis at {} did not answer; start it or set REDIS_URL",
-                idempotency_testing::redis_url()
-            )
-        })
-        .unwrap();
-    cache
-}
-
-fn moka() -> MokaCache {
-    MokaCache::new(&LocalCacheConfig {
-        statistics: true,
-        ..Default::default()
-    })
-}
-
-async fn store() -> (PgPool, PgStore) {
-    let pool = idempotency_testing::pg_pool().await;
-    let store = PgStore::new(pool.clone());
-    store.create_schema().await.unwrap();
-    (pool, store)
-}
-
-fn id(op: &str, scope: &str, key: &str) -> RecordId {
-    RecordId::new(
-        Operation::new(op).unwrap(),
-        Scope::new(scope).unwrap(),
-        IdempotencyKey::new(key).unwrap(),
-    )
-}
-
-async fn pay<L: LocalCache, D: DistributedCache>(
-    service: &IdempotencyService<PgStore, L, D>,
-    key: &str,
-    amount: i64,
-) -> Outcome<serde_json::Value> {
-    service
-        .execute(
-            Call::new("PAY", IdempotencyKey::new(key).unwrap(), &amount),
-            async |_c| {
-                if amount > 1000 {
-                    return Ok(ExecutionResult::rejected_with(
-                        "INSUFFICIENT_FUNDS",
-                        &serde_json::json!({"requested": amount}),
-                    )
-                    .unwrap());
-                }
-                Ok::<_, Error>(ExecutionResult::success(
-                    serde_json::json!({"paid": amount}),
-                ))
-            },
-        )
-        .await
-        .unwrap()
-}
-
-async fn in_redis(cache: &RedisCache, id: &RecordId) -> Option<String> {
-    cache
-        .client()
-        .get(cache.key_for(id).as_str())
-        .await
-        .unwrap()
-}
-
-async fn wipe_store(pool: &PgPool) {
-    idempotency_pg::sqlx::query("DELETE FROM idempotency_records")
-        .execute(pool)
-        .await
-        .unwrap();
-}
+use support::{id, in_redis, moka, pay, redis, store, wipe_store};
 
 #[tokio::test]
 async fn a_fresh_outcome_fills_both_caches_after_commit_and_not_before() {
@@ -344,60 +263,6 @@ async fn colliding_triples_get_their_own_entries() {
             "{op}/{scope}/{key} got another triple's value"
         );
     }
-}
-
-#[tokio::test]
-async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss() {
-    let (_pool, store) = store().await;
-    let l2 = redis(DistributedCacheConfig {
-        failure_policy: idempotency_core::FailurePolicy::FailFast,
-        ..Default::default()
-    })
-    .await;
-    let service = IdempotencyService::new(store.clone());
-    pay(&service, "corrupt", 7).await;
-    let key = l2.key_for(&id("PAY", "", "corrupt"));
-    let _: () = l2
-        .client()
-        .set(key.as_str(), "v1:{not json", None, None, false)
-        .await
-        .unwrap();
-
-    let cached = IdempotencyService::builder(store)
-        .distributed_cache(l2.clone())
-        .build();
-    let replay = pay(&cached, "corrupt", 7).await;
-    assert_eq!(
-        replay.origin(),
-        Origin::Replayed {
-            from: Level::Persistence
-        },
-        "corrupt is a miss even in fail-fast"
-    );
-    assert_eq!(l2.stats().corrupt, 1);
-    let refilled = in_redis(&l2, &id("PAY", "", "corrupt")).await.unwrap();
-    assert!(
-        refilled.starts_with("v1:{"),
-        "the corrupt entry was replaced: {refilled}"
-    );
-}
-
-#[tokio::test]
-async fn another_format_version_is_a_miss_not_an_error() {
-    let l2 = redis(Default::default()).await;
-    let other = id("PAY", "", "v9");
-    let key = l2.key_for(&other);
-    let _: () = l2
-        .client()
-        .set(key.as_str(), "v9:{\"future\":true}", None, None, false)
-        .await
-        .unwrap();
-    assert_eq!(l2.get(&other).await.unwrap(), None);
-    assert!(
-        in_redis(&l2, &other).await.is_some(),
-        "another version's entry is left alone"
-    );
-    assert_eq!(l2.stats().corrupt, 0);
 }
 
 /// The cache takes the fred client the application already has: here a connection pool.
