@@ -114,8 +114,6 @@ async fn a_success_value_replays_byte_identical_from_redis_and_moka() {
 /// The whole path: executed once (stored in PostgreSQL, then written to both caches), replayed
 /// by another instance from Redis, then from its moka, then from the store alone.
 #[tokio::test]
-#[ignore = "the PostgreSQL store keeps payloads as JSONB, which refuses \\u0000 and rewrites \
-            numbers and key order; runs once payloads are stored as json text"]
 async fn a_success_value_replays_byte_identical_through_every_tier() {
     let (_pool, store) = store().await;
     let l2 = redis(Default::default()).await;
