@@ -105,11 +105,13 @@ impl TableName {
         &self.quoted
     }
 
-    /// A quoted name for an object derived from the table (`<table>_<suffix>`), cut to 63 bytes.
+    /// A quoted name for an object derived from the table: `<table>_<suffix>`, never cut.
+    ///
+    /// SQLite has no identifier length limit, and tables and indexes share one namespace: a
+    /// name cut to 63 bytes could be the table's own (a 63-byte table would then get no expiry
+    /// index) or another table's derived name.
     pub fn derived(&self, suffix: &str) -> String {
-        let mut name = format!("{}_{suffix}", self.name);
-        name.truncate(MAX_IDENTIFIER_LEN);
-        format!("\"{name}\"")
+        format!("\"{}_{suffix}\"", self.name)
     }
 }
 
@@ -170,8 +172,11 @@ mod tests {
     }
 
     #[test]
-    fn derived_names_fit_the_identifier_limit() {
+    fn derived_names_are_never_cut() {
         let t = TableName::parse(&"x".repeat(63)).unwrap();
-        assert_eq!(t.derived("expires_at_idx").len(), 63 + 2);
+        assert_eq!(
+            t.derived("expires_at_idx"),
+            format!("\"{}_expires_at_idx\"", "x".repeat(63))
+        );
     }
 }

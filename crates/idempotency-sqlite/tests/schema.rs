@@ -382,3 +382,23 @@ async fn a_file_database_survives_reopening() {
         "the action ran again after the reopen"
     );
 }
+
+/// Long table names get complete derived names: SQLite has no identifier limit, so the expiry
+/// index of a 63-character table is `<table>_expires_at_idx`, not the table's own name cut
+/// (which `CREATE INDEX IF NOT EXISTS` would silently skip), and validate passes.
+#[tokio::test]
+async fn long_table_names_get_their_own_expiry_index() {
+    let pool = empty_pool().await;
+    let prefix = "r".repeat(50);
+    for name in [
+        format!("{prefix}_aaaa"),
+        format!("{prefix}_cccccccc1"),
+        format!("{prefix}_ddddddddddd1"),
+        format!("{prefix}_ddddddddddd2"),
+    ] {
+        let store = SqliteStore::with_table(pool.clone(), TableName::parse(&name).unwrap());
+        store.create_schema().await.unwrap();
+        let problems = validate_problems(&store).await;
+        assert!(problems.is_empty(), "{} chars: {problems:?}", name.len());
+    }
+}
