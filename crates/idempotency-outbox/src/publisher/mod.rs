@@ -83,6 +83,8 @@ pub enum PublishErrorKind {
     Timeout,
     /// The message cannot be expressed for this broker (invalid subject, header).
     InvalidMessage,
+    /// The publisher panicked; the relay caught it and counts it as a failed attempt.
+    Panicked,
     /// Anything else.
     Other,
 }
@@ -94,6 +96,7 @@ impl fmt::Display for PublishErrorKind {
             Self::Rejected => "rejected by the broker",
             Self::Timeout => "publish timed out",
             Self::InvalidMessage => "message invalid for the broker",
+            Self::Panicked => "publisher panicked",
             Self::Other => "publish failed",
         })
     }
