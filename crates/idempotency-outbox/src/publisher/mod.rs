@@ -81,7 +81,8 @@ pub enum PublishErrorKind {
     Rejected,
     /// No confirmation within `publish-timeout`.
     Timeout,
-    /// The message cannot be expressed for this broker (invalid subject, header).
+    /// The message cannot be expressed for this broker (invalid subject, header, a name too
+    /// long). Never retried: the relay dead-letters it at once.
     InvalidMessage,
     /// The publisher panicked; the relay caught it and counts it as a failed attempt.
     Panicked,

@@ -182,7 +182,10 @@ fn failure<S, P>(shared: &Shared<S, P>, message: &OutboxMessage, error: &Publish
     if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_LEN) {
         text.truncate(cut);
     }
-    let dead_letter = message.attempts >= shared.config.max_attempts;
+    // A message the broker can never take as it is (a name too long for it...) is not
+    // retried: it would only hold back its aggregate.
+    let dead_letter = message.attempts >= shared.config.max_attempts
+        || error.kind() == PublishErrorKind::InvalidMessage;
     Failure {
         id: message.id,
         error: text,
