@@ -45,6 +45,8 @@ pub struct App<DB: Database> {
     pub redis: Option<RedisCache>,
     /// The NATS connection, for health checks.
     pub nats: Option<async_nats::Client>,
+    /// The outbox relay's workers, for health checks.
+    pub relay: Option<idempotency_outbox::RelayMonitor>,
     /// The Prometheus recorder, for `GET /metrics`.
     pub prometheus: Option<PrometheusHandle>,
     /// Keys whose `FAIL_ONCE` payment already failed once.
@@ -59,6 +61,7 @@ impl<DB: Database> Clone for App<DB> {
             rules: Arc::clone(&self.rules),
             redis: self.redis.clone(),
             nats: self.nats.clone(),
+            relay: self.relay.clone(),
             prometheus: self.prometheus.clone(),
             failed_once: Arc::clone(&self.failed_once),
         }
@@ -74,6 +77,7 @@ impl<DB: Database> App<DB> {
             rules: Arc::new(rules),
             redis: None,
             nats: None,
+            relay: None,
             prometheus: None,
             failed_once: Arc::default(),
         }

@@ -172,6 +172,7 @@ async fn serve<DB: Database>(
         }
     );
 
+    app.relay = Some(relay.monitor());
     let routes = router(app, config.server.max_body_bytes);
     axum::serve(listener, routes)
         .with_graceful_shutdown(shutdown_signal())
@@ -180,7 +181,12 @@ async fn serve<DB: Database>(
     tracing::info!("shutting down: stopping the relay and the cleanup job");
     let _ = stop.send(true);
     let report = relay.shutdown().await;
-    tracing::info!(graceful = report.graceful, "relay stopped");
+    tracing::info!(
+        graceful = report.graceful,
+        aborted = report.aborted,
+        worker_panics = report.worker_panics,
+        "relay stopped"
+    );
     if let Some(cleanup) = cleanup {
         let _ = cleanup.await;
     }

@@ -10,7 +10,7 @@ use crate::model::{
     Charge, ChargeCreated, CreateCharge, CreatePayment, CreateRefund, InsufficientFunds, Payment,
     Refund, RefundLimit,
 };
-use crate::ops::{Health, Status};
+use crate::ops::{Health, RelayWorkers, Status};
 
 /// An RFC 9457 problem, as every error of the demo is answered.
 #[derive(Debug, ToSchema)]
@@ -134,6 +134,7 @@ pub enum IdempotencyProblems {
         ChargeCreated,
         Charge,
         Health,
+        RelayWorkers,
         Status
     ))
 )]

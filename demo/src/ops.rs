@@ -24,7 +24,8 @@ pub enum Status {
 /// The body of `GET /health`.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Health {
-    /// `UP` when the database answers (the caches and the broker only degrade the service).
+    /// `UP` when the database answers (the caches, the broker and the relay only degrade the
+    /// service: requests are served, events wait in the outbox).
     pub status: Status,
     /// The database.
     pub database: Status,
@@ -32,6 +33,24 @@ pub struct Health {
     pub cache: Status,
     /// The message broker (NATS), or `DISABLED` with the logging publisher.
     pub broker: Status,
+    /// The outbox relay: `DOWN` while one of its workers is not running (stopped, or
+    /// panicked and waiting for its restart), `DISABLED` when none runs in this process.
+    pub relay: Status,
+    /// The relay's workers, when one runs in this process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relay_workers: Option<RelayWorkers>,
+}
+
+/// The relay's workers in `GET /health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct RelayWorkers {
+    /// Workers configured.
+    pub configured: usize,
+    /// Workers running now.
+    pub running: usize,
+    /// Worker panics since the start (each worker was restarted); above zero, a bug to look
+    /// at in the logs.
+    pub panics: u64,
 }
 
 /// `GET /health`: 200 when the database answers, 503 otherwise; each dependency is listed.
@@ -61,6 +80,20 @@ pub async fn health<DB: Database>(State(app): State<App<DB>>) -> Response {
         Some(_) => Status::Down,
         None => Status::Disabled,
     };
+    let health = app
+        .relay
+        .as_ref()
+        .map(idempotency_outbox::RelayMonitor::health);
+    let relay = match health {
+        Some(health) if health.all_running() => Status::Up,
+        Some(_) => Status::Down,
+        None => Status::Disabled,
+    };
+    let relay_workers = health.map(|health| RelayWorkers {
+        configured: health.workers,
+        running: health.running,
+        panics: health.worker_panics,
+    });
     let status = database;
     let code = if status == Status::Up {
         StatusCode::OK
@@ -74,6 +107,8 @@ pub async fn health<DB: Database>(State(app): State<App<DB>>) -> Response {
             database,
             cache,
             broker,
+            relay,
+            relay_workers,
         }),
     )
         .into_response()

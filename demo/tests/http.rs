@@ -479,8 +479,39 @@ async fn health_reports_the_database() {
     assert_eq!(health.status, StatusCode::OK);
     assert_eq!(
         health.body,
-        json!({"status": "UP", "database": "UP", "cache": "DISABLED", "broker": "DISABLED"})
+        json!({"status": "UP", "database": "UP", "cache": "DISABLED", "broker": "DISABLED", "relay": "DISABLED"})
     );
+}
+
+/// `/health` shows the relay's workers: `DOWN` once they no longer run.
+#[tokio::test]
+async fn health_reports_the_relay_workers() {
+    let config = config();
+    let pool = idempotency_testing::pg_pool().await;
+    let db = Postgres::from_pool(pool.clone(), &config).await.unwrap();
+    let service = build_service(db.store().clone(), &config.idempotency, None);
+    let mut app = App::new(db.clone(), service, config.demo.clone());
+    let relay = idempotency_outbox::Relay::new(
+        db.outbox().clone(),
+        idempotency_outbox::LoggingPublisher::new(),
+        &config.outbox,
+    )
+    .unwrap()
+    .spawn();
+    app.relay = Some(relay.monitor());
+    let app = router(app, config.server.max_body_bytes);
+    let health = send(&app, "GET", "/health", &[], "").await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert_eq!(health.body["relay"], "UP");
+    assert_eq!(
+        health.body["relay_workers"],
+        json!({"configured": 2, "running": 2, "panics": 0})
+    );
+    relay.shutdown().await;
+    let health = send(&app, "GET", "/health", &[], "").await;
+    assert_eq!(health.status, StatusCode::OK, "requests are still served");
+    assert_eq!(health.body["relay"], "DOWN");
+    assert_eq!(health.body["relay_workers"]["running"], 0);
 }
 
 /// `GET /openapi.json` documents every endpoint, its key header and its problem responses.

@@ -27,6 +27,11 @@ use crate::error::Error;
 
 const DAY: u64 = 24 * 60 * 60;
 
+/// The smallest `relay.lease-margin`: after the slowest publish (`publish-timeout`) the
+/// worker still marks the batch, up to three tries 100 ms and 200 ms apart. A lease that ends
+/// first lets another worker publish the batch again while it is being marked.
+pub const MIN_LEASE_MARGIN: Duration = Duration::from_secs(1);
+
 /// The `outbox` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
@@ -108,7 +113,8 @@ pub struct RelayConfig {
     #[serde(with = "humantime_serde")]
     pub publish_timeout: Duration,
     /// Added to `publish-timeout` to form the claim lease: a crashed worker's rows become
-    /// claimable again after `publish-timeout + lease-margin`. Default `5s`.
+    /// claimable again after `publish-timeout + lease-margin`. It covers marking the batch
+    /// after its slowest publish, so it is at least [`MIN_LEASE_MARGIN`]. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub lease_margin: Duration,
     /// Attempts before a message is dead-lettered. Default `10`.
@@ -143,7 +149,8 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
-    /// Checks ranges: at least one worker, batch size 1..=10000, non-zero timeouts.
+    /// Checks ranges: at least one worker, batch size 1..=10000, non-zero timeouts, a lease
+    /// margin of at least [`MIN_LEASE_MARGIN`].
     pub fn validate(&self) -> Result<(), Error> {
         if self.workers == 0 {
             return Err(Error::invalid_config("relay.workers must be at least 1"));
@@ -164,6 +171,14 @@ impl RelayConfig {
             if value.is_zero() {
                 return Err(Error::invalid_config(format!("{name} must not be zero")));
             }
+        }
+        if self.lease_margin < MIN_LEASE_MARGIN {
+            return Err(Error::invalid_config(format!(
+                "relay.lease-margin ({}) must be at least {}: the lease (publish-timeout + \
+                 lease-margin) must outlive the slowest publish and the marking after it",
+                humantime_serde::re::humantime::format_duration(self.lease_margin),
+                humantime_serde::re::humantime::format_duration(MIN_LEASE_MARGIN),
+            )));
         }
         if self.backoff.max < self.backoff.base {
             return Err(Error::invalid_config(
@@ -339,6 +354,27 @@ mod tests {
             ..RelayConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn a_lease_that_does_not_outlive_the_publish_timeout_and_the_marking_is_refused() {
+        for margin in [Duration::ZERO, Duration::from_millis(999)] {
+            let bad = RelayConfig {
+                lease_margin: margin,
+                ..RelayConfig::default()
+            };
+            let error = bad.validate().unwrap_err().to_string();
+            assert!(
+                error.contains("relay.lease-margin") && error.contains("at least 1s"),
+                "{margin:?}: {error}"
+            );
+        }
+        let edge = RelayConfig {
+            lease_margin: Duration::from_secs(1),
+            ..RelayConfig::default()
+        };
+        edge.validate().unwrap();
+        assert!(edge.lease() > edge.publish_timeout);
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use message::{DeadLetter, MAX_NAME_LEN, NewEvent, OutboxMessage};
 #[cfg(feature = "postgres")]
 pub use pg::{PgInbox, PgOutbox};
 pub use publisher::{Ack, LoggingPublisher, PublishError, PublishErrorKind, Publisher};
-pub use relay::{Relay, RelayHandle, RelayTotals, ShutdownReport};
+pub use relay::{Relay, RelayHandle, RelayHealth, RelayMonitor, RelayTotals, ShutdownReport};
 pub use store::{DeadLetters, Enqueue, Housekeeping, Inbox, RelayStore};
 
 /// The core crate (configuration types such as `SchemaMode`), re-exported.

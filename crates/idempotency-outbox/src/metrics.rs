@@ -9,9 +9,10 @@
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest pending row; a rising value means a stuck relay |
 //! | `outbox_dead_lettered` | gauge | | dead-lettered rows |
 //! | `outbox_published_total` | counter | `destination` | messages the broker confirmed |
-//! | `outbox_publish_failures_total` | counter | `destination`, `kind` | failed publish attempts |
+//! | `outbox_publish_failures_total` | counter | `destination`, `kind` | failed publish attempts (`kind`: `unavailable`, `rejected`, `timeout`, `invalid`, `panicked`, `other`) |
 //! | `outbox_publish_attempts_total` | counter | `destination` | publish attempts, successful or not |
-//! | `outbox_dead_lettered_total` | counter | `destination` | messages moved to the dead letters |
+//! | `outbox_dead_lettered_total` | counter | `destination` | messages moved to the dead letters (after their last failed publish, or by the claim after `max-attempts` claims that never completed) |
+//! | `outbox_relay_worker_panics_total` | counter | | relay worker tasks that panicked outside a publish (each is restarted) |
 //! | `outbox_broker_duplicates_total` | counter | `destination` | confirmed copies the broker reported as duplicates |
 //! | `outbox_publish_latency_seconds` | histogram | `destination` | enqueue (commit) to broker ack |
 //!
@@ -34,6 +35,8 @@ pub const FAILED: &str = "outbox_publish_failures_total";
 pub const ATTEMPTS: &str = "outbox_publish_attempts_total";
 /// Counter: messages dead-lettered.
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_dead_lettered_total";
+/// Counter: relay worker tasks that panicked (each is restarted).
+pub const WORKER_PANICS: &str = "outbox_relay_worker_panics_total";
 /// Counter: confirmed copies the broker dropped as duplicates.
 pub const BROKER_DUPLICATES: &str = "outbox_broker_duplicates_total";
 /// Histogram: enqueue (commit) to broker ack, in seconds.
@@ -45,6 +48,7 @@ fn kind_label(kind: PublishErrorKind) -> &'static str {
         PublishErrorKind::Rejected => "rejected",
         PublishErrorKind::Timeout => "timeout",
         PublishErrorKind::InvalidMessage => "invalid",
+        PublishErrorKind::Panicked => "panicked",
         _ => "other",
     }
 }
@@ -66,6 +70,17 @@ pub(crate) fn published(destination: &str, latency_seconds: f64, duplicate: bool
     if duplicate {
         metrics::counter!(BROKER_DUPLICATES, "destination" => label).increment(1);
     }
+}
+
+pub(crate) fn dead_lettered_at_claim(destination: &str, n: u64) {
+    if n > 0 {
+        metrics::counter!(DEAD_LETTERED_TOTAL, "destination" => destination.to_owned())
+            .increment(n);
+    }
+}
+
+pub(crate) fn worker_panicked() {
+    metrics::counter!(WORKER_PANICS).increment(1);
 }
 
 pub(crate) fn failed(destination: &str, kind: PublishErrorKind, dead_lettered: bool) {

@@ -49,6 +49,39 @@ pub struct ClaimRequest {
     /// `ordered`: only the first pending row of each aggregate, and none of an aggregate whose
     /// first pending row is leased or backing off. `unordered`: any due row.
     pub ordering: Ordering,
+    /// `relay.max-attempts` (at least 1): a due row already claimed this often is moved to
+    /// the dead letters by the claim instead of being handed out again.
+    pub max_attempts: u32,
+}
+
+/// What one claim did.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Claimed {
+    /// The rows to publish, leased to the claim's token.
+    pub messages: Vec<OutboxMessage>,
+    /// The rows this claim dead-lettered instead: they were claimed `max_attempts` times and
+    /// never marked (each publish crashed its process or outlived its lease). Their
+    /// `last_error` reads `claimed N times without completing`.
+    pub dead_lettered: Vec<Uuid>,
+}
+
+impl Claimed {
+    /// A claim's result, built by a store.
+    pub fn new(messages: Vec<OutboxMessage>, dead_lettered: Vec<Uuid>) -> Self {
+        Self {
+            messages,
+            dead_lettered,
+        }
+    }
+
+    /// Splits the rows a claim statement returned: those whose `attempts` passed
+    /// `max_attempts` were dead-lettered by it, the others are to publish.
+    pub fn split(rows: Vec<OutboxMessage>, max_attempts: u32) -> Self {
+        let (spent, messages): (Vec<_>, Vec<_>) =
+            rows.into_iter().partition(|m| m.attempts > max_attempts);
+        Self::new(messages, spent.into_iter().map(|m| m.id).collect())
+    }
 }
 
 /// A failed publish, as the relay reports it to the store.
@@ -90,15 +123,17 @@ impl NotificationListener for NoNotifications {
 /// `next_attempt_at` to the end of the lease and stores the token, in one short statement.
 /// `mark_published` and `mark_failed` only touch rows that still hold the token,
 /// so a worker whose lease ran out cannot overwrite the work of the worker that took over.
+///
+/// The same statement dead-letters the due rows whose `attempts` already reached
+/// `max_attempts` (their `attempts` becomes `max_attempts + 1`, counting that claim): a message
+/// whose publish crashes the process every time is never marked, so only the claim can stop it.
 pub trait RelayStore: Send + Sync + 'static {
     /// The listener type of [`listen`](Self::listen).
     type Listener: NotificationListener;
 
-    /// Claims due rows for one batch.
-    fn claim(
-        &self,
-        request: &ClaimRequest,
-    ) -> impl Future<Output = Result<Vec<OutboxMessage>, Error>> + Send;
+    /// Claims due rows for one batch, and dead-letters the due rows claimed
+    /// `request.max_attempts` times already.
+    fn claim(&self, request: &ClaimRequest) -> impl Future<Output = Result<Claimed, Error>> + Send;
 
     /// Marks rows published (after the broker confirmed them). Returns rows updated.
     fn mark_published(

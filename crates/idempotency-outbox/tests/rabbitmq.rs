@@ -245,3 +245,115 @@ async fn a_redelivery_after_a_crash_is_dropped_by_the_inbox() {
     tx.commit().await.unwrap();
     queue.delete().await;
 }
+
+/// AMQP short strings hold at most 255 bytes: a routing key, `type` or header name longer
+/// than that cannot be sent. Such a message is dead-lettered at its first attempt with the
+/// reason, the shared connection keeps working and the other messages (its aggregate's next
+/// one included) are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_too_long_for_amqp_are_dead_lettered_at_once_and_the_connection_lives_on() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.workers = 1;
+    config.relay.max_attempts = 5;
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    // A topic exchange of its own, routing every key to the queue.
+    let exchange = idempotency_testing::unique_name("outbox_x");
+    queue
+        .channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Topic,
+            lapin::options::ExchangeDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    queue
+        .channel
+        .queue_bind(
+            queue.name.as_str().into(),
+            exchange.as_str().into(),
+            "#".into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let json = serde_json::json!({});
+    // Routing key `{aggregate_type}`: 200 two-byte characters make a 400-byte key.
+    let long_key = NewEvent::new("é".repeat(200), "a", "OrderUpdated", &json).unwrap();
+    // A 400-byte `type`; the next event of its aggregate is `good[1]`.
+    let long_type = NewEvent::new("order", "b", "é".repeat(200), &json).unwrap();
+    let long_header = event("c", 1).header(format!("x-{}", "h".repeat(300)), "v");
+    let good = [event("a", 2), event("b", 2), event("c", 2), event("d", 1)];
+    let mut all = vec![long_key.clone(), long_type.clone(), long_header.clone()];
+    all.extend(good.iter().cloned());
+    commit(&pool, &outbox, &all).await;
+
+    let publisher = RabbitMqPublisher::new(idempotency_testing::amqp_url())
+        .with_exchange(&exchange)
+        .with_routing_key("{aggregate_type}")
+        .unwrap();
+    publisher.connect().await.unwrap();
+    let handle = Relay::new(outbox.clone(), publisher, &config)
+        .unwrap()
+        .spawn();
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, good.len()).await;
+    let mut got: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = good.iter().map(|e| e.id().to_string()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "every other message delivered");
+    eventually("the three dead-lettered", || async {
+        scalar_i64(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
+        )
+        .await
+            == 3
+    })
+    .await;
+    for (event, what) in [
+        (&long_key, "routing key"),
+        (&long_type, "type"),
+        (&long_header, "header name"),
+    ] {
+        let (attempts, error): (i32, String) =
+            sqlx::query_as("SELECT attempts, last_error FROM outbox WHERE id = $1")
+                .bind(event.id())
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            attempts, 1,
+            "{what}: refused at the first attempt ({error})"
+        );
+        assert!(
+            error.starts_with("message invalid for the broker") && error.contains(what),
+            "{what}: {error}"
+        );
+        assert!(error.contains("longer than 255 bytes"), "{error}");
+    }
+
+    // The same connection still publishes.
+    let later = [event("a", 3), event("e", 1)];
+    commit(&pool, &outbox, &later).await;
+    let deliveries = TestQueue::receive(&mut consumer, later.len()).await;
+    assert_eq!(deliveries.len(), 2);
+    eventually("all marked", || async { published(&pool).await == 6 }).await;
+    let report = handle.shutdown().await;
+    assert!(report.graceful, "{report:?}");
+    let _ = queue
+        .channel
+        .exchange_delete(
+            exchange.as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await;
+    queue.delete().await;
+}

@@ -21,6 +21,7 @@ fn request(ordering: Ordering, lease: Duration) -> ClaimRequest {
         lease,
         token: Uuid::now_v7(),
         ordering,
+        max_attempts: 10,
     }
 }
 
@@ -30,17 +31,17 @@ async fn ordered_claims_take_the_first_pending_row_of_each_aggregate() {
     commit(&outbox, &[event("a", 1), event("a", 2), event("b", 1)]).await;
     commit(&outbox, &[event("a", 3)]).await;
     let ordered = request(Ordering::Ordered, Duration::from_secs(30));
-    let batch = outbox.claim(&ordered).await.unwrap();
+    let batch = outbox.claim(&ordered).await.unwrap().messages;
     let got: Vec<_> = batch
         .iter()
         .map(|m| (m.aggregate_id.as_str(), m.sequence))
         .collect();
     assert_eq!(got, [("a", Some(1)), ("b", Some(1))]);
     // While a's first row is leased, a's later rows wait.
-    assert!(outbox.claim(&ordered).await.unwrap().is_empty());
+    assert!(outbox.claim(&ordered).await.unwrap().messages.is_empty());
     let ids: Vec<_> = batch.iter().map(|m| m.id).collect();
     assert_eq!(outbox.mark_published(ordered.token, &ids).await.unwrap(), 2);
-    let next = outbox.claim(&ordered).await.unwrap();
+    let next = outbox.claim(&ordered).await.unwrap().messages;
     assert_eq!(next.len(), 1);
     assert_eq!(
         (next[0].aggregate_id.as_str(), next[0].sequence),
@@ -50,7 +51,8 @@ async fn ordered_claims_take_the_first_pending_row_of_each_aggregate() {
     let unordered = outbox
         .claim(&request(Ordering::Unordered, Duration::from_secs(30)))
         .await
-        .unwrap();
+        .unwrap()
+        .messages;
     assert_eq!(
         unordered.len(),
         1,
@@ -67,7 +69,8 @@ async fn unordered_enqueue_has_no_sequence_and_claims_every_due_row() {
     let batch = outbox
         .claim(&request(Ordering::Unordered, Duration::from_secs(30)))
         .await
-        .unwrap();
+        .unwrap()
+        .messages;
     assert_eq!(batch.len(), 3);
     assert!(
         batch
@@ -88,11 +91,11 @@ async fn a_stale_token_cannot_mark_rows_another_claim_took_over() {
     let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
     let ids = commit(&outbox, &[event("a", 1)]).await;
     let first = request(Ordering::Ordered, Duration::from_millis(50));
-    assert_eq!(outbox.claim(&first).await.unwrap().len(), 1);
+    assert_eq!(outbox.claim(&first).await.unwrap().messages.len(), 1);
     // The first worker stalls past its lease; a second claim takes the row over.
     tokio::time::sleep(Duration::from_millis(80)).await;
     let second = request(Ordering::Ordered, Duration::from_secs(30));
-    let taken = outbox.claim(&second).await.unwrap();
+    let taken = outbox.claim(&second).await.unwrap().messages;
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].attempts, 2, "each claim counts an attempt");
     let failure = Failure {
@@ -215,7 +218,8 @@ async fn rows_store_times_as_database_milliseconds_and_ids_as_text() {
     let claimed = outbox
         .claim(&request(Ordering::Ordered, Duration::from_secs(30)))
         .await
-        .unwrap();
+        .unwrap()
+        .messages;
     assert_eq!(claimed[0].created_at.timestamp_millis(), created);
     let lease_end = scalar(outbox.pool(), "SELECT next_attempt_at FROM outbox").await;
     assert!(
@@ -299,6 +303,7 @@ async fn an_idle_poll_does_not_wait_for_the_write_lock_but_a_claim_does() {
     assert!(
         idle.expect("an idle poll returns at once")
             .unwrap()
+            .messages
             .is_empty()
     );
     writer.commit().await.unwrap();
@@ -315,6 +320,6 @@ async fn an_idle_poll_does_not_wait_for_the_write_lock_but_a_claim_does() {
         "a due row is claimed under the write lock"
     );
     holder.commit().await.unwrap();
-    let claimed = waiting.await.unwrap().unwrap();
+    let claimed = waiting.await.unwrap().unwrap().messages;
     assert_eq!(claimed.iter().map(|m| m.id).collect::<Vec<_>>(), [id]);
 }

@@ -109,6 +109,10 @@ fn claim(t: &str, ordered: bool) -> String {
     } else {
         String::new()
     };
+    // A row already claimed `max-attempts` ($4) times was never marked: its publishes
+    // crashed their relay (or outlived the lease). It is dead-lettered instead of handed out
+    // again, and comes back with `attempts` past `max-attempts` so the caller can tell.
+    let spent = "o.attempts >= $4";
     format!(
         "WITH due AS ( \
              SELECT o.id FROM {t} o \
@@ -118,7 +122,13 @@ fn claim(t: &str, ordered: bool) -> String {
              LIMIT $1 \
              FOR UPDATE OF o SKIP LOCKED) \
          UPDATE {t} AS o \
-         SET attempts = o.attempts + 1, next_attempt_at = now() + $2, claim_token = $3 \
+         SET attempts = o.attempts + 1, \
+             next_attempt_at = CASE WHEN {spent} THEN o.next_attempt_at ELSE now() + $2 END, \
+             claim_token = CASE WHEN {spent} THEN NULL ELSE $3::uuid END, \
+             dead_lettered_at = CASE WHEN {spent} THEN clock_timestamp() END, \
+             last_error = CASE WHEN {spent} \
+                 THEN 'claimed ' || o.attempts || ' times without completing' \
+                 ELSE o.last_error END \
          FROM due WHERE o.id = due.id \
          RETURNING {MESSAGE_COLUMNS}"
     )

@@ -13,7 +13,7 @@ use crate::message::{DeadLetter, NewEvent, OutboxMessage};
 use crate::pg::PgOutbox;
 use crate::pg::listen::PgNotificationListener;
 use crate::store::{
-    ClaimRequest, DeadLetters, Enqueue, Failure, Housekeeping, OutboxStats, RelayStore,
+    ClaimRequest, Claimed, DeadLetters, Enqueue, Failure, Housekeeping, OutboxStats, RelayStore,
 };
 
 pub(crate) type MessageRow = (
@@ -79,7 +79,7 @@ impl Enqueue for PgOutbox {
 impl RelayStore for PgOutbox {
     type Listener = PgNotificationListener;
 
-    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxMessage>, Error> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
         let sql = match request.ordering {
             Ordering::Ordered => self.sql.claim_ordered.clone(),
             Ordering::Unordered => self.sql.claim_unordered.clone(),
@@ -88,9 +88,14 @@ impl RelayStore for PgOutbox {
             .bind(limit(request.limit))
             .bind(request.lease)
             .bind(request.token)
+            .bind(i32::try_from(request.max_attempts).unwrap_or(i32::MAX))
             .fetch_all(&self.pool)
             .await?;
-        rows.into_iter().map(message).collect()
+        let messages = rows
+            .into_iter()
+            .map(message)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Claimed::split(messages, request.max_attempts))
     }
 
     async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {

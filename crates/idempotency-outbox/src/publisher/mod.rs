@@ -81,8 +81,11 @@ pub enum PublishErrorKind {
     Rejected,
     /// No confirmation within `publish-timeout`.
     Timeout,
-    /// The message cannot be expressed for this broker (invalid subject, header).
+    /// The message cannot be expressed for this broker (invalid subject, header, a name too
+    /// long). Never retried: the relay dead-letters it at once.
     InvalidMessage,
+    /// The publisher panicked; the relay caught it and counts it as a failed attempt.
+    Panicked,
     /// Anything else.
     Other,
 }
@@ -94,6 +97,7 @@ impl fmt::Display for PublishErrorKind {
             Self::Rejected => "rejected by the broker",
             Self::Timeout => "publish timed out",
             Self::InvalidMessage => "message invalid for the broker",
+            Self::Panicked => "publisher panicked",
             Self::Other => "publish failed",
         })
     }

@@ -8,6 +8,11 @@
 //! headers, and `mandatory` set so an unroutable message is a failure rather than silently
 //! dropped. The publish resolves when the broker confirmed it (publisher confirms are on).
 //!
+//! AMQP carries the routing key, the `type` and every header name as a short string of at
+//! most 255 bytes. A message that would need a longer one fails with
+//! [`InvalidMessage`](PublishErrorKind::InvalidMessage) before anything is sent (the relay
+//! dead-letters it at once); the connection and the other messages are not affected.
+//!
 //! The connection is opened on first use and re-opened after it broke, so a broker outage
 //! only fails publishes (which the relay retries) until the broker is back.
 
@@ -34,6 +39,27 @@ struct Refused {
     what: &'static str,
     code: u16,
     text: String,
+}
+
+/// A name AMQP sends as a short string is too long.
+#[derive(Debug, thiserror::Error)]
+#[error("the {what} is {len} bytes, longer than 255 bytes (an AMQP short string)")]
+struct TooLong {
+    what: &'static str,
+    len: usize,
+}
+
+/// `value` as a short string, or an `InvalidMessage` error naming `what`.
+fn short(what: &'static str, value: &str) -> Result<ShortString, PublishError> {
+    ShortString::try_new(value).map_err(|_| {
+        PublishError::new(
+            PublishErrorKind::InvalidMessage,
+            TooLong {
+                what,
+                len: value.len(),
+            },
+        )
+    })
 }
 
 #[derive(Debug)]
@@ -143,32 +169,36 @@ impl RabbitMqPublisher {
     }
 }
 
-fn properties(message: &OutboxMessage) -> BasicProperties {
+fn properties(message: &OutboxMessage) -> Result<BasicProperties, PublishError> {
     let mut table = FieldTable::default();
-    let mut put = |name: &str, value: &str| {
+    let mut put = |name: &str, value: &str| -> Result<(), PublishError> {
         table.insert(
-            ShortString::from(name),
+            short("header name", name)?,
             AMQPValue::LongString(LongString::from(value)),
         );
+        Ok(())
     };
     for (name, value) in &message.headers {
-        put(name, value);
+        put(name, value)?;
     }
-    put(headers::AGGREGATE_TYPE, &message.aggregate_type);
-    put(headers::AGGREGATE_ID, &message.aggregate_id);
-    put(headers::EVENT_TYPE, &message.event_type);
+    put(headers::AGGREGATE_TYPE, &message.aggregate_type)?;
+    put(headers::AGGREGATE_ID, &message.aggregate_id)?;
+    put(headers::EVENT_TYPE, &message.event_type)?;
     if let Some(sequence) = message.sequence {
-        put(headers::SEQUENCE, &sequence.to_string());
+        put(headers::SEQUENCE, &sequence.to_string())?;
     }
     let timestamp = u64::try_from(message.created_at.timestamp())
         .unwrap_or_else(|_| u64::try_from(Utc::now().timestamp()).unwrap_or_default());
-    BasicProperties::default()
-        .with_message_id(ShortString::from(message.id.to_string()))
+    Ok(BasicProperties::default()
+        .with_message_id(short("message id", &message.id.to_string())?)
         .with_delivery_mode(2)
-        .with_content_type(ShortString::from("application/json"))
-        .with_type(ShortString::from(message.event_type.as_str()))
+        .with_content_type(short("content type", "application/json")?)
+        .with_type(short(
+            "type property (the event type)",
+            &message.event_type,
+        )?)
         .with_timestamp(timestamp)
-        .with_headers(table)
+        .with_headers(table))
 }
 
 impl Publisher for RabbitMqPublisher {
@@ -177,18 +207,23 @@ impl Publisher for RabbitMqPublisher {
     }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        // Everything checked before the connection is touched. A too-long exchange name is
+        // configuration, not this message: retried (and logged) rather than dead-lettered.
+        let exchange = ShortString::try_new(self.exchange.as_str())
+            .map_err(|e| PublishError::new(PublishErrorKind::Other, e))?;
+        let routing_key = short("routing key", &self.routing_key.render(message))?;
+        let properties = properties(message)?;
         let channel = self.channel().await?;
-        let routing_key = self.routing_key.render(message);
         let confirm = channel
             .basic_publish(
-                ShortString::from(self.exchange.as_str()),
-                ShortString::from(routing_key),
+                exchange,
+                routing_key,
                 BasicPublishOptions {
                     mandatory: self.mandatory,
                     ..BasicPublishOptions::default()
                 },
                 message.payload.as_bytes(),
-                properties(message),
+                properties,
             )
             .await
             .map_err(|e| PublishError::new(PublishErrorKind::Unavailable, e))?;

@@ -20,10 +20,12 @@ use crate::store::{Housekeeping, RelayStore};
 
 mod backoff;
 mod housekeeping;
+mod supervisor;
 mod wake;
 mod worker;
 
 pub use housekeeping::PurgeReport;
+pub use supervisor::{RelayHealth, RelayMonitor};
 pub use worker::BatchReport;
 
 /// Counts since the relay started, across its workers.
@@ -151,15 +153,19 @@ where
     }
 
     /// Starts `workers` worker tasks, the listener (with `wake-up: listen`) and the
-    /// housekeeping task on the current tokio runtime.
+    /// housekeeping task on the current tokio runtime. A worker that panics is restarted
+    /// after a second and counted in [`RelayHandle::health`].
     pub fn spawn(&self) -> RelayHandle {
         let (stop, stopped) = watch::channel(false);
+        let supervision = Arc::new(supervisor::Supervision::default());
         let workers = (0..self.shared.config.workers)
             .map(|n| {
                 let shared = Arc::clone(&self.shared);
-                tokio::spawn(worker::work(shared, n, stopped.clone()))
+                let running = supervisor::Running::start(&supervision);
+                tokio::spawn(supervisor::supervise(shared, running, n, stopped.clone()))
             })
             .collect();
+        let monitor = RelayMonitor::new(self.shared.config.workers, supervision);
         let mut background = vec![tokio::spawn(housekeeping::run(
             Arc::clone(&self.shared),
             stopped.clone(),
@@ -172,6 +178,7 @@ where
         }
         RelayHandle {
             stop,
+            monitor,
             workers,
             background,
             shutdown_timeout: self.shared.config.shutdown_timeout,
@@ -187,10 +194,13 @@ where
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownReport {
-    /// Every worker finished its in-flight batch within the deadline.
+    /// Every worker finished its in-flight batch within the deadline, and no worker panicked
+    /// during the relay's life.
     pub graceful: bool,
     /// Workers aborted at the deadline; their claimed rows return after the lease.
     pub aborted: usize,
+    /// Worker panics during the relay's life (each worker was restarted).
+    pub worker_panics: u64,
     /// Counts over the relay's life.
     pub totals: RelayTotals,
 }
@@ -199,6 +209,7 @@ pub struct ShutdownReport {
 /// stops it the same way without waiting.
 pub struct RelayHandle {
     stop: watch::Sender<bool>,
+    monitor: RelayMonitor,
     workers: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
     shutdown_timeout: Duration,
@@ -208,7 +219,7 @@ pub struct RelayHandle {
 impl std::fmt::Debug for RelayHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayHandle")
-            .field("workers", &self.workers.len())
+            .field("health", &self.monitor.health())
             .field("totals", &(self.totals)())
             .finish_non_exhaustive()
     }
@@ -218,6 +229,16 @@ impl RelayHandle {
     /// Counts since the relay started.
     pub fn totals(&self) -> RelayTotals {
         (self.totals)()
+    }
+
+    /// The workers now: how many run, how many panics there were.
+    pub fn health(&self) -> RelayHealth {
+        self.monitor.health()
+    }
+
+    /// A cloneable view of [`health`](Self::health), for a health endpoint.
+    pub fn monitor(&self) -> RelayMonitor {
+        self.monitor.clone()
     }
 
     /// Graceful shutdown with `relay.shutdown-timeout` as the deadline.
@@ -241,9 +262,11 @@ impl RelayHandle {
                 aborted += 1;
             }
         }
+        let worker_panics = self.monitor.health().worker_panics;
         ShutdownReport {
-            graceful: aborted == 0,
+            graceful: aborted == 0 && worker_panics == 0,
             aborted,
+            worker_panics,
             totals: (self.totals)(),
         }
     }

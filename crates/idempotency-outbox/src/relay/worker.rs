@@ -1,8 +1,11 @@
 //! One worker: claim, publish concurrently, mark; wait when there is nothing to do.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -25,8 +28,11 @@ pub struct BatchReport {
     pub published: u64,
     /// Publish attempts that failed (retried later or dead-lettered).
     pub failed: u64,
-    /// Messages dead-lettered by this batch.
+    /// Messages dead-lettered by this batch (after their last failed publish, or by the claim).
     pub dead_lettered: u64,
+    /// Of those, rows the claim dead-lettered without handing them out: claimed
+    /// `max-attempts` times and never marked, as when each publish crashed its relay.
+    pub dead_lettered_at_claim: u64,
     /// Confirmed copies the broker reported as duplicates.
     pub duplicates: u64,
 }
@@ -45,7 +51,7 @@ where
     while !*stop.borrow() {
         match run_batch(&shared).await {
             // A full batch: more is probably due; claim again at once.
-            Ok(report) if report.claimed == limit => continue,
+            Ok(report) if report.claimed + report.dead_lettered_at_claim == limit => continue,
             Ok(_) => {}
             Err(error) => {
                 tracing::warn!(
@@ -81,27 +87,44 @@ where
         lease: config.lease(),
         token,
         ordering: shared.ordering,
+        max_attempts: config.max_attempts,
     };
-    let batch = shared.store.claim(&request).await?;
+    let claimed = shared.store.claim(&request).await?;
     let claimed_at = Instant::now();
+    let destination = shared.publisher.destination();
+    let spent = claimed.dead_lettered.len() as u64;
+    for id in &claimed.dead_lettered {
+        tracing::error!(%id, max_attempts = config.max_attempts, "outbox message dead-lettered: claimed max-attempts times without completing");
+    }
+    metrics::dead_lettered_at_claim(destination, spent);
+    let batch = claimed.messages;
     let mut report = BatchReport {
         claimed: batch.len() as u64,
+        dead_lettered: spent,
+        dead_lettered_at_claim: spent,
         ..BatchReport::default()
     };
     if batch.is_empty() {
+        shared.totals.add(&report);
         return Ok(report);
     }
     if batch.len() == config.batch_size as usize {
         // Let an idle worker take the next batch while this one publishes.
         shared.wake.notify_one();
     }
-    let destination = shared.publisher.destination();
     metrics::attempts(destination, batch.len());
 
     let timeout = config.publish_timeout;
     let results = join_all(batch.iter().map(|message| async move {
-        let result = match tokio::time::timeout(timeout, shared.publisher.publish(message)).await {
-            Ok(result) => result,
+        // A panic is this message's failure: the batch's other messages are still marked and
+        // the worker lives on.
+        let publish = AssertUnwindSafe(shared.publisher.publish(message)).catch_unwind();
+        let result = match tokio::time::timeout(timeout, publish).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panic)) => Err(PublishError::new(
+                PublishErrorKind::Panicked,
+                panic_text(panic.as_ref()),
+            )),
             Err(_) => Err(PublishError::kind_only(PublishErrorKind::Timeout)),
         };
         (result, claimed_at.elapsed())
@@ -143,12 +166,26 @@ where
     Ok(report)
 }
 
+/// The message of a panic (`panic!` with a literal or a format string), or a placeholder.
+pub(super) fn panic_text(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
 fn failure<S, P>(shared: &Shared<S, P>, message: &OutboxMessage, error: &PublishError) -> Failure {
     let mut text = error.chain();
     if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_LEN) {
         text.truncate(cut);
     }
-    let dead_letter = message.attempts >= shared.config.max_attempts;
+    // A message the broker can never take as it is (a name too long for it...) is not
+    // retried: it would only hold back its aggregate.
+    let dead_letter = message.attempts >= shared.config.max_attempts
+        || error.kind() == PublishErrorKind::InvalidMessage;
     Failure {
         id: message.id,
         error: text,

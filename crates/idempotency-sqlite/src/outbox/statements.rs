@@ -67,9 +67,19 @@ fn claim(t: &str, ordered: bool) -> String {
     };
     // No `FOR UPDATE SKIP LOCKED`: the claim runs under SQLite's single write lock, so no
     // other claim can pick the same rows; the lease (`next_attempt_at`) hides them afterwards.
+    // A row already claimed `max-attempts` (?4) times was never marked: its publishes
+    // crashed their relay (or outlived the lease). It is dead-lettered instead of handed out
+    // again, and comes back with `attempts` past `max-attempts` so the caller can tell.
+    let spent = "attempts >= ?4";
     format!(
-        "UPDATE {t} SET attempts = attempts + 1, next_attempt_at = {NOW_MS} + ?2, \
-                claim_token = ?3 \
+        "UPDATE {t} SET attempts = attempts + 1, \
+                next_attempt_at = CASE WHEN {spent} THEN next_attempt_at \
+                                       ELSE {NOW_MS} + ?2 END, \
+                claim_token = CASE WHEN {spent} THEN NULL ELSE ?3 END, \
+                dead_lettered_at = CASE WHEN {spent} THEN {NOW_MS} END, \
+                last_error = CASE WHEN {spent} \
+                    THEN 'claimed ' || attempts || ' times without completing' \
+                    ELSE last_error END \
          WHERE id IN ( \
              SELECT o.id FROM {t} AS o \
              WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::store::{
-    ClaimRequest, DeadLetters, Enqueue, Failure, Housekeeping, NoNotifications, OutboxStats,
-    RelayStore,
+    ClaimRequest, Claimed, DeadLetters, Enqueue, Failure, Housekeeping, NoNotifications,
+    OutboxStats, RelayStore,
 };
-use idempotency_outbox::{DeadLetter, Error, NewEvent, OutboxMessage};
+use idempotency_outbox::{DeadLetter, Error, NewEvent};
 use sqlx::SqliteConnection;
 use uuid::Uuid;
 
@@ -36,14 +36,15 @@ impl RelayStore for SqliteOutbox {
     /// in a short `BEGIN IMMEDIATE` transaction: it waits for the write lock (up to the busy
     /// timeout), sets the lease and the fencing token on the due rows, and commits. SQLite has
     /// a single writer, so no other claim can pick the same rows and nothing needs
-    /// `SKIP LOCKED`. Messages come back oldest first.
-    async fn claim(&self, request: &ClaimRequest) -> Result<Vec<OutboxMessage>, Error> {
+    /// `SKIP LOCKED`. Messages come back oldest first. The same statement dead-letters the due
+    /// rows already claimed `max_attempts` times.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
         let due: bool = sqlx::query_scalar(self.sql.any_due.clone())
             .fetch_one(&self.pool)
             .await
             .map_err(outbox_error)?;
         if !due {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let sql = match request.ordering {
             Ordering::Ordered => self.sql.claim_ordered.clone(),
@@ -58,6 +59,7 @@ impl RelayStore for SqliteOutbox {
             .bind(i64::from(request.limit))
             .bind(row::millis(request.lease))
             .bind(request.token.to_string())
+            .bind(i64::from(request.max_attempts))
             .fetch_all(&mut *tx)
             .await
             .map_err(outbox_error)?;
@@ -68,7 +70,7 @@ impl RelayStore for SqliteOutbox {
             .collect::<Result<Vec<_>, _>>()?;
         // `RETURNING` order is unspecified; publish oldest first.
         messages.sort_by_key(|m| (m.created_at, m.id));
-        Ok(messages)
+        Ok(Claimed::split(messages, request.max_attempts))
     }
 
     async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {

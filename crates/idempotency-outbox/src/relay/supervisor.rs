@@ -1,0 +1,140 @@
+//! Keeping workers alive: a worker whose task panicked (outside a publish, which the worker
+//! catches itself) is counted, logged and restarted, and health checks can see it.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::watch;
+
+use super::{Shared, worker};
+use crate::metrics;
+use crate::publisher::Publisher;
+use crate::store::{Housekeeping, RelayStore};
+
+/// Pause before a panicked worker is restarted, so a panic on every batch does not spin.
+const RESTART_DELAY: Duration = Duration::from_secs(1);
+
+/// The relay's workers, as a health check sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayHealth {
+    /// Workers started (`relay.workers`).
+    pub workers: usize,
+    /// Workers running now: fewer while a panicked worker waits for its restart, or after
+    /// the relay stopped.
+    pub running: usize,
+    /// Worker panics since the relay started; each worker was restarted.
+    pub worker_panics: u64,
+}
+
+impl RelayHealth {
+    /// Every worker is running.
+    pub fn all_running(&self) -> bool {
+        self.running == self.workers
+    }
+}
+
+/// A cheap, cloneable view of a running relay's health, for health endpoints.
+#[derive(Debug, Clone)]
+pub struct RelayMonitor {
+    workers: usize,
+    state: Arc<Supervision>,
+}
+
+impl RelayMonitor {
+    pub(super) fn new(workers: usize, state: Arc<Supervision>) -> Self {
+        Self { workers, state }
+    }
+
+    /// The workers now.
+    pub fn health(&self) -> RelayHealth {
+        RelayHealth {
+            workers: self.workers,
+            running: self.state.running.load(AtomicOrdering::Relaxed),
+            worker_panics: self.state.panics(),
+        }
+    }
+}
+
+/// Counts shared by the supervisors of one spawned relay.
+#[derive(Debug, Default)]
+pub(super) struct Supervision {
+    running: AtomicUsize,
+    panics: AtomicU64,
+}
+
+impl Supervision {
+    pub(super) fn panics(&self) -> u64 {
+        self.panics.load(AtomicOrdering::Relaxed)
+    }
+}
+
+/// One worker counted as running, from its spawn until it ends, panics or is aborted.
+#[derive(Debug)]
+pub(super) struct Running {
+    state: Arc<Supervision>,
+    counted: bool,
+}
+
+impl Running {
+    /// Counts a worker about to be spawned.
+    pub(super) fn start(state: &Arc<Supervision>) -> Self {
+        state.running.fetch_add(1, AtomicOrdering::Relaxed);
+        Self {
+            state: Arc::clone(state),
+            counted: true,
+        }
+    }
+
+    fn set(&mut self, running: bool) {
+        if running != self.counted {
+            if running {
+                self.state.running.fetch_add(1, AtomicOrdering::Relaxed);
+            } else {
+                self.state.running.fetch_sub(1, AtomicOrdering::Relaxed);
+            }
+            self.counted = running;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
+/// Runs worker `n` until the relay stops, restarting it after a panic.
+pub(super) async fn supervise<S, P>(
+    shared: Arc<Shared<S, P>>,
+    mut running: Running,
+    n: usize,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: RelayStore + Housekeeping,
+    P: Publisher,
+{
+    loop {
+        running.set(true);
+        let run = AssertUnwindSafe(worker::work(Arc::clone(&shared), n, stop.clone()));
+        let outcome = run.catch_unwind().await;
+        running.set(false);
+        let Err(panic) = outcome else {
+            return;
+        };
+        running.state.panics.fetch_add(1, AtomicOrdering::Relaxed);
+        metrics::worker_panicked();
+        tracing::error!(
+            worker = n,
+            panic = %worker::panic_text(panic.as_ref()),
+            "outbox relay worker panicked; restarting it (its claimed rows return after the lease)"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(RESTART_DELAY) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
