@@ -32,7 +32,7 @@ pub async fn ordered_claims_take_the_first_pending_row_of_each_aggregate<B: Outb
     .await;
     commit(&backend, &outbox, &[event("a", 3)]).await;
     let ordered = request(Ordering::Ordered, LEASE);
-    let mut batch = outbox.claim(&ordered).await.expect("claim");
+    let mut batch = outbox.claim(&ordered).await.expect("claim").messages;
     batch.sort_by_key(|m| m.aggregate_id.clone());
     let got: Vec<_> = batch
         .iter()
@@ -40,7 +40,12 @@ pub async fn ordered_claims_take_the_first_pending_row_of_each_aggregate<B: Outb
         .collect();
     assert_eq!(got, [("a", Some(1)), ("b", Some(1))]);
     assert!(
-        outbox.claim(&ordered).await.expect("claim").is_empty(),
+        outbox
+            .claim(&ordered)
+            .await
+            .expect("claim")
+            .messages
+            .is_empty(),
         "while a#1 is leased, a's later rows wait"
     );
     let published = outbox
@@ -48,7 +53,7 @@ pub async fn ordered_claims_take_the_first_pending_row_of_each_aggregate<B: Outb
         .await
         .expect("mark");
     assert_eq!(published, 2);
-    let next = outbox.claim(&ordered).await.expect("claim");
+    let next = outbox.claim(&ordered).await.expect("claim").messages;
     let got: Vec<_> = next
         .iter()
         .map(|m| (m.aggregate_id.as_str(), m.sequence))
@@ -57,7 +62,8 @@ pub async fn ordered_claims_take_the_first_pending_row_of_each_aggregate<B: Outb
     let unordered = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     let got: Vec<_> = unordered.iter().map(|m| m.sequence).collect();
     assert_eq!(got, [Some(3)], "only a#3 is neither leased nor published");
 }
@@ -73,12 +79,13 @@ pub async fn unordered_claims_take_every_due_row<B: OutboxBackend>(
     sent.sort_unstable();
     let mut limited = request(Ordering::Unordered, LEASE);
     limited.limit = 3;
-    let first = outbox.claim(&limited).await.expect("claim");
+    let first = outbox.claim(&limited).await.expect("claim").messages;
     assert_eq!(first.len(), 3, "the limit holds");
     let rest = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     assert_eq!(rest.len(), 2, "leased rows are not claimed twice");
     assert_eq!(ids(first.iter().chain(&rest)), sent);
 }
@@ -92,14 +99,22 @@ pub async fn a_claim_is_a_lease_and_an_expired_lease_returns_the_row<B: OutboxBa
     let outbox = backend.outbox(&suite_config(Ordering::Unordered)).await;
     let sent = commit(&backend, &outbox, &[event("a", 1)]).await;
     let short = request(Ordering::Unordered, Duration::from_millis(300));
-    let first = outbox.claim(&short).await.expect("claim");
+    let first = outbox.claim(&short).await.expect("claim").messages;
     assert_eq!((ids(&first), first[0].attempts), (sent.clone(), 1));
-    assert!(outbox.claim(&short).await.expect("claim").is_empty());
+    assert!(
+        outbox
+            .claim(&short)
+            .await
+            .expect("claim")
+            .messages
+            .is_empty()
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     assert_eq!((ids(&again), again[0].attempts), (sent, 2));
 }
 
@@ -112,10 +127,13 @@ pub async fn a_stale_token_cannot_mark_rows_another_claim_took_over<B: OutboxBac
     let outbox = backend.outbox(&suite_config(Ordering::Unordered)).await;
     let sent = commit(&backend, &outbox, &[event("a", 1)]).await;
     let stale = request(Ordering::Unordered, Duration::from_millis(200));
-    assert_eq!(outbox.claim(&stale).await.expect("claim").len(), 1);
+    assert_eq!(outbox.claim(&stale).await.expect("claim").messages.len(), 1);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let current = request(Ordering::Unordered, LEASE);
-    assert_eq!(outbox.claim(&current).await.expect("claim").len(), 1);
+    assert_eq!(
+        outbox.claim(&current).await.expect("claim").messages.len(),
+        1
+    );
     let failure = Failure {
         id: sent[0],
         error: "late".to_owned(),
@@ -158,7 +176,7 @@ pub async fn failures_back_off_and_dead_letters_can_be_requeued<B: OutboxBackend
     let sent = commit(&backend, &outbox, &[event("a", 1), event("b", 1)]).await;
     let (retried, dead) = (sent[0], sent[1]);
     let claim = request(Ordering::Unordered, LEASE);
-    assert_eq!(outbox.claim(&claim).await.expect("claim").len(), 2);
+    assert_eq!(outbox.claim(&claim).await.expect("claim").messages.len(), 2);
     let failures = [
         Failure {
             id: retried,
@@ -185,6 +203,7 @@ pub async fn failures_back_off_and_dead_letters_can_be_requeued<B: OutboxBackend
             .claim(&request(Ordering::Unordered, LEASE))
             .await
             .expect("claim")
+            .messages
             .is_empty(),
         "backing off, and dead"
     );
@@ -192,7 +211,8 @@ pub async fn failures_back_off_and_dead_letters_can_be_requeued<B: OutboxBackend
     let back = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     assert_eq!((ids(&back), back[0].attempts), (vec![retried], 2));
 
     let letters = outbox.dead_letters(10).await.expect("dead letters");
@@ -209,7 +229,8 @@ pub async fn failures_back_off_and_dead_letters_can_be_requeued<B: OutboxBackend
     let again = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     assert_eq!((ids(&again), again[0].attempts), (vec![dead], 1));
     assert!(
         outbox
@@ -246,7 +267,7 @@ pub async fn stats_count_pending_and_dead_rows_and_age_the_oldest<B: OutboxBacke
         stats.oldest_pending_age
     );
     let claim = request(Ordering::Unordered, LEASE);
-    outbox.claim(&claim).await.expect("claim");
+    outbox.claim(&claim).await.expect("claim").messages;
     let poison = Failure {
         id: sent[0],
         error: "poison".to_owned(),
@@ -278,7 +299,7 @@ pub async fn retention_deletes_in_bounded_batches<B: OutboxBackend>(
     let events: Vec<_> = (1..=5).map(|n| event("p", n)).collect();
     let published = commit(&backend, &outbox, &events).await;
     let claim = request(Ordering::Unordered, LEASE);
-    outbox.claim(&claim).await.expect("claim");
+    outbox.claim(&claim).await.expect("claim").messages;
     outbox
         .mark_published(claim.token, &published)
         .await
@@ -286,7 +307,7 @@ pub async fn retention_deletes_in_bounded_batches<B: OutboxBackend>(
     let events: Vec<_> = (1..=3).map(|n| event("d", n)).collect();
     let dead = commit(&backend, &outbox, &events).await;
     let claim = request(Ordering::Unordered, LEASE);
-    outbox.claim(&claim).await.expect("claim");
+    outbox.claim(&claim).await.expect("claim").messages;
     let failures: Vec<_> = dead
         .iter()
         .map(|&id| Failure {
@@ -373,4 +394,44 @@ pub async fn notifications_wake_a_listener_after_commit<B: OutboxBackend>(
         .await
         .expect("woken after the commit");
     assert!(woke.is_ok(), "{woke:?}");
+}
+
+/// A row claimed `max-attempts` times without ever being marked (each publish crashed its
+/// relay, or outlived its lease) is dead-lettered by the next claim instead of being handed out
+/// again, and its aggregate's next event goes on.
+pub async fn a_row_claimed_max_attempts_times_without_completing_is_dead_lettered<
+    B: OutboxBackend,
+>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let outbox = backend.outbox(&suite_config(Ordering::Ordered)).await;
+    let sent = commit(&backend, &outbox, &[event("a", 1), event("a", 2)]).await;
+    let mut crashing = request(Ordering::Ordered, Duration::from_millis(100));
+    crashing.max_attempts = 3;
+    for attempt in 1..=3 {
+        let claimed = outbox.claim(&crashing).await.expect("claim");
+        assert_eq!(ids(&claimed.messages), vec![sent[0]], "attempt {attempt}");
+        assert!(claimed.dead_lettered.is_empty());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let claimed = outbox.claim(&crashing).await.expect("claim");
+    assert_eq!(claimed.dead_lettered, vec![sent[0]]);
+    let letters = outbox.dead_letters(10).await.expect("dead letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message.id, sent[0]);
+    assert!(
+        letters[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("without completing")),
+        "{:?}",
+        letters[0].last_error
+    );
+    let next = if claimed.messages.is_empty() {
+        outbox.claim(&crashing).await.expect("claim").messages
+    } else {
+        claimed.messages
+    };
+    assert_eq!(ids(&next), vec![sent[1]], "the aggregate goes on");
 }

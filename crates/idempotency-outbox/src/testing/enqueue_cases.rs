@@ -29,7 +29,8 @@ pub async fn enqueue_commits_and_rolls_back_with_the_callers_transaction<B: Outb
     let claimed = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     let mut ids: Vec<_> = claimed.iter().map(|m| m.id).collect();
     ids.sort_unstable();
     kept.sort_unstable();
@@ -59,7 +60,8 @@ pub async fn payloads_and_headers_round_trip_byte_for_byte<B: OutboxBackend>(
     let claimed = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     assert_eq!(claimed.len(), 1);
     let got = &claimed[0];
     assert_eq!(got.id, sent.id());
@@ -92,7 +94,8 @@ pub async fn ordered_events_are_numbered_per_aggregate_in_commit_order<B: Outbox
     let mut claimed = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     claimed.sort_by_key(|m| (m.aggregate_id.clone(), m.sequence));
     let numbered: Vec<_> = claimed
         .iter()
@@ -117,7 +120,8 @@ pub async fn unordered_events_have_no_sequence<B: OutboxBackend>(backend: B, _ca
     let claimed = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     assert_eq!(claimed.len(), 2);
     assert!(claimed.iter().all(|m| m.sequence.is_none()));
 }
@@ -152,7 +156,8 @@ pub async fn invalid_events_are_refused_before_writing<B: OutboxBackend>(
     let mut claimed = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     claimed.sort_by_key(|m| m.sequence);
     let got: Vec<_> = claimed.iter().map(|m| (m.id, m.sequence)).collect();
     assert_eq!(got, [(ids[0], Some(1)), (ids[1], Some(2))]);
@@ -166,7 +171,8 @@ pub async fn enqueue_of_nothing_is_a_no_op<B: OutboxBackend>(backend: B, _caps: 
     let claimed = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     assert!(claimed.is_empty());
 }
 
@@ -212,7 +218,8 @@ pub async fn a_second_writer_of_an_aggregate_numbers_after_the_first<B: OutboxBa
     let mut claimed = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
-        .expect("claim");
+        .expect("claim")
+        .messages;
     claimed.sort_by_key(|m| m.sequence);
     let got: Vec<_> = claimed.iter().map(|m| (m.id, m.sequence)).collect();
     assert_eq!(got, [(first.id(), Some(1)), (second.id(), Some(2))]);

@@ -46,6 +46,7 @@ macro_rules! outbox_conformance_tests {
             a_claim_is_a_lease_and_an_expired_lease_returns_the_row,
             a_stale_token_cannot_mark_rows_another_claim_took_over,
             failures_back_off_and_dead_letters_can_be_requeued,
+            a_row_claimed_max_attempts_times_without_completing_is_dead_lettered,
             stats_count_pending_and_dead_rows_and_age_the_oldest,
             retention_deletes_in_bounded_batches,
             notifications_wake_a_listener_after_commit,

@@ -106,7 +106,15 @@ pub async fn a_relay_that_dies_before_marking_republishes_after_the_lease<B: Out
     let outbox = backend.outbox(&config).await;
     let sent = commit(&backend, &outbox, &[event("a", 1), event("b", 1)]).await;
     let dead_relay = request(Ordering::Unordered, Duration::from_millis(400));
-    assert_eq!(outbox.claim(&dead_relay).await.expect("claim").len(), 2);
+    assert_eq!(
+        outbox
+            .claim(&dead_relay)
+            .await
+            .expect("claim")
+            .messages
+            .len(),
+        2
+    );
     let publisher = CollectingPublisher::default();
     let handle = Relay::new(outbox.clone(), publisher.clone(), &config)
         .expect("relay")

@@ -83,6 +83,7 @@ pub(crate) fn request(ordering: Ordering, lease: Duration) -> ClaimRequest {
         lease,
         token: Uuid::now_v7(),
         ordering,
+        max_attempts: 50,
     }
 }
 
