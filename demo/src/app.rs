@@ -124,7 +124,7 @@ fn technical(message: &'static str) -> Error {
 
 /// A business statement failed: classified like the store's own errors, so a lost connection
 /// answers 503 `store-unavailable` and a serialization failure 409, not 500.
-fn database<DB: Database>(error: idempotency_pg::sqlx::Error) -> Error {
+fn database<DB: Database>(error: sqlx::Error) -> Error {
     Error::from(idempotency_core::Error::Store(DB::classify(error)))
 }
 

@@ -32,7 +32,7 @@ pub enum StartupError {
     Config(#[from] config::ConfigError),
     /// A database call failed.
     #[error("database error")]
-    Database(#[from] idempotency_pg::sqlx::Error),
+    Database(#[from] sqlx::Error),
     /// The PostgreSQL idempotency store could not be set up.
     #[error("PostgreSQL idempotency store")]
     PgStore(#[from] idempotency_pg::Error),

@@ -12,7 +12,7 @@ use idempotency_core::config::{DistributedCacheConfig, InFlightPolicyKind, Schem
 use idempotency_demo::config::DemoConfig;
 use idempotency_demo::db::{Database, Postgres};
 use idempotency_demo::{App, build_service, router};
-use idempotency_pg::sqlx::{self, PgPool};
+use sqlx::{self, PgPool};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 

@@ -21,7 +21,5 @@ pub use stored::{
     DEFAULT_STORED_HEADERS, HeaderFilter, SensitiveHeader, StoredResponse, is_sensitive,
 };
 
-/// The core crate, re-exported so one dependency line is enough.
-pub use idempotency_core as core;
 /// The RFC 9457 crate the problem responses are built on.
 pub use problem_details;

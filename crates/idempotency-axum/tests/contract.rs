@@ -17,13 +17,13 @@ use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_axum::core::{
+use idempotency_core::{
     CacheError, DistributedCache, ExecutionResult, FailurePolicy, IdempotencyRecord,
     IdempotencyService, InFlightPolicy, NoCache, RecordId, ServiceConfig,
 };
 use idempotency_axum::{Error, IdempotentJson, OutcomeExt, ScopedKey, TenantHeader, UuidKeyHeader};
 use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::{self, PgPool};
+use sqlx::{self, PgPool};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use support::{Reply, send};

@@ -8,7 +8,7 @@ mod support;
 use axum::Router;
 use axum::extract::Request;
 use axum::routing::post;
-use idempotency_axum::core::{KeyError, Scope};
+use idempotency_core::{KeyError, Scope};
 use idempotency_axum::{
     IdempotencyKeyHeader, Principal, PrincipalScope, ScopedKey, TenantHeader, TenantHeaderName,
     UuidKeyHeader,

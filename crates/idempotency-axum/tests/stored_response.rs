@@ -10,12 +10,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idempotency_axum::core::{ExecutionResult, IdempotencyService};
+use idempotency_core::{ExecutionResult, IdempotencyService};
 use idempotency_axum::{
     Error, HeaderFilter, IdempotencyKeyHeader, IdempotentResponse, StoredResponse,
 };
 use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::{self, PgPool};
+use sqlx::{self, PgPool};
 use support::{Reply, send_post};
 
 const BINARY: &[u8] = &[0x00, 0xff, 0x10, 0x80, b'P', b'N', b'G'];
@@ -65,7 +65,7 @@ async fn create_document(
     let request = serde_json::json!({"binary": binary});
     let outcome = service
         .execute(
-            idempotency_axum::core::Call::new("CREATE_DOCUMENT", key, &request),
+            idempotency_core::Call::new("CREATE_DOCUMENT", key, &request),
             async |_conn| {
                 let stored =
                     StoredResponse::capture(live_response(binary), &filter, 1 << 20).await?;

@@ -15,7 +15,7 @@ use idempotency_core::{
     Outcome, RecordId, Scope, ServiceConfig,
 };
 use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
+use sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
 
 use crate::harness::{Measurement, Op, Scenario, op, run_interleaved};
 

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use idempotency_core::config::{SchemaConfig, SchemaMode};
 use idempotency_outbox::config::{Ordering, OutboxConfig, WakeUp};
 use idempotency_outbox::publisher::nats::NatsPublisher;
-use idempotency_outbox::{NewEvent, PgOutbox, Relay};
-use idempotency_pg::sqlx::{self, AssertSqlSafe};
+use idempotency_outbox::{NewEvent, Relay};
+use idempotency_pg::PgOutbox;
+use sqlx::{self, AssertSqlSafe};
 
 use crate::harness::{Scenario, op};
 use crate::idempotency::{Setup, insert_payment};

@@ -10,8 +10,6 @@ use idempotency_core::config::LocalCacheConfig;
 use idempotency_core::{IdempotencyRecord, LocalCache, RecordId};
 use moka::notification::RemovalCause;
 
-/// The core crate, re-exported so one dependency line is enough.
-pub use idempotency_core as core;
 /// The moka version this crate is built on.
 pub use moka;
 

@@ -179,8 +179,8 @@ async fn replays_from_l1_after_commit_only() {
     assert_eq!(replay.into_result().into_result().unwrap(), 2);
 }
 
-async fn sqlx_delete_all(pool: &idempotency_pg::sqlx::PgPool) {
-    idempotency_pg::sqlx::query("DELETE FROM idempotency_records")
+async fn sqlx_delete_all(pool: &sqlx::PgPool) {
+    sqlx::query("DELETE FROM idempotency_records")
         .execute(pool)
         .await
         .unwrap();

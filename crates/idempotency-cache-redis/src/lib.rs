@@ -12,5 +12,3 @@ pub use key::redis_key;
 
 /// The fred version this crate is built on.
 pub use fred;
-/// The core crate, re-exported so one dependency line is enough.
-pub use idempotency_core as core;

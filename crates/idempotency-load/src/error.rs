@@ -39,7 +39,7 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     /// A PostgreSQL call failed.
     #[error("database")]
-    Database(#[from] idempotency_outbox::sqlx::Error),
+    Database(#[from] sqlx::Error),
     /// The outbox or its relay failed.
     #[error("outbox")]
     Outbox(#[from] idempotency_outbox::Error),

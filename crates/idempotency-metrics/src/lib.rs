@@ -6,8 +6,6 @@ use std::time::Duration;
 use idempotency_core::{CacheError, IdempotencyMetrics, Level, RecordStatus};
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 
-/// The core crate, re-exported so one dependency line is enough.
-pub use idempotency_core as core;
 
 /// Metric names. Dots become underscores in Prometheus (`idempotency_lookup_hits_total`, ...).
 pub mod names {

@@ -26,7 +26,8 @@ use async_nats::jetstream;
 use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{Ordering, OutboxConfig, WakeUp};
 use idempotency_outbox::publisher::nats::NatsPublisher;
-use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PgOutbox, PublishError, Publisher, Relay};
+use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PublishError, Publisher, Relay};
+use idempotency_pg::PgOutbox;
 use sqlx::PgPool;
 use uuid::Uuid;
 

@@ -2,7 +2,6 @@
 //! `max-attempts` times and then dead-lettered, without holding up other messages; a worker
 //! that panics is restarted and reported.
 
-#![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -172,13 +171,13 @@ async fn a_publisher_panic_is_a_failed_attempt_and_the_other_messages_still_publ
 /// The real outbox, except that the first claim panics (a bug in a store or a dependency).
 #[derive(Clone)]
 struct FirstClaimPanics {
-    inner: idempotency_outbox::PgOutbox,
+    inner: idempotency_pg::PgOutbox,
     armed: Arc<AtomicBool>,
 }
 
 impl idempotency_outbox::store::RelayStore for FirstClaimPanics {
     type Listener =
-        <idempotency_outbox::PgOutbox as idempotency_outbox::store::RelayStore>::Listener;
+        <idempotency_pg::PgOutbox as idempotency_outbox::store::RelayStore>::Listener;
 
     async fn claim(
         &self,

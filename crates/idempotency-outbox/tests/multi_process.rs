@@ -14,7 +14,8 @@ use std::time::Duration;
 use common::nats::{self, TestStream, header};
 use common::*;
 use idempotency_outbox::config::{Ordering, OutboxConfig};
-use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PgOutbox, PublishError, Publisher, Relay};
+use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PublishError, Publisher, Relay};
+use idempotency_pg::PgOutbox;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const EVENTS: usize = 10_000;

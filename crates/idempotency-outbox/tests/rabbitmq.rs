@@ -16,7 +16,8 @@ use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{InboxConfig, Ordering};
 use idempotency_outbox::publisher::headers;
 use idempotency_outbox::publisher::rabbitmq::RabbitMqPublisher;
-use idempotency_outbox::{NewEvent, PgInbox, Relay};
+use idempotency_outbox::{NewEvent, Relay};
+use idempotency_pg::PgInbox;
 
 fn publisher(uri: &str, queue: &TestQueue) -> RabbitMqPublisher {
     // The default exchange routes by queue name: a fixed routing key.

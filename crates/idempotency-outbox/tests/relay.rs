@@ -14,10 +14,8 @@ use common::nats::TestStream;
 use common::*;
 use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{InboxConfig, Ordering, WakeUp};
-use idempotency_outbox::{
-    Ack, DeadLetters, LoggingPublisher, NewEvent, OutboxMessage, PgInbox, PublishError, Publisher,
-    Relay,
-};
+use idempotency_outbox::{Ack, DeadLetters, LoggingPublisher, NewEvent, OutboxMessage, PublishError, Publisher, Relay};
+use idempotency_pg::PgInbox;
 
 /// A slow broker: every publish takes `delay` before reaching the real one.
 struct Slow<P> {

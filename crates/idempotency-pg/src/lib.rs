@@ -1,21 +1,26 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+use idempotency_core::{IdempotencyService, Tx};
+
 mod error;
-mod schema;
-mod store;
+#[cfg(feature = "outbox")]
+mod inbox;
+#[cfg(feature = "outbox")]
+mod outbox;
+mod records;
 mod table;
 
 pub use error::{Error, SchemaProblem, store_error};
-pub use schema::{DDL_TEMPLATE, ddl};
-pub use store::PgStore;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub use inbox::{INBOX_DDL_TEMPLATE, PgInbox, inbox_ddl};
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub use outbox::{Channel, OUTBOX_DDL_TEMPLATE, PgNotificationListener, PgOutbox, outbox_ddl};
+pub use records::{DDL_TEMPLATE, PgStore, ddl};
 pub use table::TableName;
 
-/// The core crate, re-exported so one dependency line is enough.
-pub use idempotency_core as core;
-pub use idempotency_core::{
-    Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome, Rejection, Scope, Tx,
-};
 /// The sqlx version this crate is built on.
 pub use sqlx;
 
@@ -28,3 +33,8 @@ pub type PgIdempotencyService<
 
 /// A transaction on the PostgreSQL store, for [`IdempotencyService::execute_in`].
 pub type PgTx = Tx<PgStore>;
+
+/// A relay on the PostgreSQL outbox.
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub type PgRelay<P> = idempotency_outbox::Relay<PgOutbox, P>;

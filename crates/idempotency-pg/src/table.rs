@@ -1,4 +1,5 @@
-//! [`TableName`]: a validated, quoted, optionally schema-qualified table name.
+//! [`TableName`]: a validated, quoted, optionally schema-qualified table name, for the
+//! records, outbox and inbox tables alike.
 
 use std::fmt;
 
@@ -52,12 +53,21 @@ fn check_part(input: &str, part: &str) -> Result<String, Error> {
 }
 
 impl TableName {
-    /// `idempotency_records`, the default.
+    /// `idempotency_records`, the default of the records store.
     pub(crate) fn default_table() -> Self {
+        Self::from_parts(None, "idempotency_records".to_owned())
+    }
+
+    /// A name already checked (a default, or derived from a checked name).
+    pub(crate) fn from_parts(schema: Option<String>, name: String) -> Self {
+        let quoted = match &schema {
+            Some(schema) => format!("\"{schema}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        };
         Self {
-            schema: None,
-            name: "idempotency_records".to_owned(),
-            quoted: "\"idempotency_records\"".to_owned(),
+            schema,
+            name,
+            quoted,
         }
     }
 
@@ -74,15 +84,7 @@ impl TableName {
                 });
             }
         };
-        let quoted = match &schema {
-            Some(schema) => format!("\"{schema}\".\"{name}\""),
-            None => format!("\"{name}\""),
-        };
-        Ok(Self {
-            schema,
-            name,
-            quoted,
-        })
+        Ok(Self::from_parts(schema, name))
     }
 
     /// The schema, when the name is qualified.
@@ -118,16 +120,26 @@ impl TableName {
     /// # Ok::<(), idempotency_pg::Error>(())
     /// ```
     pub fn derived(&self, suffix: &str) -> String {
+        format!("\"{}\"", self.derived_name(suffix))
+    }
+
+    /// A sibling table in the same schema, named like [`derived`](Self::derived) (the outbox's
+    /// `<table>_sequences` counters).
+    pub fn sibling(&self, suffix: &str) -> Self {
+        Self::from_parts(self.schema.clone(), self.derived_name(suffix))
+    }
+
+    fn derived_name(&self, suffix: &str) -> String {
         let full = format!("{}_{suffix}", self.name);
         if full.len() <= MAX_IDENTIFIER_LEN {
-            return format!("\"{full}\"");
+            return full;
         }
         let hash = idempotency_core::fingerprint::short_hash(&self.name);
         let hash = &hash[..8];
         // Names are ASCII (checked by `parse`), so any byte index is a char boundary.
         let keep = MAX_IDENTIFIER_LEN.saturating_sub(suffix.len() + hash.len() + 2);
         let cut = &self.name[..keep.min(self.name.len())];
-        format!("\"{cut}_{hash}_{suffix}\"")
+        format!("{cut}_{hash}_{suffix}")
     }
 }
 

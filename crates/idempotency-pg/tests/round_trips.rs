@@ -19,7 +19,7 @@ use idempotency_core::{
     Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome, ServiceConfig,
 };
 use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::{self, PgConnection};
+use sqlx::{self, PgConnection};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};

@@ -39,7 +39,7 @@ pub(crate) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 /// # async fn demo() -> Result<(), idempotency_sqlite::Error> {
 /// use std::time::Duration;
 /// use idempotency_sqlite::{SqliteStore, connect_options};
-/// use idempotency_sqlite::core::config::PersistenceConfig;
+/// use idempotency_core::config::PersistenceConfig;
 ///
 /// let options = connect_options("data/app.db")?.busy_timeout(Duration::from_secs(30));
 /// let store = SqliteStore::connect_with(options, &PersistenceConfig::default()).await?;

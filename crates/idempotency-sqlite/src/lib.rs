@@ -4,27 +4,27 @@
 mod clock;
 mod connect;
 mod error;
+#[cfg(feature = "outbox")]
 mod inbox;
 mod introspect;
+#[cfg(feature = "outbox")]
 mod outbox;
 mod records;
 mod table;
 
+use idempotency_core::{IdempotencyService, Tx};
+
 pub use connect::{DEFAULT_BUSY_TIMEOUT, connect_options};
 pub use error::{Error, SchemaProblem, store_error};
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub use inbox::{INBOX_DDL_TEMPLATE, SqliteInbox, inbox_ddl};
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub use outbox::{OUTBOX_DDL_TEMPLATE, SqliteOutbox, outbox_ddl};
 pub use records::{DDL_TEMPLATE, SqliteStore, ddl};
 pub use table::TableName;
 
-/// The core crate, re-exported so one dependency line is enough.
-pub use idempotency_core as core;
-pub use idempotency_core::{
-    Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome, Rejection, Scope, Tx,
-};
-/// The outbox crate (events, relay, publishers, configuration), re-exported so one dependency
-/// line is enough for the SQLite outbox.
-pub use idempotency_outbox;
 /// The sqlx version this crate is built on.
 pub use sqlx;
 
@@ -39,4 +39,6 @@ pub type SqliteIdempotencyService<
 pub type SqliteTx = Tx<SqliteStore>;
 
 /// A relay on the SQLite outbox.
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub type SqliteRelay<P> = idempotency_outbox::Relay<SqliteOutbox, P>;

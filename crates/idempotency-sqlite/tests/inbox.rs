@@ -10,17 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_sqlite::SqliteInbox;
-use idempotency_sqlite::core::config::SchemaMode;
-use idempotency_sqlite::idempotency_outbox::config::{InboxConfig, Ordering};
-use idempotency_sqlite::idempotency_outbox::store::Inbox;
-use idempotency_sqlite::idempotency_outbox::{Error, OutboxMessage, Relay};
+use idempotency_core::config::SchemaMode;
+use idempotency_outbox::config::{InboxConfig, Ordering};
+use idempotency_outbox::store::Inbox;
+use idempotency_outbox::{Error, OutboxMessage, Relay};
 use outbox_common::*;
 use sqlx::SqlitePool;
 use tokio::sync::Barrier;
 
 async fn inbox(pool: &SqlitePool) -> SqliteInbox {
     let config = InboxConfig {
-        schema: idempotency_sqlite::core::config::SchemaConfig {
+        schema: idempotency_core::config::SchemaConfig {
             mode: SchemaMode::Create,
         },
         ..InboxConfig::default()
@@ -175,7 +175,7 @@ async fn injection_through_the_inbox_table_name_is_an_error_not_sql() {
     ] {
         let config = InboxConfig {
             table_name: name.to_owned(),
-            schema: idempotency_sqlite::core::config::SchemaConfig {
+            schema: idempotency_core::config::SchemaConfig {
                 mode: SchemaMode::Create,
             },
             ..InboxConfig::default()

@@ -6,7 +6,7 @@ mod support;
 
 use idempotency_outbox::config::{InboxConfig, OutboxConfig};
 use idempotency_outbox::testing::{Capabilities, OutboxBackend};
-use idempotency_sqlite::core::config::SchemaMode;
+use idempotency_core::config::SchemaMode;
 use idempotency_sqlite::{SqliteInbox, SqliteOutbox};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
@@ -15,6 +15,7 @@ struct Lite(SqlitePool);
 impl OutboxBackend for Lite {
     type Connection = SqliteConnection;
     type Transaction = Transaction<'static, Sqlite>;
+    type Pooled = sqlx::pool::PoolConnection<Sqlite>;
     type Outbox = SqliteOutbox;
     type Inbox = SqliteInbox;
 
@@ -34,6 +35,10 @@ impl OutboxBackend for Lite {
 
     async fn begin(&self) -> Self::Transaction {
         self.0.begin_with("BEGIN IMMEDIATE").await.expect("begin")
+    }
+
+    async fn acquire(&self) -> Self::Pooled {
+        self.0.acquire().await.expect("acquire")
     }
 
     async fn commit(tx: Self::Transaction) {

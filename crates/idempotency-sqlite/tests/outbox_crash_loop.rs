@@ -9,9 +9,9 @@ mod outbox_common;
 use std::time::Duration;
 
 use idempotency_sqlite::SqliteOutbox;
-use idempotency_sqlite::idempotency_outbox::config::Ordering;
-use idempotency_sqlite::idempotency_outbox::store::{ClaimRequest, DeadLetters, RelayStore};
-use idempotency_sqlite::idempotency_outbox::{Ack, OutboxMessage, PublishError, Publisher, Relay};
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::store::{ClaimRequest, DeadLetters, RelayStore};
+use idempotency_outbox::{Ack, OutboxMessage, PublishError, Publisher, Relay};
 use outbox_common::*;
 use uuid::Uuid;
 

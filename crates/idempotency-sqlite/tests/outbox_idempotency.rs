@@ -9,18 +9,17 @@ mod outbox_common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use idempotency_sqlite::idempotency_outbox::config::Ordering;
-use idempotency_sqlite::idempotency_outbox::{NewEvent, Relay};
-use idempotency_sqlite::{
-    Call, ExecutionResult, IdempotencyService, Outcome, SqliteOutbox, SqliteStore, SqliteTx,
-};
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::{NewEvent, Relay};
+use idempotency_core::{Call, ExecutionResult, IdempotencyService, Outcome};
+use idempotency_sqlite::{SqliteOutbox, SqliteStore, SqliteTx};
 use outbox_common::*;
 use sqlx::SqliteConnection;
 
 #[derive(Debug, thiserror::Error)]
 enum AppError {
     #[error(transparent)]
-    Idempotency(#[from] idempotency_sqlite::core::Error),
+    Idempotency(#[from] idempotency_core::Error),
     #[error(transparent)]
     Outbox(#[from] idempotency_outbox::Error),
     #[error(transparent)]
@@ -70,7 +69,7 @@ async fn record_business_row_and_event_commit_and_roll_back_together_in_a_sqlite
     let service = IdempotencyService::new(store.clone());
     for commit in [false, true] {
         let mut tx = SqliteTx::new(store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap());
-        let call = Call::new("CHARGE", idempotency_sqlite::core::testing::key("tx"), &1);
+        let call = Call::new("CHARGE", idempotency_core::testing::key("tx"), &1);
         let outcome: Outcome<i64> = service
             .execute_in(&mut tx, call, async |conn| {
                 charge(&outbox, conn, "in-tx").await
@@ -110,7 +109,7 @@ async fn a_replay_enqueues_nothing_and_a_failed_action_leaves_no_event() {
     let (store, outbox) = fresh(&config(Ordering::Ordered)).await;
     with_charges(&store).await;
     let service = IdempotencyService::new(store.clone());
-    let key = idempotency_sqlite::core::testing::key("replay");
+    let key = idempotency_core::testing::key("replay");
     let failed: Result<Outcome<i64>, AppError> = service
         .execute(Call::new("CHARGE", key.clone(), &1), async |conn| {
             charge(&outbox, conn, "failed").await?;

@@ -9,9 +9,9 @@ mod outbox_common;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use idempotency_sqlite::idempotency_outbox::config::Ordering;
-use idempotency_sqlite::idempotency_outbox::store::{DeadLetters, Housekeeping};
-use idempotency_sqlite::idempotency_outbox::{LoggingPublisher, Relay};
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::store::{DeadLetters, Housekeeping};
+use idempotency_outbox::{LoggingPublisher, Relay};
 use outbox_common::*;
 
 #[tokio::test]

@@ -6,9 +6,9 @@
 
 mod outbox_common;
 
-use idempotency_sqlite::core::config::{SchemaConfig, SchemaMode};
-use idempotency_sqlite::idempotency_outbox::config::{InboxConfig, Ordering, OutboxConfig};
-use idempotency_sqlite::idempotency_outbox::{Error, SchemaProblem};
+use idempotency_core::config::{SchemaConfig, SchemaMode};
+use idempotency_outbox::config::{InboxConfig, Ordering, OutboxConfig};
+use idempotency_outbox::{Error, SchemaProblem};
 use idempotency_sqlite::{SqliteInbox, SqliteOutbox, TableName, outbox_ddl};
 use outbox_common::*;
 use sqlx::{AssertSqlSafe, SqlitePool};

@@ -7,11 +7,11 @@ mod outbox_common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotency_sqlite::idempotency_outbox::config::Ordering;
-use idempotency_sqlite::idempotency_outbox::store::{
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::store::{
     ClaimRequest, Enqueue, Failure, Housekeeping, RelayStore,
 };
-use idempotency_sqlite::idempotency_outbox::{Error, NewEvent, Relay};
+use idempotency_outbox::{Error, NewEvent, Relay};
 use outbox_common::*;
 use uuid::Uuid;
 

@@ -2,9 +2,9 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use idempotency_core::StoreError;
-use idempotency_outbox::PgOutbox;
+use idempotency_pg::PgOutbox;
 use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::{self, PgConnection, PgPool};
+use sqlx::{self, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::Database;

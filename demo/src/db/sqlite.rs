@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use idempotency_core::StoreError;
-use idempotency_pg::sqlx::{self, SqliteConnection};
+use sqlx::{self, SqliteConnection};
 use idempotency_sqlite::{SqliteOutbox, SqliteStore, connect_options};
 use uuid::Uuid;
 

@@ -13,7 +13,7 @@ use idempotency_core::{
     Operation, Outcome, RecordId, Scope,
 };
 use idempotency_pg::PgStore;
-use idempotency_pg::sqlx::PgPool;
+use sqlx::PgPool;
 
 pub(crate) async fn redis(config: DistributedCacheConfig) -> RedisCache {
     let config = DistributedCacheConfig {
@@ -90,7 +90,7 @@ pub(crate) async fn in_redis(cache: &RedisCache, id: &RecordId) -> Option<String
 }
 
 pub(crate) async fn wipe_store(pool: &PgPool) {
-    idempotency_pg::sqlx::query("DELETE FROM idempotency_records")
+    sqlx::query("DELETE FROM idempotency_records")
         .execute(pool)
         .await
         .unwrap();

@@ -20,11 +20,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use idempotency_load::Error;
 use idempotency_load::chaos::{self, acks, enqueue, relay, stream, verify, watch};
-use idempotency_outbox::PgOutbox;
+use idempotency_pg::PgOutbox;
 use idempotency_outbox::config::{Ordering, OutboxConfig};
-use idempotency_outbox::core::config::SchemaMode;
-use idempotency_outbox::sqlx::PgPool;
-use idempotency_outbox::sqlx::postgres::PgPoolOptions;
+use idempotency_core::config::SchemaMode;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Command-line options.

@@ -2,8 +2,9 @@
 
 use std::time::Instant;
 
-use idempotency_outbox::sqlx::PgPool;
-use idempotency_outbox::{NewEvent, PgOutbox};
+use sqlx::PgPool;
+use idempotency_outbox::NewEvent;
+use idempotency_pg::PgOutbox;
 use serde::Serialize;
 
 use crate::Error;

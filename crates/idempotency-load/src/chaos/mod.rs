@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
-use idempotency_outbox::core::config::SchemaMode;
+use idempotency_core::config::SchemaMode;
 
 pub mod acks;
 pub mod enqueue;

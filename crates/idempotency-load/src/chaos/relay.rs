@@ -7,7 +7,8 @@ use std::io::Write;
 use idempotency_outbox::config::OutboxConfig;
 use idempotency_outbox::publisher::nats::NatsPublisher;
 use idempotency_outbox::publisher::nats::async_nats;
-use idempotency_outbox::{Ack, OutboxMessage, PgOutbox, PublishError, Publisher, Relay};
+use idempotency_outbox::{Ack, OutboxMessage, PublishError, Publisher, Relay};
+use idempotency_pg::PgOutbox;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::Error;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idempotency_outbox::publisher::nats::async_nats;
 use idempotency_outbox::publisher::nats::async_nats::jetstream::{self, consumer};
-use idempotency_outbox::sqlx::{self, AssertSqlSafe, PgPool};
+use sqlx::{self, AssertSqlSafe, PgPool};
 use serde::Serialize;
 
 use super::acks::AckLogs;

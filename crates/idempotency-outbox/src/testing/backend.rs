@@ -15,6 +15,8 @@ pub trait OutboxBackend: Send + Sync + Sized + 'static {
     type Connection: Send;
     /// An open transaction on the backend; it dereferences to the connection.
     type Transaction: Send + DerefMut<Target = Self::Connection>;
+    /// A pooled connection outside any transaction; it dereferences to the connection.
+    type Pooled: Send + DerefMut<Target = Self::Connection>;
     /// The outbox store.
     type Outbox: Enqueue<Connection = Self::Connection>
         + RelayStore
@@ -34,6 +36,9 @@ pub trait OutboxBackend: Send + Sync + Sized + 'static {
 
     /// Begins a transaction, as an application writing a business change would.
     fn begin(&self) -> impl Future<Output = Self::Transaction> + Send;
+
+    /// A connection from the pool, in no transaction (writes on it would autocommit).
+    fn acquire(&self) -> impl Future<Output = Self::Pooled> + Send;
 
     /// Commits `tx`.
     fn commit(tx: Self::Transaction) -> impl Future<Output = ()> + Send;

@@ -8,7 +8,7 @@ use super::{Capabilities, OutboxBackend};
 use crate::config::Ordering;
 use crate::error::Error;
 use crate::message::NewEvent;
-use crate::store::{Enqueue, RelayStore};
+use crate::store::{Enqueue, Housekeeping, Inbox, RelayStore};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -223,4 +223,41 @@ pub async fn a_second_writer_of_an_aggregate_numbers_after_the_first<B: OutboxBa
     claimed.sort_by_key(|m| m.sequence);
     let got: Vec<_> = claimed.iter().map(|m| (m.id, m.sequence)).collect();
     assert_eq!(got, [(first.id(), Some(1)), (second.id(), Some(2))]);
+}
+
+/// Enqueue and the inbox's `record` refuse a connection outside a transaction
+/// (`Error::NotInTransaction`, not retryable) before writing: such a write would commit on its
+/// own, whatever the caller's business change does.
+pub async fn writes_outside_a_transaction_are_refused<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let outbox = backend.outbox(&suite_config(Ordering::Ordered)).await;
+    let inbox = backend.inbox().await;
+    let mut conn = backend.acquire().await;
+    for error in [
+        outbox
+            .enqueue_all(&mut conn, &[event("auto", 1)])
+            .await
+            .expect_err("enqueue outside a transaction"),
+        inbox
+            .record(&mut conn, "projector", "m-1")
+            .await
+            .map(|_| ())
+            .expect_err("record outside a transaction"),
+    ] {
+        assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
+        assert!(!error.is_retryable());
+    }
+    drop(conn);
+    assert_eq!(outbox.stats().await.expect("stats").pending, 0);
+    let mut tx = backend.begin().await;
+    assert!(
+        inbox
+            .record(&mut tx, "projector", "m-1")
+            .await
+            .expect("record in a transaction"),
+        "nothing was recorded outside the transaction"
+    );
+    B::commit(tx).await;
 }

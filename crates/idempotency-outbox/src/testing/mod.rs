@@ -40,6 +40,7 @@ macro_rules! outbox_conformance_tests {
             unordered_events_have_no_sequence,
             invalid_events_are_refused_before_writing,
             enqueue_of_nothing_is_a_no_op,
+            writes_outside_a_transaction_are_refused,
             a_second_writer_of_an_aggregate_numbers_after_the_first,
             ordered_claims_take_the_first_pending_row_of_each_aggregate,
             unordered_claims_take_every_due_row,

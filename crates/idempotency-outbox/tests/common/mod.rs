@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
-use idempotency_outbox::{
-    Ack, NewEvent, OutboxMessage, PgOutbox, PublishError, PublishErrorKind, Publisher,
-};
+use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PublishError, PublishErrorKind, Publisher};
+use idempotency_pg::PgOutbox;
 use sqlx::PgPool;
 
 pub const WAIT: Duration = Duration::from_secs(30);

@@ -67,7 +67,7 @@ struct Statements {
 /// ```no_run
 /// # async fn demo(pool: sqlx::SqlitePool, message_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
 /// use idempotency_sqlite::SqliteInbox;
-/// use idempotency_sqlite::idempotency_outbox::config::InboxConfig;
+/// use idempotency_outbox::config::InboxConfig;
 ///
 /// let inbox = SqliteInbox::from_config(pool.clone(), &InboxConfig::default()).await?;
 /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;

@@ -44,9 +44,9 @@ const ROLLBACK_TO: &str = "ROLLBACK TO idempotency_outbox_enqueue";
 /// # std::fs::create_dir_all(&dir)?;
 /// # let path = dir.join("app.db");
 /// use idempotency_sqlite::SqliteOutbox;
-/// use idempotency_sqlite::core::config::SchemaMode;
-/// use idempotency_sqlite::idempotency_outbox::NewEvent;
-/// use idempotency_sqlite::idempotency_outbox::config::OutboxConfig;
+/// use idempotency_core::config::SchemaMode;
+/// use idempotency_outbox::NewEvent;
+/// use idempotency_outbox::config::OutboxConfig;
 ///
 /// let options = idempotency_sqlite::connect_options(path.to_str().ok_or("path")?)?;
 /// let pool = sqlx::SqlitePool::connect_with(options).await?;

@@ -29,7 +29,7 @@ use crate::table::TableName;
 /// ```
 /// # async fn demo() -> Result<(), idempotency_sqlite::Error> {
 /// use idempotency_sqlite::SqliteStore;
-/// use idempotency_sqlite::core::config::{PersistenceConfig, SchemaMode};
+/// use idempotency_core::config::{PersistenceConfig, SchemaMode};
 ///
 /// let mut config = PersistenceConfig::default(); // table name, schema mode
 /// config.schema.mode = SchemaMode::Create;

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotency_sqlite::core::config::SchemaMode;
-use idempotency_sqlite::idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
-use idempotency_sqlite::idempotency_outbox::{
+use idempotency_core::config::SchemaMode;
+use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
+use idempotency_outbox::{
     Ack, NewEvent, OutboxMessage, PublishError, PublishErrorKind, Publisher,
 };
 use idempotency_sqlite::{SqliteOutbox, SqliteStore};

@@ -17,8 +17,8 @@ use idempotency_core::{
     Call, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyService, Outcome, RecordId,
 };
 use idempotency_sqlite::SqliteStore;
-use idempotency_sqlite::core::config::{PersistenceConfig, SchemaMode};
-use idempotency_sqlite::sqlx::sqlite::SqliteConnectOptions;
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use sqlx::sqlite::SqliteConnectOptions;
 use serde_json::{Value, json};
 use sqlx::{SqliteConnection, SqlitePool};
 use tokio::sync::oneshot;

@@ -7,12 +7,44 @@ use idempotency_core::config::SchemaMode;
 use sqlx::{PgConnection, PgPool, SqlStr};
 use uuid::Uuid;
 
-use crate::config::InboxConfig;
-use crate::error::{Error, SchemaProblem};
-use crate::pg::names::TableName;
-use crate::pg::schema;
-use crate::pg::statements::sql;
-use crate::store::Inbox;
+use crate::outbox::error::outbox_error;
+use idempotency_outbox::config::InboxConfig;
+use idempotency_outbox::{Error, SchemaProblem};
+use crate::table::TableName;
+use crate::outbox::schema::{self, Column, Index, TEXT, TIME, col};
+use crate::outbox::statements::sql;
+use idempotency_outbox::store::Inbox;
+
+/// The inbox DDL template: `{inbox}` and `{inbox_index}` are replaced by quoted names.
+pub const INBOX_DDL_TEMPLATE: &str = include_str!("ddl.sql");
+
+/// The canonical inbox DDL for `table`.
+pub fn inbox_ddl(table: &TableName) -> String {
+    INBOX_DDL_TEMPLATE
+        .replace("{inbox}", table.quoted())
+        .replace("{inbox_index}", &table.derived("received_at_idx"))
+}
+
+const INBOX_COLUMNS: &[Column] = &[
+    col("consumer", TEXT, "varchar(255)", false),
+    col("message_id", TEXT, "varchar(255)", false),
+    col("received_at", TIME, "timestamptz", false),
+];
+
+const INBOX_INDEXES: &[Index] = &[
+    Index {
+        purpose: "primary key on (consumer, message_id)",
+        columns: &["consumer", "message_id"],
+        unique: true,
+        partial: false,
+    },
+    Index {
+        purpose: "by (received_at), used by purge",
+        columns: &["received_at"],
+        unique: false,
+        partial: false,
+    },
+];
 
 #[derive(Debug)]
 struct Statements {
@@ -25,7 +57,7 @@ struct Statements {
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool, message_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
-/// use idempotency_outbox::PgInbox;
+/// use idempotency_pg::PgInbox;
 /// use idempotency_outbox::config::InboxConfig;
 ///
 /// let inbox = PgInbox::from_config(pool.clone(), &InboxConfig::default()).await?;
@@ -70,7 +102,7 @@ impl PgInbox {
     /// An inbox configured by the `inbox` section: validates `table-name`, applies
     /// `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &InboxConfig) -> Result<Self, Error> {
-        let inbox = Self::with_table(pool, TableName::parse(&config.table_name)?);
+        let inbox = Self::with_table(pool, TableName::parse(&config.table_name).map_err(crate::outbox::error::from_crate_error)?);
         match config.schema.mode {
             SchemaMode::Create => inbox.create_schema().await?,
             SchemaMode::Validate => inbox.validate_schema().await?,
@@ -81,7 +113,7 @@ impl PgInbox {
 
     /// Runs the canonical DDL ([`inbox_ddl`](crate::pg::inbox_ddl)).
     pub async fn create_schema(&self) -> Result<(), Error> {
-        schema::create(&self.pool, &self.table, schema::inbox_ddl(&self.table)).await
+        schema::create(&self.pool, &self.table, inbox_ddl(&self.table)).await
     }
 
     /// Checks the table, failing with [`Error::Schema`] naming every difference.
@@ -102,8 +134,8 @@ impl PgInbox {
         schema::problems(
             &self.pool,
             &self.table,
-            schema::INBOX_COLUMNS,
-            schema::INBOX_INDEXES,
+            INBOX_COLUMNS,
+            INBOX_INDEXES,
         )
         .await
     }
@@ -119,22 +151,22 @@ impl PgInbox {
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, Error> {
-        crate::pg::require_transaction(conn, "inbox record")?;
+        crate::outbox::require_transaction(conn, "inbox record")?;
         if consumer.is_empty() || consumer.chars().count() > 255 {
-            return Err(Error::invalid_event(
-                "the consumer name must have 1..=255 characters",
-            ));
+            return Err(Error::InvalidEvent {
+                reason: "the consumer name must have 1..=255 characters".to_owned(),
+            });
         }
         if message_id.is_empty() || message_id.chars().count() > 255 {
-            return Err(Error::invalid_event(
-                "the message id must have 1..=255 characters",
-            ));
+            return Err(Error::InvalidEvent {
+                reason: "the message id must have 1..=255 characters".to_owned(),
+            });
         }
         let inserted = sqlx::query(self.sql.record.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
-            .await?
+            .await.map_err(outbox_error)?
             .rows_affected();
         Ok(inserted == 1)
     }
@@ -190,7 +222,7 @@ impl Inbox for PgInbox {
             .bind(older_than)
             .bind(i64::from(limit))
             .execute(&self.pool)
-            .await?
+            .await.map_err(outbox_error)?
             .rows_affected())
     }
 }

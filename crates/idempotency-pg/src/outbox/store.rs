@@ -7,12 +7,13 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::config::Ordering;
-use crate::error::Error;
-use crate::message::{DeadLetter, NewEvent, OutboxMessage};
-use crate::pg::PgOutbox;
-use crate::pg::listen::PgNotificationListener;
-use crate::store::{
+use crate::outbox::error::outbox_error;
+use idempotency_outbox::config::Ordering;
+use idempotency_outbox::Error;
+use idempotency_outbox::{DeadLetter, NewEvent, OutboxMessage};
+use crate::outbox::PgOutbox;
+use crate::outbox::listen::PgNotificationListener;
+use idempotency_outbox::store::{
     ClaimRequest, Claimed, DeadLetters, Enqueue, Failure, Housekeeping, OutboxStats, RelayStore,
 };
 
@@ -90,7 +91,7 @@ impl RelayStore for PgOutbox {
             .bind(request.token)
             .bind(i32::try_from(request.max_attempts).unwrap_or(i32::MAX))
             .fetch_all(&self.pool)
-            .await?;
+            .await.map_err(outbox_error)?;
         let messages = rows
             .into_iter()
             .map(message)
@@ -103,7 +104,7 @@ impl RelayStore for PgOutbox {
             .bind(ids)
             .bind(token)
             .execute(&self.pool)
-            .await?
+            .await.map_err(outbox_error)?
             .rows_affected())
     }
 
@@ -122,7 +123,7 @@ impl RelayStore for PgOutbox {
             .bind(&dead)
             .bind(token)
             .execute(&self.pool)
-            .await?
+            .await.map_err(outbox_error)?
             .rows_affected())
     }
 
@@ -140,7 +141,7 @@ impl Housekeeping for PgOutbox {
     async fn stats(&self) -> Result<OutboxStats, Error> {
         let (pending, age, dead): (i64, f64, i64) = sqlx::query_as(self.sql.stats.clone())
             .fetch_one(&self.pool)
-            .await?;
+            .await.map_err(outbox_error)?;
         Ok(OutboxStats::new(
             u64::try_from(pending).unwrap_or_default(),
             age,
@@ -153,7 +154,7 @@ impl Housekeeping for PgOutbox {
             .bind(older_than)
             .bind(limit(limit_))
             .execute(&self.pool)
-            .await?
+            .await.map_err(outbox_error)?
             .rows_affected())
     }
 
@@ -162,7 +163,7 @@ impl Housekeeping for PgOutbox {
             .bind(older_than)
             .bind(limit(limit_))
             .execute(&self.pool)
-            .await?
+            .await.map_err(outbox_error)?
             .rows_affected())
     }
 }
@@ -187,7 +188,7 @@ impl DeadLetters for PgOutbox {
         let rows: Vec<DeadLetterRow> = sqlx::query_as(self.sql.dead_letters.clone())
             .bind(limit(limit_))
             .fetch_all(&self.pool)
-            .await?;
+            .await.map_err(outbox_error)?;
         rows.into_iter()
             .map(|(a, b, c, d, e, f, g, h, i, j, last_error, at)| {
                 Ok(DeadLetter::new(
@@ -203,7 +204,7 @@ impl DeadLetters for PgOutbox {
         Ok(sqlx::query(self.sql.requeue.clone())
             .bind(ids)
             .execute(&self.pool)
-            .await?
+            .await.map_err(outbox_error)?
             .rows_affected())
     }
 }

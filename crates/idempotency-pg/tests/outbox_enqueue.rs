@@ -1,38 +1,49 @@
-//! Enqueue in the caller's transaction: rollback, commit, NOTIFY at commit only, the
-//! per-aggregate counter serializing writers (sequence order = commit order), the
-//! idempotency service's transaction, connections outside a transaction, payloads kept byte
-//! for byte, and bad input.
+//! The PostgreSQL outbox's enqueue, beyond the conformance suite: `NOTIFY` at commit only,
+//! the per-aggregate counter row serializing writers without holding other aggregates or
+//! leaving gaps, and enqueue inside the idempotency service's transaction.
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
-use idempotency_core::config::{SchemaConfig, SchemaMode};
-use idempotency_outbox::config::{InboxConfig, Ordering};
-use idempotency_outbox::{
-    Ack, Enqueue, Error, NewEvent, OutboxMessage, PgInbox, PublishError, Publisher, Relay,
-};
-use idempotency_pg::{Call, ExecutionResult, IdempotencyKey, PgIdempotencyService, PgStore, PgTx};
-use sqlx::Connection;
+use idempotency_core::config::SchemaMode;
+use idempotency_core::{Call, ExecutionResult, IdempotencyKey};
+use idempotency_outbox::config::{Ordering, OutboxConfig};
+use idempotency_outbox::{Enqueue, Error, NewEvent};
+use idempotency_pg::{PgIdempotencyService, PgOutbox, PgStore, PgTx};
+use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 
-/// A broker that confirms everything and keeps what the relay handed it.
-#[derive(Default)]
-struct Recorder(Mutex<Vec<OutboxMessage>>);
+const WAIT: Duration = Duration::from_secs(30);
 
-impl Publisher for Recorder {
-    fn destination(&self) -> &str {
-        "recorder"
-    }
+/// An ordered outbox config with a notification channel of its own.
+fn config(ordering: Ordering) -> OutboxConfig {
+    let mut config = OutboxConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    config.ordering = ordering;
+    config.notify_channel = Some(idempotency_testing::unique_name("ch"));
+    config
+}
 
-    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
-        self.0.lock().unwrap().push(message.clone());
-        Ok(Ack::default())
-    }
+/// A fresh schema with the outbox created.
+async fn outbox(config: &OutboxConfig) -> (PgPool, PgOutbox) {
+    let pool = idempotency_testing::pg_pool().await;
+    let outbox = PgOutbox::from_config(pool.clone(), config).await.unwrap();
+    (pool, outbox)
+}
+
+fn event(aggregate: &str, n: usize) -> NewEvent {
+    NewEvent::new("order", aggregate, "OrderUpdated", &n).unwrap()
+}
+
+async fn commit(pool: &PgPool, outbox: &PgOutbox, events: &[NewEvent]) {
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue_all(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn scalar_i64(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// An application error, as a service would define it.
@@ -44,7 +55,7 @@ enum AppError {
     Outbox(#[from] Error),
 }
 
-async fn sequences(pool: &sqlx::PgPool, aggregate: &str) -> Vec<(uuid::Uuid, i64)> {
+async fn sequences(pool: &PgPool, aggregate: &str) -> Vec<(uuid::Uuid, i64)> {
     sqlx::query_as("SELECT id, sequence FROM outbox WHERE aggregate_id = $1 ORDER BY sequence")
         .bind(aggregate)
         .fetch_all(pool)
@@ -138,19 +149,6 @@ async fn a_second_writer_of_an_aggregate_waits_and_numbers_after_the_first_commi
 }
 
 #[tokio::test]
-async fn unordered_events_have_no_sequence() {
-    let config = config(Ordering::Unordered);
-    let (pool, outbox) = outbox(&config).await;
-    commit(&pool, &outbox, &[event("u", 1), event("u", 2)]).await;
-    let nulls = scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE sequence IS NULL").await;
-    assert_eq!(nulls, 2);
-    assert_eq!(
-        scalar_i64(&pool, "SELECT count(*) FROM outbox_sequences").await,
-        0
-    );
-}
-
-#[tokio::test]
 async fn enqueue_joins_the_idempotency_transaction() {
     let config = config(Ordering::Ordered);
     let (pool, outbox) = outbox(&config).await;
@@ -203,106 +201,3 @@ async fn enqueue_joins_the_idempotency_transaction() {
     assert_eq!(sequences(&pool, "charge-2").await.len(), 1);
 }
 
-#[tokio::test]
-async fn invalid_events_are_rejected_before_sql() {
-    let config = config(Ordering::Ordered);
-    let (pool, outbox) = outbox(&config).await;
-    let mut tx = pool.begin().await.unwrap();
-    for bad in [
-        NewEvent::new("", "a", "E", &1).unwrap(),
-        NewEvent::new("t", "x".repeat(256), "E", &1).unwrap(),
-        NewEvent::new("t", "a", "E", &1)
-            .unwrap()
-            .header("bad:name", "v"),
-        NewEvent::new("t", "a", "E", &1)
-            .unwrap()
-            .header("h", "line\nbreak"),
-    ] {
-        let error = outbox.enqueue(&mut tx, &bad).await.unwrap_err();
-        assert!(matches!(error, Error::InvalidEvent { .. }), "{error:?}");
-    }
-    // Invalid JSON text is refused before SQL too, so the transaction stays usable.
-    let error = outbox
-        .enqueue(
-            &mut tx,
-            &NewEvent::from_json_text("t", "a", "E", "{not json"),
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(error, Error::InvalidEvent { .. }), "{error:?}");
-    assert!(!error.is_retryable());
-    outbox
-        .enqueue(&mut tx, &NewEvent::new("t", "a", "E", &1).unwrap())
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn payload_and_headers_reach_the_publisher_byte_for_byte() {
-    let config = config(Ordering::Ordered);
-    let (pool, outbox) = outbox(&config).await;
-    // Key order, a number's spelling and the NUL escape are what a JSONB column would change
-    // or refuse.
-    let payload = r#"{"b":1,"a":"x\u0000y","n":1e2}"#;
-    let sent = NewEvent::from_json_text("order", "nul", "Odd", payload)
-        .header("trace", "a\0b")
-        .header("x-order", "z");
-    commit(&pool, &outbox, std::slice::from_ref(&sent)).await;
-
-    let recorder = Arc::new(Recorder::default());
-    let relay = Relay::new(outbox.clone(), Arc::clone(&recorder), &config).unwrap();
-    relay.run_batch().await.unwrap();
-    let got = recorder.0.lock().unwrap().clone();
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0].id, sent.id());
-    assert_eq!(got[0].payload.as_bytes(), payload.as_bytes());
-    assert_eq!(&got[0].headers, sent.headers());
-    assert_eq!(published(&pool).await, 1);
-}
-
-#[tokio::test]
-async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() {
-    let config = config(Ordering::Ordered);
-    let (pool, outbox) = outbox(&config).await;
-    let inbox_config = InboxConfig {
-        schema: SchemaConfig {
-            mode: SchemaMode::Create,
-        },
-        ..InboxConfig::default()
-    };
-    let inbox = PgInbox::from_config(pool.clone(), &inbox_config)
-        .await
-        .unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-
-    for error in [
-        outbox
-            .enqueue(&mut conn, &event("auto", 1))
-            .await
-            .unwrap_err(),
-        Enqueue::enqueue_all(&outbox, &mut conn, &[event("auto", 2)])
-            .await
-            .unwrap_err(),
-        inbox
-            .record(&mut conn, "projector", "m-1")
-            .await
-            .unwrap_err(),
-    ] {
-        assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
-        assert!(!error.is_retryable());
-    }
-    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM outbox").await, 0);
-    assert_eq!(
-        scalar_i64(&pool, "SELECT count(*) FROM outbox_sequences").await,
-        0
-    );
-    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 0);
-
-    // The same connection in a transaction works as before.
-    let mut tx = conn.begin().await.unwrap();
-    outbox.enqueue(&mut tx, &event("auto", 3)).await.unwrap();
-    assert!(inbox.record(&mut tx, "projector", "m-1").await.unwrap());
-    tx.commit().await.unwrap();
-    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM outbox").await, 1);
-    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 1);
-}

@@ -3,109 +3,19 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use chrono::{DateTime, Utc};
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
     Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
 };
 use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::postgres::types::PgInterval;
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr};
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::{Error, SchemaProblem, store_error, wait_error};
-use crate::schema;
+use super::row::{CompleteRow, FindRow, InsertedRow, record_from_row};
+use super::schema;
+use super::statements::Statements;
 use crate::table::TableName;
-
-/// Every statement, built once per store from the validated table name. sqlx prepares each one
-/// once per connection and reuses it.
-#[derive(Debug)]
-struct Statements {
-    acquire: SqlStr,
-    acquire_bounded: SqlStr,
-    insert_completed: SqlStr,
-    insert_completed_bounded: SqlStr,
-    find: SqlStr,
-    complete: SqlStr,
-    status: SqlStr,
-    delete_expired: SqlStr,
-}
-
-fn sql(text: String) -> SqlStr {
-    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
-}
-
-impl Statements {
-    fn new(table: &TableName) -> Self {
-        let t = table.quoted();
-        let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
-        let columns =
-            "operation, scope, idempotency_key, request_hash, status, created_at, expires_at";
-        let completed_columns = "operation, scope, idempotency_key, request_hash, status, \
-                                 result_payload, error_code, created_at, completed_at, expires_at";
-        Self {
-            acquire: sql(format!(
-                "INSERT INTO {t} ({columns}) VALUES ($1, $2, $3, $4, 'PROCESSING', now(), now() + $5) \
-                 ON CONFLICT (operation, scope, idempotency_key) DO NOTHING"
-            )),
-            // One round trip: set `lock_timeout` for the insert only, then restore it, so the
-            // caller's own statements keep their setting. The insert reads from `cfg`, so the new
-            // timeout is in force before it can wait; the restore is computed from `ins`, so it
-            // happens after the insert finished.
-            acquire_bounded: sql(format!(
-                "WITH cfg AS MATERIALIZED ( \
-                     SELECT current_setting('lock_timeout') AS previous, \
-                            set_config('lock_timeout', $6, true) AS applied), \
-                 ins AS ( \
-                     INSERT INTO {t} ({columns}) \
-                     SELECT $1, $2, $3, $4, 'PROCESSING', now(), now() + $5 FROM cfg \
-                     ON CONFLICT (operation, scope, idempotency_key) DO NOTHING RETURNING 1) \
-                 SELECT i.n, set_config('lock_timeout', cfg.previous, true) \
-                 FROM cfg, (SELECT count(*) AS n FROM ins) AS i"
-            )),
-            insert_completed: sql(format!(
-                "INSERT INTO {t} ({completed_columns}) \
-                 VALUES ($1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8) \
-                 ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
-                 RETURNING created_at, completed_at, expires_at"
-            )),
-            // The same single-round-trip lock budget as `acquire_bounded`.
-            insert_completed_bounded: sql(format!(
-                "WITH cfg AS MATERIALIZED ( \
-                     SELECT current_setting('lock_timeout') AS previous, \
-                            set_config('lock_timeout', $9, true) AS applied), \
-                 ins AS ( \
-                     INSERT INTO {t} ({completed_columns}) \
-                     SELECT $1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8 \
-                     FROM cfg \
-                     ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
-                     RETURNING created_at, completed_at, expires_at) \
-                 SELECT ins.created_at, ins.completed_at, ins.expires_at, \
-                        set_config('lock_timeout', cfg.previous, true) \
-                 FROM cfg LEFT JOIN ins ON true"
-            )),
-            find: sql(format!(
-                "SELECT request_hash, status, result_payload::text, error_code, created_at, \
-                        completed_at, expires_at FROM {t} WHERE {key}"
-            )),
-            complete: sql(format!(
-                "UPDATE {t} SET status = $4, result_payload = $5::json, error_code = $6, \
-                        completed_at = clock_timestamp() \
-                 WHERE {key} AND status = 'PROCESSING' \
-                 RETURNING request_hash, created_at, completed_at, expires_at"
-            )),
-            status: sql(format!("SELECT status FROM {t} WHERE {key}")),
-            delete_expired: sql(format!(
-                "WITH doomed AS ( \
-                     SELECT operation, scope, idempotency_key FROM {t} \
-                     WHERE expires_at < now() ORDER BY expires_at LIMIT $1 \
-                     FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM {t} AS r USING doomed AS d \
-                 WHERE r.operation = d.operation AND r.scope = d.scope \
-                   AND r.idempotency_key = d.idempotency_key"
-            )),
-        }
-    }
-}
 
 /// The PostgreSQL idempotency store.
 ///
@@ -115,7 +25,7 @@ impl Statements {
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use idempotency_pg::PgStore;
-/// use idempotency_pg::core::config::PersistenceConfig;
+/// use idempotency_core::config::PersistenceConfig;
 ///
 /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
 /// // table name and schema mode (`create | validate | none`) from `idempotency.persistence`
@@ -231,35 +141,6 @@ fn corrupt(reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
         reason: reason.into(),
     }
-}
-
-type FindRow = (
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    DateTime<Utc>,
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-);
-
-type CompleteRow = (
-    String,
-    DateTime<Utc>,
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-);
-
-fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
-    let (hash, status, payload, code, created_at, completed_at, expires_at) = row;
-    let outcome = StoredOutcome::from_columns(&status, payload, code)?;
-    Ok(IdempotencyRecord {
-        fingerprint: Fingerprint::new(hash),
-        outcome,
-        created_at: SystemTime::from(created_at),
-        completed_at: completed_at.map(SystemTime::from),
-        expires_at: expires_at.map(SystemTime::from),
-    })
 }
 
 impl IdempotencyStore for PgStore {
@@ -383,12 +264,6 @@ impl IdempotencyStore for PgStore {
         })
     }
 }
-
-type InsertedRow = (
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-);
 
 impl InsertCompleted for PgStore {
     async fn insert_completed(

@@ -1,4 +1,5 @@
-//! The PostgreSQL outbox and inbox (feature `postgres`, on by default).
+//! The PostgreSQL outbox (feature `outbox`, on by default): enqueue in the caller's
+//! transaction, the relay store, `LISTEN/NOTIFY` wake-ups.
 
 use std::sync::Arc;
 
@@ -6,22 +7,20 @@ use idempotency_core::config::SchemaMode;
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::config::{Ordering, OutboxConfig};
-use crate::error::{Error, SchemaProblem};
-use crate::message::NewEvent;
+use crate::outbox::error::{from_crate_error, outbox_error};
+use crate::table::TableName;
+use idempotency_outbox::config::{Ordering, OutboxConfig};
+use idempotency_outbox::{Error, SchemaProblem};
+use idempotency_outbox::NewEvent;
 
-mod error;
-mod inbox;
+pub(crate) mod error;
 mod listen;
-mod names;
-mod schema;
-mod statements;
+pub(crate) mod schema;
+pub(crate) mod statements;
 mod store;
 
-pub use inbox::PgInbox;
-pub use listen::PgNotificationListener;
-pub use names::{Channel, MAX_TABLE_NAME_LEN, TableName};
-pub use schema::{INBOX_DDL_TEMPLATE, OUTBOX_DDL_TEMPLATE, inbox_ddl, outbox_ddl};
+pub use listen::{Channel, PgNotificationListener};
+pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
 
 use statements::Statements;
 
@@ -30,7 +29,8 @@ use statements::Statements;
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use idempotency_outbox::{NewEvent, PgOutbox};
+/// use idempotency_outbox::NewEvent;
+/// use idempotency_pg::PgOutbox;
 /// use idempotency_outbox::config::OutboxConfig;
 ///
 /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
@@ -80,7 +80,7 @@ impl PgOutbox {
     /// An outbox configured by the `outbox` section: validates `table-name` and
     /// `notify-channel`, then applies `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &OutboxConfig) -> Result<Self, Error> {
-        let table = TableName::parse(&config.table_name)?;
+        let table = TableName::parse(&config.table_name).map_err(from_crate_error)?;
         let channel = config
             .notify_channel
             .as_deref()
@@ -196,7 +196,7 @@ impl PgOutbox {
             Some(channel) => query.bind(channel.as_str()),
             None => query,
         };
-        query.execute(&mut *conn).await?;
+        query.execute(&mut *conn).await.map_err(outbox_error)?;
         Ok(ids)
     }
 

@@ -4,7 +4,7 @@
 use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{InboxConfig, OutboxConfig};
 use idempotency_outbox::testing::{Capabilities, OutboxBackend};
-use idempotency_outbox::{PgInbox, PgOutbox};
+use idempotency_pg::{PgInbox, PgOutbox};
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 struct Pg(PgPool);
@@ -12,6 +12,7 @@ struct Pg(PgPool);
 impl OutboxBackend for Pg {
     type Connection = PgConnection;
     type Transaction = Transaction<'static, Postgres>;
+    type Pooled = sqlx::pool::PoolConnection<Postgres>;
     type Outbox = PgOutbox;
     type Inbox = PgInbox;
 
@@ -31,6 +32,10 @@ impl OutboxBackend for Pg {
 
     async fn begin(&self) -> Self::Transaction {
         self.0.begin().await.expect("begin")
+    }
+
+    async fn acquire(&self) -> Self::Pooled {
+        self.0.acquire().await.expect("acquire")
     }
 
     async fn commit(tx: Self::Transaction) {

@@ -4,23 +4,22 @@ use std::collections::HashMap;
 
 use sqlx::{AssertSqlSafe, PgPool};
 
-use crate::error::{Error, SchemaProblem};
-use crate::pg::names::TableName;
+use crate::outbox::error::outbox_error;
+use idempotency_outbox::{Error, SchemaProblem};
+use crate::table::TableName;
 
 /// The outbox DDL template: `{table}`, `{sequences}`, `{pending_index}`, `{aggregate_index}`,
 /// `{published_index}` and `{dead_letter_index}` are replaced by quoted names.
-pub const OUTBOX_DDL_TEMPLATE: &str = include_str!("outbox.sql");
+pub const OUTBOX_DDL_TEMPLATE: &str = include_str!("ddl.sql");
 
-/// The inbox DDL template: `{inbox}` and `{inbox_index}` are replaced by quoted names.
-pub const INBOX_DDL_TEMPLATE: &str = include_str!("inbox.sql");
 
 /// The canonical outbox DDL for `table` (and its `<table>_sequences` counters).
 ///
 /// ```
-/// let table = idempotency_outbox::pg::TableName::parse("billing.outbox")?;
-/// let ddl = idempotency_outbox::pg::outbox_ddl(&table);
+/// let table = idempotency_pg::TableName::parse("billing.outbox")?;
+/// let ddl = idempotency_pg::outbox_ddl(&table);
 /// assert!(ddl.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."outbox_sequences""#));
-/// # Ok::<(), idempotency_outbox::Error>(())
+/// # Ok::<(), idempotency_pg::Error>(())
 /// ```
 pub fn outbox_ddl(table: &TableName) -> String {
     OUTBOX_DDL_TEMPLATE
@@ -32,23 +31,17 @@ pub fn outbox_ddl(table: &TableName) -> String {
         .replace("{dead_letter_index}", &table.derived("dead_letter_idx"))
 }
 
-/// The canonical inbox DDL for `table`.
-pub fn inbox_ddl(table: &TableName) -> String {
-    INBOX_DDL_TEMPLATE
-        .replace("{inbox}", table.quoted())
-        .replace("{inbox_index}", &table.derived("received_at_idx"))
-}
 
 pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) -> Result<(), Error> {
     // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().await.map_err(outbox_error)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(lock_name.quoted())
         .execute(&mut *tx)
-        .await?;
-    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
-    tx.commit().await?;
+        .await.map_err(outbox_error)?;
+    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await.map_err(outbox_error)?;
+    tx.commit().await.map_err(outbox_error)?;
     Ok(())
 }
 
@@ -59,7 +52,7 @@ pub(crate) struct Column {
     pub(crate) nullable: bool,
 }
 
-const fn col(
+pub(crate) const fn col(
     name: &'static str,
     types: &'static [&'static str],
     label: &'static str,
@@ -73,8 +66,8 @@ const fn col(
     }
 }
 
-const TEXT: &[&str] = &["varchar", "text"];
-const TIME: &[&str] = &["timestamptz"];
+pub(crate) const TEXT: &[&str] = &["varchar", "text"];
+pub(crate) const TIME: &[&str] = &["timestamptz"];
 const UUID: &[&str] = &["uuid"];
 const JSON: &[&str] = &["json"];
 
@@ -150,11 +143,6 @@ pub(crate) const SEQUENCE_COLUMNS: &[Column] = &[
     col("last_sequence", &["int8"], "bigint", false),
 ];
 
-pub(crate) const INBOX_COLUMNS: &[Column] = &[
-    col("consumer", TEXT, "varchar(255)", false),
-    col("message_id", TEXT, "varchar(255)", false),
-    col("received_at", TIME, "timestamptz", false),
-];
 
 /// An index the store needs: `unique` on exactly `columns` (any order), or a plain or partial
 /// index leading with `columns[0]` (partial when `partial`).
@@ -194,7 +182,7 @@ pub(crate) async fn problems(
     let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(table.quoted())
         .fetch_one(pool)
-        .await?;
+        .await.map_err(outbox_error)?;
     if exists != Some(true) {
         return Ok(vec![SchemaProblem::MissingTable { table: name }]);
     }
@@ -205,7 +193,7 @@ pub(crate) async fn problems(
     )
     .bind(table.quoted())
     .fetch_all(pool)
-    .await?;
+    .await.map_err(outbox_error)?;
     let live: HashMap<String, (String, bool)> = live
         .into_iter()
         .map(|(column, ty, not_null)| (column, (ty, not_null)))
@@ -239,7 +227,7 @@ pub(crate) async fn problems(
     )
     .bind(table.quoted())
     .fetch_all(pool)
-    .await?;
+    .await.map_err(outbox_error)?;
     for index in indexes {
         if !live.iter().any(|row| satisfies(index, row)) {
             problems.push(SchemaProblem::MissingIndex {
@@ -291,17 +279,3 @@ pub(crate) const SEQUENCE_INDEXES: &[Index] = &[Index {
     partial: false,
 }];
 
-pub(crate) const INBOX_INDEXES: &[Index] = &[
-    Index {
-        purpose: "primary key on (consumer, message_id)",
-        columns: &["consumer", "message_id"],
-        unique: true,
-        partial: false,
-    },
-    Index {
-        purpose: "by (received_at), used by purge",
-        columns: &["received_at"],
-        unique: false,
-        partial: false,
-    },
-];

@@ -1,0 +1,9 @@
+//! The idempotency records of PostgreSQL: the store, its statements, row decoding and schema.
+
+mod row;
+mod schema;
+mod statements;
+mod store;
+
+pub use schema::{DDL_TEMPLATE, ddl};
+pub use store::PgStore;
