@@ -67,6 +67,7 @@ async fn run() -> Result<(), StartupError> {
     tracing::info!(config = %path.display(), exists = path.exists(), "configuration");
     let prometheus = PrometheusBuilder::new().install_recorder()?;
     FacadeMetrics::describe();
+    idempotency_outbox::metrics::describe();
 
     let redis = match env("REDIS_URL") {
         Some(url) if config.idempotency.distributed_cache.enabled => Some(RedisCache::connect(

@@ -12,8 +12,8 @@ use idempotency_core::config::{DistributedCacheConfig, InFlightPolicyKind, Schem
 use idempotency_demo::config::DemoConfig;
 use idempotency_demo::db::{Database, Postgres};
 use idempotency_demo::{App, build_service, router};
-use sqlx::{self, PgPool};
 use serde_json::{Value, json};
+use sqlx::{self, PgPool};
 use tower::ServiceExt;
 
 fn config() -> DemoConfig {

@@ -17,15 +17,15 @@ use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
+use idempotency_axum::{Error, IdempotentJson, OutcomeExt, ScopedKey, TenantHeader, UuidKeyHeader};
 use idempotency_core::{
     CacheError, DistributedCache, ExecutionResult, FailurePolicy, IdempotencyRecord,
     IdempotencyService, InFlightPolicy, NoCache, RecordId, ServiceConfig,
 };
-use idempotency_axum::{Error, IdempotentJson, OutcomeExt, ScopedKey, TenantHeader, UuidKeyHeader};
 use idempotency_pg::PgStore;
-use sqlx::{self, PgPool};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sqlx::{self, PgPool};
 use support::{Reply, send};
 use tokio::sync::Notify;
 

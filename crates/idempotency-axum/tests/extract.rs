@@ -8,11 +8,11 @@ mod support;
 use axum::Router;
 use axum::extract::Request;
 use axum::routing::post;
-use idempotency_core::{KeyError, Scope};
 use idempotency_axum::{
     IdempotencyKeyHeader, Principal, PrincipalScope, ScopedKey, TenantHeader, TenantHeaderName,
     UuidKeyHeader,
 };
+use idempotency_core::{KeyError, Scope};
 use support::{Reply, send_post};
 use tower::util::MapRequestLayer;
 

@@ -10,10 +10,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idempotency_core::{ExecutionResult, IdempotencyService};
 use idempotency_axum::{
     Error, HeaderFilter, IdempotencyKeyHeader, IdempotentResponse, StoredResponse,
 };
+use idempotency_core::{ExecutionResult, IdempotencyService};
 use idempotency_pg::PgStore;
 use sqlx::{self, PgPool};
 use support::{Reply, send_post};

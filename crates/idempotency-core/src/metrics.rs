@@ -40,26 +40,26 @@ macro_rules! metrics_spi {
 }
 
 metrics_spi! {
-    /// A stored outcome was found at `level` (`idempotency.lookup.hits{level}`).
+    /// A stored outcome was found at `level` (`idempotency_lookup_hits_total{level}`).
     fn lookup_hit(&self, operation: &str, level: Level);
-    /// A stored outcome was replayed (`idempotency.replays{status}`).
+    /// A stored outcome was replayed (`idempotency_replays_total{status}`).
     fn replayed(&self, operation: &str, status: RecordStatus);
-    /// The key was reused with another payload (`idempotency.conflicts`).
+    /// The key was reused with another payload (`idempotency_conflicts_total`).
     fn payload_conflict(&self, operation: &str);
-    /// The key was acquired and the action will run (`idempotency.acquired`).
+    /// The key was acquired and the action will run (`idempotency_acquired_total`).
     fn acquired(&self, operation: &str);
-    /// The insert found an existing record (`idempotency.acquire.conflicts`).
+    /// The insert found an existing record (`idempotency_acquire_conflicts_total`).
     fn acquire_conflict(&self, operation: &str);
     /// Time spent in acquire, including any wait for a concurrent holder
-    /// (`idempotency.acquire.wait`, seconds).
+    /// (`idempotency_acquire_wait_seconds`, seconds).
     fn acquire_wait(&self, operation: &str, waited: Duration);
-    /// An outcome was committed (`idempotency.persisted{status}`); called after the commit.
+    /// An outcome was committed (`idempotency_persisted_total{status}`); called after the commit.
     fn persisted(&self, operation: &str, status: RecordStatus);
-    /// A cache call failed (`idempotency.cache.errors{level,kind}`).
+    /// A cache call failed (`idempotency_cache_errors_total{level,kind}`).
     fn cache_error(&self, operation: &str, level: Level, error: &CacheError);
-    /// A request was refused because the same key is in flight (`idempotency.in_flight`).
+    /// A request was refused because the same key is in flight (`idempotency_in_flight_total`).
     fn in_flight(&self, operation: &str);
-    /// Cleanup deleted `count` expired records (`idempotency.cleanup.deleted`).
+    /// Cleanup deleted `count` expired records (`idempotency_cleanup_deleted_total`).
     fn cleanup_deleted(&self, count: u64);
 }
 

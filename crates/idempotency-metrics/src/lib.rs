@@ -6,30 +6,30 @@ use std::time::Duration;
 use idempotency_core::{CacheError, IdempotencyMetrics, Level, RecordStatus};
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 
-
-/// Metric names. Dots become underscores in Prometheus (`idempotency_lookup_hits_total`, ...).
+/// Metric names, one scheme for both halves of the workspace (the outbox's `outbox_*` too):
+/// Prometheus names, `_total` on counters, `_seconds` on durations.
 pub mod names {
     /// Counter, labels `operation`, `level` (`local`, `distributed`, `persistence`).
-    pub const LOOKUP_HITS: &str = "idempotency.lookup.hits";
+    pub const LOOKUP_HITS: &str = "idempotency_lookup_hits_total";
     /// Counter, labels `operation`, `status` (`COMPLETED`, `REJECTED`).
-    pub const REPLAYS: &str = "idempotency.replays";
+    pub const REPLAYS: &str = "idempotency_replays_total";
     /// Counter, label `operation`: same key, different payload.
-    pub const CONFLICTS: &str = "idempotency.conflicts";
+    pub const CONFLICTS: &str = "idempotency_conflicts_total";
     /// Counter, label `operation`: keys acquired (the action ran).
-    pub const ACQUIRED: &str = "idempotency.acquired";
+    pub const ACQUIRED: &str = "idempotency_acquired_total";
     /// Counter, label `operation`: inserts that found an existing record.
-    pub const ACQUIRE_CONFLICTS: &str = "idempotency.acquire.conflicts";
+    pub const ACQUIRE_CONFLICTS: &str = "idempotency_acquire_conflicts_total";
     /// Histogram in seconds, label `operation`: time in acquire, including waits on a holder.
-    pub const ACQUIRE_WAIT: &str = "idempotency.acquire.wait";
+    pub const ACQUIRE_WAIT: &str = "idempotency_acquire_wait_seconds";
     /// Counter, labels `operation`, `status`: outcomes committed (counted after the commit).
-    pub const PERSISTED: &str = "idempotency.persisted";
+    pub const PERSISTED: &str = "idempotency_persisted_total";
     /// Counter, labels `operation`, `level`, `kind` (`timeout`, `backend`, `circuit_open`,
     /// `corrupt`): cache failures.
-    pub const CACHE_ERRORS: &str = "idempotency.cache.errors";
+    pub const CACHE_ERRORS: &str = "idempotency_cache_errors_total";
     /// Counter, label `operation`: requests refused because the key was in flight.
-    pub const IN_FLIGHT: &str = "idempotency.in_flight";
+    pub const IN_FLIGHT: &str = "idempotency_in_flight_total";
     /// Counter: expired records deleted by cleanup.
-    pub const CLEANUP_DELETED: &str = "idempotency.cleanup.deleted";
+    pub const CLEANUP_DELETED: &str = "idempotency_cleanup_deleted_total";
 }
 
 /// The metrics SPI on the `metrics` facade: every measurement goes to whatever recorder the

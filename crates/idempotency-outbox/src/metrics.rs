@@ -42,6 +42,54 @@ pub const BROKER_DUPLICATES: &str = "outbox_broker_duplicates_total";
 /// Histogram: enqueue (commit) to broker ack, in seconds.
 pub const LATENCY: &str = "outbox_publish_latency_seconds";
 
+/// Registers the help text and unit of every outbox meter with the installed recorder (the
+/// Prometheus exporter prints them as `# HELP` / `# TYPE`). Call it once after installing it.
+///
+/// ```
+/// idempotency_outbox::metrics::describe(); // no recorder installed: a no-op
+/// ```
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        PENDING,
+        Unit::Count,
+        "Outbox rows neither published nor dead-lettered"
+    );
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest pending outbox row; rising means a stuck relay"
+    );
+    describe_gauge!(DEAD_LETTERED, Unit::Count, "Dead-lettered outbox rows");
+    describe_counter!(
+        PUBLISHED,
+        Unit::Count,
+        "Outbox messages the broker confirmed"
+    );
+    describe_counter!(FAILED, Unit::Count, "Failed publish attempts, by kind");
+    describe_counter!(ATTEMPTS, Unit::Count, "Publish attempts, successful or not");
+    describe_counter!(
+        DEAD_LETTERED_TOTAL,
+        Unit::Count,
+        "Outbox messages moved to the dead letters"
+    );
+    describe_counter!(
+        WORKER_PANICS,
+        Unit::Count,
+        "Relay worker tasks that panicked outside a publish (each is restarted)"
+    );
+    describe_counter!(
+        BROKER_DUPLICATES,
+        Unit::Count,
+        "Confirmed copies the broker reported as duplicates"
+    );
+    describe_histogram!(
+        LATENCY,
+        Unit::Seconds,
+        "Commit of the enqueue to the broker's confirmation"
+    );
+}
+
 fn kind_label(kind: PublishErrorKind) -> &'static str {
     match kind {
         PublishErrorKind::Unavailable => "unavailable",

@@ -176,8 +176,7 @@ struct FirstClaimPanics {
 }
 
 impl idempotency_outbox::store::RelayStore for FirstClaimPanics {
-    type Listener =
-        <idempotency_pg::PgOutbox as idempotency_outbox::store::RelayStore>::Listener;
+    type Listener = <idempotency_pg::PgOutbox as idempotency_outbox::store::RelayStore>::Listener;
 
     async fn claim(
         &self,

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use common::nats::TestStream;
 use common::*;
-use idempotency_core::config::SchemaMode;
-use idempotency_outbox::config::{InboxConfig, Ordering, WakeUp};
-use idempotency_outbox::{Ack, DeadLetters, LoggingPublisher, NewEvent, OutboxMessage, PublishError, Publisher, Relay};
-use idempotency_pg::PgInbox;
+use idempotency_outbox::config::{Ordering, WakeUp};
+use idempotency_outbox::{
+    Ack, DeadLetters, LoggingPublisher, NewEvent, OutboxMessage, PublishError, Publisher, Relay,
+};
 
 /// A slow broker: every publish takes `delay` before reaching the real one.
 struct Slow<P> {
@@ -192,51 +192,4 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_dead_letters_
         .unwrap();
     assert_eq!(keep.purge().await.unwrap().dead_lettered, 0);
     assert_eq!(outbox.dead_letters(100).await.unwrap().len(), 3);
-}
-
-#[tokio::test]
-async fn inbox_records_once_per_consumer_and_purges_old_entries() {
-    let pool = idempotency_testing::pg_pool().await;
-    let mut config = InboxConfig::default();
-    config.schema.mode = SchemaMode::Create;
-    let inbox = PgInbox::from_config(pool.clone(), &config).await.unwrap();
-    let ids: Vec<String> = (0..5).map(|_| uuid::Uuid::now_v7().to_string()).collect();
-    let mut tx = pool.begin().await.unwrap();
-    for id in &ids {
-        assert!(inbox.record(&mut tx, "c1", id).await.unwrap());
-        assert!(!inbox.record(&mut tx, "c1", id).await.unwrap());
-    }
-    tx.commit().await.unwrap();
-    // A rolled-back record is forgotten: the message is processed again.
-    let mut tx = pool.begin().await.unwrap();
-    assert!(inbox.record(&mut tx, "c2", &ids[0]).await.unwrap());
-    tx.rollback().await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    assert!(inbox.record(&mut tx, "c2", &ids[0]).await.unwrap());
-    tx.commit().await.unwrap();
-
-    sqlx::query(
-        "UPDATE inbox SET received_at = now() - interval '20 days' WHERE message_id = ANY($1)",
-    )
-    .bind(&ids[..3])
-    .execute(&pool)
-    .await
-    .unwrap();
-    let purged = inbox
-        .purge_older_than(Duration::from_secs(14 * 86_400), 2)
-        .await
-        .unwrap();
-    assert_eq!(purged, 4, "3 ids of c1 and 1 of c2");
-    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM inbox").await, 2);
-    let mut tx = pool.begin().await.unwrap();
-    assert!(
-        inbox.record(&mut tx, "c1", &ids[0]).await.unwrap(),
-        "purged: new again"
-    );
-    assert!(!inbox.record(&mut tx, "c1", &ids[4]).await.unwrap());
-    let error = inbox.record(&mut tx, "", &ids[4]).await.unwrap_err();
-    assert!(matches!(
-        error,
-        idempotency_outbox::Error::InvalidEvent { .. }
-    ));
 }

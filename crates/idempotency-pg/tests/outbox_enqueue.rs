@@ -200,4 +200,3 @@ async fn enqueue_joins_the_idempotency_transaction() {
     tx.commit().await.unwrap();
     assert_eq!(sequences(&pool, "charge-2").await.len(), 1);
 }
-

@@ -6,17 +6,15 @@
 
 mod outbox_common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_sqlite::SqliteInbox;
 use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{InboxConfig, Ordering};
 use idempotency_outbox::store::Inbox;
 use idempotency_outbox::{Error, OutboxMessage, Relay};
+use idempotency_sqlite::SqliteInbox;
 use outbox_common::*;
 use sqlx::SqlitePool;
-use tokio::sync::Barrier;
 
 async fn inbox(pool: &SqlitePool) -> SqliteInbox {
     let config = InboxConfig {
@@ -97,31 +95,6 @@ async fn a_redelivered_message_is_dropped() {
     tx.commit().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_deliveries_of_one_message_are_processed_once() {
-    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
-    let inbox = inbox(outbox.pool()).await;
-    let barrier = Arc::new(Barrier::new(8));
-    let tasks: Vec<_> = (0..8)
-        .map(|_| {
-            let (inbox, barrier) = (inbox.clone(), Arc::clone(&barrier));
-            tokio::spawn(async move {
-                barrier.wait().await;
-                let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-                let new = inbox.record(&mut tx, "projector", "m-1").await.unwrap();
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                tx.commit().await.unwrap();
-                new
-            })
-        })
-        .collect();
-    let mut firsts = 0;
-    for task in tasks {
-        firsts += usize::from(task.await.unwrap());
-    }
-    assert_eq!(firsts, 1);
-}
-
 #[tokio::test]
 async fn names_are_bounded_and_purge_deletes_old_entries_in_batches() {
     let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
@@ -193,29 +166,4 @@ async fn injection_through_the_inbox_table_name_is_an_error_not_sql() {
         0,
         "the victim table is still there"
     );
-}
-
-#[tokio::test]
-async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() {
-    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
-    let inbox = inbox(outbox.pool()).await;
-    let mut conn = inbox.pool().acquire().await.unwrap();
-    for error in [
-        inbox
-            .record(&mut conn, "projector", "m-1")
-            .await
-            .unwrap_err(),
-        Inbox::record(&inbox, &mut conn, "projector", "m-2")
-            .await
-            .unwrap_err(),
-    ] {
-        assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
-        assert!(!error.is_retryable());
-    }
-    assert_eq!(scalar(inbox.pool(), "SELECT count(*) FROM inbox").await, 0);
-    // The same connection in a transaction works as before.
-    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    assert!(inbox.record(&mut tx, "projector", "m-1").await.unwrap());
-    tx.commit().await.unwrap();
-    assert_eq!(scalar(inbox.pool(), "SELECT count(*) FROM inbox").await, 1);
 }

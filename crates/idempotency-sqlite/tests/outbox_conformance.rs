@@ -4,9 +4,9 @@
 #[path = "support/mod.rs"]
 mod support;
 
+use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{InboxConfig, OutboxConfig};
 use idempotency_outbox::testing::{Capabilities, OutboxBackend};
-use idempotency_core::config::SchemaMode;
 use idempotency_sqlite::{SqliteInbox, SqliteOutbox};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 

@@ -8,10 +8,10 @@ mod outbox_common;
 
 use std::time::Duration;
 
-use idempotency_sqlite::SqliteOutbox;
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::store::{ClaimRequest, DeadLetters, RelayStore};
 use idempotency_outbox::{Ack, OutboxMessage, PublishError, Publisher, Relay};
+use idempotency_sqlite::SqliteOutbox;
 use outbox_common::*;
 use uuid::Uuid;
 

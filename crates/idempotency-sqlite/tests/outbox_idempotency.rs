@@ -9,9 +9,9 @@ mod outbox_common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use idempotency_core::{Call, ExecutionResult, IdempotencyService, Outcome};
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::{NewEvent, Relay};
-use idempotency_core::{Call, ExecutionResult, IdempotencyService, Outcome};
 use idempotency_sqlite::{SqliteOutbox, SqliteStore, SqliteTx};
 use outbox_common::*;
 use sqlx::SqliteConnection;

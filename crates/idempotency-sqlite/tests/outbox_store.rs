@@ -8,10 +8,8 @@ mod outbox_common;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotency_outbox::config::Ordering;
-use idempotency_outbox::store::{
-    ClaimRequest, Enqueue, Failure, Housekeeping, RelayStore,
-};
-use idempotency_outbox::{Error, NewEvent, Relay};
+use idempotency_outbox::store::{ClaimRequest, Enqueue, RelayStore};
+use idempotency_outbox::{Error, NewEvent};
 use outbox_common::*;
 use uuid::Uuid;
 
@@ -23,133 +21,6 @@ fn request(ordering: Ordering, lease: Duration) -> ClaimRequest {
         ordering,
         max_attempts: 10,
     }
-}
-
-#[tokio::test]
-async fn ordered_claims_take_the_first_pending_row_of_each_aggregate() {
-    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
-    commit(&outbox, &[event("a", 1), event("a", 2), event("b", 1)]).await;
-    commit(&outbox, &[event("a", 3)]).await;
-    let ordered = request(Ordering::Ordered, Duration::from_secs(30));
-    let batch = outbox.claim(&ordered).await.unwrap().messages;
-    let got: Vec<_> = batch
-        .iter()
-        .map(|m| (m.aggregate_id.as_str(), m.sequence))
-        .collect();
-    assert_eq!(got, [("a", Some(1)), ("b", Some(1))]);
-    // While a's first row is leased, a's later rows wait.
-    assert!(outbox.claim(&ordered).await.unwrap().messages.is_empty());
-    let ids: Vec<_> = batch.iter().map(|m| m.id).collect();
-    assert_eq!(outbox.mark_published(ordered.token, &ids).await.unwrap(), 2);
-    let next = outbox.claim(&ordered).await.unwrap().messages;
-    assert_eq!(next.len(), 1);
-    assert_eq!(
-        (next[0].aggregate_id.as_str(), next[0].sequence),
-        ("a", Some(2))
-    );
-    // An unordered claim ignores the order rule.
-    let unordered = outbox
-        .claim(&request(Ordering::Unordered, Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .messages;
-    assert_eq!(
-        unordered.len(),
-        1,
-        "only a#3 is neither leased nor published"
-    );
-    assert_eq!(unordered[0].sequence, Some(3));
-}
-
-#[tokio::test]
-async fn unordered_enqueue_has_no_sequence_and_claims_every_due_row() {
-    let (_, outbox) = fresh(&config(Ordering::Unordered)).await;
-    assert_eq!(outbox.ordering(), Ordering::Unordered);
-    commit(&outbox, &[event("a", 1), event("a", 2), event("a", 3)]).await;
-    let batch = outbox
-        .claim(&request(Ordering::Unordered, Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .messages;
-    assert_eq!(batch.len(), 3);
-    assert!(
-        batch
-            .iter()
-            .all(|m| m.sequence.is_none() && m.attempts == 1)
-    );
-    let payloads: Vec<_> = batch.iter().map(|m| m.payload.clone()).collect();
-    assert_eq!(payloads[0], r#"{"aggregate":"a","n":1}"#, "oldest first");
-    assert_eq!(outbox.ordering(), Ordering::Unordered);
-    assert_eq!(
-        scalar(outbox.pool(), "SELECT count(*) FROM outbox_sequences").await,
-        0
-    );
-}
-
-#[tokio::test]
-async fn a_stale_token_cannot_mark_rows_another_claim_took_over() {
-    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
-    let ids = commit(&outbox, &[event("a", 1)]).await;
-    let first = request(Ordering::Ordered, Duration::from_millis(50));
-    assert_eq!(outbox.claim(&first).await.unwrap().messages.len(), 1);
-    // The first worker stalls past its lease; a second claim takes the row over.
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let second = request(Ordering::Ordered, Duration::from_secs(30));
-    let taken = outbox.claim(&second).await.unwrap().messages;
-    assert_eq!(taken.len(), 1);
-    assert_eq!(taken[0].attempts, 2, "each claim counts an attempt");
-    let failure = Failure {
-        id: ids[0],
-        error: "late".into(),
-        retry_in: Duration::ZERO,
-        dead_letter: true,
-    };
-    assert_eq!(
-        outbox.mark_failed(first.token, &[failure]).await.unwrap(),
-        0
-    );
-    assert_eq!(outbox.mark_published(first.token, &ids).await.unwrap(), 0);
-    assert_eq!(outbox.mark_published(second.token, &ids).await.unwrap(), 1);
-    assert_eq!(
-        outbox.mark_published(second.token, &ids).await.unwrap(),
-        0,
-        "token cleared"
-    );
-    assert_eq!(published(outbox.pool()).await, 1);
-    assert_eq!(outbox.stats().await.unwrap().dead_lettered, 0);
-}
-
-#[tokio::test]
-async fn stats_count_pending_and_dead_rows_and_age_the_oldest() {
-    let (_, outbox) = fresh(&config(Ordering::Unordered)).await;
-    let empty = outbox.stats().await.unwrap();
-    assert_eq!(
-        (empty.pending, empty.oldest_pending_age, empty.dead_lettered),
-        (0, 0.0, 0)
-    );
-    let ids = commit(&outbox, &[event("a", 1), event("b", 1), event("c", 1)]).await;
-    let claim = request(Ordering::Unordered, Duration::from_secs(30));
-    outbox.claim(&claim).await.unwrap();
-    let dead = Failure {
-        id: ids[0],
-        error: "x".repeat(5000),
-        retry_in: Duration::from_secs(1),
-        dead_letter: true,
-    };
-    assert_eq!(outbox.mark_failed(claim.token, &[dead]).await.unwrap(), 1);
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let stats = outbox.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.dead_lettered), (2, 1));
-    assert!(
-        stats.oldest_pending_age >= 0.03 && stats.oldest_pending_age < 30.0,
-        "{stats:?}"
-    );
-    let stored = scalar(
-        outbox.pool(),
-        "SELECT length(last_error) FROM outbox WHERE last_error IS NOT NULL",
-    )
-    .await;
-    assert_eq!(stored, 1000, "last_error is bounded");
 }
 
 #[tokio::test]
@@ -226,69 +97,6 @@ async fn rows_store_times_as_database_milliseconds_and_ids_as_text() {
         lease_end >= created + 30_000,
         "the lease is on the database clock"
     );
-}
-
-#[tokio::test]
-async fn sqlite_has_no_notifications_and_enqueue_of_nothing_is_a_no_op() {
-    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
-    assert!(outbox.listen().await.unwrap().is_none());
-    let mut tx = outbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-    assert!(outbox.enqueue_all(&mut tx, &[]).await.unwrap().is_empty());
-    tx.commit().await.unwrap();
-    assert_eq!(pending(outbox.pool()).await, 0);
-}
-
-#[tokio::test]
-async fn a_connection_outside_a_transaction_is_refused_and_nothing_is_written() {
-    for ordering in [Ordering::Ordered, Ordering::Unordered] {
-        let (_, outbox) = fresh(&config(ordering)).await;
-        let mut conn = outbox.pool().acquire().await.unwrap();
-        for error in [
-            outbox
-                .enqueue(&mut conn, &event("solo", 1))
-                .await
-                .unwrap_err(),
-            Enqueue::enqueue_all(&outbox, &mut conn, &[event("solo", 2)])
-                .await
-                .unwrap_err(),
-        ] {
-            assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
-            assert!(!error.is_retryable());
-        }
-        assert_eq!(
-            scalar(outbox.pool(), "SELECT count(*) FROM outbox").await,
-            0
-        );
-        assert_eq!(
-            scalar(outbox.pool(), "SELECT count(*) FROM outbox_sequences").await,
-            0
-        );
-        // The same connection in a transaction works as before.
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        outbox.enqueue(&mut tx, &event("solo", 3)).await.unwrap();
-        tx.commit().await.unwrap();
-        assert_eq!(pending(outbox.pool()).await, 1);
-    }
-}
-
-#[tokio::test]
-async fn payload_and_headers_reach_the_publisher_byte_for_byte() {
-    let config = config(Ordering::Ordered);
-    let (_, outbox) = fresh(&config).await;
-    let payload = r#"{"b":1,"a":"x\u0000y","n":1e2}"#;
-    let sent = NewEvent::from_json_text("order", "nul", "Odd", payload)
-        .header("trace", "a\0b")
-        .header("x-order", "z");
-    commit(&outbox, std::slice::from_ref(&sent)).await;
-    let recorder = Recorder::default();
-    let relay = Relay::new(outbox.clone(), recorder.clone(), &config).unwrap();
-    relay.run_batch().await.unwrap();
-    let got = recorder.published();
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0].id, sent.id());
-    assert_eq!(got[0].payload.as_bytes(), payload.as_bytes());
-    assert_eq!(&got[0].headers, sent.headers());
-    assert_eq!(published(outbox.pool()).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

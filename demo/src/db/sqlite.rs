@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use idempotency_core::StoreError;
-use sqlx::{self, SqliteConnection};
 use idempotency_sqlite::{SqliteOutbox, SqliteStore, connect_options};
+use sqlx::{self, SqliteConnection};
 use uuid::Uuid;
 
 use super::Database;

@@ -18,11 +18,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use idempotency_core::config::SchemaMode;
 use idempotency_load::Error;
 use idempotency_load::chaos::{self, acks, enqueue, relay, stream, verify, watch};
-use idempotency_pg::PgOutbox;
 use idempotency_outbox::config::{Ordering, OutboxConfig};
-use idempotency_core::config::SchemaMode;
+use idempotency_pg::PgOutbox;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};

@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use sqlx::PgPool;
 use idempotency_outbox::NewEvent;
 use idempotency_pg::PgOutbox;
 use serde::Serialize;
+use sqlx::PgPool;
 
 use crate::Error;
 

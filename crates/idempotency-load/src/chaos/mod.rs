@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
 use idempotency_core::config::SchemaMode;
+use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
 
 pub mod acks;
 pub mod enqueue;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idempotency_outbox::publisher::nats::async_nats;
 use idempotency_outbox::publisher::nats::async_nats::jetstream::{self, consumer};
-use sqlx::{self, AssertSqlSafe, PgPool};
 use serde::Serialize;
+use sqlx::{self, AssertSqlSafe, PgPool};
 
 use super::acks::AckLogs;
 use super::watch::Watched;

@@ -8,12 +8,12 @@ use sqlx::{PgConnection, PgPool, SqlStr};
 use uuid::Uuid;
 
 use crate::outbox::error::outbox_error;
-use idempotency_outbox::config::InboxConfig;
-use idempotency_outbox::{Error, SchemaProblem};
-use crate::table::TableName;
 use crate::outbox::schema::{self, Column, Index, TEXT, TIME, col};
 use crate::outbox::statements::sql;
+use crate::table::TableName;
+use idempotency_outbox::config::InboxConfig;
 use idempotency_outbox::store::Inbox;
+use idempotency_outbox::{Error, SchemaProblem};
 
 /// The inbox DDL template: `{inbox}` and `{inbox_index}` are replaced by quoted names.
 pub const INBOX_DDL_TEMPLATE: &str = include_str!("ddl.sql");
@@ -102,7 +102,10 @@ impl PgInbox {
     /// An inbox configured by the `inbox` section: validates `table-name`, applies
     /// `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &InboxConfig) -> Result<Self, Error> {
-        let inbox = Self::with_table(pool, TableName::parse(&config.table_name).map_err(crate::outbox::error::from_crate_error)?);
+        let inbox = Self::with_table(
+            pool,
+            TableName::parse(&config.table_name).map_err(crate::outbox::error::from_crate_error)?,
+        );
         match config.schema.mode {
             SchemaMode::Create => inbox.create_schema().await?,
             SchemaMode::Validate => inbox.validate_schema().await?,
@@ -131,13 +134,7 @@ impl PgInbox {
 
     /// Every difference between the table and the canonical schema.
     pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
-        schema::problems(
-            &self.pool,
-            &self.table,
-            INBOX_COLUMNS,
-            INBOX_INDEXES,
-        )
-        .await
+        schema::problems(&self.pool, &self.table, INBOX_COLUMNS, INBOX_INDEXES).await
     }
 
     /// Records `(consumer, message_id)` in the caller's transaction; `true` when new.
@@ -166,7 +163,8 @@ impl PgInbox {
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
-            .await.map_err(outbox_error)?
+            .await
+            .map_err(outbox_error)?
             .rows_affected();
         Ok(inserted == 1)
     }
@@ -222,7 +220,8 @@ impl Inbox for PgInbox {
             .bind(older_than)
             .bind(i64::from(limit))
             .execute(&self.pool)
-            .await.map_err(outbox_error)?
+            .await
+            .map_err(outbox_error)?
             .rows_affected())
     }
 }

@@ -18,14 +18,22 @@ impl PgNotificationListener {
     /// Opens a connection with `pool`'s options and `LISTEN`s on `channel`.
     pub async fn connect(pool: &PgPool, channel: &Channel) -> Result<Self, Error> {
         let mut listener = PgListener::connect_with(pool).await.map_err(outbox_error)?;
-        listener.listen(channel.as_str()).await.map_err(outbox_error)?;
+        listener
+            .listen(channel.as_str())
+            .await
+            .map_err(outbox_error)?;
         Ok(Self { listener })
     }
 }
 
 impl NotificationListener for PgNotificationListener {
     async fn next(&mut self) -> Result<bool, Error> {
-        Ok(self.listener.try_recv().await.map_err(outbox_error)?.is_some())
+        Ok(self
+            .listener
+            .try_recv()
+            .await
+            .map_err(outbox_error)?
+            .is_some())
     }
 }
 

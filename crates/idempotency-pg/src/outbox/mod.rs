@@ -9,9 +9,9 @@ use uuid::Uuid;
 
 use crate::outbox::error::{from_crate_error, outbox_error};
 use crate::table::TableName;
+use idempotency_outbox::NewEvent;
 use idempotency_outbox::config::{Ordering, OutboxConfig};
 use idempotency_outbox::{Error, SchemaProblem};
-use idempotency_outbox::NewEvent;
 
 pub(crate) mod error;
 mod listen;

@@ -5,13 +5,12 @@ use std::collections::HashMap;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::outbox::error::outbox_error;
-use idempotency_outbox::{Error, SchemaProblem};
 use crate::table::TableName;
+use idempotency_outbox::{Error, SchemaProblem};
 
 /// The outbox DDL template: `{table}`, `{sequences}`, `{pending_index}`, `{aggregate_index}`,
 /// `{published_index}` and `{dead_letter_index}` are replaced by quoted names.
 pub const OUTBOX_DDL_TEMPLATE: &str = include_str!("ddl.sql");
-
 
 /// The canonical outbox DDL for `table` (and its `<table>_sequences` counters).
 ///
@@ -31,7 +30,6 @@ pub fn outbox_ddl(table: &TableName) -> String {
         .replace("{dead_letter_index}", &table.derived("dead_letter_idx"))
 }
 
-
 pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) -> Result<(), Error> {
     // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
@@ -39,8 +37,12 @@ pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) ->
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(lock_name.quoted())
         .execute(&mut *tx)
-        .await.map_err(outbox_error)?;
-    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await.map_err(outbox_error)?;
+        .await
+        .map_err(outbox_error)?;
+    sqlx::raw_sql(AssertSqlSafe(ddl))
+        .execute(&mut *tx)
+        .await
+        .map_err(outbox_error)?;
     tx.commit().await.map_err(outbox_error)?;
     Ok(())
 }
@@ -143,7 +145,6 @@ pub(crate) const SEQUENCE_COLUMNS: &[Column] = &[
     col("last_sequence", &["int8"], "bigint", false),
 ];
 
-
 /// An index the store needs: `unique` on exactly `columns` (any order), or a plain or partial
 /// index leading with `columns[0]` (partial when `partial`).
 pub(crate) struct Index {
@@ -182,7 +183,8 @@ pub(crate) async fn problems(
     let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(table.quoted())
         .fetch_one(pool)
-        .await.map_err(outbox_error)?;
+        .await
+        .map_err(outbox_error)?;
     if exists != Some(true) {
         return Ok(vec![SchemaProblem::MissingTable { table: name }]);
     }
@@ -193,7 +195,8 @@ pub(crate) async fn problems(
     )
     .bind(table.quoted())
     .fetch_all(pool)
-    .await.map_err(outbox_error)?;
+    .await
+    .map_err(outbox_error)?;
     let live: HashMap<String, (String, bool)> = live
         .into_iter()
         .map(|(column, ty, not_null)| (column, (ty, not_null)))
@@ -227,7 +230,8 @@ pub(crate) async fn problems(
     )
     .bind(table.quoted())
     .fetch_all(pool)
-    .await.map_err(outbox_error)?;
+    .await
+    .map_err(outbox_error)?;
     for index in indexes {
         if !live.iter().any(|row| satisfies(index, row)) {
             problems.push(SchemaProblem::MissingIndex {
@@ -278,4 +282,3 @@ pub(crate) const SEQUENCE_INDEXES: &[Index] = &[Index {
     unique: true,
     partial: false,
 }];
-

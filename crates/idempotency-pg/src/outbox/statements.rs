@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use idempotency_outbox::config::Ordering;
 use crate::table::TableName;
+use idempotency_outbox::config::Ordering;
 
 pub(crate) fn sql(text: String) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()

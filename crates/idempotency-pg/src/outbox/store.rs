@@ -7,15 +7,15 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::outbox::error::outbox_error;
-use idempotency_outbox::config::Ordering;
-use idempotency_outbox::Error;
-use idempotency_outbox::{DeadLetter, NewEvent, OutboxMessage};
 use crate::outbox::PgOutbox;
+use crate::outbox::error::outbox_error;
 use crate::outbox::listen::PgNotificationListener;
+use idempotency_outbox::Error;
+use idempotency_outbox::config::Ordering;
 use idempotency_outbox::store::{
     ClaimRequest, Claimed, DeadLetters, Enqueue, Failure, Housekeeping, OutboxStats, RelayStore,
 };
+use idempotency_outbox::{DeadLetter, NewEvent, OutboxMessage};
 
 pub(crate) type MessageRow = (
     Uuid,
@@ -91,7 +91,8 @@ impl RelayStore for PgOutbox {
             .bind(request.token)
             .bind(i32::try_from(request.max_attempts).unwrap_or(i32::MAX))
             .fetch_all(&self.pool)
-            .await.map_err(outbox_error)?;
+            .await
+            .map_err(outbox_error)?;
         let messages = rows
             .into_iter()
             .map(message)
@@ -104,7 +105,8 @@ impl RelayStore for PgOutbox {
             .bind(ids)
             .bind(token)
             .execute(&self.pool)
-            .await.map_err(outbox_error)?
+            .await
+            .map_err(outbox_error)?
             .rows_affected())
     }
 
@@ -123,7 +125,8 @@ impl RelayStore for PgOutbox {
             .bind(&dead)
             .bind(token)
             .execute(&self.pool)
-            .await.map_err(outbox_error)?
+            .await
+            .map_err(outbox_error)?
             .rows_affected())
     }
 
@@ -141,7 +144,8 @@ impl Housekeeping for PgOutbox {
     async fn stats(&self) -> Result<OutboxStats, Error> {
         let (pending, age, dead): (i64, f64, i64) = sqlx::query_as(self.sql.stats.clone())
             .fetch_one(&self.pool)
-            .await.map_err(outbox_error)?;
+            .await
+            .map_err(outbox_error)?;
         Ok(OutboxStats::new(
             u64::try_from(pending).unwrap_or_default(),
             age,
@@ -154,7 +158,8 @@ impl Housekeeping for PgOutbox {
             .bind(older_than)
             .bind(limit(limit_))
             .execute(&self.pool)
-            .await.map_err(outbox_error)?
+            .await
+            .map_err(outbox_error)?
             .rows_affected())
     }
 
@@ -163,7 +168,8 @@ impl Housekeeping for PgOutbox {
             .bind(older_than)
             .bind(limit(limit_))
             .execute(&self.pool)
-            .await.map_err(outbox_error)?
+            .await
+            .map_err(outbox_error)?
             .rows_affected())
     }
 }
@@ -188,7 +194,8 @@ impl DeadLetters for PgOutbox {
         let rows: Vec<DeadLetterRow> = sqlx::query_as(self.sql.dead_letters.clone())
             .bind(limit(limit_))
             .fetch_all(&self.pool)
-            .await.map_err(outbox_error)?;
+            .await
+            .map_err(outbox_error)?;
         rows.into_iter()
             .map(|(a, b, c, d, e, f, g, h, i, j, last_error, at)| {
                 Ok(DeadLetter::new(
@@ -204,7 +211,8 @@ impl DeadLetters for PgOutbox {
         Ok(sqlx::query(self.sql.requeue.clone())
             .bind(ids)
             .execute(&self.pool)
-            .await.map_err(outbox_error)?
+            .await
+            .map_err(outbox_error)?
             .rows_affected())
     }
 }

@@ -40,4 +40,3 @@ pub(super) type InsertedRow = (
     Option<DateTime<Utc>>,
     Option<DateTime<Utc>>,
 );
-

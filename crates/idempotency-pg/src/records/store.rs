@@ -11,10 +11,10 @@ use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{PgConnection, PgPool, Postgres};
 
-use crate::error::{Error, SchemaProblem, store_error, wait_error};
 use super::row::{CompleteRow, FindRow, InsertedRow, record_from_row};
 use super::schema;
 use super::statements::Statements;
+use crate::error::{Error, SchemaProblem, store_error, wait_error};
 use crate::table::TableName;
 
 /// The PostgreSQL idempotency store.

@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
-use idempotency_outbox::{
-    Ack, NewEvent, OutboxMessage, PublishError, PublishErrorKind, Publisher,
-};
+use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PublishError, PublishErrorKind, Publisher};
 use idempotency_sqlite::{SqliteOutbox, SqliteStore};
 use sqlx::SqlitePool;
 

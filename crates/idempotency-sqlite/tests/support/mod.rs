@@ -12,14 +12,14 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{Claim, LockWait};
 use idempotency_core::{
     Call, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyService, Outcome, RecordId,
 };
 use idempotency_sqlite::SqliteStore;
-use idempotency_core::config::{PersistenceConfig, SchemaMode};
-use sqlx::sqlite::SqliteConnectOptions;
 use serde_json::{Value, json};
+use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{SqliteConnection, SqlitePool};
 use tokio::sync::oneshot;
 
