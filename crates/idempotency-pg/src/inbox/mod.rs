@@ -114,7 +114,7 @@ impl PgInbox {
         Ok(inbox)
     }
 
-    /// Runs the canonical DDL ([`inbox_ddl`](crate::pg::inbox_ddl)).
+    /// Runs the canonical DDL ([`inbox_ddl`](crate::inbox_ddl)).
     pub async fn create_schema(&self) -> Result<(), Error> {
         schema::create(&self.pool, &self.table, inbox_ddl(&self.table)).await
     }
