@@ -4,7 +4,14 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idempotency_core::config::IdempotencyConfig;
+use std::collections::BTreeMap;
+
+use idempotency_cache_moka::LocalCacheConfig;
+use idempotency_cache_redis::DistributedCacheConfig;
+use idempotency_core::config::{
+    AcquireConfig, FingerprintConfig, IdempotencyConfig, InFlightConfig, OperationConfig,
+    PersistenceConfig,
+};
 use idempotency_outbox::config::OutboxConfig;
 use rust_decimal::Decimal;
 use serde::Deserialize;
@@ -20,9 +27,62 @@ pub struct DemoConfig {
     /// The business rules of the demo.
     pub demo: BusinessConfig,
     /// The `idempotency.*` properties, named as in the reference starter.
-    pub idempotency: IdempotencyConfig,
+    pub idempotency: IdempotencySection,
     /// The outbox and its relay.
     pub outbox: OutboxConfig,
+}
+
+/// `idempotency.*`: the core's sections ([`IdempotencyConfig`]) and the two cache sections,
+/// which belong to the cache crates, as one tree with unknown keys refused at every level.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct IdempotencySection {
+    /// Master switch.
+    pub enabled: bool,
+    /// Request fingerprinting.
+    pub fingerprint: FingerprintConfig,
+    /// The L1 in-process cache.
+    pub local_cache: LocalCacheConfig,
+    /// The L2 shared cache.
+    pub distributed_cache: DistributedCacheConfig,
+    /// The database store.
+    pub persistence: PersistenceConfig,
+    /// What a request does when the same key is in flight.
+    pub in_flight: InFlightConfig,
+    /// The acquire loop.
+    pub acquire: AcquireConfig,
+    /// Per-operation overrides.
+    pub operations: BTreeMap<String, OperationConfig>,
+}
+
+impl Default for IdempotencySection {
+    fn default() -> Self {
+        let core = IdempotencyConfig::default();
+        Self {
+            enabled: core.enabled,
+            fingerprint: core.fingerprint,
+            local_cache: LocalCacheConfig::default(),
+            distributed_cache: DistributedCacheConfig::default(),
+            persistence: core.persistence,
+            in_flight: core.in_flight,
+            acquire: core.acquire,
+            operations: core.operations,
+        }
+    }
+}
+
+impl IdempotencySection {
+    /// The core's part of the tree.
+    pub fn core(&self) -> IdempotencyConfig {
+        IdempotencyConfig {
+            enabled: self.enabled,
+            fingerprint: self.fingerprint.clone(),
+            persistence: self.persistence.clone(),
+            in_flight: self.in_flight.clone(),
+            acquire: self.acquire.clone(),
+            operations: self.operations.clone(),
+        }
+    }
 }
 
 /// `server.*`.

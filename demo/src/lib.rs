@@ -17,7 +17,6 @@ pub use app::{App, DemoService, router};
 
 use idempotency_cache_moka::MokaCache;
 use idempotency_cache_redis::RedisCache;
-use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::{
     HashAlgorithm, IdempotencyService, IdempotencyStore, JcsFingerprint, ServiceConfig,
 };
@@ -63,7 +62,7 @@ pub enum StartupError {
 /// `local-cache.enabled`, the given Redis cache, metrics on the facade.
 pub fn build_service<S: IdempotencyStore>(
     store: S,
-    config: &IdempotencyConfig,
+    config: &config::IdempotencySection,
     redis: Option<RedisCache>,
 ) -> DemoService<S> {
     let local = config
@@ -73,7 +72,7 @@ pub fn build_service<S: IdempotencyStore>(
     let redis = redis.filter(|_| config.distributed_cache.enabled);
     let algorithm: HashAlgorithm = config.fingerprint.algorithm;
     IdempotencyService::builder(store)
-        .config(ServiceConfig::from(config))
+        .config(ServiceConfig::from(&config.core()))
         .fingerprint(JcsFingerprint::new(algorithm))
         .local_cache(local)
         .distributed_cache(redis)

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use idempotency_cache_moka::LocalCacheConfig;
 use idempotency_cache_moka::MokaCache;
+use idempotency_cache_redis::DistributedCacheConfig;
 use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
-use idempotency_core::config::{DistributedCacheConfig, LocalCacheConfig};
 use idempotency_core::{
     Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Level, Operation, Origin,
     Outcome, RecordId, Scope, ServiceConfig,

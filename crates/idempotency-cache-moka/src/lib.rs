@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use idempotency_core::config::LocalCacheConfig;
 use idempotency_core::{IdempotencyRecord, LocalCache, RecordId};
 use moka::notification::RemovalCause;
 
+mod config;
+
+pub use config::LocalCacheConfig;
 /// The moka version this crate is built on.
 pub use moka;
 
@@ -82,7 +84,7 @@ impl moka::Expiry<RecordId, Entry> for RecordExpiry {
 ///
 /// ```
 /// use idempotency_cache_moka::MokaCache;
-/// use idempotency_core::config::LocalCacheConfig;
+/// use idempotency_cache_moka::LocalCacheConfig;
 ///
 /// let cache = MokaCache::new(&LocalCacheConfig { statistics: true, ..Default::default() });
 /// assert_eq!(cache.stats().map(|s| s.hits), Some(0));

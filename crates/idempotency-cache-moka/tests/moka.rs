@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use idempotency_cache_moka::LocalCacheConfig;
 use idempotency_cache_moka::MokaCache;
-use idempotency_core::config::LocalCacheConfig;
 use idempotency_core::{
     Call, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord, IdempotencyService,
     Level, LocalCache, Operation, Origin, Outcome, RecordId, Scope, StoredOutcome,

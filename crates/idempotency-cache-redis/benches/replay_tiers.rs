@@ -8,10 +8,11 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use idempotency_cache_moka::LocalCacheConfig;
 use idempotency_cache_moka::MokaCache;
+use idempotency_cache_redis::DistributedCacheConfig;
 use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
-use idempotency_core::config::{DistributedCacheConfig, LocalCacheConfig};
 use idempotency_core::{
     Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Level, Origin, Outcome,
 };

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use crate::config::DistributedCacheConfig;
 use fred::clients::Client;
 use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
 use fred::prelude::{Builder, Config, Expiration, ReconnectPolicy};
-use idempotency_core::config::DistributedCacheConfig;
 use idempotency_core::{
     BoxError, CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId,
 };
@@ -60,7 +60,7 @@ struct Counters {
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use idempotency_cache_redis::RedisCache;
-/// use idempotency_core::config::DistributedCacheConfig;
+/// use idempotency_cache_redis::DistributedCacheConfig;
 ///
 /// let cache = RedisCache::connect("redis://127.0.0.1:6379", &DistributedCacheConfig::default())?;
 /// // IdempotencyService::builder(store).distributed_cache(cache).build()

@@ -4,10 +4,12 @@
 mod breaker;
 mod cache;
 mod codec;
+mod config;
 mod key;
 
 pub use breaker::BreakerState;
 pub use cache::{Error, RedisCache, RedisCacheStats, is_connected};
+pub use config::{CircuitBreakerConfig, DistributedCacheConfig};
 pub use key::redis_key;
 
 /// The fred version this crate is built on.

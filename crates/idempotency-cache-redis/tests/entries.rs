@@ -7,7 +7,7 @@ mod support;
 
 use idempotency_cache_redis::fred::prelude::{HashesInterface, KeysInterface, ListInterface};
 use idempotency_cache_redis::{BreakerState, RedisCache};
-use idempotency_core::config::{CircuitBreakerConfig, DistributedCacheConfig};
+use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig};
 use idempotency_core::{
     Call, DistributedCache, Error, ExecutionResult, FingerprintStrategy, IdempotencyKey,
     IdempotencyRecord, IdempotencyService, JcsFingerprint, JsonSerializer, Level, LocalCache,

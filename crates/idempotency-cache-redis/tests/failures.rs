@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use idempotency_cache_redis::{BreakerState, RedisCache};
-use idempotency_core::config::{CircuitBreakerConfig, DistributedCacheConfig};
+use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig};
 use idempotency_core::{
     CacheError, Call, DistributedCache, Error, ExecutionResult, FailurePolicy, IdempotencyKey,
     IdempotencyService, Level, Operation, Origin, Outcome, RecordId, Scope,

@@ -6,9 +6,9 @@ mod support;
 
 use std::time::Duration;
 
+use idempotency_cache_redis::DistributedCacheConfig;
 use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
-use idempotency_core::config::DistributedCacheConfig;
 use idempotency_core::{
     Call, DistributedCache, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord,
     IdempotencyService, Level, LocalCache, Origin, Outcome, Scope, StoredOutcome,

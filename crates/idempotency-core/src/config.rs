@@ -1,4 +1,8 @@
-//! Configuration types mirroring the `idempotency.*` properties, with the same names and defaults.
+//! Configuration types mirroring the `idempotency.*` properties the service and the stores read,
+//! with the same names and defaults. The cache sections live with their caches:
+//! `idempotency.local-cache` is `idempotency_cache_moka::LocalCacheConfig`,
+//! `idempotency.distributed-cache` is `idempotency_cache_redis::DistributedCacheConfig`; an
+//! application (or the facade) composes the whole `idempotency` tree from them.
 //!
 //! They deserialize from any serde format (the `config` crate, YAML, TOML, environment) with
 //! kebab-case keys and human-readable durations (`50ms`, `10m`, `365d`, via `humantime`).
@@ -12,7 +16,6 @@
 //!     "operations": { "CREATE_PAYMENT": { "ttl": "7d" } }
 //! }))?;
 //! assert!(config.enabled);
-//! assert_eq!(config.local_cache.max_size, 10_000);
 //! assert_eq!(config.persistence.table_name, "billing.idempotency_records");
 //! # Ok::<(), serde_json::Error>(())
 //! ```
@@ -22,12 +25,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::FailurePolicy;
 use crate::fingerprint::HashAlgorithm;
 
 const DAY: u64 = 24 * 60 * 60;
 
-/// The whole `idempotency` section.
+/// The `idempotency` section without the cache sections (`local-cache`, `distributed-cache`),
+/// which belong to the cache crates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct IdempotencyConfig {
@@ -35,10 +38,6 @@ pub struct IdempotencyConfig {
     pub enabled: bool,
     /// Request fingerprinting.
     pub fingerprint: FingerprintConfig,
-    /// The L1 in-process cache (`idempotency-cache-moka`).
-    pub local_cache: LocalCacheConfig,
-    /// The L2 shared cache (`idempotency-cache-redis`).
-    pub distributed_cache: DistributedCacheConfig,
     /// The database store.
     pub persistence: PersistenceConfig,
     /// What a request does when the same key is being processed by another one.
@@ -54,8 +53,6 @@ impl Default for IdempotencyConfig {
         Self {
             enabled: true,
             fingerprint: FingerprintConfig::default(),
-            local_cache: LocalCacheConfig::default(),
-            distributed_cache: DistributedCacheConfig::default(),
             persistence: PersistenceConfig::default(),
             in_flight: InFlightConfig::default(),
             acquire: AcquireConfig::default(),
@@ -70,85 +67,6 @@ impl Default for IdempotencyConfig {
 pub struct FingerprintConfig {
     /// Digest of the canonical JSON: `SHA-256` (default), `SHA-384` or `SHA-512`.
     pub algorithm: HashAlgorithm,
-}
-
-/// `idempotency.local-cache`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct LocalCacheConfig {
-    /// Whether the application wires the L1 cache. Default `true`.
-    pub enabled: bool,
-    /// Expire after write. Default `10m`.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// Maximum number of entries. Default `10000`.
-    pub max_size: u64,
-    /// Record hits, misses and evictions. Default `false`.
-    pub statistics: bool,
-}
-
-impl Default for LocalCacheConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            ttl: Duration::from_secs(10 * 60),
-            max_size: 10_000,
-            statistics: false,
-        }
-    }
-}
-
-/// `idempotency.distributed-cache`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct DistributedCacheConfig {
-    /// Whether the application wires the L2 cache. Default `true`.
-    pub enabled: bool,
-    /// Entry time to live. Default `1h`.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// Prefix of every key. Default `idempotency:`.
-    pub key_prefix: String,
-    /// `fail-open` (default) or `fail-fast`.
-    pub failure_policy: FailurePolicy,
-    /// Bound on every cache call. Default `50ms`.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-    /// The circuit breaker that stops calling a failing cache.
-    pub circuit_breaker: CircuitBreakerConfig,
-}
-
-impl Default for DistributedCacheConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            ttl: Duration::from_secs(60 * 60),
-            key_prefix: "idempotency:".to_owned(),
-            failure_policy: FailurePolicy::FailOpen,
-            timeout: Duration::from_millis(50),
-            circuit_breaker: CircuitBreakerConfig::default(),
-        }
-    }
-}
-
-/// `idempotency.distributed-cache.circuit-breaker`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct CircuitBreakerConfig {
-    /// Consecutive failures that open the breaker. Default `5`.
-    pub failure_threshold: u32,
-    /// How long the breaker stays open before one trial call. Default `5s`.
-    #[serde(with = "humantime_serde")]
-    pub cool_down: Duration,
-}
-
-impl Default for CircuitBreakerConfig {
-    fn default() -> Self {
-        Self {
-            failure_threshold: 5,
-            cool_down: Duration::from_secs(5),
-        }
-    }
 }
 
 /// `idempotency.persistence`.
@@ -294,15 +212,6 @@ mod tests {
         assert_eq!(config, IdempotencyConfig::default());
         assert!(config.enabled);
         assert_eq!(config.fingerprint.algorithm, HashAlgorithm::Sha256);
-        assert_eq!(config.local_cache.ttl, Duration::from_secs(600));
-        assert_eq!(config.local_cache.max_size, 10_000);
-        assert!(!config.local_cache.statistics);
-        assert_eq!(config.distributed_cache.ttl, Duration::from_secs(3600));
-        assert_eq!(config.distributed_cache.key_prefix, "idempotency:");
-        assert_eq!(
-            config.distributed_cache.failure_policy,
-            FailurePolicy::FailOpen
-        );
         assert_eq!(config.persistence.table_name, "idempotency_records");
         assert_eq!(config.persistence.ttl, Some(Duration::from_secs(365 * DAY)));
         assert!(!config.persistence.lookup_before_acquire);
@@ -317,8 +226,6 @@ mod tests {
         let config: IdempotencyConfig = serde_json::from_value(serde_json::json!({
             "enabled": false,
             "fingerprint": {"algorithm": "SHA-512"},
-            "local-cache": {"enabled": true, "ttl": "5m", "max-size": 5, "statistics": true},
-            "distributed-cache": {"ttl": "2h", "key-prefix": "x:", "failure-policy": "fail-fast", "timeout": "20ms"},
             "persistence": {"ttl": null, "lookup-before-acquire": true, "schema": {"mode": "create"},
                             "cleanup": {"enabled": true, "cron": "*/5 * * * * *", "batch-size": 10}},
             "in-flight": {"policy": "reject", "timeout": "200ms"},
@@ -328,12 +235,6 @@ mod tests {
         .unwrap();
         assert!(!config.enabled);
         assert_eq!(config.fingerprint.algorithm, HashAlgorithm::Sha512);
-        assert_eq!(config.local_cache.ttl, Duration::from_secs(300));
-        assert_eq!(
-            config.distributed_cache.failure_policy,
-            FailurePolicy::FailFast
-        );
-        assert_eq!(config.distributed_cache.timeout, Duration::from_millis(20));
         assert_eq!(config.persistence.ttl, None);
         assert_eq!(config.persistence.schema.mode, SchemaMode::Create);
         assert_eq!(config.in_flight.policy, InFlightPolicyKind::Reject);

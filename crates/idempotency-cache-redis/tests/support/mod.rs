@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use idempotency_cache_moka::LocalCacheConfig;
 use idempotency_cache_moka::MokaCache;
+use idempotency_cache_redis::DistributedCacheConfig;
 use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
-use idempotency_core::config::{DistributedCacheConfig, LocalCacheConfig};
 use idempotency_core::{
     Call, DistributedCache, Error, ExecutionResult, IdempotencyKey, IdempotencyService, LocalCache,
     Operation, Outcome, RecordId, Scope,
