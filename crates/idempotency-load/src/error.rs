@@ -2,8 +2,7 @@
 
 use std::path::PathBuf;
 
-/// A boxed error from a client library whose error types differ per call (async-nats).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+use idempotency_core::BoxError;
 
 /// A load run or a chaos step could not proceed. Failed requests are not errors: they are
 /// counted in the report.

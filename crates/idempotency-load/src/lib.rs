@@ -8,4 +8,4 @@ pub mod load;
 pub mod report;
 pub mod tally;
 
-pub use error::{BoxError, Error};
+pub use error::Error;

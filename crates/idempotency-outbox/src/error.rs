@@ -2,8 +2,7 @@
 
 use std::fmt;
 
-/// A boxed error from a backend, kept as the `source` of an [`Error`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+use idempotency_core::BoxError;
 
 /// Everything that can go wrong in the outbox, its stores and its relay.
 #[derive(Debug, thiserror::Error)]

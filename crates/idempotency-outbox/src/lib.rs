@@ -12,7 +12,7 @@ pub mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod testing;
 
-pub use error::{BoxError, Error, SchemaProblem};
+pub use error::{Error, SchemaProblem};
 pub use message::{DeadLetter, MAX_NAME_LEN, NewEvent, OutboxMessage};
 pub use publisher::{Ack, LoggingPublisher, PublishError, PublishErrorKind, Publisher};
 pub use relay::{Relay, RelayHandle, RelayHealth, RelayMonitor, RelayTotals, ShutdownReport};

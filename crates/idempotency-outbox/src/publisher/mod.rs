@@ -8,7 +8,9 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::error::{BoxError, Error};
+use idempotency_core::BoxError;
+
+use crate::error::Error;
 use crate::message::OutboxMessage;
 
 mod logging;
