@@ -218,7 +218,7 @@ expect_status 200; expect_json "b['status']" UP; expect_json "b['database']" UP;
 step "metrics: idempotency meters are exposed"
 req GET /metrics
 expect_status 200
-printf '%s\n' "$BODY" | grep -q '^idempotency_replays{' || fail "idempotency_replays missing"
-printf '%s\n' "$BODY" | grep -q '^idempotency_persisted{' || fail "idempotency_persisted missing"; ok
+printf '%s\n' "$BODY" | grep -q '^idempotency_replays_total{' || fail "idempotency_replays_total missing"
+printf '%s\n' "$BODY" | grep -q '^idempotency_persisted_total{' || fail "idempotency_persisted_total missing"; ok
 
 echo "all scenarios passed"

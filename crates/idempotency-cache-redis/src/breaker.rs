@@ -4,12 +4,14 @@
 //! A call is admitted with a [`Permit`] that carries the breaker's *generation* (a counter bumped
 //! on every change of state) and reports the call's outcome once:
 //!
-//! - a permit dropped without a report (the caller's future was cancelled: client gone, an outer
-//!   timeout, a `select!`) counts as a failure, so a cancelled trial reopens the breaker instead
-//!   of leaving it half-open for ever;
+//! - a trial permit dropped without a report (the caller's future was cancelled: client gone, an
+//!   outer timeout, a `select!`) counts as a failure, so a cancelled trial reopens the breaker
+//!   instead of leaving it half-open for ever; a call cancelled while the breaker is closed
+//!   counts for nothing (a client that went away says nothing about Redis, and a burst of
+//!   disconnects must not open the breaker on a healthy server);
 //! - a trial that has not reported within `trial_timeout` (a permit held by a future that is
 //!   never polled again) counts as failed as well: the next trial comes at most
-//!   `trial_timeout + cool_down` later;
+//!   `trial_timeout + cool_down` later (`trial_timeout` is the cool-down plus the call timeout);
 //! - an outcome from an older generation is ignored: a slow call admitted before the breaker
 //!   opened cannot close it, and one admitted before it closed cannot count against the new run.
 //!
@@ -69,7 +71,8 @@ pub(crate) struct Breaker {
 }
 
 /// Leave to make one call; report its outcome with [`success`](Self::success) or
-/// [`failure`](Self::failure). Dropped without a report, it counts as a failure.
+/// [`failure`](Self::failure). Dropped without a report, it counts as a failure of a trial, and
+/// for nothing while the breaker is closed.
 #[derive(Debug)]
 #[must_use = "an unreported permit counts as a failure"]
 pub(crate) struct Permit<'a> {
@@ -81,21 +84,38 @@ pub(crate) struct Permit<'a> {
 impl Permit<'_> {
     pub(crate) fn success(mut self) {
         self.reported = true;
-        self.breaker.report(self.generation, true);
+        self.breaker.report(self.generation, Report::Success);
     }
 
     pub(crate) fn failure(mut self) {
         self.reported = true;
-        self.breaker.report(self.generation, false);
+        self.breaker.report(self.generation, Report::Failure);
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         if !self.reported {
-            self.breaker.report(self.generation, false);
+            self.breaker.report(self.generation, Report::Dropped);
         }
     }
+}
+
+/// How a permitted call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Report {
+    Success,
+    Failure,
+    /// Its future was dropped before it reported.
+    Dropped,
+}
+
+/// `now + d`, or a year from now for a `d` too large for the clock (a misconfiguration must not
+/// panic, least of all in a `Drop`).
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 60 * 60)))
+        .unwrap_or(now)
 }
 
 impl Breaker {
@@ -122,7 +142,7 @@ impl Breaker {
             && now >= deadline
         {
             inner.enter(State::Open {
-                until: deadline + self.cool_down,
+                until: later(deadline, self.cool_down),
             });
         }
         f(&mut inner, now)
@@ -135,7 +155,7 @@ impl Breaker {
             State::Closed { .. } => Some(inner.generation),
             State::Open { until } if now >= until => {
                 inner.enter(State::HalfOpen {
-                    deadline: now + trial_timeout,
+                    deadline: later(now, trial_timeout),
                 });
                 Some(inner.generation)
             }
@@ -148,23 +168,29 @@ impl Breaker {
         })
     }
 
-    fn report(&self, generation: u64, succeeded: bool) {
+    fn report(&self, generation: u64, report: Report) {
         let (threshold, cool_down) = (self.threshold, self.cool_down);
         self.with(|inner, now| {
             if generation != inner.generation {
                 return; // admitted under an older state
             }
-            match (inner.state, succeeded) {
-                (State::Closed { .. }, true) => inner.state = State::Closed { failures: 0 },
-                (State::HalfOpen { .. }, true) => inner.enter(State::Closed { failures: 0 }),
-                (State::Closed { failures }, false) if failures + 1 < threshold => {
+            match (inner.state, report) {
+                (State::Closed { .. }, Report::Dropped) => {} // the caller left; Redis said nothing
+                (State::Closed { .. }, Report::Success) => {
+                    inner.state = State::Closed { failures: 0 };
+                }
+                (State::HalfOpen { .. }, Report::Success) => {
+                    inner.enter(State::Closed { failures: 0 });
+                }
+                (State::Closed { failures }, Report::Failure) if failures + 1 < threshold => {
                     inner.state = State::Closed {
                         failures: failures + 1,
                     };
                 }
-                (State::Closed { .. } | State::HalfOpen { .. }, false) => {
+                (State::Closed { .. }, Report::Failure)
+                | (State::HalfOpen { .. }, Report::Failure | Report::Dropped) => {
                     inner.enter(State::Open {
-                        until: now + cool_down,
+                        until: later(now, cool_down),
                     });
                 }
                 (State::Open { .. }, _) => {} // nothing is admitted while open
@@ -238,6 +264,24 @@ mod tests {
         breaker.allow().unwrap().success(); // the trial closes it
         slow.failure();
         assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
+    }
+
+    #[test]
+    fn a_call_dropped_while_closed_counts_for_nothing() {
+        let breaker = Breaker::new(1, Duration::from_secs(60), Duration::from_secs(1));
+        for _ in 0..5 {
+            drop(breaker.allow().expect("closed"));
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
+        breaker.allow().expect("closed").failure();
+        assert!(matches!(breaker.state(), BreakerState::Open));
+    }
+
+    #[test]
+    fn durations_too_large_for_the_clock_do_not_panic() {
+        let breaker = Breaker::new(1, Duration::MAX, Duration::MAX);
+        breaker.allow().expect("closed").failure();
+        assert!(breaker.allow().is_none(), "open for a very long time");
     }
 
     #[test]

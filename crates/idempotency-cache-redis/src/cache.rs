@@ -109,9 +109,12 @@ where
             breaker: Arc::new(Breaker::new(
                 config.circuit_breaker.failure_threshold,
                 config.circuit_breaker.cool_down,
-                // A trial that runs is over after one timeout: twice that is only ever reached
-                // by a trial whose future is no longer polled.
-                config.timeout.saturating_mul(2),
+                // A trial that runs is over after one timeout; one that has not reported after
+                // the cool-down plus the timeout is held by a future nobody polls any more.
+                config
+                    .circuit_breaker
+                    .cool_down
+                    .saturating_add(config.timeout),
             )),
             counters: Arc::new(Counters::default()),
         }

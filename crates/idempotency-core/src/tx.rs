@@ -103,10 +103,15 @@ impl<S: IdempotencyStore> Tx<S> {
         self.poisoned
     }
 
+    /// The transaction must not commit (a store statement failed, or wrote what it should not).
+    pub(crate) fn poison(&mut self) {
+        self.poisoned = true;
+    }
+
     /// Passes a store statement's result through, poisoning the transaction when it failed.
     pub(crate) fn watch<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
         if result.is_err() {
-            self.poisoned = true;
+            self.poison();
         }
         result
     }

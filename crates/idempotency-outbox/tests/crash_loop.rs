@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::Duration;
@@ -127,8 +128,50 @@ async fn a_message_that_crashes_the_relay_every_time_is_dead_lettered_after_max_
     assert!(published, "the next event of the aggregate is published");
 }
 
+/// Panics for the message `doomed` before it even returns its future (a `fn publish` doing work
+/// before its `async` part); publishes the others through the real publisher.
+struct PanicsBeforeItsFuture<P> {
+    inner: P,
+    doomed: Uuid,
+}
+
+impl<P: Publisher> Publisher for PanicsBeforeItsFuture<P> {
+    fn destination(&self) -> &str {
+        self.inner.destination()
+    }
+
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<Ack, PublishError>> + Send {
+        assert!(
+            message.id != self.doomed,
+            "boom: cannot encode {}",
+            message.id
+        );
+        self.inner.publish(message)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_panic_is_a_failed_attempt_and_the_other_messages_still_publish() {
+    a_panic_is_a_failed_attempt(|doomed| PanicsOn {
+        inner: LoggingPublisher::new(),
+        doomed,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_panicking_before_its_future_is_a_failed_attempt_too() {
+    a_panic_is_a_failed_attempt(|doomed| PanicsBeforeItsFuture {
+        inner: LoggingPublisher::new(),
+        doomed,
+    })
+    .await;
+}
+
+async fn a_panic_is_a_failed_attempt<P: Publisher>(publisher: impl FnOnce(Uuid) -> P) {
     let mut config = config(Ordering::Ordered);
     config.relay.max_attempts = 3;
     let (pool, outbox) = outbox(&config).await;
@@ -138,11 +181,7 @@ async fn a_publisher_panic_is_a_failed_attempt_and_the_other_messages_still_publ
         .collect();
     commit(&pool, &outbox, std::slice::from_ref(&doomed)).await;
     commit(&pool, &outbox, &others).await;
-    let publisher = PanicsOn {
-        inner: LoggingPublisher::new(),
-        doomed: doomed.id(),
-    };
-    let handle = Relay::new(outbox.clone(), publisher, &config)
+    let handle = Relay::new(outbox.clone(), publisher(doomed.id()), &config)
         .unwrap()
         .spawn();
     eventually("the others published", || async {

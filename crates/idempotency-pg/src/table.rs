@@ -102,14 +102,17 @@ impl TableName {
         &self.quoted
     }
 
-    /// A quoted name for an object derived from the table: `<table>_<suffix>` when that fits in
-    /// 63 bytes, else `<table cut>_<hash>_<suffix>` with 8 hex digits of a hash of the whole
-    /// table name.
+    /// A quoted name for an object derived from the table (an index, the outbox's counters):
     ///
-    /// PostgreSQL would cut a longer name to 63 bytes itself, so two long table names sharing a
-    /// prefix would derive the same index name (and a 63-byte table name would derive its own
-    /// name); `CREATE INDEX IF NOT EXISTS` would then skip the index without a word. The hash
-    /// keeps every derived name complete and distinct, and short names unchanged.
+    /// - `<table>_<suffix>` when that fits PostgreSQL's 63 bytes;
+    /// - for a table name of up to 60 bytes, that name cut to 63 bytes, as PostgreSQL itself
+    ///   would cut it: at least `_` and two letters of the suffix survive, which keeps the names
+    ///   the stores derive (`_pending_idx`, `_published_idx`, `_sequences`, ...) distinct from
+    ///   each other and from the table, and keeps the names tables created by earlier releases
+    ///   already have;
+    /// - for a 61- to 63-byte table name, where a cut name would be the table's own name or
+    ///   another derived name (and `CREATE ... IF NOT EXISTS` would then skip the object without
+    ///   a word), `<table cut>_<hash>_<suffix>` with 8 hex digits of a hash of the table name.
     ///
     /// ```
     /// let short = idempotency_pg::TableName::parse("records")?;
@@ -130,13 +133,17 @@ impl TableName {
     }
 
     fn derived_name(&self, suffix: &str) -> String {
-        let full = format!("{}_{suffix}", self.name);
+        let mut full = format!("{}_{suffix}", self.name);
         if full.len() <= MAX_IDENTIFIER_LEN {
+            return full;
+        }
+        if self.name.len() + 3 <= MAX_IDENTIFIER_LEN {
+            // Names are ASCII (checked by `parse`), so any byte index is a char boundary.
+            full.truncate(MAX_IDENTIFIER_LEN);
             return full;
         }
         let hash = idempotency_core::fingerprint::short_hash(&self.name);
         let hash = &hash[..8];
-        // Names are ASCII (checked by `parse`), so any byte index is a char boundary.
         let keep = MAX_IDENTIFIER_LEN.saturating_sub(suffix.len() + hash.len() + 2);
         let cut = &self.name[..keep.min(self.name.len())];
         format!("{cut}_{hash}_{suffix}")
@@ -207,6 +214,25 @@ mod tests {
             TableName::parse(&format!("{prefix}_b")).unwrap(),
         );
         assert_ne!(a.derived("expires_at_idx"), b.derived("expires_at_idx"));
-        assert!(a.derived("expires_at_idx").ends_with("_expires_at_idx\""));
+    }
+
+    #[test]
+    fn names_up_to_sixty_bytes_keep_the_cut_names_earlier_releases_created() {
+        let t = TableName::parse(&"x".repeat(60)).unwrap();
+        assert_eq!(t.derived("sequences"), format!("\"{}_se\"", "x".repeat(60)));
+        assert_eq!(
+            t.derived("pending_idx"),
+            format!("\"{}_pe\"", "x".repeat(60))
+        );
+        assert_eq!(
+            t.derived("published_idx"),
+            format!("\"{}_pu\"", "x".repeat(60))
+        );
+        for long in [61, 62, 63] {
+            let t = TableName::parse(&"y".repeat(long)).unwrap();
+            let (a, b) = (t.derived("pending_idx"), t.derived("published_idx"));
+            assert_ne!(a, b, "{long}");
+            assert_ne!(t.sibling("sequences"), t, "{long}");
+        }
     }
 }

@@ -235,6 +235,7 @@ where
         let record = tx.watch(completed).map_err(Error::from)?;
         tx.claim_completed();
         if record.fingerprint != fingerprint {
+            tx.poison();
             return Err(Error::Store(StoreError::Corrupt {
                 reason: "completed record carries another fingerprint".to_owned(),
             })

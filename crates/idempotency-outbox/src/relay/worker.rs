@@ -117,8 +117,10 @@ where
     let timeout = config.publish_timeout;
     let results = join_all(batch.iter().map(|message| async move {
         // A panic is this message's failure: the batch's other messages are still marked and
-        // the worker lives on.
-        let publish = AssertUnwindSafe(shared.publisher.publish(message)).catch_unwind();
+        // the worker lives on. `publish` is called inside the guarded future, so a publisher
+        // that panics before returning its future is caught too.
+        let publish =
+            AssertUnwindSafe(async { shared.publisher.publish(message).await }).catch_unwind();
         let result = match tokio::time::timeout(timeout, publish).await {
             Ok(Ok(result)) => result,
             Ok(Err(panic)) => Err(PublishError::new(

@@ -113,21 +113,31 @@ fn claim(t: &str, ordered: bool) -> String {
     // crashed their relay (or outlived the lease). It is dead-lettered instead of handed out
     // again, and comes back with `attempts` past `max-attempts` so the caller can tell.
     let spent = "o.attempts >= $4";
+    // A due row that still holds a claim token was never marked: the relay that claimed it
+    // died (or outlived its lease) with it in its batch, and it may be the message that kills
+    // relays. Such a row is handed out alone, so a crasher costs only its own attempts and the
+    // healthy rows of its batch are not dead-lettered with it. The candidates are taken in
+    // index order as before; only the rows handed out change.
     format!(
-        "WITH due AS ( \
-             SELECT o.id FROM {t} o \
+        "WITH cand AS ( \
+             SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
              WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
                AND o.next_attempt_at <= now() {head} \
              ORDER BY o.next_attempt_at \
              LIMIT $1 \
-             FOR UPDATE OF o SKIP LOCKED) \
+             FOR UPDATE OF o SKIP LOCKED), \
+         due AS ( \
+             SELECT id FROM cand WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
+             UNION ALL \
+             (SELECT id FROM cand WHERE unmarked LIMIT 1)) \
          UPDATE {t} AS o \
          SET attempts = o.attempts + 1, \
              next_attempt_at = CASE WHEN {spent} THEN o.next_attempt_at ELSE now() + $2 END, \
              claim_token = CASE WHEN {spent} THEN NULL ELSE $3::uuid END, \
              dead_lettered_at = CASE WHEN {spent} THEN clock_timestamp() END, \
              last_error = CASE WHEN {spent} \
-                 THEN 'claimed ' || o.attempts || ' times without completing' \
+                 THEN left('claimed ' || o.attempts || ' times without completing' \
+                      || coalesce('; last error: ' || o.last_error, ''), 1000) \
                  ELSE o.last_error END \
          FROM due WHERE o.id = due.id \
          RETURNING {MESSAGE_COLUMNS}"

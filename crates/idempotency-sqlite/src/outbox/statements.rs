@@ -71,21 +71,30 @@ fn claim(t: &str, ordered: bool) -> String {
     // crashed their relay (or outlived the lease). It is dead-lettered instead of handed out
     // again, and comes back with `attempts` past `max-attempts` so the caller can tell.
     let spent = "attempts >= ?4";
+    // A due row that still holds a claim token was never marked: the relay that claimed it
+    // died (or outlived its lease) with it in its batch, and it may be the message that kills
+    // relays. Such a row is handed out alone, so a crasher costs only its own attempts and the
+    // healthy rows of its batch are not dead-lettered with it.
     format!(
-        "UPDATE {t} SET attempts = attempts + 1, \
+        "WITH cand AS ( \
+             SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} AS o \
+             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= {NOW_MS} {first_of_aggregate} \
+             ORDER BY o.next_attempt_at, o.id \
+             LIMIT ?1) \
+         UPDATE {t} SET attempts = attempts + 1, \
                 next_attempt_at = CASE WHEN {spent} THEN next_attempt_at \
                                        ELSE {NOW_MS} + ?2 END, \
                 claim_token = CASE WHEN {spent} THEN NULL ELSE ?3 END, \
                 dead_lettered_at = CASE WHEN {spent} THEN {NOW_MS} END, \
                 last_error = CASE WHEN {spent} \
-                    THEN 'claimed ' || attempts || ' times without completing' \
+                    THEN substr('claimed ' || attempts || ' times without completing' \
+                         || coalesce('; last error: ' || last_error, ''), 1, 1000) \
                     ELSE last_error END \
          WHERE id IN ( \
-             SELECT o.id FROM {t} AS o \
-             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
-               AND o.next_attempt_at <= {NOW_MS} {first_of_aggregate} \
-             ORDER BY o.next_attempt_at, o.id \
-             LIMIT ?1) \
+             SELECT id FROM cand WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
+             UNION ALL \
+             SELECT id FROM (SELECT id FROM cand WHERE unmarked LIMIT 1)) \
          RETURNING {MESSAGE_COLUMNS}, \
                    max(CAST({NOW_MS} - created_at AS REAL) / 1000.0, 0.0)"
     )
