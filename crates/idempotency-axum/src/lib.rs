@@ -15,7 +15,7 @@ pub use extract::{IdempotencyKeyHeader, UuidKeyHeader};
 pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, InvalidKey, parse_key, parse_uuid_key};
 pub use layer::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, IdempotencyLayer, IdempotencyMiddleware,
-    IdempotentTx, SharedScope, StoredStatuses,
+    IdempotentTx, LeasedIdempotencyLayer, LeasedMiddleware, SharedScope, StoredStatuses,
 };
 pub use outcome::{IdempotentJson, IdempotentResponse, OutcomeExt, rejection_problem};
 pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem, ProblemExtensions, ProblemKind};

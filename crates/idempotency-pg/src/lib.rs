@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
+mod lease;
 mod schema;
 mod store;
 mod table;

@@ -1,6 +1,7 @@
 //! [`IdempotencyLayer`]: a tower middleware that makes an axum route idempotent, with the
 //! record in the same transaction as the handler's writes.
 
+mod leased;
 mod request;
 mod service;
 mod statuses;
@@ -14,6 +15,7 @@ use axum::http::{HeaderName, request::Parts};
 use idempotency_core::{IdempotencyService, JcsFingerprint, Scope};
 use tower::Layer;
 
+pub use leased::{LeasedIdempotencyLayer, LeasedMiddleware};
 pub use service::IdempotencyMiddleware;
 pub use statuses::StoredStatuses;
 pub use tx::IdempotentTx;

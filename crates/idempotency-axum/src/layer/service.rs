@@ -86,15 +86,27 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        Box::pin(async move { Ok(shared.handle::<I, Src>(inner, request).await) })
+        Box::pin(async move {
+            let (keyed, request, span) = match shared.prepare::<Src>(request).await {
+                Ok(prepared) => prepared,
+                Err(response) => return Ok(response),
+            };
+            let (answer, response) = shared
+                .answer(inner, request, keyed)
+                .instrument(span.clone())
+                .await;
+            answer.record(&span);
+            Ok(response)
+        })
     }
 }
 
 /// What answered a request, for the span.
 #[derive(Clone, Copy)]
-enum Answer {
+pub(super) enum Answer {
     Executed,
     NotStored,
+    Fenced,
     Replayed(Level),
     Conflict,
     InFlight,
@@ -102,11 +114,11 @@ enum Answer {
 }
 
 impl Answer {
-    fn record(self) {
-        let span = tracing::Span::current();
+    pub(super) fn record(self, span: &tracing::Span) {
         let (outcome, tier) = match self {
             Self::Executed => ("executed", "handler"),
             Self::NotStored => ("not-stored", "handler"),
+            Self::Fenced => ("fenced", "handler"),
             Self::Replayed(level) => ("replayed", level.as_str()),
             Self::Conflict => ("conflict", "persistence"),
             Self::InFlight => ("in-flight", "persistence"),
@@ -118,9 +130,9 @@ impl Answer {
 }
 
 /// One request's identity.
-struct Keyed {
-    id: RecordId,
-    fingerprint: Fingerprint,
+pub(super) struct Keyed {
+    pub(super) id: RecordId,
+    pub(super) fingerprint: Fingerprint,
 }
 
 impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
@@ -131,25 +143,22 @@ where
     M: IdempotencyMetrics,
     Z: Send + Sync + 'static,
 {
-    async fn handle<I, Src>(&self, inner: I, request: Request) -> Response
-    where
-        I: Service<Request, Response = Response, Error = Infallible>,
-        Src: ScopeSource<()>,
-    {
+    /// Key, scope, operation, body and fingerprint; or the response that refuses the request.
+    pub(super) async fn prepare<Src: ScopeSource<()>>(
+        &self,
+        request: Request,
+    ) -> Result<(Keyed, Request, tracing::Span), Response> {
         let settings = &self.settings;
         let (mut parts, body) = request.into_parts();
-        let key = match settings.key(&parts.headers) {
-            Ok(key) => key,
-            Err(error) => return error.into_response(),
-        };
-        let scope = match Src::scope(&mut parts, &()).await {
-            Ok(scope) => scope,
-            Err(rejection) => return rejection.into_response(),
-        };
-        let (route, operation) = match settings.operation(&parts) {
-            Ok(found) => found,
-            Err(error) => return error.into_response(),
-        };
+        let key = settings
+            .key(&parts.headers)
+            .map_err(IntoResponse::into_response)?;
+        let scope = Src::scope(&mut parts, &())
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let (route, operation) = settings
+            .operation(&parts)
+            .map_err(IntoResponse::into_response)?;
         let span = tracing::info_span!(
             "idempotency",
             operation = operation.as_str(),
@@ -157,26 +166,15 @@ where
             outcome = tracing::field::Empty,
             tier = tracing::field::Empty,
         );
-        async move {
-            let body = match settings.buffer(body).await {
-                Ok(body) => body,
-                Err(response) => return response,
-            };
-            let fingerprint = match settings.fingerprint(&parts, &route, &body) {
-                Ok(fingerprint) => fingerprint,
-                Err(error) => return error.into_response(),
-            };
-            let keyed = Keyed {
-                id: RecordId::new(operation, scope, key),
-                fingerprint,
-            };
-            let request = Request::from_parts(parts, Body::from(body));
-            let (answer, response) = self.answer(inner, request, keyed).await;
-            answer.record();
-            response
-        }
-        .instrument(span)
-        .await
+        let body = settings.buffer(body).instrument(span.clone()).await?;
+        let fingerprint = span
+            .in_scope(|| settings.fingerprint(&parts, &route, &body))
+            .map_err(IntoResponse::into_response)?;
+        let keyed = Keyed {
+            id: RecordId::new(operation, scope, key),
+            fingerprint,
+        };
+        Ok((keyed, Request::from_parts(parts, Body::from(body)), span))
     }
 
     async fn answer<I>(&self, inner: I, request: Request, keyed: Keyed) -> (Answer, Response)
@@ -269,23 +267,11 @@ where
 
     /// The caches, then (with `lookup_before_acquire`) the committed record.
     async fn replay_early(&self, keyed: &Keyed) -> Result<Option<(Answer, Response)>, Error> {
+        if let Some(answer) = self.replay_cached(keyed).await? {
+            return Ok(Some(answer));
+        }
         let service = &self.service;
         let id = &keyed.id;
-        if let Some(record) = service.local_cache().get(id) {
-            return Ok(Some(self.replay(keyed, &record, Level::Local)));
-        }
-        match service.distributed_cache().get(id).await {
-            Ok(Some(record)) => {
-                let record = Arc::new(record);
-                let answer = self.replay(keyed, &record, Level::Distributed);
-                if matches!(answer.0, Answer::Replayed(_)) {
-                    service.local_cache().put(id, record);
-                }
-                return Ok(Some(answer));
-            }
-            Ok(None) => {}
-            Err(error) => self.cache_read_failed(id, error)?,
-        }
         if !service.config().lookup_before_acquire {
             return Ok(None);
         }
@@ -298,6 +284,30 @@ where
             self.fill_caches(id, record).await;
         }
         Ok(Some(answer))
+    }
+
+    /// L1, then L2 (an L2 hit is copied to L1).
+    pub(super) async fn replay_cached(
+        &self,
+        keyed: &Keyed,
+    ) -> Result<Option<(Answer, Response)>, Error> {
+        let service = &self.service;
+        let id = &keyed.id;
+        if let Some(record) = service.local_cache().get(id) {
+            return Ok(Some(self.replay(keyed, &record, Level::Local)));
+        }
+        match service.distributed_cache().get(id).await {
+            Ok(Some(record)) => {
+                let record = Arc::new(record);
+                let answer = self.replay(keyed, &record, Level::Distributed);
+                if matches!(answer.0, Answer::Replayed(_)) {
+                    service.local_cache().put(id, record);
+                }
+                Ok(Some(answer))
+            }
+            Ok(None) => Ok(None),
+            Err(error) => self.cache_read_failed(id, error).map(|()| None),
+        }
     }
 
     fn cache_read_failed(&self, id: &RecordId, error: CacheError) -> Result<(), Error> {
@@ -316,7 +326,7 @@ where
     }
 
     /// Answers a stored record: the stored response, or 422 / 409.
-    fn replay(
+    pub(super) fn replay(
         &self,
         keyed: &Keyed,
         record: &IdempotencyRecord,
@@ -395,15 +405,9 @@ where
         let (parts, body) = response.into_parts();
         let body = match self.capture(body).await {
             Ok(body) => body,
-            Err(reason) => {
+            Err(unstorable) => {
                 let op = keyed.as_ref().map_or("", |k| k.id.operation.as_str());
-                tracing::warn!(
-                    operation = op,
-                    reason,
-                    "response cannot be stored; rolled back and answered 500"
-                );
-                metrics::counter!("idempotency.layer.unstored", "operation" => op.to_owned(), "reason" => reason)
-                    .increment(1);
+                unstorable.report(op, "rolled back and answered 500");
                 rollback(tx).await;
                 return (Answer::Failed, Problem::internal().into_response());
             }
@@ -418,16 +422,43 @@ where
     }
 
     /// The whole response body, when it can be stored: an exact length within the limit.
-    async fn capture(&self, body: Body) -> Result<Bytes, &'static str> {
+    /// Otherwise why not, and the body when it was not consumed.
+    pub(super) async fn capture(&self, body: Body) -> Result<Bytes, Unstorable> {
         let max = self.settings.max_response_body;
         match body.size_hint().exact() {
-            None => return Err("streaming"),
-            Some(len) if len > max as u64 => return Err("too-large"),
+            None => return Err(Unstorable::new("streaming", Some(body))),
+            Some(len) if len > max as u64 => {
+                return Err(Unstorable::new("too-large", Some(body)));
+            }
             Some(_) => {}
         }
         axum::body::to_bytes(body, max)
             .await
-            .map_err(|_| "unreadable")
+            .map_err(|_| Unstorable::new("unreadable", None))
+    }
+
+    /// The stored form of a response: `COMPLETED`, or `REJECTED` with code `HTTP_<status>` for
+    /// a 4xx.
+    pub(super) fn outcome(
+        &self,
+        parts: &axum::http::response::Parts,
+        body: &Bytes,
+    ) -> Result<StoredOutcome, Error> {
+        let stored = StoredResponse::from_parts(
+            parts.status,
+            &parts.headers,
+            body.clone(),
+            &self.settings.headers,
+        );
+        let payload = serde_json::to_string(&stored).map_err(Error::internal)?;
+        Ok(if parts.status.is_client_error() {
+            StoredOutcome::Rejected {
+                code: format!("HTTP_{}", parts.status.as_u16()),
+                details: Some(payload),
+            }
+        } else {
+            StoredOutcome::Completed { payload }
+        })
     }
 
     /// Stores the response on the record (when there is one) and commits.
@@ -441,21 +472,11 @@ where
         let Some(keyed) = keyed else {
             return Ok(Tx::commit(tx).await.map_err(Core::Store)?);
         };
-        let stored = StoredResponse::from_parts(
-            parts.status,
-            &parts.headers,
-            body.clone(),
-            &self.settings.headers,
-        );
-        let outcome = match serde_json::to_string(&stored) {
-            Ok(payload) if parts.status.is_client_error() => StoredOutcome::Rejected {
-                code: format!("HTTP_{}", parts.status.as_u16()),
-                details: Some(payload),
-            },
-            Ok(payload) => StoredOutcome::Completed { payload },
+        let outcome = match self.outcome(parts, body) {
+            Ok(outcome) => outcome,
             Err(error) => {
                 rollback(tx).await;
-                return Err(Error::internal(error));
+                return Err(error);
             }
         };
         let store = self.service.store();
@@ -474,7 +495,7 @@ where
     }
 
     /// Writes a committed terminal record to L2, then L1; failures are logged and counted.
-    async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
+    pub(super) async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
         if !record.is_terminal() {
             return;
         }
@@ -490,12 +511,40 @@ where
     }
 }
 
-fn failed(error: Core) -> (Answer, Response) {
+pub(super) fn failed(error: Core) -> (Answer, Response) {
     (Answer::Failed, Error::from(error).into_response())
 }
 
 async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {
     if let Err(error) = tx.rollback().await {
         tracing::warn!(%error, "rollback failed");
+    }
+}
+
+/// A response the layer cannot store.
+pub(super) struct Unstorable {
+    pub(super) reason: &'static str,
+    /// The body, when it was not consumed.
+    pub(super) body: Option<Body>,
+}
+
+impl Unstorable {
+    fn new(reason: &'static str, body: Option<Body>) -> Self {
+        Self { reason, body }
+    }
+
+    /// The warning and the `idempotency.layer.unstored` count.
+    pub(super) fn report(&self, operation: &str, then: &'static str) {
+        tracing::warn!(
+            operation,
+            reason = self.reason,
+            "response cannot be stored; {then}"
+        );
+        metrics::counter!(
+            "idempotency.layer.unstored",
+            "operation" => operation.to_owned(),
+            "reason" => self.reason
+        )
+        .increment(1);
     }
 }
