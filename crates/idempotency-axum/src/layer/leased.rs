@@ -19,7 +19,7 @@ use idempotency_core::{Claim, IdempotencyMetrics, InFlightPolicy, Level, LockWai
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-use super::service::{Answer, Keyed, failed};
+use super::replay::{Answer, Keyed, failed};
 use super::{IdempotencyLayer, Shared};
 use crate::error::RETRY_AFTER_IN_FLIGHT;
 use crate::problem::{Problem, ProblemKind};

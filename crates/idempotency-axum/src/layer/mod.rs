@@ -2,7 +2,9 @@
 //! record in the same transaction as the handler's writes.
 
 mod leased;
+mod replay;
 mod request;
+mod response;
 mod service;
 mod statuses;
 mod tx;
