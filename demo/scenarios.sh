@@ -50,80 +50,87 @@ expect_problem() { # STATUS TYPE-SLUG
   expect_json "b['type'].rsplit('/', 1)[1]" "$2"
 }
 
-pay() { req POST /api/payments "$2" -H "Idempotency-Key: $1" "${@:3}"; }
-
 echo "scenarios against $BASE_URL (run $RUN)"
 
+# scenarios API PAYMENTS REFUNDS CHARGES SPELLED_100: every idempotency scenario against one set
+# of routes. `/api/*` and `/charges` call `execute` by hand; `/v2/*` are protected by
+# IdempotencyLayer alone. SPELLED_100 is the amount 100 spelled another way: the handlers of
+# `/api` fingerprint the parsed request (a decimal, so "100" is 100.00); the layer fingerprints
+# the body's RFC 8785 form (so 100 is 100.00, but the string "100" is another payload).
+scenarios() {
+API=$1 PAYMENTS=$2 REFUNDS=$3 CHARGES=$4 SPELLED_100=$5
+pay() { req POST "$PAYMENTS" "$2" -H "Idempotency-Key: $1" "${@:3}"; }
+
 # ---------------------------------------------------------------- reference 001: payments
-K1="demo-1-$RUN"
-step "payment: first request creates it (201 CONFIRMED)"
+K1="demo-1-$API-$RUN"
+step "[$API] payment: first request creates it (201 CONFIRMED)"
 pay "$K1" '{"orderId": "o-1", "recipient": "alice", "amount": 100.00}'
 expect_status 201; expect_json "b['status']" CONFIRMED; expect_json "b['amount']" 100.00
 expect_no_header idempotent-replayed
 PAYMENT_ID=$(json "b['paymentId']"); ok
 
-step "payment: duplicate replays the same paymentId"
+step "[$API] payment: duplicate replays the same paymentId"
 pay "$K1" '{"orderId": "o-1", "recipient": "alice", "amount": 100.00}'
 expect_status 201; expect_json "b['paymentId']" "$PAYMENT_ID"; expect_header idempotent-replayed true; ok
 
-step "payment: same payload spelled differently still replays"
-pay "$K1" '{ "amount": "100", "recipient": "alice", "orderId": "o-1" }'
+step "[$API] payment: same payload spelled differently still replays"
+pay "$K1" "{ \"amount\": $SPELLED_100, \"recipient\": \"alice\", \"orderId\": \"o-1\" }"
 expect_status 201; expect_json "b['paymentId']" "$PAYMENT_ID"; expect_header idempotent-replayed true; ok
 
-step "payment: same key, different payload: 422 (IETF draft; reference 001 says 409)"
+step "[$API] payment: same key, different payload: 422 (IETF draft; reference 001 says 409)"
 pay "$K1" '{"orderId": "o-1", "recipient": "alice", "amount": 200.00}'
 expect_problem 422 idempotency-key-reused; ok
 
-K2="demo-2-$RUN"
-step "payment: over the balance is rejected (422 INSUFFICIENT_FUNDS)"
+K2="demo-2-$API-$RUN"
+step "[$API] payment: over the balance is rejected (422 INSUFFICIENT_FUNDS)"
 pay "$K2" '{"orderId": "o-2", "recipient": "alice", "amount": 5000.00}'
 expect_problem 422 request-rejected; expect_json "b['code']" INSUFFICIENT_FUNDS
 expect_json "b['details']['requestedAmount']" 5000.00; expect_json "b['details']['availableBalance']" 1000.00
 REJECTION="$BODY"; ok
 
-step "payment: the rejection is replayed identically"
+step "[$API] payment: the rejection is replayed identically"
 pay "$K2" '{"orderId": "o-2", "recipient": "alice", "amount": 5000.00}'
 expect_problem 422 request-rejected; expect_header idempotent-replayed true
 [ "$BODY" = "$REJECTION" ] || fail "the replayed rejection differs"; ok
 
-K3="demo-3-$RUN"
-step "payment: FAIL_ONCE fails with 500 and stores nothing"
+K3="demo-3-$API-$RUN"
+step "[$API] payment: FAIL_ONCE fails with 500 and stores nothing"
 pay "$K3" '{"orderId": "o-3", "recipient": "FAIL_ONCE", "amount": 100.00}'
 expect_problem 500 internal-error; ok
 
-step "payment: the retry with the same key runs from scratch (201)"
+step "[$API] payment: the retry with the same key runs from scratch (201)"
 pay "$K3" '{"orderId": "o-3", "recipient": "FAIL_ONCE", "amount": 100.00}'
 expect_status 201; expect_json "b['status']" CONFIRMED; expect_no_header idempotent-replayed; ok
 
-step "payment: FAIL_TECH always fails with 500"
-pay "demo-4-$RUN" '{"orderId": "o-4", "recipient": "FAIL_TECH", "amount": 1}'
+step "[$API] payment: FAIL_TECH always fails with 500"
+pay "demo-4-$API-$RUN" '{"orderId": "o-4", "recipient": "FAIL_TECH", "amount": 1}'
 expect_problem 500 internal-error
-pay "demo-4-$RUN" '{"orderId": "o-4", "recipient": "FAIL_TECH", "amount": 1}'
+pay "demo-4-$API-$RUN" '{"orderId": "o-4", "recipient": "FAIL_TECH", "amount": 1}'
 expect_problem 500 internal-error; ok
 
 # ---------------------------------------------------------------- reference 001: refunds
-step "refund: over the limit is rejected (422 REFUND_LIMIT_EXCEEDED)"
-req POST /api/refunds "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 800.00}" -H "Idempotency-Key: refund-1-$RUN"
+step "[$API] refund: over the limit is rejected (422 REFUND_LIMIT_EXCEEDED)"
+req POST "$REFUNDS" "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 800.00}" -H "Idempotency-Key: refund-1-$API-$RUN"
 expect_problem 422 request-rejected; expect_json "b['code']" REFUND_LIMIT_EXCEEDED; ok
 
-step "refund: the rejection is replayed"
-req POST /api/refunds "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 800.00}" -H "Idempotency-Key: refund-1-$RUN"
+step "[$API] refund: the rejection is replayed"
+req POST "$REFUNDS" "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 800.00}" -H "Idempotency-Key: refund-1-$API-$RUN"
 expect_problem 422 request-rejected; expect_header idempotent-replayed true; ok
 
-step "refund: within the limit (200 REFUNDED)"
-req POST /api/refunds "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 300.00}" -H "Idempotency-Key: refund-2-$RUN"
+step "[$API] refund: within the limit (200 REFUNDED)"
+req POST "$REFUNDS" "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 300.00}" -H "Idempotency-Key: refund-2-$API-$RUN"
 expect_status 200; expect_json "b['status']" REFUNDED; REFUND_ID=$(json "b['refundId']"); ok
 
-step "refund: repeated, the same refundId"
-req POST /api/refunds "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 300.00}" -H "Idempotency-Key: refund-2-$RUN"
+step "[$API] refund: repeated, the same refundId"
+req POST "$REFUNDS" "{\"paymentId\": \"$PAYMENT_ID\", \"amount\": 300.00}" -H "Idempotency-Key: refund-2-$API-$RUN"
 expect_status 200; expect_json "b['refundId']" "$REFUND_ID"; expect_header idempotent-replayed true; ok
 
 # ---------------------------------------------------------------- the Idempotency-Key header
-step "header missing: 400"
-req POST /api/payments '{"orderId": "o", "recipient": "a", "amount": 1}'
+step "[$API] header missing: 400"
+req POST "$PAYMENTS" '{"orderId": "o", "recipient": "a", "amount": 1}'
 expect_problem 400 idempotency-key-missing; ok
 
-step "header invalid (space, too long, list): 400"
+step "[$API] header invalid (space, too long, list): 400"
 pay "has space" '{"orderId": "o", "recipient": "a", "amount": 1}'
 expect_problem 400 idempotency-key-invalid
 pay "$(printf 'k%.0s' $(seq 1 256))" '{"orderId": "o", "recipient": "a", "amount": 1}'
@@ -131,62 +138,62 @@ expect_problem 400 idempotency-key-invalid
 pay '"a", "b"' '{"orderId": "o", "recipient": "a", "amount": 1}'
 expect_problem 400 idempotency-key-invalid; expect_json "b['reason']" list; ok
 
-step "header quoted (Structured Field string) is the same key"
+step "[$API] header quoted (Structured Field string) is the same key"
 pay "\"$K1\"" '{"orderId": "o-1", "recipient": "alice", "amount": 100.00}'
 expect_status 201; expect_json "b['paymentId']" "$PAYMENT_ID"; expect_header idempotent-replayed true; ok
 
 # ---------------------------------------------------------------- bad bodies
-step "malformed JSON: 400, nothing stored"
-pay "bad-1-$RUN" '{not json'
+step "[$API] malformed JSON: 400, nothing runs"
+pay "bad-1-$API-$RUN" '{not json'
 expect_problem 400 malformed-body; ok
 
-step "invalid amount: 422"
-pay "bad-2-$RUN" '{"orderId": "o", "recipient": "a", "amount": -1}'
+step "[$API] invalid amount: 422"
+pay "bad-2-$API-$RUN" '{"orderId": "o", "recipient": "a", "amount": -1}'
 expect_problem 422 invalid-request; ok
 
-step "oversized body: 413"
+step "[$API] oversized body: 413"
 BIG=$(python3 -c 'print("{\"orderId\":\"" + "x"*70000 + "\",\"recipient\":\"a\",\"amount\":1}")')
-pay "bad-3-$RUN" "$BIG"
+pay "bad-3-$API-$RUN" "$BIG"
 expect_problem 413 payload-too-large; ok
 
 # ---------------------------------------------------------------- scoping
-step "tenants: the same key under two tenants runs twice"
-pay "shared-$RUN" '{"orderId": "o-7", "recipient": "carol", "amount": 42}' -H 'X-Tenant-Id: tenant-a'
+step "[$API] tenants: the same key under two tenants runs twice"
+pay "shared-$API-$RUN" '{"orderId": "o-7", "recipient": "carol", "amount": 42}' -H 'X-Tenant-Id: tenant-a'
 expect_status 201; A=$(json "b['paymentId']")
-pay "shared-$RUN" '{"orderId": "o-7", "recipient": "carol", "amount": 42}' -H 'X-Tenant-Id: tenant-b'
+pay "shared-$API-$RUN" '{"orderId": "o-7", "recipient": "carol", "amount": 42}' -H 'X-Tenant-Id: tenant-b'
 expect_status 201; expect_no_header idempotent-replayed
 [ "$(json "b['paymentId']")" != "$A" ] || fail "tenant B received tenant A's payment"; ok
 
 # ---------------------------------------------------------------- reference 000: charges
 CHARGE_KEY=$(uuid)
-step "charge: POST /charges with a UUID key (201)"
-req POST /charges '{"amountCents": 4900}' -H "Idempotency-Key: $CHARGE_KEY"
+step "[$API] charge: POST /charges with a UUID key (201)"
+req POST "$CHARGES" '{"amountCents": 4900}' -H "Idempotency-Key: $CHARGE_KEY"
 expect_status 201; CHARGE=$(json "b['id']"); FIRST="$BODY"; expect_no_header idempotent-replayed; ok
 
-step "charge: repeated, the same body"
-req POST /charges '{"amountCents": 4900}' -H "Idempotency-Key: $CHARGE_KEY"
+step "[$API] charge: repeated, the same body"
+req POST "$CHARGES" '{"amountCents": 4900}' -H "Idempotency-Key: $CHARGE_KEY"
 expect_status 201; [ "$BODY" = "$FIRST" ] || fail "different body"; expect_header idempotent-replayed true; ok
 
-step "charge: quoted upper-case UUID is the same key"
-req POST /charges '{"amountCents": 4900}' -H "Idempotency-Key: \"${CHARGE_KEY^^}\""
+step "[$API] charge: quoted upper-case UUID is the same key"
+req POST "$CHARGES" '{"amountCents": 4900}' -H "Idempotency-Key: \"${CHARGE_KEY^^}\""
 expect_status 201; expect_json "b['id']" "$CHARGE"; expect_header idempotent-replayed true; ok
 
-step "charge: same key, different amount: 422"
-req POST /charges '{"amountCents": 5000}' -H "Idempotency-Key: $CHARGE_KEY"
+step "[$API] charge: same key, different amount: 422"
+req POST "$CHARGES" '{"amountCents": 5000}' -H "Idempotency-Key: $CHARGE_KEY"
 expect_problem 422 idempotency-key-reused; ok
 
-step "charge: a key that is not a UUID: 400"
-req POST /charges '{"amountCents": 4900}' -H "Idempotency-Key: demo-1"
+step "[$API] charge: a key that is not a UUID: 400"
+req POST "$CHARGES" '{"amountCents": 4900}' -H "Idempotency-Key: demo-1"
 expect_problem 400 idempotency-key-invalid; expect_json "b['reason']" not-uuid; ok
 
-step "charge: GET /charges/{id}"
+step "[$API] charge: GET /charges/{id}"
 req GET "/charges/$CHARGE"
 expect_status 200; expect_json "b['id']" "$CHARGE"; expect_json "b['amountCents']" 4900; ok
 
-step "charge: two overlapping calls, one winner and one replay or 409"
+step "[$API] charge: two overlapping calls, one winner and one replay or 409"
 OVERLAP=$(uuid)
 for n in 1 2; do
-  curl -s -o "$WORK/overlap$n.body" -D "$WORK/overlap$n.headers" -w '%{http_code}' -X POST "$BASE_URL/charges" \
+  curl -s -o "$WORK/overlap$n.body" -D "$WORK/overlap$n.headers" -w '%{http_code}' -X POST "$BASE_URL$CHARGES" \
     -H 'Content-Type: application/json' -H "Idempotency-Key: $OVERLAP" --data-binary '{"amountCents": 100}' \
     > "$WORK/overlap$n.status" &
 done
@@ -200,6 +207,11 @@ for n in 1 2; do
 done
 [ "$fresh" = 1 ] && [ "$others" = 1 ] || { STATUS="$fresh fresh / $others others"; BODY=; fail "expected one winner"; }
 ok
+
+}
+
+scenarios api /api/payments /api/refunds /charges '"100"'
+scenarios v2 /v2/payments /v2/refunds /v2/charges 100
 
 step "outbox: ChargeCreated is published (outbox_published_total > 0)"
 for _ in $(seq 1 50); do

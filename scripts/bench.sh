@@ -39,6 +39,9 @@ cargo bench -q -p idempotency-cache-redis --bench replay_tiers -- "${criterion[@
 echo "== load bench ($duration per scenario, $rounds rounds)"
 "$target/idempotency-bench" --clients 4 --duration "$duration" --rounds "$rounds" > "$out/load.txt"
 
+echo "== middleware: IdempotencyLayer against a handler calling execute ($duration per scenario, $rounds rounds)"
+"$target/idempotency-bench" --only-layer --clients 4 --duration "$duration" --rounds "$rounds" > "$out/layer.txt"
+
 echo "== outbox relay (criterion-style bench of idempotency-outbox)"
 cargo bench -q -p idempotency-outbox --all-features --bench relay 2>/dev/null > "$out/relay.txt" || true
 
@@ -99,6 +102,7 @@ print("|---|---|---|")
 print("| fingerprint | `cargo bench -p idempotency-core --bench fingerprint` | RFC 8785 canonical JSON + SHA-256/512 of a 200 B, 4 KiB and 64 KiB request |")
 print("| replay tiers | `cargo bench -p idempotency-cache-redis --bench replay_tiers` | one client: `execute` replaying the same record from moka, Redis, PostgreSQL, next to a bare Redis GET and a bare primary-key SELECT |")
 print("| load | `cargo run --release -p idempotency-bench -- --clients 4 --duration 20s --rounds 5` | concurrent clients against PostgreSQL and Redis: the business transaction alone, the same SQL the library issues (read from the store), `execute` and `execute_optimistic`, replays from each tier, concurrent duplicates, outbox enqueue, relay drain to JetStream |")
+print("| middleware | `cargo run --release -p idempotency-bench -- --only-layer --clients 4 --duration 20s --rounds 5` | the same payment handler through an axum router in process (`oneshot`, no socket): behind `IdempotencyLayer` (the handler takes `IdempotentTx`) and calling `execute` itself; first executions (fresh keys) and replays of one key (`lookup-before-acquire` on both) |")
 print("| relay | `cargo bench -p idempotency-outbox --all-features --bench relay` | relay throughput to JetStream with acks, 1 and 2 workers, batches 10/100/500; commit-to-ack latency with NOTIFY versus polling |")
 print("| HTTP | `idempotency-load` against the release demo on PostgreSQL + Redis, 16 clients | first executions (fresh keys), replays (one key), the same payment without idempotency, `GET /health`; peak resident memory of the demo |\n")
 print("Round trips per call are fixed by design and checked by a test")
@@ -109,7 +113,7 @@ print("## Targets\n")
 print("| target | measured | met |")
 print("|---|---:|---|")
 def ratios():
-    for line in read("load.txt").splitlines():
+    for line in (read("load.txt") + "\n" + read("layer.txt")).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[1] in ("throughput", "p50 latency"):
             yield cells
@@ -150,6 +154,14 @@ print("idempotency.\n")
 print("## Load bench\n")
 print("```")
 print(read("load.txt").strip())
+print("```\n")
+print("## Middleware: IdempotencyLayer against explicit execute\n")
+print("The layer's first execution issues the same five statements as `execute`; it also buffers")
+print("the request body, fingerprints method, route and body, and stores the whole response")
+print("(status, allowed headers, body as JSON text) instead of the value. A replay with")
+print("`lookup-before-acquire` is one read on both paths.\n")
+print("```")
+print(read("layer.txt").strip())
 print("```\n")
 print("## HTTP bench (the demo, release build)\n")
 print("| endpoint | requests/s | p50 | p99 | statuses |")

@@ -84,7 +84,7 @@ impl<DB: Database> App<DB> {
     }
 
     /// Whether this is the first `FAIL_ONCE` attempt for the key (which then fails).
-    fn first_failure(&self, key: &str) -> bool {
+    pub(crate) fn first_failure(&self, key: &str) -> bool {
         self.failed_once
             .lock()
             .map(|mut seen| seen.insert(key.to_owned()))
@@ -102,6 +102,7 @@ impl<DB: Database> std::fmt::Debug for App<DB> {
 
 /// Every route of the demo.
 pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
+    let v2 = crate::v2::routes(&app, max_body_bytes);
     Router::new()
         .route("/api/payments", post(create_payment::<DB>))
         .route(
@@ -114,22 +115,23 @@ pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
         .route("/health", get(ops::health::<DB>))
         .route("/metrics", get(ops::metrics::<DB>))
         .route("/openapi.json", get(crate::openapi::document))
+        .merge(v2)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(app)
 }
 
-fn technical(message: &'static str) -> Error {
+pub(crate) fn technical(message: &'static str) -> Error {
     Error::internal(message)
 }
 
 /// A business statement failed: classified like the store's own errors, so a lost connection
 /// answers 503 `store-unavailable` and a serialization failure 409, not 500.
-fn database<DB: Database>(error: sqlx::Error) -> Error {
+pub(crate) fn database<DB: Database>(error: sqlx::Error) -> Error {
     Error::from(idempotency_core::Error::Store(DB::classify(error)))
 }
 
 /// An outbox enqueue failed: the same classification.
-fn outbox_error(error: idempotency_outbox::Error) -> Error {
+pub(crate) fn outbox_error(error: idempotency_outbox::Error) -> Error {
     use idempotency_core::StoreError;
     match error {
         idempotency_outbox::Error::Unavailable(e) => {

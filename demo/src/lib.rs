@@ -12,6 +12,7 @@ pub mod openapi;
 pub mod ops;
 pub mod problem;
 pub mod scope;
+mod v2;
 
 pub use app::{App, DemoService, router};
 

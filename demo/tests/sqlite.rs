@@ -105,6 +105,32 @@ async fn a_charge_commits_with_its_event() {
     );
 }
 
+/// `/v2/charges` (the layer alone): the charge, its event and the record commit together in
+/// the layer's SQLite transaction; a failing `/v2/payments` leaves nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_v2_charge_commits_with_its_event() {
+    let (app, db, _dir) = demo().await;
+    let key = "6f1c2a9e-8d0b-4e7a-9b3c-5d4e3f2a1b0c";
+    let (status, replayed, first) = post(&app, "/v2/charges", key, r#"{"amountCents":4900}"#).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (_, replayed, again) = post(&app, "/v2/charges", key, r#"{"amountCents":4900}"#).await;
+    assert!(replayed);
+    assert_eq!(first, again);
+    assert_eq!(count(&db, "charges").await, 1);
+    assert_eq!(count(&db, "outbox").await, 1);
+    assert_eq!(count(&db, "idempotency_records").await, 1);
+    let failed = post(
+        &app,
+        "/v2/payments",
+        "fail",
+        r#"{"orderId":"o","recipient":"FAIL_TECH","amount":1}"#,
+    )
+    .await;
+    assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(count(&db, "payments").await, 0);
+    assert_eq!(count(&db, "idempotency_records").await, 1);
+}
+
 /// A temporary directory removed on drop (no extra dependency for one helper).
 mod tempdir {
     use std::path::{Path, PathBuf};

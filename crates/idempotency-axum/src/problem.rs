@@ -76,6 +76,10 @@ kinds! {
     /// The business operation refused the request; `code` and `details` say why. Stored and
     /// replayed like a success.
     Rejected => "request-rejected", UNPROCESSABLE_ENTITY, "The request was rejected";
+    /// The request body is larger than [`IdempotencyLayer`](crate::IdempotencyLayer) buffers.
+    PayloadTooLarge => "payload-too-large", PAYLOAD_TOO_LARGE, "The request body is too large";
+    /// The request body could not be read to its end (the client went away mid-body).
+    BodyUnreadable => "body-unreadable", BAD_REQUEST, "The request body could not be read";
     /// Anything else. Nothing about the cause is disclosed; it is logged at `error`.
     Internal => "internal-error", INTERNAL_SERVER_ERROR, "Internal server error";
 }

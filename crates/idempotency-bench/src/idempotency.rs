@@ -82,7 +82,7 @@ pub(crate) struct Setup {
     pub(crate) pool: PgPool,
     pub(crate) store: PgStore,
     redis: RedisCache,
-    run: u64,
+    pub(crate) run: u64,
 }
 
 impl Setup {

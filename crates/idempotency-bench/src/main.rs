@@ -8,6 +8,7 @@
 
 mod harness;
 mod idempotency;
+mod layer;
 mod outbox;
 
 use std::time::Duration;
@@ -32,6 +33,10 @@ struct Args {
     /// Events drained by the relay scenario.
     #[arg(long, default_value_t = 20_000)]
     drain_events: usize,
+    /// Only the middleware scenarios: `IdempotencyLayer` against a handler calling `execute`,
+    /// through an axum router in process (first executions, then replays).
+    #[arg(long)]
+    only_layer: bool,
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -98,6 +103,10 @@ async fn main() {
             .unwrap_or(1)
     );
     let setup = idempotency::Setup::new(n).await;
+    if args.only_layer {
+        layer_bench(&setup, &args).await;
+        return;
+    }
 
     let mut scenarios = idempotency::first_executions(&setup, n);
     scenarios.extend(outbox::enqueue(&setup, n).await);
@@ -183,4 +192,31 @@ async fn main() {
             args.drain_events
         );
     }
+}
+
+/// `IdempotencyLayer` against the explicit path, first executions and replays, as ratios.
+async fn layer_bench(setup: &idempotency::Setup, args: &Args) {
+    let n = args.clients;
+    let first = layer::first_executions(setup, n);
+    let mut results = run_interleaved(&first, args.duration, args.rounds).await;
+    let replays = layer::replays(setup, n).await;
+    results.extend(run_interleaved(&replays, args.duration, args.rounds).await);
+    println!();
+    print_table(&results);
+    println!();
+    println!("| ratio | measure | measured | target |");
+    println!("|---|---|---:|---|");
+    let r = Ratios(&results);
+    r.throughput(
+        "IdempotencyLayer / explicit execute, first execution",
+        "HTTP IdempotencyLayer: first execution",
+        "HTTP explicit execute: first execution",
+        ">= 0.90",
+    );
+    r.throughput(
+        "IdempotencyLayer / explicit execute, replay",
+        "HTTP IdempotencyLayer: replay",
+        "HTTP explicit execute: replay",
+        ">= 0.90",
+    );
 }

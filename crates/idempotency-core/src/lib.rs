@@ -7,6 +7,7 @@ pub mod config;
 mod error;
 pub mod fingerprint;
 mod key;
+pub mod lease;
 pub mod metrics;
 mod record;
 mod result;
@@ -28,6 +29,7 @@ pub use key::{
     IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_SCOPE_LEN, Operation, RecordId,
     Scope,
 };
+pub use lease::{FencingToken, LeaseClaim, LeasedClaims};
 pub use metrics::{IdempotencyMetrics, NoopMetrics};
 pub use record::{IdempotencyRecord, RecordStatus, StoredOutcome, UnknownStatus};
 pub use result::{ExecutionResult, Level, Origin, Outcome, Rejection};

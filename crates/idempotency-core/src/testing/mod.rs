@@ -13,12 +13,14 @@
 //! documented alternative instead of being skipped.
 
 mod concurrency;
+mod leased;
 mod optimistic;
 mod service_cases;
 mod store_cases;
 mod support;
 
 pub use concurrency::*;
+pub use leased::*;
 pub use optimistic::*;
 pub use service_cases::*;
 pub use store_cases::*;

@@ -1,5 +1,6 @@
 //! The idempotency records of PostgreSQL: the store, its statements, row decoding and schema.
 
+mod lease;
 mod row;
 mod schema;
 mod statements;

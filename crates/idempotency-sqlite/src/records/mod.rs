@@ -3,6 +3,7 @@
 //! The outbox store will sit next to this module, sharing `connect`, `table`, `introspect`,
 //! `clock` and `error`.
 
+mod lease;
 mod row;
 mod schema;
 mod statements;

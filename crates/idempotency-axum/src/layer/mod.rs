@@ -1,0 +1,263 @@
+//! [`IdempotencyLayer`]: a tower middleware that makes an axum route idempotent, with the
+//! record in the same transaction as the handler's writes.
+
+mod leased;
+mod replay;
+mod request;
+mod response;
+mod service;
+mod statuses;
+mod tx;
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use axum::http::{HeaderName, request::Parts};
+use idempotency_core::{IdempotencyService, JcsFingerprint, Scope};
+use tower::Layer;
+
+pub use leased::{LeasedIdempotencyLayer, LeasedMiddleware};
+pub use service::IdempotencyMiddleware;
+pub use statuses::StoredStatuses;
+pub use tx::IdempotentTx;
+
+use crate::error::Error;
+use crate::scope::ScopeSource;
+use crate::stored::HeaderFilter;
+
+/// The largest request body the layer buffers by default: 64 KiB.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 64 * 1024;
+/// The largest response body the layer stores by default: 1 MiB.
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
+
+/// The default [`ScopeSource`] of the layer: every key in the shared default scope.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SharedScope;
+
+impl<St: Sync> ScopeSource<St> for SharedScope {
+    type Rejection = Error;
+
+    async fn scope(_parts: &mut Parts, _state: &St) -> Result<Scope, Error> {
+        Ok(Scope::default())
+    }
+}
+
+/// Which keys the layer accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyFormat {
+    /// Any key of the `Idempotency-Key` grammar.
+    Any,
+    /// UUID keys only, normalized to lower case.
+    Uuid,
+}
+
+/// The layer's settings, shared by every request.
+pub(crate) struct Settings {
+    pub(crate) operation: Option<String>,
+    pub(crate) keys: KeyFormat,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) statuses: StoredStatuses,
+    pub(crate) headers: HeaderFilter,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) fingerprint: JcsFingerprint,
+}
+
+pub(crate) struct Shared<S, L, D, M, Z> {
+    pub(crate) service: IdempotencyService<S, L, D, M, Z>,
+    pub(crate) settings: Settings,
+}
+
+/// A tower [`Layer`] that makes a route idempotent without idempotency code in its handler.
+///
+/// Per request it validates the `Idempotency-Key` (the rules of
+/// [`IdempotencyKeyHeader`](crate::IdempotencyKeyHeader), or of
+/// [`UuidKeyHeader`](crate::UuidKeyHeader) with [`uuid_keys`](Self::uuid_keys)), derives the
+/// scope with `Src` ([`SharedScope`] by default; see [`scope`](Self::scope)), buffers the body
+/// (`413 payload-too-large` past [`max_request_body`](Self::max_request_body)), and fingerprints
+/// method, route template, body (RFC 8785 for a JSON body, the bytes otherwise) and the
+/// headers named with [`fingerprint_header`](Self::fingerprint_header). A replay answers the
+/// stored response byte for byte, plus `Idempotent-Replayed: true`.
+///
+/// Otherwise it begins a transaction on the service's store, acquires the key in it and hands
+/// it to the handler as [`IdempotentTx`]. After the handler, a status that
+/// [`StoredStatuses`] stores is recorded in that transaction (status, the headers
+/// [`HeaderFilter`] allows, the body) and committed; any other status is rolled back and stays
+/// retryable. The record, the handler's writes and its outbox events commit together or not at
+/// all. The operation is the route template (`POST:/v2/payments`), from axum's `MatchedPath`:
+/// add the layer with `Router::route_layer` or on the method router, or name the operation with
+/// [`operation`](Self::operation).
+///
+/// ```no_run
+/// use axum::{Json, Router, http::StatusCode, routing::post};
+/// use idempotency_axum::{IdempotencyLayer, IdempotentTx, TenantHeader};
+/// use idempotency_core::IdempotencyService;
+/// use idempotency_pg::PgStore;
+///
+/// async fn create(mut tx: IdempotentTx<PgStore>, Json(body): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
+///     // statements on `&mut *tx` commit with the stored response
+///     # let _ = &mut *tx;
+///     (StatusCode::CREATED, Json(body))
+/// }
+///
+/// # fn app(pool: idempotency_pg::sqlx::PgPool) -> Router {
+/// let service = IdempotencyService::new(PgStore::new(pool));
+/// Router::new()
+///     .route("/orders", post(create))
+///     .route_layer(IdempotencyLayer::new(service).scope::<TenantHeader>())
+/// # }
+/// ```
+pub struct IdempotencyLayer<S, L, D, M, Z, Src = SharedScope> {
+    shared: Arc<Shared<S, L, D, M, Z>>,
+    scope: PhantomData<fn() -> Src>,
+}
+
+impl<S, L, D, M, Z> IdempotencyLayer<S, L, D, M, Z> {
+    /// A layer over `service`: its store, caches, metrics, TTLs and in-flight policy.
+    pub fn new(service: IdempotencyService<S, L, D, M, Z>) -> Self {
+        let settings = Settings {
+            operation: None,
+            keys: KeyFormat::Any,
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+            statuses: StoredStatuses::default(),
+            headers: HeaderFilter::default(),
+            fingerprint_headers: Vec::new(),
+            fingerprint: JcsFingerprint::default(),
+        };
+        Self {
+            shared: Arc::new(Shared { service, settings }),
+            scope: PhantomData,
+        }
+    }
+}
+
+impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
+    fn settings(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => change(&mut shared.settings),
+            None => {
+                // A clone exists: copy-on-write.
+                let mut settings = self.shared.settings.clone();
+                change(&mut settings);
+                self.shared = Arc::new(Shared {
+                    service: self.shared.service.clone(),
+                    settings,
+                });
+            }
+        }
+        self
+    }
+
+    /// Derives each key's scope with `Src2` ([`TenantHeader`](crate::TenantHeader),
+    /// [`PrincipalScope`](crate::PrincipalScope) or your own [`ScopeSource<()>`]).
+    pub fn scope<Src2>(self) -> IdempotencyLayer<S, L, D, M, Z, Src2> {
+        IdempotencyLayer {
+            shared: self.shared,
+            scope: PhantomData,
+        }
+    }
+
+    /// Names the operation instead of deriving it from the route template. 1 to 128 visible
+    /// ASCII characters; checked per request (an invalid name answers 500).
+    pub fn operation(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.settings(|s| s.operation = Some(name))
+    }
+
+    /// Accepts UUID keys only, as [`UuidKeyHeader`](crate::UuidKeyHeader) does.
+    pub fn uuid_keys(self) -> Self {
+        self.settings(|s| s.keys = KeyFormat::Uuid)
+    }
+
+    /// The largest request body buffered; a larger one answers `413 payload-too-large` before
+    /// any I/O. [`DEFAULT_MAX_REQUEST_BODY`] by default.
+    pub fn max_request_body(self, bytes: usize) -> Self {
+        self.settings(|s| s.max_request_body = bytes)
+    }
+
+    /// The largest response body stored. A larger one, or a streaming body (one without an
+    /// exact length), cannot be stored: see the crate docs. [`DEFAULT_MAX_RESPONSE_BODY`] by
+    /// default.
+    pub fn max_response_body(self, bytes: usize) -> Self {
+        self.settings(|s| s.max_response_body = bytes)
+    }
+
+    /// Which statuses are stored ([`StoredStatuses::default`] unless set).
+    pub fn stored_statuses(self, statuses: StoredStatuses) -> Self {
+        self.settings(|s| s.statuses = statuses)
+    }
+
+    /// Which response headers are stored and replayed ([`HeaderFilter::default`] unless set;
+    /// credentials never are).
+    pub fn stored_headers(self, headers: HeaderFilter) -> Self {
+        self.settings(|s| s.headers = headers)
+    }
+
+    /// Also fingerprints the values of request header `name`: the same key with another value
+    /// is `422 idempotency-key-reused`. Sensitive headers are refused, because the
+    /// fingerprint is stored.
+    pub fn fingerprint_header(self, name: HeaderName) -> Result<Self, crate::SensitiveHeader> {
+        if crate::is_sensitive(&name) {
+            return Err(crate::SensitiveHeader(name));
+        }
+        Ok(self.settings(|s| {
+            if !s.fingerprint_headers.contains(&name) {
+                s.fingerprint_headers.push(name);
+            }
+        }))
+    }
+
+    /// The digest of the fingerprint (SHA-256 unless set).
+    pub fn fingerprint(self, strategy: JcsFingerprint) -> Self {
+        self.settings(|s| s.fingerprint = strategy)
+    }
+}
+
+impl Clone for Settings {
+    fn clone(&self) -> Self {
+        Self {
+            operation: self.operation.clone(),
+            keys: self.keys,
+            max_request_body: self.max_request_body,
+            max_response_body: self.max_response_body,
+            statuses: self.statuses.clone(),
+            headers: self.headers.clone(),
+            fingerprint_headers: self.fingerprint_headers.clone(),
+            fingerprint: self.fingerprint,
+        }
+    }
+}
+
+impl<S, L, D, M, Z, Src> Clone for IdempotencyLayer<S, L, D, M, Z, Src> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            scope: PhantomData,
+        }
+    }
+}
+
+impl<S, L, D, M, Z, Src> fmt::Debug for IdempotencyLayer<S, L, D, M, Z, Src> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shared.settings;
+        f.debug_struct("IdempotencyLayer")
+            .field("operation", &s.operation)
+            .field("keys", &s.keys)
+            .field("scope", &std::any::type_name::<Src>())
+            .field("max_request_body", &s.max_request_body)
+            .field("max_response_body", &s.max_response_body)
+            .field("stored_statuses", &s.statuses)
+            .field("fingerprint_headers", &s.fingerprint_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<I, S, L, D, M, Z, Src> Layer<I> for IdempotencyLayer<S, L, D, M, Z, Src> {
+    type Service = IdempotencyMiddleware<I, S, L, D, M, Z, Src>;
+
+    fn layer(&self, inner: I) -> Self::Service {
+        IdempotencyMiddleware::new(inner, Arc::clone(&self.shared))
+    }
+}

@@ -1,0 +1,193 @@
+//! Answering from a stored record: the caches, the committed record, and the replay itself.
+
+use std::sync::Arc;
+
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use idempotency_core::cache::{DistributedCache, FailurePolicy, LocalCache};
+use idempotency_core::{
+    CacheError, Fingerprint, IdempotencyMetrics, IdempotencyRecord, IdempotencyStore, Level,
+    RecordId, StoredOutcome,
+};
+
+use super::Shared;
+use crate::error::Error;
+use crate::header::IDEMPOTENT_REPLAYED;
+use crate::stored::StoredResponse;
+
+type Core = idempotency_core::Error;
+
+/// What answered a request, for the span.
+#[derive(Clone, Copy)]
+pub(super) enum Answer {
+    Executed,
+    NotStored,
+    Fenced,
+    Replayed(Level),
+    Conflict,
+    InFlight,
+    Failed,
+}
+
+impl Answer {
+    pub(super) fn record(self, span: &tracing::Span) {
+        let (outcome, tier) = match self {
+            Self::Executed => ("executed", "handler"),
+            Self::NotStored => ("not-stored", "handler"),
+            Self::Fenced => ("fenced", "handler"),
+            Self::Replayed(level) => ("replayed", level.as_str()),
+            Self::Conflict => ("conflict", "persistence"),
+            Self::InFlight => ("in-flight", "persistence"),
+            Self::Failed => ("error", "none"),
+        };
+        span.record("outcome", outcome);
+        span.record("tier", tier);
+    }
+}
+
+/// One request's identity.
+pub(super) struct Keyed {
+    pub(super) id: RecordId,
+    pub(super) fingerprint: Fingerprint,
+}
+
+impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
+where
+    S: IdempotencyStore,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: Send + Sync + 'static,
+{
+    /// The caches, then (with `lookup_before_acquire`) the committed record.
+    pub(super) async fn replay_early(
+        &self,
+        keyed: &Keyed,
+    ) -> Result<Option<(Answer, Response)>, Error> {
+        if let Some(answer) = self.replay_cached(keyed).await? {
+            return Ok(Some(answer));
+        }
+        let service = &self.service;
+        let id = &keyed.id;
+        if !service.config().lookup_before_acquire {
+            return Ok(None);
+        }
+        let Some(record) = service.store().lookup(id).await.map_err(Core::Store)? else {
+            return Ok(None);
+        };
+        let record = Arc::new(record);
+        let answer = self.replay(keyed, &record, Level::Persistence);
+        if matches!(answer.0, Answer::Replayed(_)) {
+            self.fill_caches(id, record).await;
+        }
+        Ok(Some(answer))
+    }
+
+    /// L1, then L2 (an L2 hit is copied to L1).
+    pub(super) async fn replay_cached(
+        &self,
+        keyed: &Keyed,
+    ) -> Result<Option<(Answer, Response)>, Error> {
+        let service = &self.service;
+        let id = &keyed.id;
+        if let Some(record) = service.local_cache().get(id) {
+            return Ok(Some(self.replay(keyed, &record, Level::Local)));
+        }
+        match service.distributed_cache().get(id).await {
+            Ok(Some(record)) => {
+                let record = Arc::new(record);
+                let answer = self.replay(keyed, &record, Level::Distributed);
+                if matches!(answer.0, Answer::Replayed(_)) {
+                    service.local_cache().put(id, record);
+                }
+                Ok(Some(answer))
+            }
+            Ok(None) => Ok(None),
+            Err(error) => self.cache_read_failed(id, error).map(|()| None),
+        }
+    }
+
+    fn cache_read_failed(&self, id: &RecordId, error: CacheError) -> Result<(), Error> {
+        let op = id.operation.as_str();
+        self.service
+            .metrics()
+            .cache_error(op, Level::Distributed, &error);
+        let fail_fast = self.service.distributed_cache().failure_policy()
+            == FailurePolicy::FailFast
+            && !matches!(error, CacheError::Corrupt(_));
+        tracing::warn!(operation = op, %error, fail_fast, "distributed cache read failed");
+        if fail_fast {
+            return Err(Core::Cache(error).into());
+        }
+        Ok(())
+    }
+
+    /// Answers a stored record: the stored response, or 422 / 409.
+    pub(super) fn replay(
+        &self,
+        keyed: &Keyed,
+        record: &IdempotencyRecord,
+        level: Level,
+    ) -> (Answer, Response) {
+        let metrics = self.service.metrics();
+        let op = keyed.id.operation.as_str();
+        metrics.lookup_hit(op, level);
+        if record.fingerprint != keyed.fingerprint {
+            metrics.payload_conflict(op);
+            return (
+                Answer::Conflict,
+                Error::from(Core::PayloadConflict).into_response(),
+            );
+        }
+        let payload = match &record.outcome {
+            Some(StoredOutcome::Completed { payload }) => Some(payload),
+            Some(StoredOutcome::Rejected { details, .. }) => details.as_ref(),
+            None => {
+                metrics.in_flight(op);
+                return (
+                    Answer::InFlight,
+                    Error::from(Core::InFlight).into_response(),
+                );
+            }
+        };
+        let stored = payload
+            .ok_or("no stored response")
+            .map_err(Error::internal)
+            .and_then(|text| serde_json::from_str::<StoredResponse>(text).map_err(Error::internal));
+        match stored {
+            Ok(stored) => {
+                metrics.replayed(op, record.status());
+                let mut response = stored.into_response();
+                response.headers_mut().insert(
+                    IDEMPOTENT_REPLAYED.clone(),
+                    HeaderValue::from_static("true"),
+                );
+                (Answer::Replayed(level), response)
+            }
+            Err(error) => {
+                tracing::error!(operation = op, "stored record holds no readable response");
+                (Answer::Failed, error.into_response())
+            }
+        }
+    }
+
+    /// Writes a committed terminal record to L2, then L1; failures are logged and counted.
+    pub(super) async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
+        if !record.is_terminal() {
+            return;
+        }
+        let service = &self.service;
+        if let Err(error) = service.distributed_cache().put(id, &record).await {
+            let op = id.operation.as_str();
+            service
+                .metrics()
+                .cache_error(op, Level::Distributed, &error);
+            tracing::warn!(operation = op, %error, "distributed cache write failed");
+        }
+        service.local_cache().put(id, record);
+    }
+}
+
+pub(super) fn failed(error: Core) -> (Answer, Response) {
+    (Answer::Failed, Error::from(error).into_response())
+}

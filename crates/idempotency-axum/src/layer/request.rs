@@ -1,0 +1,126 @@
+//! The request side of the middleware: key, operation, bounded body, fingerprint.
+
+use axum::body::{Body, Bytes};
+use axum::extract::MatchedPath;
+use axum::http::{HeaderMap, header, request::Parts};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idempotency_core::{Fingerprint, FingerprintStrategy, IdempotencyKey, Operation};
+use serde_json::{Map, Value};
+
+use super::{KeyFormat, Settings};
+use crate::error::Error;
+use crate::header::{parse_key, parse_uuid_key, single_value};
+use crate::problem::{Problem, ProblemKind};
+
+/// The operation name could not be derived.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "IdempotencyLayer found no route template: add it with Router::route_layer or on the method router, or name the operation"
+)]
+struct NoRouteTemplate;
+
+impl Settings {
+    /// The validated key, with the rules of the key extractors.
+    pub(super) fn key(&self, headers: &HeaderMap) -> Result<IdempotencyKey, Error> {
+        let value = single_value(headers)?.ok_or(Error::KeyMissing)?;
+        Ok(match self.keys {
+            KeyFormat::Any => parse_key(value)?,
+            KeyFormat::Uuid => parse_uuid_key(value)?.0,
+        })
+    }
+
+    /// The route template and the operation: `METHOD:/template`, unless named.
+    pub(super) fn operation(&self, parts: &Parts) -> Result<(String, Operation), Error> {
+        let route = match parts.extensions.get::<MatchedPath>() {
+            Some(path) => path.as_str().to_owned(),
+            None if self.operation.is_some() => parts.uri.path().to_owned(),
+            None => return Err(Error::internal(NoRouteTemplate)),
+        };
+        let name = match &self.operation {
+            Some(name) => name.clone(),
+            None => format!("{}:{route}", parts.method),
+        };
+        let operation = Operation::new(name).map_err(Error::internal)?;
+        Ok((route, operation))
+    }
+
+    /// The whole body, at most `max_request_body` bytes.
+    pub(super) async fn buffer(&self, body: Body) -> Result<Bytes, Response> {
+        match Limited::new(body, self.max_request_body).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+                Err(Problem::new(ProblemKind::PayloadTooLarge)
+                    .with_detail(format!(
+                        "The request body is larger than {} bytes.",
+                        self.max_request_body
+                    ))
+                    .into_response())
+            }
+            Err(error) => {
+                tracing::debug!(%error, "request body could not be read");
+                Err(Problem::new(ProblemKind::BodyUnreadable).into_response())
+            }
+        }
+    }
+
+    /// The fingerprint of method, route template, body and the opted-in headers.
+    ///
+    /// A JSON body (`application/json` or `+json`) that parses is taken as its RFC 8785
+    /// canonical form, so key order, whitespace and number spelling do not matter; any other
+    /// body as its exact bytes.
+    pub(super) fn fingerprint(
+        &self,
+        parts: &Parts,
+        route: &str,
+        body: &Bytes,
+    ) -> Result<Fingerprint, Error> {
+        let mut request = Map::new();
+        request.insert("method".into(), parts.method.as_str().into());
+        request.insert("route".into(), route.into());
+        let json = is_json(&parts.headers)
+            .then(|| serde_json::from_slice::<Value>(body).ok())
+            .flatten();
+        match json {
+            Some(value) => request.insert("json".into(), value),
+            None => request.insert("bytes".into(), STANDARD.encode(body).into()),
+        };
+        if !self.fingerprint_headers.is_empty() {
+            let headers = self
+                .fingerprint_headers
+                .iter()
+                .map(|name| {
+                    let values = parts
+                        .headers
+                        .get_all(name)
+                        .iter()
+                        .map(|v| Value::from(String::from_utf8_lossy(v.as_bytes())))
+                        .collect();
+                    (name.as_str().to_owned(), Value::Array(values))
+                })
+                .collect();
+            request.insert("headers".into(), Value::Object(headers));
+        }
+        self.fingerprint
+            .fingerprint(&Value::Object(request))
+            .map_err(|e| Error::Idempotency(e.into()))
+    }
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || essence.ends_with("+json")
+}

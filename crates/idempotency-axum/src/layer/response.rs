@@ -1,0 +1,86 @@
+//! The response side: whether a response can be stored, and its stored form.
+
+use axum::body::{Body, Bytes, HttpBody};
+use idempotency_core::cache::{DistributedCache, LocalCache};
+use idempotency_core::{IdempotencyMetrics, IdempotencyStore, StoredOutcome};
+
+use super::Shared;
+use crate::error::Error;
+use crate::stored::StoredResponse;
+
+impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
+where
+    S: IdempotencyStore,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: Send + Sync + 'static,
+{
+    /// The whole response body, when it can be stored: an exact length within the limit.
+    /// Otherwise why not, and the body when it was not consumed.
+    pub(super) async fn capture(&self, body: Body) -> Result<Bytes, Unstorable> {
+        let max = self.settings.max_response_body;
+        match body.size_hint().exact() {
+            None => return Err(Unstorable::new("streaming", Some(body))),
+            Some(len) if len > max as u64 => {
+                return Err(Unstorable::new("too-large", Some(body)));
+            }
+            Some(_) => {}
+        }
+        axum::body::to_bytes(body, max)
+            .await
+            .map_err(|_| Unstorable::new("unreadable", None))
+    }
+
+    /// The stored form of a response: `COMPLETED`, or `REJECTED` with code `HTTP_<status>` for
+    /// a 4xx.
+    pub(super) fn outcome(
+        &self,
+        parts: &axum::http::response::Parts,
+        body: &Bytes,
+    ) -> Result<StoredOutcome, Error> {
+        let stored = StoredResponse::from_parts(
+            parts.status,
+            &parts.headers,
+            body.clone(),
+            &self.settings.headers,
+        );
+        let payload = serde_json::to_string(&stored).map_err(Error::internal)?;
+        Ok(if parts.status.is_client_error() {
+            StoredOutcome::Rejected {
+                code: format!("HTTP_{}", parts.status.as_u16()),
+                details: Some(payload),
+            }
+        } else {
+            StoredOutcome::Completed { payload }
+        })
+    }
+}
+
+/// A response the layer cannot store.
+pub(super) struct Unstorable {
+    pub(super) reason: &'static str,
+    /// The body, when it was not consumed.
+    pub(super) body: Option<Body>,
+}
+
+impl Unstorable {
+    pub(super) fn new(reason: &'static str, body: Option<Body>) -> Self {
+        Self { reason, body }
+    }
+
+    /// The warning and the `idempotency_layer_unstored_total` count.
+    pub(super) fn report(&self, operation: &str, then: &'static str) {
+        tracing::warn!(
+            operation,
+            reason = self.reason,
+            "response cannot be stored; {then}"
+        );
+        metrics::counter!(
+            "idempotency_layer_unstored_total",
+            "operation" => operation.to_owned(),
+            "reason" => self.reason
+        )
+        .increment(1);
+    }
+}

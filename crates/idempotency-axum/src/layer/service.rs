@@ -1,0 +1,317 @@
+//! [`IdempotencyMiddleware`]: the per-request flow of the layer.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use idempotency_core::cache::{DistributedCache, LocalCache};
+use idempotency_core::fingerprint::short_hash;
+use idempotency_core::{
+    Acquire, Claim, IdempotencyMetrics, IdempotencyStore, InFlightPolicy, Level, LockWait,
+    RecordId, StoreError, Tx,
+};
+use tower::Service;
+use tracing::Instrument;
+
+use super::Shared;
+use super::replay::{Answer, Keyed, failed};
+use super::tx::TxSlot;
+use crate::error::Error;
+use crate::problem::Problem;
+use crate::scope::ScopeSource;
+
+type Core = idempotency_core::Error;
+
+/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps a route in.
+pub struct IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+    inner: I,
+    shared: Arc<Shared<S, L, D, M, Z>>,
+    scope: PhantomData<fn() -> Src>,
+}
+
+impl<I, S, L, D, M, Z, Src> IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+    pub(super) fn new(inner: I, shared: Arc<Shared<S, L, D, M, Z>>) -> Self {
+        Self {
+            inner,
+            shared,
+            scope: PhantomData,
+        }
+    }
+}
+
+impl<I: Clone, S, L, D, M, Z, Src> Clone for IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+    fn clone(&self) -> Self {
+        Self::new(self.inner.clone(), Arc::clone(&self.shared))
+    }
+}
+
+impl<I, S, L, D, M, Z, Src> fmt::Debug for IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyMiddleware")
+            .finish_non_exhaustive()
+    }
+}
+
+impl<I, S, L, D, M, Z, Src> Service<Request> for IdempotencyMiddleware<I, S, L, D, M, Z, Src>
+where
+    I: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    S: IdempotencyStore,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: Send + Sync + 'static,
+    Src: ScopeSource<()>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // The clone is not ready; the service that was polled ready handles this request.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let (keyed, request, span) = match shared.prepare::<Src>(request).await {
+                Ok(prepared) => prepared,
+                Err(response) => return Ok(response),
+            };
+            let (answer, response) = shared
+                .answer(inner, request, keyed)
+                .instrument(span.clone())
+                .await;
+            answer.record(&span);
+            Ok(response)
+        })
+    }
+}
+
+impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
+where
+    S: IdempotencyStore,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: Send + Sync + 'static,
+{
+    /// Key, scope, operation, body and fingerprint; or the response that refuses the request.
+    pub(super) async fn prepare<Src: ScopeSource<()>>(
+        &self,
+        request: Request,
+    ) -> Result<(Keyed, Request, tracing::Span), Response> {
+        let settings = &self.settings;
+        let (mut parts, body) = request.into_parts();
+        let key = settings
+            .key(&parts.headers)
+            .map_err(IntoResponse::into_response)?;
+        let scope = Src::scope(&mut parts, &())
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let (route, operation) = settings
+            .operation(&parts)
+            .map_err(IntoResponse::into_response)?;
+        let span = tracing::info_span!(
+            "idempotency",
+            operation = operation.as_str(),
+            key_hash = %short_hash(key.as_str()),
+            outcome = tracing::field::Empty,
+            tier = tracing::field::Empty,
+        );
+        let body = settings.buffer(body).instrument(span.clone()).await?;
+        let fingerprint = span
+            .in_scope(|| settings.fingerprint(&parts, &route, &body))
+            .map_err(IntoResponse::into_response)?;
+        let keyed = Keyed {
+            id: RecordId::new(operation, scope, key),
+            fingerprint,
+        };
+        Ok((keyed, Request::from_parts(parts, Body::from(body)), span))
+    }
+
+    async fn answer<I>(&self, inner: I, request: Request, keyed: Keyed) -> (Answer, Response)
+    where
+        I: Service<Request, Response = Response, Error = Infallible>,
+    {
+        let service = &self.service;
+        let store = service.store();
+        let config = service.config();
+        let op = keyed.id.operation.as_str();
+        if config.enabled {
+            match self.replay_early(&keyed).await {
+                Ok(Some(answer)) => return answer,
+                Ok(None) => {}
+                Err(error) => return (Answer::Failed, error.into_response()),
+            }
+        }
+        let mut tx = match Tx::<S>::begin(store).await {
+            Ok(tx) => tx,
+            Err(error) => return failed(Core::Store(error)),
+        };
+        if !config.enabled {
+            return self.run(inner, request, tx, None).await;
+        }
+        let claim = Claim {
+            id: &keyed.id,
+            fingerprint: &keyed.fingerprint,
+            ttl: config
+                .operation_ttls
+                .get(op)
+                .copied()
+                .unwrap_or(config.default_ttl),
+            wait: match config.in_flight {
+                InFlightPolicy::Wait { timeout: None } => LockWait::Unbounded,
+                InFlightPolicy::Wait {
+                    timeout: Some(timeout),
+                } => LockWait::Timeout(timeout),
+                InFlightPolicy::Reject => LockWait::NoWait,
+            },
+        };
+        let metrics = service.metrics();
+        let attempts = config.max_acquire_attempts.max(1);
+        for _ in 0..attempts {
+            let started = Instant::now();
+            let acquired = store.acquire(tx.connection(), &claim).await;
+            metrics.acquire_wait(op, started.elapsed());
+            match acquired {
+                Ok(Acquire::Acquired) => {
+                    metrics.acquired(op);
+                    return self.run(inner, request, tx, Some(keyed)).await;
+                }
+                Ok(Acquire::Exists) => {
+                    metrics.acquire_conflict(op);
+                    match store.find(tx.connection(), &keyed.id).await {
+                        Ok(Some(record)) => {
+                            rollback(tx).await;
+                            let record = Arc::new(record);
+                            let answer = self.replay(&keyed, &record, Level::Persistence);
+                            if matches!(answer.0, Answer::Replayed(_)) {
+                                self.fill_caches(&keyed.id, record).await;
+                            }
+                            return answer;
+                        }
+                        Ok(None) => {
+                            tracing::debug!("record vanished between insert and find; retrying");
+                        }
+                        Err(error) => {
+                            rollback(tx).await;
+                            return failed(Core::Store(error));
+                        }
+                    }
+                }
+                Err(StoreError::LockTimeout(_)) => {
+                    metrics.in_flight(op);
+                    rollback(tx).await;
+                    return (
+                        Answer::InFlight,
+                        Error::from(Core::InFlight).into_response(),
+                    );
+                }
+                Err(error) => {
+                    rollback(tx).await;
+                    return failed(Core::Store(error));
+                }
+            }
+        }
+        rollback(tx).await;
+        failed(Core::AcquireExhausted { attempts })
+    }
+
+    /// Runs the handler with the transaction, then stores and commits, or rolls back.
+    async fn run<I>(
+        &self,
+        mut inner: I,
+        mut request: Request,
+        tx: Tx<S>,
+        keyed: Option<Keyed>,
+    ) -> (Answer, Response)
+    where
+        I: Service<Request, Response = Response, Error = Infallible>,
+    {
+        let slot = TxSlot::new(tx);
+        request.extensions_mut().insert(slot.clone());
+        let response = match inner.call(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        let Some(tx) = slot.reclaim() else {
+            tracing::error!(
+                "the handler kept the IdempotentTx beyond the request; nothing was committed"
+            );
+            return (Answer::Failed, Problem::internal().into_response());
+        };
+        let status = response.status();
+        if !self.settings.statuses.stores(status) {
+            rollback(tx).await;
+            return (Answer::NotStored, response);
+        }
+        let (parts, body) = response.into_parts();
+        let body = match self.capture(body).await {
+            Ok(body) => body,
+            Err(unstorable) => {
+                let op = keyed.as_ref().map_or("", |k| k.id.operation.as_str());
+                unstorable.report(op, "rolled back and answered 500");
+                rollback(tx).await;
+                return (Answer::Failed, Problem::internal().into_response());
+            }
+        };
+        match self.commit(tx, keyed, &parts, &body).await {
+            Ok(()) => (
+                Answer::Executed,
+                Response::from_parts(parts, Body::from(body)),
+            ),
+            Err(error) => (Answer::Failed, error.into_response()),
+        }
+    }
+
+    /// Stores the response on the record (when there is one) and commits.
+    async fn commit(
+        &self,
+        mut tx: Tx<S>,
+        keyed: Option<Keyed>,
+        parts: &axum::http::response::Parts,
+        body: &Bytes,
+    ) -> Result<(), Error> {
+        let Some(keyed) = keyed else {
+            return Ok(Tx::commit(tx).await.map_err(Core::Store)?);
+        };
+        let outcome = match self.outcome(parts, body) {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                rollback(tx).await;
+                return Err(error);
+            }
+        };
+        let store = self.service.store();
+        let record = match store.complete(tx.connection(), &keyed.id, &outcome).await {
+            Ok(record) => record,
+            Err(error) => {
+                rollback(tx).await;
+                return Err(Core::Store(error).into());
+            }
+        };
+        tx.commit().await.map_err(Core::Store)?;
+        let op = keyed.id.operation.as_str();
+        self.service.metrics().persisted(op, outcome.status());
+        self.fill_caches(&keyed.id, Arc::new(record)).await;
+        Ok(())
+    }
+}
+
+async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::warn!(%error, "rollback failed");
+    }
+}

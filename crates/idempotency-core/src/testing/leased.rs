@@ -1,0 +1,188 @@
+//! Conformance cases for [`LeasedClaims`], for stores that offer leased claims.
+
+use std::time::Duration;
+
+use super::Capabilities;
+use super::support::{key, op};
+use crate::lease::{FencingToken, LeaseClaim, LeasedClaims};
+use crate::store::{Claim, LockWait};
+use crate::{Fingerprint, RecordId, RecordStatus, Scope, StoredOutcome};
+
+fn id() -> RecordId {
+    RecordId::new(op("LEASED"), Scope::default(), key("leased"))
+}
+
+fn fp(seed: &str) -> Fingerprint {
+    Fingerprint::new(format!("{seed:0>64}"))
+}
+
+fn claim<'a>(id: &'a RecordId, fingerprint: &'a Fingerprint) -> Claim<'a> {
+    Claim {
+        id,
+        fingerprint,
+        ttl: Some(Duration::from_secs(3600)),
+        wait: LockWait::NoWait,
+    }
+}
+
+fn done(payload: &str) -> StoredOutcome {
+    StoredOutcome::Completed {
+        payload: payload.to_owned(),
+    }
+}
+
+const LONG: Duration = Duration::from_secs(60);
+const SHORT: Duration = Duration::from_millis(150);
+
+async fn prepared<S: LeasedClaims>(store: &S) {
+    store.prepare_leases().await.expect("prepare leases");
+    store.prepare_leases().await.expect("prepare leases twice");
+}
+
+async fn acquire<S: LeasedClaims>(store: &S, claim: &Claim<'_>, lease: Duration) -> FencingToken {
+    match store.claim_leased(claim, lease).await.expect("claim") {
+        LeaseClaim::Acquired { token, .. } => token,
+        other => panic!("expected the key to be acquired, got {other:?}"),
+    }
+}
+
+/// A claim commits a `PROCESSING` record with token 1 at once; a duplicate sees it with the
+/// time its lease has left, and does not take it.
+pub async fn leased_claim_commits_processing_and_a_duplicate_sees_the_lease<S: LeasedClaims>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let (id, f) = (id(), fp("a"));
+    let first = store
+        .claim_leased(&claim(&id, &f), LONG)
+        .await
+        .expect("claim");
+    assert_eq!(
+        first,
+        LeaseClaim::Acquired {
+            token: FencingToken(1),
+            takeover: false
+        }
+    );
+    let committed = store.lookup(&id).await.expect("lookup").expect("committed");
+    assert_eq!(committed.status(), RecordStatus::Processing);
+    match store
+        .claim_leased(&claim(&id, &f), LONG)
+        .await
+        .expect("claim")
+    {
+        LeaseClaim::Exists { record, lease_left } => {
+            assert_eq!(record.status(), RecordStatus::Processing);
+            let left = lease_left.expect("a lease");
+            assert!(left > Duration::from_secs(30) && left <= LONG, "{left:?}");
+        }
+        other => panic!("a live lease was taken: {other:?}"),
+    }
+}
+
+/// An expired lease is taken over with the next token; the old holder's completion is then
+/// refused, the new holder's is stored, and the terminal record is reported from then on.
+pub async fn leased_expired_lease_is_taken_over_and_the_stale_holder_is_fenced<S: LeasedClaims>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let (id, f) = (id(), fp("a"));
+    let stale = acquire(&store, &claim(&id, &f), SHORT).await;
+    tokio::time::sleep(SHORT * 3).await;
+    let taken = store
+        .claim_leased(&claim(&id, &f), LONG)
+        .await
+        .expect("claim");
+    let LeaseClaim::Acquired { token, takeover } = taken else {
+        panic!("an expired lease was not taken over: {taken:?}");
+    };
+    assert!(takeover);
+    assert!(token > stale, "{token:?} after {stale:?}");
+    let late = store
+        .complete_leased(&id, stale, &done("\"stale\""))
+        .await
+        .expect("complete");
+    assert_eq!(late, None, "the stale holder's completion is refused");
+    let record = store
+        .complete_leased(&id, token, &done("\"current\""))
+        .await
+        .expect("complete")
+        .expect("the current holder completes");
+    assert_eq!(record.status(), RecordStatus::Completed);
+    assert_eq!(record.outcome, Some(done("\"current\"")));
+    let again = store
+        .complete_leased(&id, token, &done("\"twice\""))
+        .await
+        .expect("complete");
+    assert_eq!(again, None, "a terminal record is not completed twice");
+    match store
+        .claim_leased(&claim(&id, &f), LONG)
+        .await
+        .expect("claim")
+    {
+        LeaseClaim::Exists { record, lease_left } => {
+            assert_eq!(record.outcome, Some(done("\"current\"")));
+            assert_eq!(lease_left, None);
+        }
+        other => panic!("a terminal record was claimed: {other:?}"),
+    }
+}
+
+/// An expired lease of a request with another fingerprint is never taken over: the key was
+/// used for another payload.
+pub async fn leased_another_fingerprint_never_takes_over<S: LeasedClaims>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let id = id();
+    let (a, b) = (fp("a"), fp("b"));
+    acquire(&store, &claim(&id, &a), SHORT).await;
+    tokio::time::sleep(SHORT * 3).await;
+    match store
+        .claim_leased(&claim(&id, &b), LONG)
+        .await
+        .expect("claim")
+    {
+        LeaseClaim::Exists { record, lease_left } => {
+            assert_eq!(record.fingerprint, a);
+            assert_eq!(lease_left, Some(Duration::ZERO));
+        }
+        other => panic!("another payload took the key over: {other:?}"),
+    }
+}
+
+/// A release deletes the claim only with its token; the key is then free at once.
+pub async fn leased_release_frees_the_key_with_its_token_only<S: LeasedClaims>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let (id, f) = (id(), fp("a"));
+    let token = acquire(&store, &claim(&id, &f), LONG).await;
+    let other = FencingToken(token.0 + 1);
+    assert!(!store.release_leased(&id, other).await.expect("release"));
+    assert!(store.lookup(&id).await.expect("lookup").is_some());
+    assert!(store.release_leased(&id, token).await.expect("release"));
+    assert!(store.lookup(&id).await.expect("lookup").is_none());
+    assert_eq!(
+        acquire(&store, &claim(&id, &f), LONG).await,
+        FencingToken(1)
+    );
+}
+
+/// Generates the leased-claim conformance cases, for stores that implement
+/// [`LeasedClaims`](crate::lease::LeasedClaims).
+#[macro_export]
+macro_rules! leased_conformance_tests {
+    ($factory:path, $caps:expr) => {
+        $crate::__conformance_cases!($factory, $caps;
+            leased_claim_commits_processing_and_a_duplicate_sees_the_lease,
+            leased_expired_lease_is_taken_over_and_the_stale_holder_is_fenced,
+            leased_another_fingerprint_never_takes_over,
+            leased_release_frees_the_key_with_its_token_only,
+        );
+    };
+}

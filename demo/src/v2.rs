@@ -1,0 +1,182 @@
+//! `/v2/payments`, `/v2/refunds` and `/v2/charges`: the same business as `/api/payments`,
+//! `/api/refunds` and `/charges`, made idempotent by `IdempotencyLayer` alone. The handlers
+//! hold no idempotency code: they run their statements on the layer's transaction
+//! (`IdempotentTx`) and return a response, which the layer stores in that transaction.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idempotency_axum::{Error, IdempotencyLayer, IdempotentTx, rejection_problem};
+use idempotency_core::Rejection;
+use idempotency_outbox::{Enqueue, NewEvent};
+use uuid::Uuid;
+
+use crate::app::{App, database, outbox_error, technical};
+use crate::db::Database;
+#[allow(unused_imports)] // the OpenAPI attributes name these types
+use crate::model::Payment as PaymentDoc;
+use crate::model::{
+    ChargeCreated, ChargeCreatedEvent, CreateCharge, CreatePayment, CreateRefund,
+    InsufficientFunds, Payment, Refund, RefundLimit,
+};
+use crate::problem::ApiJson;
+use crate::scope::OptionalTenant;
+
+/// The `/v2` routes, each behind the layer (UUID keys for `/v2/charges`).
+pub(crate) fn routes<DB: Database>(app: &App<DB>, max_body_bytes: usize) -> Router<App<DB>> {
+    let layer = IdempotencyLayer::new(app.service.clone())
+        .scope::<OptionalTenant>()
+        .max_request_body(max_body_bytes);
+    Router::new()
+        .route("/v2/payments", post(create_payment::<DB>))
+        .route("/v2/refunds", post(create_refund::<DB>))
+        .route_layer(layer.clone())
+        .merge(
+            Router::new()
+                .route("/v2/charges", post(create_charge::<DB>))
+                .route_layer(layer.uuid_keys()),
+        )
+}
+
+/// A business rejection, answered as `/api` answers it: `request-rejected` with the code and
+/// the details, 422. The layer stores it like any deterministic client error.
+fn rejected<D: serde::Serialize>(code: &str, details: &D) -> Response {
+    match Rejection::with_details(code, details) {
+        Ok(rejection) => {
+            rejection_problem(&rejection, StatusCode::UNPROCESSABLE_ENTITY).into_response()
+        }
+        Err(error) => Error::internal(error).into_response(),
+    }
+}
+
+/// `POST /v2/payments`: `POST /api/payments` behind the layer.
+#[utoipa::path(
+    post,
+    path = "/v2/payments",
+    request_body = CreatePayment,
+    params(crate::openapi::KeyHeader, crate::openapi::TenantHeader),
+    responses(
+        (status = 201, description = "The payment (replays carry Idempotent-Replayed)", body = Payment, headers(("Idempotent-Replayed" = String, description = "`true` when the stored response of an earlier request is replayed"))),
+        crate::openapi::IdempotencyProblems,
+    )
+)]
+pub(crate) async fn create_payment<DB: Database>(
+    State(app): State<App<DB>>,
+    headers: HeaderMap,
+    mut tx: IdempotentTx<DB::Store>,
+    ApiJson(body): ApiJson<CreatePayment>,
+) -> Result<Response, Response> {
+    let request = body.validate().map_err(IntoResponse::into_response)?;
+    match request.recipient.as_str() {
+        "FAIL_TECH" => {
+            return Err(technical("simulated technical failure (FAIL_TECH)").into_response());
+        }
+        // The simulation fails once per (tenant, key); reading the headers for it is the
+        // demo's fault injection, not idempotency code.
+        "FAIL_ONCE" if app.first_failure(&failure_key(&headers)) => {
+            return Err(technical("simulated technical failure (FAIL_ONCE)").into_response());
+        }
+        _ => {}
+    }
+    if request.amount > app.rules.available_balance {
+        let details = InsufficientFunds {
+            requested_amount: request.amount,
+            available_balance: app.rules.available_balance,
+        };
+        return Ok(rejected("INSUFFICIENT_FUNDS", &details));
+    }
+    let payment = Payment {
+        payment_id: Uuid::now_v7(),
+        order_id: request.order_id.clone(),
+        amount: request.amount,
+        status: "CONFIRMED".to_owned(),
+    };
+    DB::insert_payment(&mut tx, &payment, &request.recipient)
+        .await
+        .map_err(|e| database::<DB>(e).into_response())?;
+    Ok((StatusCode::CREATED, Json(payment)).into_response())
+}
+
+fn failure_key(headers: &HeaderMap) -> String {
+    let value = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default()
+    };
+    format!("v2/{}/{}", value("x-tenant-id"), value("idempotency-key"))
+}
+
+/// `POST /v2/refunds`: `POST /api/refunds` behind the layer.
+#[utoipa::path(
+    post,
+    path = "/v2/refunds",
+    request_body = CreateRefund,
+    params(crate::openapi::KeyHeader, crate::openapi::TenantHeader),
+    responses(
+        (status = 200, description = "The refund (replays carry Idempotent-Replayed)", body = Refund, headers(("Idempotent-Replayed" = String, description = "`true` when the stored response of an earlier request is replayed"))),
+        crate::openapi::IdempotencyProblems,
+    )
+)]
+pub(crate) async fn create_refund<DB: Database>(
+    State(app): State<App<DB>>,
+    mut tx: IdempotentTx<DB::Store>,
+    ApiJson(body): ApiJson<CreateRefund>,
+) -> Result<Response, Response> {
+    let request = body.validate().map_err(IntoResponse::into_response)?;
+    if request.amount > app.rules.refund_limit {
+        let details = RefundLimit {
+            requested_amount: request.amount,
+            limit: app.rules.refund_limit,
+        };
+        return Ok(rejected("REFUND_LIMIT_EXCEEDED", &details));
+    }
+    let refund = Refund {
+        refund_id: Uuid::now_v7(),
+        payment_id: request.payment_id.clone(),
+        amount: request.amount,
+        status: "REFUNDED".to_owned(),
+    };
+    DB::insert_refund(&mut tx, &refund)
+        .await
+        .map_err(|e| database::<DB>(e).into_response())?;
+    Ok((StatusCode::OK, Json(refund)).into_response())
+}
+
+/// `POST /v2/charges`: `POST /charges` behind the layer; the charge, its `ChargeCreated`
+/// event and the stored response commit in the layer's transaction.
+#[utoipa::path(
+    post,
+    path = "/v2/charges",
+    request_body = CreateCharge,
+    params(crate::openapi::UuidKeyHeader, crate::openapi::TenantHeader),
+    responses(
+        (status = 201, description = "The charge id (replays carry Idempotent-Replayed)", body = ChargeCreated, headers(("Idempotent-Replayed" = String, description = "`true` when the stored response of an earlier request is replayed"))),
+        crate::openapi::IdempotencyProblems,
+    )
+)]
+pub(crate) async fn create_charge<DB: Database>(
+    State(app): State<App<DB>>,
+    mut tx: IdempotentTx<DB::Store>,
+    ApiJson(body): ApiJson<CreateCharge>,
+) -> Result<Response, Response> {
+    let request = body.validate().map_err(IntoResponse::into_response)?;
+    let id = Uuid::now_v7();
+    DB::insert_charge(&mut tx, id, request.amount_cents)
+        .await
+        .map_err(|e| database::<DB>(e).into_response())?;
+    let event = ChargeCreatedEvent {
+        charge_id: id,
+        amount_cents: request.amount_cents,
+    };
+    let event = NewEvent::new("charge", id.to_string(), "ChargeCreated", &event)
+        .map_err(|e| Error::internal(e).into_response())?;
+    app.db
+        .outbox()
+        .enqueue_all(&mut tx, &[event])
+        .await
+        .map_err(|e| outbox_error(e).into_response())?;
+    Ok((StatusCode::CREATED, Json(ChargeCreated { id })).into_response())
+}

@@ -1,0 +1,245 @@
+//! `/v2/*`, protected by `IdempotencyLayer` alone, answer as `/api/*` and `/charges` do, and
+//! keep the transaction: a charge, its record and its `ChargeCreated` event commit together.
+//! On a real PostgreSQL with a schema per test.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use idempotency_core::config::SchemaMode;
+use idempotency_demo::config::DemoConfig;
+use idempotency_demo::db::{Database, Postgres};
+use idempotency_demo::{App, build_service, router};
+use idempotency_pg::sqlx::{self, PgPool};
+use serde_json::Value;
+use tower::ServiceExt;
+
+async fn demo() -> (Router, PgPool) {
+    let mut config = DemoConfig::default();
+    config.idempotency.persistence.schema.mode = SchemaMode::Create;
+    config.outbox.schema.mode = SchemaMode::Create;
+    let pool = idempotency_testing::pg_pool().await;
+    let db = Postgres::from_pool(pool.clone(), &config).await.unwrap();
+    let service = build_service(db.store().clone(), &config.idempotency, None);
+    let app = App::new(db, service, config.demo.clone());
+    (router(app, config.server.max_body_bytes), pool)
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    /// The body as JSON with the generated ids blanked, to compare two routes' answers.
+    fn shape(&self) -> Value {
+        let mut body: Value = serde_json::from_slice(&self.body).unwrap_or(Value::Null);
+        for id in ["paymentId", "refundId", "id"] {
+            if let Some(value) = body.get_mut(id) {
+                *value = Value::from("<id>");
+            }
+        }
+        body
+    }
+}
+
+async fn post(app: &Router, uri: &str, key: Option<&str>, body: &str) -> Reply {
+    let mut request = Request::post(uri).header("content-type", "application/json");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Every case of the explicit routes, sent to both: the same status, content type and body
+/// (generated ids aside), first and on replay.
+#[tokio::test]
+async fn v2_routes_answer_as_the_explicit_routes_do() {
+    let (app, _pool) = demo().await;
+    let cases: &[(&str, &str, Option<&str>, &str)] = &[
+        (
+            "payments",
+            "ok",
+            Some("k"),
+            r#"{"orderId":"o-1","recipient":"alice","amount":100.00}"#,
+        ),
+        (
+            "payments",
+            "over",
+            Some("k"),
+            r#"{"orderId":"o-2","recipient":"alice","amount":5000}"#,
+        ),
+        (
+            "payments",
+            "invalid",
+            Some("k"),
+            r#"{"orderId":"o","recipient":"a","amount":-1}"#,
+        ),
+        ("payments", "malformed", Some("k"), "{not json"),
+        (
+            "payments",
+            "tech",
+            Some("k"),
+            r#"{"orderId":"o","recipient":"FAIL_TECH","amount":1}"#,
+        ),
+        (
+            "payments",
+            "nokey",
+            None,
+            r#"{"orderId":"o","recipient":"a","amount":1}"#,
+        ),
+        (
+            "payments",
+            "badkey",
+            Some("has space"),
+            r#"{"orderId":"o","recipient":"a","amount":1}"#,
+        ),
+        (
+            "refunds",
+            "ok",
+            Some("k"),
+            r#"{"paymentId":"p-1","amount":300.00}"#,
+        ),
+        (
+            "refunds",
+            "over",
+            Some("k"),
+            r#"{"paymentId":"p-1","amount":800.00}"#,
+        ),
+        (
+            "charges",
+            "ok",
+            Some("8e03978e-40d5-43e8-bc93-6894a57f9324"),
+            r#"{"amountCents":4900}"#,
+        ),
+        (
+            "charges",
+            "notuuid",
+            Some("demo-1"),
+            r#"{"amountCents":4900}"#,
+        ),
+        (
+            "charges",
+            "invalid",
+            Some("8e03978e-40d5-43e8-bc93-6894a57f9325"),
+            r#"{"amountCents":0}"#,
+        ),
+    ];
+    for (resource, case, key, body) in cases {
+        let explicit = match *resource {
+            "charges" => "/charges".to_owned(),
+            other => format!("/api/{other}"),
+        };
+        let layered = format!("/v2/{resource}");
+        // Distinct keys per route and case, except the UUID and the invalid ones.
+        let keys = key.map(|key| match key {
+            k if k.len() == 36 || k.contains(" ") || k == "demo-1" => (k.to_owned(), k.to_owned()),
+            k => (
+                format!("{k}-{resource}-{case}-a"),
+                format!("{k}-{resource}-{case}-b"),
+            ),
+        });
+        let (a, b) = match &keys {
+            Some((a, b)) => (Some(a.as_str()), Some(b.as_str())),
+            None => (None, None),
+        };
+        for round in ["first", "replay"] {
+            let want = post(&app, &explicit, a, body).await;
+            let got = post(&app, &layered, b, body).await;
+            let what = format!("{resource} {case} ({round})");
+            assert_eq!(got.status, want.status, "{what}: {:?}", got.body);
+            assert_eq!(
+                got.headers.get("content-type"),
+                want.headers.get("content-type"),
+                "{what}"
+            );
+            assert_eq!(got.shape(), want.shape(), "{what}");
+            if want.replayed() {
+                assert!(got.replayed(), "{what}");
+            }
+        }
+    }
+}
+
+/// A `/v2/charges` charge, its record and its event commit in the layer's transaction; the
+/// replay is byte-identical and adds nothing.
+#[tokio::test]
+async fn a_v2_charge_its_record_and_its_event_commit_together() {
+    let (app, pool) = demo().await;
+    let key = Some("0b5cb1e0-3a57-4c3e-9d0c-8f2a1e9f6a11");
+    let first = post(&app, "/v2/charges", key, r#"{"amountCents":4900}"#).await;
+    let replay = post(&app, "/v2/charges", key, r#"{ "amountCents" : 4900 }"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed() && replay.replayed());
+    assert_eq!(replay.body, first.body, "byte for byte");
+    assert_eq!(count(&pool, "charges").await, 1);
+    assert_eq!(count(&pool, "outbox").await, 1);
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+    let payload: String = sqlx::query_scalar("SELECT payload::text FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let payload: Value = serde_json::from_str(&payload).unwrap();
+    let first: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(payload["chargeId"], first["id"]);
+}
+
+/// A failed `/v2/payments` leaves nothing (no payment, no record), and the retry runs.
+#[tokio::test]
+async fn a_failed_v2_payment_leaves_nothing_and_the_retry_runs() {
+    let (app, pool) = demo().await;
+    let body = r#"{"orderId":"o-3","recipient":"FAIL_ONCE","amount":100}"#;
+    let failed = post(&app, "/v2/payments", Some("once"), body).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(count(&pool, "payments").await, 0);
+    assert_eq!(count(&pool, "idempotency_records").await, 0);
+    let retry = post(&app, "/v2/payments", Some("once"), body).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(count(&pool, "payments").await, 1);
+}
+
+/// The OpenAPI document lists the `/v2` routes.
+#[tokio::test]
+async fn the_openapi_document_lists_the_v2_routes() {
+    let (app, _pool) = demo().await;
+    let response = app
+        .oneshot(Request::get("/openapi.json").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let doc: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    for path in ["/v2/payments", "/v2/refunds", "/v2/charges"] {
+        let post = &doc["paths"][path]["post"];
+        assert!(post.is_object(), "{path} undocumented");
+        for status in ["400", "409", "413", "422", "500", "503"] {
+            assert!(post["responses"][status].is_object(), "{path} {status}");
+        }
+    }
+}
