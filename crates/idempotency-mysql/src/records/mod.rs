@@ -1,0 +1,9 @@
+//! The idempotency records: [`MysqlStore`], its statements and its schema.
+
+mod row;
+mod schema;
+mod statements;
+mod store;
+
+pub use schema::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, ddl};
+pub use store::MysqlStore;
