@@ -4,19 +4,19 @@
 mod clock;
 mod connect;
 mod error;
-#[cfg(any())]
+#[cfg(feature = "outbox")]
 mod inbox;
 mod introspect;
-#[cfg(any())]
+#[cfg(feature = "outbox")]
 mod outbox;
 mod records;
 mod table;
 
 pub use error::{Error, SchemaProblem, store_error};
-#[cfg(any())]
+#[cfg(feature = "outbox")]
 pub use inbox::{INBOX_DDL_TEMPLATE, MysqlInbox, inbox_ddl};
-#[cfg(any())]
-pub use outbox::{OUTBOX_DDL_TEMPLATE, MysqlOutbox, outbox_ddl};
+#[cfg(feature = "outbox")]
+pub use outbox::{DEFAULT_RELAY_LOCK, MysqlOutbox, OUTBOX_DDL_TEMPLATE, outbox_ddl};
 pub use records::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, MysqlStore, ddl};
 pub use table::TableName;
 
@@ -35,5 +35,5 @@ pub type MysqlIdempotencyService<
 pub type MysqlTx = idempotency_core::Tx<MysqlStore>;
 
 /// A relay on the MySQL outbox.
-#[cfg(any())]
+#[cfg(feature = "outbox")]
 pub type MysqlRelay<P> = idempotency_outbox::Relay<MysqlOutbox, P>;

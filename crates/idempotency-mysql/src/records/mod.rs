@@ -2,8 +2,9 @@
 
 mod row;
 mod schema;
-mod statements;
+pub(crate) mod statements;
 mod store;
 
 pub use schema::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, ddl};
 pub use store::MysqlStore;
+pub(crate) use statements::sql;

@@ -7,12 +7,12 @@ use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_mysql::MysqlStore;
 
 /// A store on a fresh database, its table created.
-pub async fn fresh_store() -> MysqlStore {
+pub(crate) async fn fresh_store() -> MysqlStore {
     store_on(idempotency_testing::mysql_pool().await).await
 }
 
 /// A store on `pool`, its table created.
-pub async fn store_on(pool: sqlx::MySqlPool) -> MysqlStore {
+pub(crate) async fn store_on(pool: sqlx::MySqlPool) -> MysqlStore {
     let mut config = PersistenceConfig::default();
     config.schema.mode = SchemaMode::Create;
     MysqlStore::from_config(pool, &config)
