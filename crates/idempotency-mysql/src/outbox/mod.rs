@@ -42,6 +42,16 @@ struct SingleRelay {
     holder: tokio::sync::Mutex<Option<PoolConnection<MySql>>>,
 }
 
+impl Drop for SingleRelay {
+    /// Closes the lock's connection instead of handing it back to the pool, where it would
+    /// keep the lock with no relay behind it.
+    fn drop(&mut self) {
+        if let Some(conn) = self.holder.get_mut().take() {
+            drop(conn.detach());
+        }
+    }
+}
+
 /// The MySQL / MariaDB outbox: enqueue through the caller's connection, in the caller's
 /// transaction, and the store a [`Relay`](idempotency_outbox::Relay) claims from (`FOR UPDATE
 /// SKIP LOCKED`, so several relay workers and processes share the rows). Cheap to clone: the
