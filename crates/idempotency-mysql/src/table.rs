@@ -109,6 +109,7 @@ impl TableName {
 
     /// The table `<name>_<suffix>` in the same database; `None` when that name would pass the
     /// 64-byte limit (it is never cut: a cut name could be another table's).
+    #[cfg_attr(not(feature = "outbox"), allow(dead_code))] // the outbox's counters
     pub(crate) fn sibling(&self, suffix: &str) -> Option<Self> {
         let name = format!("{}_{suffix}", self.name);
         (name.len() <= MAX_IDENTIFIER_LEN).then(|| Self::from_parts(self.database.clone(), name))

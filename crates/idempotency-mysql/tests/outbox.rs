@@ -15,8 +15,10 @@ use sqlx::MySqlPool;
 use uuid::Uuid;
 
 fn outbox_config(table: &str) -> OutboxConfig {
-    let mut config = OutboxConfig::default();
-    config.table_name = table.to_owned();
+    let mut config = OutboxConfig {
+        table_name: table.to_owned(),
+        ..OutboxConfig::default()
+    };
     config.schema.mode = SchemaMode::Create;
     config
 }

@@ -13,8 +13,10 @@ use idempotency_mysql::{Error, MysqlStore, SchemaProblem, TableName};
 use sqlx::MySqlPool;
 
 fn config(table: &str, mode: SchemaMode) -> PersistenceConfig {
-    let mut config = PersistenceConfig::default();
-    config.table_name = table.to_owned();
+    let mut config = PersistenceConfig {
+        table_name: table.to_owned(),
+        ..PersistenceConfig::default()
+    };
     config.schema.mode = mode;
     config
 }

@@ -300,14 +300,12 @@ impl MysqlOutbox {
         Ok(events
             .iter()
             .map(|event| {
-                let slot = next
-                    .get_mut(&(event.aggregate_type(), event.aggregate_id()))
+                next.get_mut(&(event.aggregate_type(), event.aggregate_id()))
                     .map(|n| {
                         let sequence = *n;
                         *n += 1;
                         sequence
-                    });
-                slot
+                    })
             })
             .collect())
     }

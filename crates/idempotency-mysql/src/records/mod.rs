@@ -7,4 +7,5 @@ mod store;
 
 pub use schema::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, ddl};
 pub use store::MysqlStore;
+#[cfg(feature = "outbox")]
 pub(crate) use statements::sql;

@@ -70,15 +70,15 @@ pub(crate) fn key(label: &str) -> IdempotencyKey {
     idempotency_core::testing::key(label)
 }
 
-/// Starts a request whose action signals once it holds the key, then waits for `release`.
-pub(crate) fn hold_key(
-    service: &IdempotencyService<MysqlStore>,
-    k: &IdempotencyKey,
-) -> (
+/// A request holding a key: `started` fires once it does, `release` lets it complete.
+pub(crate) type Holder = (
     oneshot::Receiver<()>,
     oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<Outcome<Value>, AppError>>,
-) {
+);
+
+/// Starts a request whose action signals once it holds the key, then waits for `release`.
+pub(crate) fn hold_key(service: &IdempotencyService<MysqlStore>, k: &IdempotencyKey) -> Holder {
     let (started_tx, started) = oneshot::channel();
     let (release, release_rx) = oneshot::channel::<()>();
     let (service, k) = (service.clone(), k.clone());
