@@ -33,7 +33,9 @@ impl ServerVersion {
     pub(crate) fn parse(version: &str) -> Option<Self> {
         let mariadb = version.contains("MariaDB");
         let version = version.strip_prefix("5.5.5-").unwrap_or(version);
-        let numbers = version.split(|c: char| !c.is_ascii_digit() && c != '.').next()?;
+        let numbers = version
+            .split(|c: char| !c.is_ascii_digit() && c != '.')
+            .next()?;
         let mut parts = numbers.split('.').map(|p| p.parse::<u32>().ok());
         Some(Self {
             mariadb,

@@ -233,7 +233,8 @@ mod tests {
 
     #[test]
     fn ddl_is_split_into_statements_without_comments() {
-        let ddl = "-- a comment; with a semicolon\nCREATE TABLE a (x INT);\n\nCREATE TABLE b (y INT);\n";
+        let ddl =
+            "-- a comment; with a semicolon\nCREATE TABLE a (x INT);\n\nCREATE TABLE b (y INT);\n";
         assert_eq!(
             statements(ddl),
             vec!["CREATE TABLE a (x INT)", "CREATE TABLE b (y INT)"]

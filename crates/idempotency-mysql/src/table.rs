@@ -44,7 +44,10 @@ fn check_part(input: &str, part: &str) -> Result<String, Error> {
     match bytes.next() {
         None => return Err(invalid(input, "a name part is empty")),
         Some(b) if !(b.is_ascii_alphabetic() || b == b'_') => {
-            return Err(invalid(input, "a name part must start with a letter or '_'"));
+            return Err(invalid(
+                input,
+                "a name part must start with a letter or '_'",
+            ));
         }
         Some(_) => {}
     }
@@ -83,10 +86,7 @@ impl TableName {
         let parts: Vec<&str> = input.split('.').collect();
         let (database, name) = match parts.as_slice() {
             [name] => (None, check_part(input, name)?),
-            [database, name] => (
-                Some(check_part(input, database)?),
-                check_part(input, name)?,
-            ),
+            [database, name] => (Some(check_part(input, database)?), check_part(input, name)?),
             _ => return Err(invalid(input, "expected `name` or `database.name`")),
         };
         Ok(Self::from_parts(database, name))

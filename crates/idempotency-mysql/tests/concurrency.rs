@@ -106,7 +106,10 @@ async fn a_caller_whose_snapshot_predates_the_holders_commit_replays_it() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!late.is_finished(), "the duplicate did not wait for the holder");
+    assert!(
+        !late.is_finished(),
+        "the duplicate did not wait for the holder"
+    );
     release.send(()).unwrap();
     holder.await.unwrap().unwrap();
     let outcome = late.await.unwrap().unwrap();
@@ -142,7 +145,11 @@ async fn a_killed_connection_leaves_nothing_and_the_retry_runs_from_scratch() {
     if let AppError::Idempotency(error) = &error {
         assert!(error.is_retryable(), "{error:?}");
     }
-    assert_eq!(count(store.pool(), "charges").await, 0, "half a transaction stayed");
+    assert_eq!(
+        count(store.pool(), "charges").await,
+        0,
+        "half a transaction stayed"
+    );
     assert_eq!(count(store.pool(), "idempotency_records").await, 0);
 
     let retry: Outcome<i64> = service
@@ -180,9 +187,9 @@ async fn cleanup_skips_rows_a_transaction_holds() {
         "SELECT 1 FROM idempotency_records \
          WHERE operation = 'OP' AND scope = '' AND idempotency_key = 'b' FOR UPDATE",
     )
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    .execute(&mut *holder)
+    .await
+    .unwrap();
     let deleted = tokio::time::timeout(Duration::from_secs(5), store.delete_expired_batch(10))
         .await
         .expect("cleanup waited for a held row")

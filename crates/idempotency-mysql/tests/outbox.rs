@@ -116,10 +116,10 @@ async fn in_the_single_relay_mode_one_process_claims_at_a_time() {
 
     // The holder's session ends (here: the server kills it); the lock goes with it.
     let thread: i64 = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
-    .bind(&lock)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+        .bind(&lock)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {thread}")))
         .execute(&pool)
         .await

@@ -32,7 +32,9 @@ async fn admin_connection() -> MySqlConnection {
             "cannot connect to MySQL/MariaDB at {url}: {e}. Start it (scripts/services.sh \
              does) or set MYSQL_URL."
         ),
-        Err(_) => panic!("MySQL/MariaDB at {url} did not answer within 10 s. Start it or set MYSQL_URL."),
+        Err(_) => {
+            panic!("MySQL/MariaDB at {url} did not answer within 10 s. Start it or set MYSQL_URL.")
+        }
     }
 }
 

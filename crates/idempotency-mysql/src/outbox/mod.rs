@@ -179,7 +179,11 @@ impl MysqlOutbox {
     /// `conn` is any MySQL connection in a transaction begun through sqlx:
     /// `&mut sqlx::Transaction`, [`MysqlTx`](crate::MysqlTx), the connection an `execute`
     /// action receives. Rolled back with it; visible to relays at commit.
-    pub async fn enqueue(&self, conn: &mut MySqlConnection, event: &NewEvent) -> Result<Uuid, Error> {
+    pub async fn enqueue(
+        &self,
+        conn: &mut MySqlConnection,
+        event: &NewEvent,
+    ) -> Result<Uuid, Error> {
         self.enqueue_all(conn, std::slice::from_ref(event))
             .await
             .map(|ids| ids.first().copied().unwrap_or(event.id()))

@@ -42,7 +42,18 @@ pub(crate) type DeadLetterRow = (
 /// The message a claim hands out: `attempts` counts that claim.
 pub(crate) fn claimed(row: MessageRow) -> Result<OutboxMessage, Error> {
     let (id, t, a, s, e, p, h, created_at, attempts, age) = row;
-    message((id, t, a, s, e, p, h, created_at, attempts.saturating_add(1), age))
+    message((
+        id,
+        t,
+        a,
+        s,
+        e,
+        p,
+        h,
+        created_at,
+        attempts.saturating_add(1),
+        age,
+    ))
 }
 
 pub(crate) fn message(row: MessageRow) -> Result<OutboxMessage, Error> {

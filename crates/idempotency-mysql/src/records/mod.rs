@@ -6,6 +6,6 @@ pub(crate) mod statements;
 mod store;
 
 pub use schema::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, ddl};
-pub use store::MysqlStore;
 #[cfg(feature = "outbox")]
 pub(crate) use statements::sql;
+pub use store::MysqlStore;

@@ -39,11 +39,7 @@ pub(super) type CompleteRow = (
 );
 
 /// `created_at, completed_at, expires_at` of a row just inserted.
-pub(super) type TimesRow = (
-    NaiveDateTime,
-    Option<NaiveDateTime>,
-    Option<NaiveDateTime>,
-);
+pub(super) type TimesRow = (NaiveDateTime, Option<NaiveDateTime>, Option<NaiveDateTime>);
 
 pub(super) fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
     let (hash, status, payload, code, created_at, completed_at, expires_at) = row;

@@ -22,9 +22,7 @@ pub(crate) async fn store_on(pool: MySqlPool) -> MysqlStore {
 
 use std::time::Duration;
 
-use idempotency_core::{
-    Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome,
-};
+use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome};
 use serde_json::{Value, json};
 use sqlx::{MySqlConnection, MySqlPool};
 use tokio::sync::oneshot;
