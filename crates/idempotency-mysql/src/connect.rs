@@ -67,6 +67,11 @@ pub(crate) async fn check_server(pool: &MySqlPool) -> Result<(), Error> {
     }
 }
 
+pub(crate) const SET_LOCK_WAIT: &str = "SET @idempotency_lock_wait = \
+     @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = ?";
+pub(crate) const RESTORE_LOCK_WAIT: &str =
+    "SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait";
+
 /// Sets the session's `innodb_lock_wait_timeout` to `seconds` for the statements until
 /// [`restore_lock_wait`], keeping the previous value in a session variable (one round trip;
 /// the assignments of one `SET` run left to right). `0` means "do not wait" on MariaDB;
@@ -75,19 +80,16 @@ pub(crate) async fn set_lock_wait(
     conn: &mut MySqlConnection,
     seconds: u64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
-             SESSION innodb_lock_wait_timeout = ?",
-    )
-    .bind(seconds)
-    .execute(&mut *conn)
-    .await
-    .map(drop)
+    sqlx::query(SET_LOCK_WAIT)
+        .bind(seconds)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
 }
 
 /// Puts back the value [`set_lock_wait`] replaced.
 pub(crate) async fn restore_lock_wait(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait")
+    sqlx::query(RESTORE_LOCK_WAIT)
         .execute(&mut *conn)
         .await
         .map(drop)

@@ -123,6 +123,26 @@ impl MysqlStore {
         &self.table
     }
 
+    /// The SQL text of one of the statements this store issues, for inspection (`EXPLAIN`) and
+    /// benchmarks: `acquire`, `insert_completed`, `inserted_times` (read after an optimistic
+    /// insert), `find`, `complete`, `completed_row` (read after `complete`), `set_lock_wait` and
+    /// `restore_lock_wait` (around a bounded wait), `expired` (a cleanup batch's keys).
+    pub fn statement(&self, name: &str) -> Option<&str> {
+        let sql = &self.sql;
+        Some(match name {
+            "acquire" => sql.acquire.as_str(),
+            "insert_completed" => sql.insert_completed.as_str(),
+            "inserted_times" => sql.inserted_times.as_str(),
+            "find" => sql.find.as_str(),
+            "complete" => sql.complete.as_str(),
+            "completed_row" => sql.completed_row.as_str(),
+            "set_lock_wait" => connect::SET_LOCK_WAIT,
+            "restore_lock_wait" => connect::RESTORE_LOCK_WAIT,
+            "expired" => sql.expired.as_str(),
+            _ => return None,
+        })
+    }
+
     /// Runs an insert that may wait for a concurrent holder of the key, with the claim's wait
     /// budget in force for that statement only.
     async fn insert_waiting(
