@@ -7,7 +7,8 @@
 #   lint       cargo fmt --check, clippy -D warnings
 #   docs       rustdoc with -D warnings
 #   test       scripts/test.sh (the README's test command: starts servers, cargo test)
-#   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, then on SQLite,
+#   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, on MariaDB/MySQL,
+#              then on SQLite,
 #              then schemathesis against its OpenAPI document
 #   hack       cargo hack check --each-feature --no-dev-deps
 #   deny       cargo deny: bans, licenses, sources (blocking); advisories (reported only)
@@ -41,6 +42,8 @@ tests() {
 scenarios() {
   step "demo scenarios on PostgreSQL + Redis + NATS"
   bash scripts/demo-scenarios.sh postgres
+  step "demo scenarios on MariaDB / MySQL + Redis + NATS"
+  bash scripts/demo-scenarios.sh mysql
   step "demo scenarios on the embedded default (SQLite, no DATABASE_URL)"
   bash scripts/demo-scenarios.sh sqlite
   step "schemathesis: property-based HTTP fuzzing from the OpenAPI document"

@@ -2,10 +2,11 @@
 # Starts the demo and runs demo/scenarios.sh against it, then stops it.
 #
 #   scripts/demo-scenarios.sh postgres   # PostgreSQL + Redis + NATS (DATABASE_URL, REDIS_URL, NATS_URL)
+#   scripts/demo-scenarios.sh mysql      # MariaDB / MySQL (MYSQL_URL) + Redis + NATS
 #   scripts/demo-scenarios.sh sqlite     # nothing installed: SQLite file, moka, logging publisher
 #
-# The PostgreSQL run uses a fresh database (`idempotency_demo_scenarios`); the SQLite run a
-# fresh temporary working directory. The demo is built first (debug profile).
+# The PostgreSQL and MySQL runs use a fresh database (`idempotency_demo_scenarios`); the SQLite
+# run a fresh temporary working directory. The demo is built first (debug profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-postgres}"
@@ -32,12 +33,25 @@ case "$mode" in
     env DATABASE_URL="${DATABASE_URL%/*}/idempotency_demo_scenarios" SERVER__PORT="$port" \
       DEMO_CONFIG="$PWD/demo/config/demo.yaml" "$binary" >"$log" 2>&1 &
     ;;
+  mysql)
+    source scripts/services.sh
+    ensure_services
+    mysql_base="${MYSQL_URL%/*}"
+    rest="${mysql_base#*://}"; creds="${rest%@*}"; hostport="${rest##*@}"
+    [ "$creds" = "$rest" ] && creds=root
+    user="${creds%%:*}"; password=""; [ "$user" != "$creds" ] && password="${creds#*:}"
+    host="${hostport%:*}"; mport="${hostport##*:}"; [ "$mport" = "$hostport" ] && mport=3306
+    mysql -u"$user" ${password:+-p"$password"} -h"$host" -P"$mport" \
+      -e "DROP DATABASE IF EXISTS idempotency_demo_scenarios; CREATE DATABASE idempotency_demo_scenarios"
+    env -u DATABASE_URL MYSQL_URL="$mysql_base/idempotency_demo_scenarios" SERVER__PORT="$port" \
+      DEMO_CONFIG="$PWD/demo/config/demo.yaml" "$binary" >"$log" 2>&1 &
+    ;;
   sqlite)
     # No server at all: run from an empty directory without any *_URL variable.
-    (cd "$workdir" && exec env -u DATABASE_URL -u REDIS_URL -u NATS_URL SERVER__PORT="$port" \
+    (cd "$workdir" && exec env -u DATABASE_URL -u MYSQL_URL -u REDIS_URL -u NATS_URL SERVER__PORT="$port" \
       DEMO_CONFIG="$root/demo/config/demo.yaml" "$binary" >"$log" 2>&1) &
     ;;
-  *) echo "usage: $0 postgres|sqlite" >&2; exit 2 ;;
+  *) echo "usage: $0 postgres|mysql|sqlite" >&2; exit 2 ;;
 esac
 demo_pid=$!
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests talk to are installed, running and answering:
-# PostgreSQL, Redis, NATS (JetStream) and RabbitMQ on 127.0.0.1. Source it, then call
-# `ensure_services`; it exports DATABASE_URL, REDIS_URL, NATS_URL and AMQP_URL (keeping any
-# value already set, in which case that server is not started here, only waited for).
+# PostgreSQL, Redis, NATS (JetStream), RabbitMQ and MariaDB on 127.0.0.1. Source it, then call
+# `ensure_services`; it exports DATABASE_URL, REDIS_URL, NATS_URL, AMQP_URL and MYSQL_URL
+# (keeping any value already set, in which case that server is not started here, only waited
+# for).
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -98,10 +99,35 @@ ensure_rabbitmq() {
   wait_for RabbitMQ 127.0.0.1 5672 120
 }
 
+mysql_answers() { mysql -uroot -h127.0.0.1 -P3306 -e "SELECT 1" >/dev/null 2>&1; }
+
+ensure_mysql() {
+  if [ -n "${MYSQL_URL:-}" ]; then given MySQL "$MYSQL_URL" 3306 60; return; fi
+  export MYSQL_URL="mysql://root@127.0.0.1:3306/test"
+  if ! port_open 127.0.0.1 3306; then
+    [ -x /usr/sbin/mariadbd ] || apt_install mariadb-server
+    log "starting MariaDB"
+    as_root mkdir -p /run/mysqld
+    as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+    wait_for MariaDB 127.0.0.1 3306 60
+  fi
+  command -v mysql >/dev/null || apt_install mariadb-client
+  if ! mysql_answers; then
+    # A fresh Debian install: root logs in through the Unix socket only. Local development
+    # access, as on the CI machine: root from 127.0.0.1 without a password.
+    log "allowing root from 127.0.0.1 without a password"
+    as_root mysql -uroot -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY ''; \
+      GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
+  fi
+  mysql -uroot -h127.0.0.1 -P3306 -e "CREATE DATABASE IF NOT EXISTS test"
+}
+
 ensure_services() {
   ensure_postgres
   ensure_redis
   ensure_nats
   ensure_rabbitmq
-  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL"
+  ensure_mysql
+  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL"
 }

@@ -22,7 +22,7 @@ use serde::Deserialize;
 pub struct DemoConfig {
     /// The HTTP server.
     pub server: ServerConfig,
-    /// The PostgreSQL pool (when `DATABASE_URL` is set).
+    /// The database pool (PostgreSQL or MySQL, when `DATABASE_URL` or `MYSQL_URL` is set).
     pub database: DatabaseConfig,
     /// The business rules of the demo.
     pub demo: BusinessConfig,
@@ -134,7 +134,8 @@ pub struct BusinessConfig {
     pub available_balance: Decimal,
     /// Refunds above it are rejected with `REFUND_LIMIT_EXCEEDED`. Default 500.00.
     pub refund_limit: Decimal,
-    /// The SQLite file used when `DATABASE_URL` is not set. Default `data/demo.db`.
+    /// The SQLite file used when neither `DATABASE_URL` nor `MYSQL_URL` is set. Default
+    /// `data/demo.db`.
     pub sqlite_path: PathBuf,
 }
 

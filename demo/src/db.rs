@@ -1,5 +1,6 @@
-//! The two databases the demo runs on: PostgreSQL (when `DATABASE_URL` is set) and an embedded
-//! SQLite file (otherwise). Each holds the business tables, the idempotency records and the
+//! The databases the demo runs on: PostgreSQL (when `DATABASE_URL` is set), MySQL / MariaDB
+//! (when `MYSQL_URL`, or a `mysql://` `DATABASE_URL`, is set) and an embedded SQLite file
+//! (otherwise). Each holds the business tables, the idempotency records and the
 //! outbox; the business statements differ only in their SQL dialect.
 
 use std::future::Future;
@@ -11,9 +12,11 @@ use uuid::Uuid;
 
 use crate::model::{Charge, Payment, Refund};
 
+mod mysql;
 mod postgres;
 mod sqlite;
 
+pub use mysql::Mysql;
 pub use postgres::Postgres;
 pub use sqlite::Sqlite;
 

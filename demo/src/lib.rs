@@ -1,6 +1,7 @@
 //! The idempotency demo service: every scenario of both reference documents, over axum.
 //!
-//! Runs on PostgreSQL when `DATABASE_URL` is set and on an embedded SQLite file otherwise; uses
+//! Runs on PostgreSQL when `DATABASE_URL` is set, on MySQL / MariaDB when `MYSQL_URL` (or a
+//! `mysql://` `DATABASE_URL`) is set, and on an embedded SQLite file otherwise; uses
 //! Redis as L2 when `REDIS_URL` is set and NATS JetStream for the outbox when `NATS_URL` is set
 //! (a logging publisher otherwise). See `demo/README.md` and `demo/scenarios.sh`.
 
@@ -36,6 +37,9 @@ pub enum StartupError {
     /// The PostgreSQL idempotency store could not be set up.
     #[error("PostgreSQL idempotency store")]
     PgStore(#[from] idempotency_pg::Error),
+    /// The MySQL idempotency store could not be set up.
+    #[error("MySQL idempotency store")]
+    MysqlStore(#[from] idempotency_mysql::Error),
     /// The SQLite idempotency store could not be set up.
     #[error("SQLite idempotency store")]
     SqliteStore(#[from] idempotency_sqlite::Error),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use idempotency_cache_redis::RedisCache;
 use idempotency_core::cleanup::CleanupJob;
 use idempotency_demo::config::DemoConfig;
-use idempotency_demo::db::{Database, Postgres, Sqlite};
+use idempotency_demo::db::{Database, Mysql, Postgres, Sqlite};
 use idempotency_demo::{App, StartupError, build_service, router};
 use idempotency_metrics::FacadeMetrics;
 use idempotency_outbox::publisher::nats::NatsPublisher;
@@ -84,12 +84,26 @@ async fn run() -> Result<(), StartupError> {
         ),
         None => None,
     };
-    match env("DATABASE_URL") {
-        Some(url) => {
+    let database_url = env("DATABASE_URL");
+    let mysql_url = match &database_url {
+        Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+            Some(url.clone())
+        }
+        Some(_) => None,
+        None => env("MYSQL_URL"),
+    };
+    match (mysql_url, database_url) {
+        (Some(url), _) => {
+            // No LISTEN/NOTIFY on MySQL: the relay polls.
+            config.outbox.notify_channel = None;
+            let db = Mysql::connect(&url, &config).await?;
+            serve(db, config, redis, nats, prometheus).await
+        }
+        (None, Some(url)) => {
             let db = Postgres::connect(&url, &config).await?;
             serve(db, config, redis, nats, prometheus).await
         }
-        None => {
+        (None, None) => {
             // No server at all: the embedded default.
             config.outbox.notify_channel = None;
             let db = Sqlite::open(&config.demo.sqlite_path, &config).await?;

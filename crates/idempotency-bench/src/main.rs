@@ -3,12 +3,14 @@
 //! interleaved over several rounds, so the two sides of a ratio share the machine's load.
 //!
 //! `cargo run --release -p idempotency-bench -- --clients 4 --duration 10s --rounds 5`
+//! (PostgreSQL, Redis, NATS), or `-- --backend mysql` (MySQL / MariaDB on `MYSQL_URL`, NATS).
 
 #![allow(clippy::print_stdout)] // a command-line tool: the report is its output
 
 mod harness;
 mod idempotency;
 mod layer;
+mod mysql;
 mod outbox;
 
 use std::time::Duration;
@@ -37,6 +39,9 @@ struct Args {
     /// through an axum router in process (first executions, then replays).
     #[arg(long)]
     only_layer: bool,
+    /// `postgres` (with Redis) or `mysql` (MySQL / MariaDB on `MYSQL_URL`).
+    #[arg(long, default_value = "postgres")]
+    backend: String,
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -102,6 +107,9 @@ async fn main() {
             .map(usize::from)
             .unwrap_or(1)
     );
+    if args.backend == "mysql" {
+        return run_mysql(&args).await;
+    }
     let setup = idempotency::Setup::new(n).await;
     if args.only_layer {
         layer_bench(&setup, &args).await;
@@ -219,4 +227,51 @@ async fn layer_bench(setup: &idempotency::Setup, args: &Args) {
         "HTTP explicit execute: replay",
         ">= 0.90",
     );
+}
+
+/// The MySQL / MariaDB grid: first executions and replays against their direct SQL, and the
+/// relay's drain, ratios from one run.
+async fn run_mysql(args: &Args) {
+    let n = args.clients;
+    let setup = mysql::Setup::new(n).await;
+    let scenarios = mysql::first_executions(&setup, n);
+    let mut results = run_interleaved(&scenarios, args.duration, args.rounds).await;
+    let replays = mysql::replays(&setup).await;
+    results.extend(run_interleaved(&replays, args.duration, args.rounds).await);
+    println!();
+    print_table(&results);
+    println!();
+    println!("| ratio | measure | measured | target |");
+    println!("|---|---|---:|---|");
+    let r = Ratios(&results);
+    r.throughput(
+        "mysql execute / the same SQL issued directly",
+        "mysql execute: first execution",
+        "mysql direct SQL: wait budget, claim, business, complete",
+        ">= 0.90",
+    );
+    r.throughput(
+        "mysql execute / the business transaction alone",
+        "mysql execute: first execution",
+        "mysql baseline: business transaction",
+        "report",
+    );
+    r.latency(
+        "mysql replay / a bare primary-key SELECT",
+        "mysql replay (lookup-before-acquire)",
+        "mysql bare: primary-key SELECT",
+        "<= 1.3",
+    );
+    println!();
+    println!(
+        "| relay drain from MySQL to JetStream (acks awaited, 1000 aggregates, ordered, polling) | events/s |"
+    );
+    println!("|---|---:|");
+    for (workers, batch) in [(1, 100), (2, 100)] {
+        let rate = mysql::relay_drain(&setup, args.drain_events, workers, batch).await;
+        println!(
+            "| {workers} worker(s), batch {batch}, {} events | {rate:.0} |",
+            args.drain_events
+        );
+    }
 }

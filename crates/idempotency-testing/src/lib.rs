@@ -20,7 +20,12 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 #[cfg(feature = "testcontainers")]
 mod containers;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod servers;
+
+#[cfg(feature = "mysql")]
+pub use mysql::{mysql_pool, mysql_pool_with, mysql_url};
 
 /// `DATABASE_URL`, or the local PostgreSQL; with the `testcontainers` feature, a PostgreSQL
 /// container when neither is there and Docker is (chosen once per process).

@@ -1,0 +1,120 @@
+//! What the stores ask of the server: a version with `SKIP LOCKED`, short READ COMMITTED
+//! transactions for the relay and cleanup, and a per-statement lock wait budget.
+
+use sqlx::{MySqlConnection, MySqlPool, MySqlTransaction};
+
+use crate::error::Error;
+
+/// Begins a READ COMMITTED transaction. The relay's claims and the cleanup batches use it:
+/// under InnoDB's default REPEATABLE READ a locking range read also takes gap (next-key)
+/// locks, which would block request transactions inserting next to the scanned rows; READ
+/// COMMITTED locks only the rows it returns, and `SKIP LOCKED` passes over rows others hold.
+pub(crate) const BEGIN_READ_COMMITTED: &str =
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+pub(crate) async fn begin_read_committed(
+    pool: &MySqlPool,
+) -> Result<MySqlTransaction<'static>, sqlx::Error> {
+    pool.begin_with(BEGIN_READ_COMMITTED).await
+}
+
+/// The server flavour and version, from `SELECT VERSION()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ServerVersion {
+    pub(crate) mariadb: bool,
+    pub(crate) major: u32,
+    pub(crate) minor: u32,
+    pub(crate) patch: u32,
+}
+
+impl ServerVersion {
+    /// Parses `8.0.36`, `8.4.3-log`, `10.11.19-MariaDB-0+deb12u1`,
+    /// `5.5.5-10.11.6-MariaDB` (the replication prefix some proxies add).
+    pub(crate) fn parse(version: &str) -> Option<Self> {
+        let mariadb = version.contains("MariaDB");
+        let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+        let numbers = version
+            .split(|c: char| !c.is_ascii_digit() && c != '.')
+            .next()?;
+        let mut parts = numbers.split('.').map(|p| p.parse::<u32>().ok());
+        Some(Self {
+            mariadb,
+            major: parts.next()??,
+            minor: parts.next().flatten().unwrap_or(0),
+            patch: parts.next().flatten().unwrap_or(0),
+        })
+    }
+
+    /// `FOR UPDATE SKIP LOCKED`: MySQL 8.0.1, MariaDB 10.6.
+    pub(crate) fn has_skip_locked(self) -> bool {
+        let v = (self.major, self.minor, self.patch);
+        if self.mariadb {
+            v >= (10, 6, 0)
+        } else {
+            v >= (8, 0, 1)
+        }
+    }
+}
+
+/// Refuses servers without `SKIP LOCKED` with [`Error::UnsupportedServer`].
+pub(crate) async fn check_server(pool: &MySqlPool) -> Result<(), Error> {
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(pool)
+        .await?;
+    match ServerVersion::parse(&version) {
+        Some(v) if v.has_skip_locked() => Ok(()),
+        _ => Err(Error::UnsupportedServer { version }),
+    }
+}
+
+pub(crate) const SET_LOCK_WAIT: &str = "SET @idempotency_lock_wait = \
+     @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = ?";
+pub(crate) const RESTORE_LOCK_WAIT: &str =
+    "SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait";
+
+/// Sets the session's `innodb_lock_wait_timeout` to `seconds` for the statements until
+/// [`restore_lock_wait`], keeping the previous value in a session variable (one round trip;
+/// the assignments of one `SET` run left to right). `0` means "do not wait" on MariaDB;
+/// MySQL's minimum is 1 (it clamps 0 to 1 with a warning).
+pub(crate) async fn set_lock_wait(
+    conn: &mut MySqlConnection,
+    seconds: u64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(SET_LOCK_WAIT)
+        .bind(seconds)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
+}
+
+/// Puts back the value [`set_lock_wait`] replaced.
+pub(crate) async fn restore_lock_wait(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    sqlx::query(RESTORE_LOCK_WAIT)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_with_skip_locked_are_recognized() {
+        for (version, ok) in [
+            ("8.0.36", true),
+            ("8.4.3-log", true),
+            ("8.0.0-dmr", false),
+            ("5.7.44", false),
+            ("10.11.19-MariaDB-0+deb12u1", true),
+            ("10.6.0-MariaDB", true),
+            ("10.5.23-MariaDB", false),
+            ("5.5.5-10.11.6-MariaDB", true),
+            ("11.4.2-MariaDB", true),
+        ] {
+            let parsed = ServerVersion::parse(version).unwrap();
+            assert_eq!(parsed.has_skip_locked(), ok, "{version}");
+        }
+        assert!(ServerVersion::parse("garbage").is_none());
+    }
+}

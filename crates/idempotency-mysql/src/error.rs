@@ -1,0 +1,255 @@
+//! This crate's errors, and how MySQL errors map to the core's [`StoreError`].
+
+use std::fmt;
+
+use idempotency_core::StoreError;
+use sqlx::mysql::MySqlDatabaseError;
+
+/// Setting up the store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configured table name is not a safe identifier.
+    #[error("invalid table name {name:?}: {reason}")]
+    InvalidTableName {
+        /// The name as configured.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Schema validation found the table missing or different from what the store needs.
+    #[error(
+        "table {table} does not match the idempotency schema: {}",
+        SchemaProblems(problems)
+    )]
+    Schema {
+        /// The table checked.
+        table: String,
+        /// Everything that differs.
+        problems: Vec<SchemaProblem>,
+    },
+    /// The server is older than MySQL 8.0.1 or MariaDB 10.6, which lack `SKIP LOCKED`.
+    #[error(
+        "unsupported server {version:?}: MySQL 8.0.1+ or MariaDB 10.6+ is needed (FOR UPDATE SKIP LOCKED)"
+    )]
+    UnsupportedServer {
+        /// What `SELECT VERSION()` answered.
+        version: String,
+    },
+    /// A database call failed.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+}
+
+/// One difference between the table and the canonical schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaProblem {
+    /// The table does not exist.
+    MissingTable,
+    /// A column is missing.
+    MissingColumn {
+        /// The column.
+        column: &'static str,
+    },
+    /// A column has another type (`json` for `result_payload` too: MySQL's JSON type
+    /// normalizes the text, reordering keys and rewriting numbers, so replays would not be
+    /// byte-identical).
+    WrongType {
+        /// The column.
+        column: &'static str,
+        /// What the store needs.
+        expected: &'static str,
+        /// What the table has.
+        found: String,
+    },
+    /// A text column is shorter than values the store writes.
+    TooShort {
+        /// The column.
+        column: &'static str,
+        /// The minimum length, in characters.
+        min: i64,
+        /// The column's length.
+        found: i64,
+    },
+    /// A column is `NOT NULL` where the store writes `NULL`, or the reverse.
+    Nullability {
+        /// The column.
+        column: &'static str,
+        /// Whether the store needs it nullable.
+        nullable: bool,
+    },
+    /// No primary key or unique index on exactly `(operation, scope, idempotency_key)` (whole
+    /// columns, no prefix), which `INSERT ... ON DUPLICATE KEY UPDATE` relies on.
+    MissingPrimaryKey,
+    /// No index leading with `expires_at`, which cleanup relies on.
+    MissingExpiryIndex,
+    /// A key column has a case- or accent-insensitive collation (MySQL's defaults, e.g.
+    /// `utf8mb4_general_ci`, `utf8mb4_0900_ai_ci`): the primary key would merge keys, or
+    /// tenants, that differ only in case.
+    CaseInsensitiveCollation {
+        /// The column.
+        column: &'static str,
+        /// The collation found.
+        collation: String,
+    },
+}
+
+impl fmt::Display for SchemaProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MissingTable => f.write_str("the table does not exist"),
+            Self::MissingColumn { column } => write!(f, "column {column} is missing"),
+            Self::WrongType {
+                column,
+                expected,
+                found,
+            } => write!(f, "column {column} is {found}, expected {expected}"),
+            Self::TooShort { column, min, found } => write!(
+                f,
+                "column {column} holds {found} characters, at least {min} are needed"
+            ),
+            Self::Nullability { column, nullable } => {
+                let want = if *nullable { "nullable" } else { "NOT NULL" };
+                write!(f, "column {column} must be {want}")
+            }
+            Self::MissingPrimaryKey => {
+                f.write_str("no primary key or unique index on (operation, scope, idempotency_key)")
+            }
+            Self::MissingExpiryIndex => f.write_str("no index on expires_at"),
+            Self::CaseInsensitiveCollation { column, collation } => write!(
+                f,
+                "key column {column} has the collation {collation}, which would merge keys that \
+                 differ only in case; use a binary collation (utf8mb4_bin)"
+            ),
+        }
+    }
+}
+
+struct SchemaProblems<'a>(&'a [SchemaProblem]);
+
+impl fmt::Display for SchemaProblems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `ER_LOCK_WAIT_TIMEOUT`: `innodb_lock_wait_timeout` ran out (also MariaDB's `NOWAIT`).
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// `ER_LOCK_DEADLOCK`: InnoDB chose this transaction as the deadlock victim and rolled it back.
+const ER_LOCK_DEADLOCK: u16 = 1213;
+/// `ER_LOCK_NOWAIT` (MySQL 8): a `NOWAIT` locking read found the row locked.
+const ER_LOCK_NOWAIT: u16 = 3572;
+/// Too many connections, server shutdown, connection killed, out of memory, disk full, and
+/// the like: the server cannot serve the statement now.
+const UNAVAILABLE: &[u16] = &[
+    1021, // ER_DISK_FULL
+    1037, // ER_OUTOFMEMORY
+    1038, // ER_OUT_OF_SORTMEMORY
+    1040, // ER_CON_COUNT_ERROR
+    1041, // ER_OUT_OF_RESOURCES
+    1053, // ER_SERVER_SHUTDOWN
+    1152, // ER_ABORTING_CONNECTION
+    1203, // ER_TOO_MANY_USER_CONNECTIONS
+    1290, // ER_OPTION_PREVENTS_STATEMENT (read-only replica, --read-only)
+    1792, // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+    1836, // ER_READ_ONLY_MODE
+    1927, // ER_CONNECTION_KILLED (MariaDB)
+    4031, // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
+];
+
+/// The server's error number, when the error came from the server.
+pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
+    error
+        .as_database_error()
+        .and_then(|db| db.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+/// Classifies a database error by MySQL error number, SQLSTATE and sqlx error kind, never by
+/// message text.
+///
+/// Public so that an action can classify its own statements' errors the same way: a lock wait
+/// timeout (1205) is [`StoreError::LockTimeout`] (HTTP 409 with `Retry-After` with
+/// `idempotency-axum`), like PostgreSQL's `55P03`; a deadlock (1213) or serialization
+/// failure (SQLSTATE `40001`) is [`StoreError::Conflict`] (retryable), like `40P01`; a lost
+/// or killed connection, a full server or a read-only one is [`StoreError::Unavailable`]
+/// (HTTP 503); anything else is [`StoreError::Database`].
+pub fn store_error(error: sqlx::Error) -> StoreError {
+    let number = error_number(&error);
+    let sqlstate = error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .map(|code| code.into_owned());
+    match (&error, number, sqlstate.as_deref()) {
+        (_, Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT), _) => {
+            StoreError::LockTimeout(Box::new(error))
+        }
+        (_, Some(ER_LOCK_DEADLOCK), _) | (_, _, Some("40001")) => {
+            StoreError::Conflict(Box::new(error))
+        }
+        (_, Some(number), _) if UNAVAILABLE.contains(&number) => {
+            StoreError::Unavailable(Box::new(error))
+        }
+        (_, _, Some(code)) if code.starts_with("08") => StoreError::Unavailable(Box::new(error)),
+        (
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed,
+            _,
+            _,
+        ) => StoreError::Unavailable(Box::new(error)),
+        _ => StoreError::Database(Box::new(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_are_listed_in_the_message() {
+        let error = Error::Schema {
+            table: "t".into(),
+            problems: vec![
+                SchemaProblem::MissingColumn { column: "status" },
+                SchemaProblem::CaseInsensitiveCollation {
+                    column: "idempotency_key",
+                    collation: "utf8mb4_general_ci".into(),
+                },
+            ],
+        };
+        assert_eq!(
+            error.to_string(),
+            "table t does not match the idempotency schema: column status is missing; key column \
+             idempotency_key has the collation utf8mb4_general_ci, which would merge keys that \
+             differ only in case; use a binary collation (utf8mb4_bin)"
+        );
+    }
+
+    #[test]
+    fn client_side_errors_are_classified_by_kind() {
+        assert!(matches!(
+            store_error(sqlx::Error::PoolTimedOut),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            store_error(sqlx::Error::Io(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset
+            ))),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            store_error(sqlx::Error::RowNotFound),
+            StoreError::Database(_)
+        ));
+    }
+}

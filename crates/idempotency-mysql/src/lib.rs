@@ -1,0 +1,39 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod clock;
+mod connect;
+mod error;
+#[cfg(feature = "outbox")]
+mod inbox;
+mod introspect;
+#[cfg(feature = "outbox")]
+mod outbox;
+mod records;
+mod table;
+
+pub use error::{Error, SchemaProblem, store_error};
+#[cfg(feature = "outbox")]
+pub use inbox::{INBOX_DDL_TEMPLATE, MysqlInbox, inbox_ddl};
+#[cfg(feature = "outbox")]
+pub use outbox::{DEFAULT_RELAY_LOCK, MysqlOutbox, OUTBOX_DDL_TEMPLATE, outbox_ddl};
+pub use records::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, MysqlStore, ddl};
+pub use table::TableName;
+
+/// The sqlx version this crate is built on.
+pub use sqlx;
+
+/// An [`IdempotencyService`](idempotency_core::IdempotencyService) on MySQL or MariaDB.
+pub type MysqlIdempotencyService<
+    L = idempotency_core::NoCache,
+    D = idempotency_core::NoCache,
+    M = idempotency_core::NoopMetrics,
+> = idempotency_core::IdempotencyService<MysqlStore, L, D, M>;
+
+/// A transaction on the MySQL store, for
+/// [`IdempotencyService::execute_in`](idempotency_core::IdempotencyService::execute_in).
+pub type MysqlTx = idempotency_core::Tx<MysqlStore>;
+
+/// A relay on the MySQL outbox.
+#[cfg(feature = "outbox")]
+pub type MysqlRelay<P> = idempotency_outbox::Relay<MysqlOutbox, P>;

@@ -1,0 +1,392 @@
+//! [`MysqlStore`]: the `IdempotencyStore` on MySQL and MariaDB.
+
+use std::sync::Arc;
+
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use idempotency_core::store::{
+    Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
+};
+use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
+use sqlx::mysql::MySqlQueryResult;
+use sqlx::{MySql, MySqlConnection, MySqlPool, SqlStr};
+
+use super::row::{
+    CompleteRow, FindRow, TimesRow, completed_record, parse_status, record_from_row, time,
+};
+use super::schema;
+use super::statements::Statements;
+use crate::clock::ttl_micros;
+use crate::connect::{self, begin_read_committed, restore_lock_wait, set_lock_wait};
+use crate::error::{Error, SchemaProblem, store_error};
+use crate::table::TableName;
+
+/// The MySQL / MariaDB idempotency store.
+///
+/// Records live in one InnoDB table (default `idempotency_records`, see [`ddl`](crate::ddl)),
+/// written through the caller's transaction. A concurrent duplicate waits in `acquire` on the
+/// holder's row lock, for at most the call's wait budget (`innodb_lock_wait_timeout`, whole
+/// seconds), then replays the committed outcome or takes the key if the holder rolled back.
+/// Cheap to clone: the pool and the statements are shared.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_core::config::PersistenceConfig;
+/// use idempotency_mysql::MysqlStore;
+///
+/// let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// // table name and schema mode (`create | validate | none`) from `idempotency.persistence`
+/// let store = MysqlStore::from_config(pool, &PersistenceConfig::default()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MysqlStore {
+    pool: MySqlPool,
+    table: Arc<TableName>,
+    sql: Arc<Statements>,
+}
+
+/// The wait budget as `innodb_lock_wait_timeout`: whole seconds, rounded up; `0` for
+/// `NoWait` (MariaDB does not wait; MySQL 8's minimum is 1 s). `None`: the session's setting.
+fn lock_wait_seconds(wait: LockWait) -> Option<u64> {
+    match wait {
+        LockWait::Unbounded => None,
+        LockWait::NoWait => Some(0),
+        LockWait::Timeout(timeout) => {
+            let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            Some(millis.div_ceil(1000).clamp(1, 1_073_741_824))
+        }
+    }
+}
+
+impl MysqlStore {
+    /// A store on the default table `idempotency_records`; the schema is not touched.
+    pub fn new(pool: MySqlPool) -> Self {
+        Self::with_table(pool, TableName::default_table())
+    }
+
+    /// A store on `table`; the schema is not touched.
+    pub fn with_table(pool: MySqlPool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table: Arc::new(table),
+        }
+    }
+
+    /// A store configured by `idempotency.persistence`: validates `table-name` (at most
+    /// [`MAX_RECORDS_TABLE_LEN`](crate::MAX_RECORDS_TABLE_LEN) bytes), refuses servers older
+    /// than MySQL 8.0.1 / MariaDB 10.6 ([`Error::UnsupportedServer`]), then applies
+    /// `schema.mode`.
+    pub async fn from_config(pool: MySqlPool, config: &PersistenceConfig) -> Result<Self, Error> {
+        let table = TableName::parse(&config.table_name)?;
+        schema::check_room(&table)?;
+        connect::check_server(&pool).await?;
+        let store = Self::with_table(pool, table);
+        store.apply_schema(config.schema.mode).await?;
+        Ok(store)
+    }
+
+    /// `create` runs the canonical DDL, `validate` checks the table, `none` does nothing.
+    pub async fn apply_schema(&self, mode: SchemaMode) -> Result<(), Error> {
+        match mode {
+            SchemaMode::Create => self.create_schema().await,
+            SchemaMode::Validate => self.validate_schema().await,
+            SchemaMode::None => Ok(()),
+        }
+    }
+
+    /// Runs the canonical DDL (`CREATE TABLE IF NOT EXISTS`); safe to run again and from
+    /// several instances at once.
+    pub async fn create_schema(&self) -> Result<(), Error> {
+        schema::create(&self.pool, &self.table).await
+    }
+
+    /// Checks columns, types, lengths, nullability, the key `ON DUPLICATE KEY` relies on, the
+    /// key columns' collations (binary or case-sensitive) and the expiry index, failing with
+    /// [`Error::Schema`] naming every difference.
+    pub async fn validate_schema(&self) -> Result<(), Error> {
+        schema::validate(&self.pool, &self.table).await
+    }
+
+    /// Every difference between the table and the canonical schema (empty when it matches).
+    pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
+        schema::problems(&self.pool, &self.table).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The SQL text of one of the statements this store issues, for inspection (`EXPLAIN`) and
+    /// benchmarks: `acquire`, `insert_completed`, `inserted_times` (read after an optimistic
+    /// insert), `find`, `complete`, `completed_row` (read after `complete`), `set_lock_wait` and
+    /// `restore_lock_wait` (around a bounded wait), `expired` (a cleanup batch's keys).
+    pub fn statement(&self, name: &str) -> Option<&str> {
+        let sql = &self.sql;
+        Some(match name {
+            "acquire" => sql.acquire.as_str(),
+            "insert_completed" => sql.insert_completed.as_str(),
+            "inserted_times" => sql.inserted_times.as_str(),
+            "find" => sql.find.as_str(),
+            "complete" => sql.complete.as_str(),
+            "completed_row" => sql.completed_row.as_str(),
+            "set_lock_wait" => connect::SET_LOCK_WAIT,
+            "restore_lock_wait" => connect::RESTORE_LOCK_WAIT,
+            "expired" => sql.expired.as_str(),
+            _ => return None,
+        })
+    }
+
+    /// Runs an insert that may wait for a concurrent holder of the key, with the claim's wait
+    /// budget in force for that statement only.
+    async fn insert_waiting(
+        &self,
+        conn: &mut MySqlConnection,
+        wait: LockWait,
+        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<MySqlQueryResult, StoreError> {
+        let budget = lock_wait_seconds(wait);
+        if let Some(seconds) = budget {
+            set_lock_wait(conn, seconds).await.map_err(store_error)?;
+        }
+        let result = query.execute(&mut *conn).await;
+        if budget.is_some() {
+            let restored = restore_lock_wait(conn).await;
+            if result.is_ok() {
+                restored.map_err(store_error)?;
+            }
+        }
+        result.map_err(store_error)
+    }
+
+    async fn read(
+        &self,
+        conn: impl sqlx::Executor<'_, Database = MySql>,
+        id: &RecordId,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(conn)
+            .await
+            .map_err(store_error)?;
+        row.map(record_from_row).transpose()
+    }
+}
+
+/// `true` when an `INSERT ... ON DUPLICATE KEY UPDATE` met an existing key (see
+/// `ON_DUPLICATE_KEEP`).
+fn was_duplicate(result: &MySqlQueryResult) -> bool {
+    result.last_insert_id() == 1
+}
+
+impl IdempotencyStore for MysqlStore {
+    type Connection = MySqlConnection;
+    type Transaction = sqlx::Transaction<'static, MySql>;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.pool.begin().await.map_err(store_error)
+    }
+
+    async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.commit().await.map_err(store_error)
+    }
+
+    async fn rollback(tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.rollback().await.map_err(store_error)
+    }
+
+    /// `INSERT ... ON DUPLICATE KEY UPDATE` (a no-op on the existing row). A holder's
+    /// uncommitted insert of the key makes it wait on the row lock, for `claim.wait` (as
+    /// `innodb_lock_wait_timeout`, 1205 is [`StoreError::LockTimeout`]); it then reports
+    /// `Exists` when the holder committed, and inserts when the holder rolled back.
+    async fn acquire(
+        &self,
+        conn: &mut MySqlConnection,
+        claim: &Claim<'_>,
+    ) -> Result<Acquire, StoreError> {
+        let id = claim.id;
+        let query = sqlx::query(self.sql.acquire.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(claim.fingerprint.as_str())
+            .bind(ttl_micros(claim.ttl));
+        let result = self.insert_waiting(conn, claim.wait, query).await?;
+        Ok(if was_duplicate(&result) {
+            Acquire::Exists
+        } else {
+            Acquire::Acquired
+        })
+    }
+
+    /// A read in the caller's transaction; when it finds nothing, one more read on the pool.
+    ///
+    /// Under REPEATABLE READ the transaction's snapshot is taken at its first read: a caller
+    /// that read anything before the key's holder committed would not see the record that
+    /// `acquire` just reported (`Exists`), and would retry forever. A fresh autocommit read
+    /// sees every committed record; it takes no lock (a locking read of a missing key would
+    /// take a gap lock, and two such transactions inserting into the gap deadlock).
+    async fn find(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        match self.read(&mut *conn, id).await? {
+            Some(record) => Ok(Some(record)),
+            None => self.read(&self.pool, id).await,
+        }
+    }
+
+    /// One autocommit `SELECT` on the pool: a consistent read of the last committed state,
+    /// which neither takes nor waits for locks.
+    async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.read(&self.pool, id).await
+    }
+
+    async fn complete(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        outcome: &StoredOutcome,
+    ) -> Result<IdempotencyRecord, StoreError> {
+        let (payload, code) = outcome.to_columns();
+        let updated = sqlx::query(self.sql.complete.clone())
+            .bind(outcome.status().as_str())
+            .bind(payload)
+            .bind(code)
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?
+            .rows_affected();
+        if updated == 0 {
+            let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
+                .bind(id.operation.as_str())
+                .bind(id.scope.as_str())
+                .bind(id.key.as_str())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(store_error)?;
+            let found = found.as_deref().map(parse_status).transpose()?;
+            return Err(StoreError::NotProcessing { found });
+        }
+        // The transaction's own write: visible to its reads whatever the snapshot.
+        let row: CompleteRow = sqlx::query_as(self.sql.completed_row.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        Ok(completed_record(row, outcome.clone()))
+    }
+}
+
+impl InsertCompleted for MysqlStore {
+    /// The same `INSERT ... ON DUPLICATE KEY UPDATE` as `acquire`, with the outcome, and the
+    /// same wait; then a read of the new row's times.
+    async fn insert_completed(
+        &self,
+        conn: &mut MySqlConnection,
+        claim: &Claim<'_>,
+        outcome: &StoredOutcome,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let id = claim.id;
+        let (payload, code) = outcome.to_columns();
+        let query = sqlx::query(self.sql.insert_completed.clone())
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(claim.fingerprint.as_str())
+            .bind(outcome.status().as_str())
+            .bind(payload)
+            .bind(code)
+            .bind(ttl_micros(claim.ttl));
+        let result = self.insert_waiting(conn, claim.wait, query).await?;
+        if was_duplicate(&result) {
+            return Ok(None);
+        }
+        let (created_at, completed_at, expires_at): TimesRow =
+            sqlx::query_as(self.sql.inserted_times.clone())
+                .bind(id.operation.as_str())
+                .bind(id.scope.as_str())
+                .bind(id.key.as_str())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(store_error)?;
+        Ok(Some(IdempotencyRecord {
+            fingerprint: claim.fingerprint.clone(),
+            outcome: Some(outcome.clone()),
+            created_at: time(created_at),
+            completed_at: completed_at.map(time),
+            expires_at: expires_at.map(time),
+        }))
+    }
+}
+
+impl ExpiredCleanup for MysqlStore {
+    /// One short READ COMMITTED transaction: the oldest expired keys through the expiry index,
+    /// `FOR UPDATE SKIP LOCKED` (a row a request holds is left for the next batch, and no gap
+    /// lock blocks inserts), then one `DELETE` of those keys by primary key.
+    async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
+        let mut tx = begin_read_committed(&self.pool)
+            .await
+            .map_err(store_error)?;
+        let keys: Vec<(String, String, String)> = sqlx::query_as(self.sql.expired.clone())
+            .bind(i64::from(batch_size))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        if keys.is_empty() {
+            tx.rollback().await.map_err(store_error)?;
+            return Ok(0);
+        }
+        let sql: SqlStr = self.sql.delete_keys(keys.len());
+        let mut delete = sqlx::query(sql);
+        for (operation, scope, key) in &keys {
+            delete = delete.bind(operation).bind(scope).bind(key);
+        }
+        let deleted = delete
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?
+            .rows_affected();
+        tx.commit().await.map_err(store_error)?;
+        Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn wait_budgets_are_whole_seconds() {
+        assert_eq!(lock_wait_seconds(LockWait::Unbounded), None);
+        assert_eq!(lock_wait_seconds(LockWait::NoWait), Some(0));
+        assert_eq!(
+            lock_wait_seconds(LockWait::Timeout(Duration::from_millis(200))),
+            Some(1)
+        );
+        assert_eq!(
+            lock_wait_seconds(LockWait::Timeout(Duration::from_millis(2001))),
+            Some(3)
+        );
+        assert_eq!(
+            lock_wait_seconds(LockWait::Timeout(Duration::MAX)),
+            Some(1_073_741_824)
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! Concurrency and faults on MySQL / MariaDB: 20 duplicates on one key, the REPEATABLE READ
+//! snapshot of a caller that read before the key's holder committed, a connection killed in the
+//! middle of its transaction, and cleanup that skips rows a request holds.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_core::store::{ExpiredCleanup, IdempotencyStore};
+use idempotency_core::testing::CountingAction;
+use idempotency_core::{Call, Error, ExecutionResult, IdempotencyService, Outcome};
+use serde_json::{Value, json};
+use support::{AppError, count, fresh_store, hold_key, insert_charge, key, with_charges};
+use tokio::sync::Barrier;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_duplicates_run_the_action_once() {
+    let store = fresh_store().await;
+    with_charges(store.pool()).await;
+    let service = IdempotencyService::new(store.clone());
+    let (k, counter, barrier) = (
+        key("twenty"),
+        CountingAction::default(),
+        Arc::new(Barrier::new(20)),
+    );
+    let request = json!({"orderId": "o-20", "amount": "20.00"});
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (service, k, counter, barrier, request) = (
+                service.clone(),
+                k.clone(),
+                counter.clone(),
+                Arc::clone(&barrier),
+                request.clone(),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                service
+                    .execute(Call::new("CHARGE", k, &request), async |conn| {
+                        counter.hit();
+                        let id = insert_charge(conn, "o-20").await?;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Ok::<_, AppError>(ExecutionResult::success(id))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
+    let mut values = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(outcome) => {
+                if outcome.is_executed() {
+                    executed += 1;
+                } else {
+                    replayed += 1;
+                }
+                values.push(outcome.result().value().copied());
+            }
+            // 409 with `idempotency-axum`: the duplicate's wait budget ran out.
+            Err(AppError::Idempotency(Error::InFlight)) => in_flight += 1,
+            Err(other) => panic!("a duplicate failed otherwise: {other:?}"),
+        }
+    }
+    assert_eq!(counter.count(), 1, "the action ran more than once");
+    assert_eq!(executed, 1);
+    assert_eq!(executed + replayed + in_flight, 20);
+    assert!(values.windows(2).all(|w| w[0] == w[1]), "{values:?}");
+    assert_eq!(count(store.pool(), "charges").await, 1);
+    assert_eq!(count(store.pool(), "idempotency_records").await, 1);
+}
+
+/// InnoDB's REPEATABLE READ fixes a transaction's snapshot at its first read. A caller that
+/// read before the key's holder committed must still replay the holder's outcome, not loop on
+/// a record its snapshot cannot see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_caller_whose_snapshot_predates_the_holders_commit_replays_it() {
+    let store = fresh_store().await;
+    let service = IdempotencyService::new(store.clone());
+    let k = key("snapshot");
+    let (started, release, holder) = hold_key(&service, &k);
+    started.await.unwrap();
+
+    let mut tx = service.begin().await.unwrap();
+    let before: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(&mut *tx.connection())
+        .await
+        .unwrap();
+    assert_eq!(before, 0, "the holder's record is not committed yet");
+    let late = {
+        let (service, k) = (service.clone(), k.clone());
+        tokio::spawn(async move {
+            let outcome: Result<Outcome<Value>, AppError> = service
+                .execute_in(
+                    &mut tx,
+                    Call::new("OP", k, &json!({"h": 1})),
+                    async |_conn| Ok::<_, AppError>(ExecutionResult::success(json!("late"))),
+                )
+                .await;
+            tx.commit().await.unwrap();
+            outcome
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !late.is_finished(),
+        "the duplicate did not wait for the holder"
+    );
+    release.send(()).unwrap();
+    holder.await.unwrap().unwrap();
+    let outcome = late.await.unwrap().unwrap();
+    assert!(outcome.is_replayed());
+    assert_eq!(outcome.result().value(), Some(&json!("holder")));
+}
+
+/// The server kills the request's connection (as an operator's `KILL` or a crash would) after
+/// the action wrote: nothing of the transaction stays, and the retry runs from scratch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_connection_leaves_nothing_and_the_retry_runs_from_scratch() {
+    let store = fresh_store().await;
+    with_charges(store.pool()).await;
+    let service = IdempotencyService::new(store.clone());
+    let k = key("killed");
+    let request = json!({"orderId": "o-kill"});
+    let admin = store.pool().clone();
+    let first: Result<Outcome<i64>, AppError> = service
+        .execute(Call::new("CHARGE", k.clone(), &request), async |conn| {
+            insert_charge(conn, "o-kill").await?;
+            let thread: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+                .fetch_one(&mut *conn)
+                .await?;
+            // Only this test's own connection: the shared server keeps running.
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {thread}")))
+                .execute(&admin)
+                .await?;
+            let id = insert_charge(conn, "o-kill-2").await?;
+            Ok::<_, AppError>(ExecutionResult::success(id))
+        })
+        .await;
+    let error = first.expect_err("the killed connection cannot commit");
+    if let AppError::Idempotency(error) = &error {
+        assert!(error.is_retryable(), "{error:?}");
+    }
+    assert_eq!(
+        count(store.pool(), "charges").await,
+        0,
+        "half a transaction stayed"
+    );
+    assert_eq!(count(store.pool(), "idempotency_records").await, 0);
+
+    let retry: Outcome<i64> = service
+        .execute(Call::new("CHARGE", k, &request), async |conn| {
+            let id = insert_charge(conn, "o-kill").await?;
+            Ok::<_, AppError>(ExecutionResult::success(id))
+        })
+        .await
+        .unwrap();
+    assert!(retry.is_executed());
+    assert_eq!(count(store.pool(), "charges").await, 1);
+}
+
+/// A cleanup batch skips an expired row that a transaction holds (`SKIP LOCKED`) instead of
+/// waiting for it, and deletes the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cleanup_skips_rows_a_transaction_holds() {
+    let store = fresh_store().await;
+    for (i, label) in ["a", "b", "c"].iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO idempotency_records (operation, scope, idempotency_key, request_hash, \
+                 status, result_payload, created_at, completed_at, expires_at) \
+             VALUES ('OP', '', ?, 'h', 'COMPLETED', '1', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+                     UTC_TIMESTAMP(6) - INTERVAL ? SECOND)",
+        )
+        .bind(*label)
+        .bind(i64::try_from(i).unwrap() + 10)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    let mut holder = store.begin().await.unwrap();
+    // By primary key: a scan would lock every row it reads.
+    sqlx::query(
+        "SELECT 1 FROM idempotency_records \
+         WHERE operation = 'OP' AND scope = '' AND idempotency_key = 'b' FOR UPDATE",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let deleted = tokio::time::timeout(Duration::from_secs(5), store.delete_expired_batch(10))
+        .await
+        .expect("cleanup waited for a held row")
+        .unwrap();
+    assert_eq!(deleted, 2);
+    holder.rollback().await.unwrap();
+    assert_eq!(store.delete_expired_batch(10).await.unwrap(), 1);
+}

@@ -1,0 +1,140 @@
+//! The outbox and inbox on MySQL / MariaDB beyond the conformance suite: writes outside a
+//! transaction are refused, names leave room for `<table>_sequences`, and the single-relay
+//! `GET_LOCK` mode lets one process claim at a time.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+use std::time::Duration;
+
+use idempotency_core::config::SchemaMode;
+use idempotency_mysql::{DEFAULT_RELAY_LOCK, MysqlInbox, MysqlOutbox};
+use idempotency_outbox::config::{InboxConfig, Ordering, OutboxConfig};
+use idempotency_outbox::store::{ClaimRequest, RelayStore};
+use idempotency_outbox::{Error, NewEvent};
+use sqlx::MySqlPool;
+use uuid::Uuid;
+
+fn outbox_config(table: &str) -> OutboxConfig {
+    let mut config = OutboxConfig {
+        table_name: table.to_owned(),
+        ..OutboxConfig::default()
+    };
+    config.schema.mode = SchemaMode::Create;
+    config
+}
+
+fn event(aggregate: &str) -> NewEvent {
+    NewEvent::new("order", aggregate, "Placed", &serde_json::json!({"n": 1})).unwrap()
+}
+
+fn request() -> ClaimRequest {
+    ClaimRequest {
+        limit: 10,
+        lease: Duration::from_secs(30),
+        token: Uuid::now_v7(),
+        ordering: Ordering::Ordered,
+        max_attempts: 5,
+    }
+}
+
+async fn pending(pool: &MySqlPool) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM outbox")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn enqueue_and_inbox_record_refuse_a_connection_outside_a_transaction() {
+    let pool = idempotency_testing::mysql_pool().await;
+    let outbox = MysqlOutbox::from_config(pool.clone(), &outbox_config("outbox"))
+        .await
+        .unwrap();
+    let mut inbox_config = InboxConfig::default();
+    inbox_config.schema.mode = SchemaMode::Create;
+    let inbox = MysqlInbox::from_config(pool.clone(), &inbox_config)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let error = outbox.enqueue(&mut conn, &event("o-1")).await.unwrap_err();
+    assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
+    let error = inbox.record(&mut conn, "c", "m-1").await.unwrap_err();
+    assert!(matches!(error, Error::NotInTransaction { .. }), "{error:?}");
+    drop(conn);
+    assert_eq!(pending(&pool).await, 0);
+}
+
+#[tokio::test]
+async fn outbox_names_leave_room_for_their_sequences_table() {
+    let pool = idempotency_testing::mysql_pool().await;
+    let longest = "o".repeat(54);
+    let outbox = MysqlOutbox::from_config(pool.clone(), &outbox_config(&longest))
+        .await
+        .unwrap();
+    assert_eq!(outbox.sequences_table().name().len(), 64);
+    assert_eq!(outbox.schema_problems().await.unwrap(), vec![]);
+    let error = MysqlOutbox::from_config(pool, &outbox_config(&"o".repeat(55)))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidName { .. }), "{error:?}");
+    let error = MysqlOutbox::from_config(
+        idempotency_testing::mysql_pool().await,
+        &outbox_config("o`; DROP TABLE x"),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(error, Error::InvalidName { .. }), "{error:?}");
+}
+
+/// Two relay processes in the single-relay mode: the one holding `GET_LOCK` claims, the other
+/// gets nothing; when the holder's session ends the other takes over at its next claim.
+#[tokio::test]
+async fn in_the_single_relay_mode_one_process_claims_at_a_time() {
+    let pool = idempotency_testing::mysql_pool().await;
+    // A lock name of this test's own: the server's lock names are global.
+    let lock = format!("{DEFAULT_RELAY_LOCK}:{}", Uuid::now_v7().simple());
+    let first = MysqlOutbox::from_config(pool.clone(), &outbox_config("outbox"))
+        .await
+        .unwrap()
+        .with_single_relay(&lock)
+        .unwrap();
+    let second = MysqlOutbox::from_config(pool.clone(), &outbox_config("outbox"))
+        .await
+        .unwrap()
+        .with_single_relay(&lock)
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    first.enqueue(&mut tx, &event("o-1")).await.unwrap();
+    first.enqueue(&mut tx, &event("o-2")).await.unwrap();
+    tx.commit().await.unwrap();
+
+    assert!(first.claim(&request()).await.unwrap().messages.len() == 2);
+    let mut tx = pool.begin().await.unwrap();
+    first.enqueue(&mut tx, &event("o-3")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(second.claim(&request()).await.unwrap().messages.is_empty());
+
+    // The holder's session ends (here: the server kills it); the lock goes with it.
+    let thread: i64 = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+        .bind(&lock)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {thread}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..50 {
+        taken = second.claim(&request()).await.unwrap().messages;
+        if !taken.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(taken.len(), 1, "the second relay did not take over");
+    assert_eq!(taken[0].aggregate_id, "o-3");
+    // The first relay's next claim fails on its dead connection, then finds the lock taken.
+    let _ = first.claim(&request()).await;
+    assert!(first.claim(&request()).await.unwrap().messages.is_empty());
+}

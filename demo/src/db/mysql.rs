@@ -1,0 +1,156 @@
+//! The MySQL / MariaDB database of the demo.
+
+use chrono::{NaiveDateTime, SecondsFormat};
+use idempotency_core::StoreError;
+use idempotency_mysql::sqlx::{self, MySqlConnection, MySqlPool};
+use idempotency_mysql::{MysqlOutbox, MysqlStore};
+use uuid::Uuid;
+
+use super::Database;
+use crate::StartupError;
+use crate::config::DemoConfig;
+use crate::model::{Charge, Payment, Refund};
+
+const BUSINESS_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS payments (
+    payment_id  CHAR(36) PRIMARY KEY,
+    order_id    VARCHAR(255) NOT NULL,
+    recipient   VARCHAR(255) NOT NULL,
+    amount      DECIMAL(14, 2) NOT NULL CHECK (amount > 0),
+    status      VARCHAR(32) NOT NULL,
+    created_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+);
+CREATE TABLE IF NOT EXISTS refunds (
+    refund_id   CHAR(36) PRIMARY KEY,
+    payment_id  VARCHAR(255) NOT NULL,
+    amount      DECIMAL(14, 2) NOT NULL CHECK (amount > 0),
+    status      VARCHAR(32) NOT NULL,
+    created_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+);
+CREATE TABLE IF NOT EXISTS charges (
+    id            CHAR(36) PRIMARY KEY,
+    amount_cents  BIGINT NOT NULL CHECK (amount_cents > 0),
+    created_at    DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+);
+";
+
+/// MySQL / MariaDB: records, outbox and business tables in one database.
+#[derive(Debug, Clone)]
+pub struct Mysql {
+    pool: MySqlPool,
+    store: MysqlStore,
+    outbox: MysqlOutbox,
+}
+
+impl Mysql {
+    /// Connects to `url` and prepares the schema.
+    pub async fn connect(url: &str, config: &DemoConfig) -> Result<Self, StartupError> {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(config.database.max_connections.get())
+            .acquire_timeout(config.database.acquire_timeout)
+            .connect(url)
+            .await?;
+        let store = MysqlStore::from_config(pool.clone(), &config.idempotency.persistence).await?;
+        let outbox = MysqlOutbox::from_config(pool.clone(), &config.outbox).await?;
+        sqlx::raw_sql(BUSINESS_TABLES).execute(&pool).await?;
+        Ok(Self {
+            pool,
+            store,
+            outbox,
+        })
+    }
+}
+
+impl Database for Mysql {
+    type Store = MysqlStore;
+    type Outbox = MysqlOutbox;
+
+    fn store(&self) -> &MysqlStore {
+        &self.store
+    }
+
+    fn outbox(&self) -> &MysqlOutbox {
+        &self.outbox
+    }
+
+    fn classify(error: sqlx::Error) -> StoreError {
+        idempotency_mysql::store_error(error)
+    }
+
+    fn describe(&self) -> String {
+        let options = self.pool.connect_options();
+        format!(
+            "MySQL at {}:{} (database {})",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("default")
+        )
+    }
+
+    async fn insert_payment(
+        conn: &mut MySqlConnection,
+        payment: &Payment,
+        recipient: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO payments (payment_id, order_id, recipient, amount, status) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(payment.payment_id.to_string())
+        .bind(&payment.order_id)
+        .bind(recipient)
+        .bind(payment.amount.to_string())
+        .bind(&payment.status)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_refund(conn: &mut MySqlConnection, refund: &Refund) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO refunds (refund_id, payment_id, amount, status) VALUES (?, ?, ?, ?)",
+        )
+        .bind(refund.refund_id.to_string())
+        .bind(&refund.payment_id)
+        .bind(refund.amount.to_string())
+        .bind(&refund.status)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_charge(
+        conn: &mut MySqlConnection,
+        id: Uuid,
+        amount_cents: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO charges (id, amount_cents) VALUES (?, ?)")
+            .bind(id.to_string())
+            .bind(amount_cents)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn find_charge(&self, id: Uuid) -> Result<Option<Charge>, sqlx::Error> {
+        let row: Option<(i64, NaiveDateTime)> =
+            sqlx::query_as("SELECT amount_cents, created_at FROM charges WHERE id = ?")
+                .bind(id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(amount_cents, created_at)| Charge {
+            id,
+            amount_cents,
+            created_at: created_at
+                .and_utc()
+                .to_rfc3339_opts(SecondsFormat::Millis, true),
+        }))
+    }
+
+    async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+    }
+}
