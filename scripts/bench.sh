@@ -42,6 +42,9 @@ echo "== load bench ($duration per scenario, $rounds rounds)"
 echo "== middleware: IdempotencyLayer against a handler calling execute ($duration per scenario, $rounds rounds)"
 "$target/idempotency-bench" --only-layer --clients 4 --duration "$duration" --rounds "$rounds" > "$out/layer.txt"
 
+echo "== MySQL / MariaDB: the load bench's grid on MYSQL_URL ($duration per scenario, $rounds rounds)"
+"$target/idempotency-bench" --backend mysql --clients 4 --duration "$duration" --rounds "$rounds" > "$out/mysql.txt"
+
 echo "== outbox relay (criterion-style bench of idempotency-outbox)"
 cargo bench -q -p idempotency-outbox --all-features --bench relay 2>/dev/null > "$out/relay.txt" || true
 
@@ -84,6 +87,7 @@ cores = os.cpu_count()
 mem = cmd("free -g | awk '/Mem:/ {print $2}'")
 pg = cmd("psql \"$DATABASE_URL\" -Atc 'SHOW server_version'")
 redis = cmd("redis-cli -u \"$REDIS_URL\" INFO server | grep redis_version | cut -d: -f2").strip()
+mysql = cmd("mysql -N -B -h 127.0.0.1 -u root -e 'SELECT VERSION()'")
 rustc = cmd("rustc --version")
 http = {name: json.load(open(os.path.join(out, f"http-{name}.json"))) for name in ["unprotected", "first", "replay", "health"]}
 
@@ -94,7 +98,7 @@ print("load bench interleaves its scenarios over several rounds so that both sid
 print("share the same background load. Absolute numbers move between runs; the ratios much less.\n")
 print("## Machine\n")
 print(f"- CPU: {cpu}, {cores} cores; memory: {mem} GiB; {platform.system()} {platform.release()}")
-print(f"- PostgreSQL {pg}, Redis {redis}, NATS with JetStream, all on 127.0.0.1 (loopback)")
+print(f"- PostgreSQL {pg}, MySQL/MariaDB {mysql}, Redis {redis}, NATS with JetStream, all on 127.0.0.1 (loopback)")
 print(f"- {rustc}; release profile\n")
 print("## Method and scenario grid\n")
 print("| bench | command | what it measures |")
@@ -103,6 +107,7 @@ print("| fingerprint | `cargo bench -p idempotency-core --bench fingerprint` | R
 print("| replay tiers | `cargo bench -p idempotency-cache-redis --bench replay_tiers` | one client: `execute` replaying the same record from moka, Redis, PostgreSQL, next to a bare Redis GET and a bare primary-key SELECT |")
 print("| load | `cargo run --release -p idempotency-bench -- --clients 4 --duration 20s --rounds 5` | concurrent clients against PostgreSQL and Redis: the business transaction alone, the same SQL the library issues (read from the store), `execute` and `execute_optimistic`, replays from each tier, concurrent duplicates, outbox enqueue, relay drain to JetStream |")
 print("| middleware | `cargo run --release -p idempotency-bench -- --only-layer --clients 4 --duration 20s --rounds 5` | the same payment handler through an axum router in process (`oneshot`, no socket): behind `IdempotencyLayer` (the handler takes `IdempotentTx`) and calling `execute` itself; first executions (fresh keys) and replays of one key (`lookup-before-acquire` on both) |")
+print("| MySQL / MariaDB | `cargo run --release -p idempotency-bench -- --backend mysql --clients 4 --duration 20s --rounds 5` | the load bench's grid on `MYSQL_URL`: `execute` against the same SQL issued directly and against the business transaction alone, a replay against a bare primary-key SELECT, the relay's drain to JetStream (polling) |")
 print("| relay | `cargo bench -p idempotency-outbox --all-features --bench relay` | relay throughput to JetStream with acks, 1 and 2 workers, batches 10/100/500; commit-to-ack latency with NOTIFY versus polling |")
 print("| HTTP | `idempotency-load` against the release demo on PostgreSQL + Redis, 16 clients | first executions (fresh keys), replays (one key), the same payment without idempotency, `GET /health`; peak resident memory of the demo |\n")
 print("Round trips per call are fixed by design and checked by a test")
@@ -113,7 +118,7 @@ print("## Targets\n")
 print("| target | measured | met |")
 print("|---|---:|---|")
 def ratios():
-    for line in (read("load.txt") + "\n" + read("layer.txt")).splitlines():
+    for line in "\n".join(read(name) for name in ("load.txt", "layer.txt", "mysql.txt")).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[1] in ("throughput", "p50 latency"):
             yield cells
@@ -162,6 +167,14 @@ print("(status, allowed headers, body as JSON text) instead of the value. A repl
 print("`lookup-before-acquire` is one read on both paths.\n")
 print("```")
 print(read("layer.txt").strip())
+print("```\n")
+print("## MySQL / MariaDB (load bench, `--backend mysql`)\n")
+print("`execute` on MySQL issues 8 statements against the business transaction's 3 (PostgreSQL: 5):")
+print("the wait budget is a session variable set before and restored after the insert (no CTE can")
+print("carry it), the duplicate check reads `LAST_INSERT_ID()`, and there is no `RETURNING`. Relays")
+print("poll (MySQL has no notifications).\n")
+print("```")
+print(read("mysql.txt").strip())
 print("```\n")
 print("## HTTP bench (the demo, release build)\n")
 print("| endpoint | requests/s | p50 | p99 | statuses |")
