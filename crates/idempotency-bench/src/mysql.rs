@@ -2,17 +2,12 @@
 //! SQL the store issues (taken from the store itself), `execute`, a replay with
 //! lookup-before-acquire next to a bare primary-key SELECT, and the relay's drain to JetStream.
 
-use std::time::{Duration, Instant};
-
-use idempotency_core::config::{SchemaConfig, SchemaMode};
 use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome};
 use idempotency_mysql::sqlx::{self, AssertSqlSafe, MySqlConnection, MySqlPool};
 use idempotency_mysql::{MysqlOutbox, MysqlStore};
-use idempotency_outbox::config::{Ordering, OutboxConfig, WakeUp};
-use idempotency_outbox::publisher::nats::NatsPublisher;
-use idempotency_outbox::{NewEvent, Relay};
 
 use crate::harness::{Op, Scenario, op};
+use crate::outbox::{drain_config, drain_events, drain_to_jetstream};
 
 const HASH: &str = "5f2b1c0e0a7d4e8b9c3a6f1d2e4b7a8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6";
 /// The service's default in-flight budget (10 s), as `innodb_lock_wait_timeout`.
@@ -256,63 +251,14 @@ pub(crate) async fn replays(setup: &Setup) -> Vec<Scenario> {
 /// ack. Returns events/s.
 pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, batch: u32) -> f64 {
     let table = idempotency_testing::unique_name("drain");
-    let mut config = OutboxConfig {
-        table_name: table.clone(),
-        schema: SchemaConfig {
-            mode: SchemaMode::Create,
-        },
-        ordering: Ordering::Ordered,
-        notify_channel: None,
-        ..Default::default()
-    };
-    config.relay.workers = workers;
-    config.relay.batch_size = batch;
-    config.relay.wake_up = WakeUp::Poll;
-    config.relay.poll_interval = Duration::from_millis(20);
+    let config = drain_config(&table, workers, batch);
     let outbox = MysqlOutbox::from_config(setup.pool.clone(), &config)
         .await
         .expect("outbox");
-    for chunk in (0..events).collect::<Vec<_>>().chunks(500) {
-        let batch: Vec<NewEvent> = chunk
-            .iter()
-            .map(|n| {
-                NewEvent::new(
-                    format!("agg{}", n % 1000),
-                    format!("{n}"),
-                    "Drained",
-                    &serde_json::json!({"n": n}),
-                )
-                .expect("event")
-            })
-            .collect();
+    for chunk in drain_events(events) {
         let mut tx = setup.pool.begin().await.expect("begin");
-        outbox.enqueue_all(&mut tx, &batch).await.expect("enqueue");
+        outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
         tx.commit().await.expect("commit");
     }
-    let client = async_nats::connect(idempotency_testing::nats_url())
-        .await
-        .expect("nats");
-    let jetstream = async_nats::jetstream::new(client);
-    let stream = table.to_uppercase();
-    jetstream
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: stream.clone(),
-            subjects: vec![format!("{table}.>")],
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
-    let publisher = NatsPublisher::from_context(jetstream.clone())
-        .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
-        .expect("subject");
-    let relay = Relay::new(outbox, publisher, &config).expect("relay");
-    let started = Instant::now();
-    let handle = relay.spawn();
-    while relay.totals().published < events as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let elapsed = started.elapsed();
-    handle.shutdown().await;
-    let _ = jetstream.delete_stream(&stream).await;
-    events as f64 / elapsed.as_secs_f64()
+    drain_to_jetstream(outbox, &config, events).await
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use idempotency_core::config::{SchemaConfig, SchemaMode};
 use idempotency_outbox::config::{Ordering, OutboxConfig, WakeUp};
 use idempotency_outbox::publisher::nats::NatsPublisher;
+use idempotency_outbox::store::{Housekeeping, RelayStore};
 use idempotency_outbox::{NewEvent, Relay};
 use idempotency_pg::PgOutbox;
 use sqlx::{self, AssertSqlSafe};
@@ -101,12 +102,11 @@ pub(crate) async fn enqueue(setup: &Setup, clients: u64) -> Vec<Scenario> {
     scenarios
 }
 
-/// Drains `events` pending events (1000 aggregates, ordered) with a relay of `workers` workers
-/// and `batch` rows per claim, publishing to JetStream and awaiting each ack. Returns events/s.
-pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, batch: u32) -> f64 {
-    let table = idempotency_testing::unique_name("drain");
+/// The drain's configuration: an ordered outbox on `table`, polled every 20 ms (no NOTIFY, so
+/// every backend drains the same way), `workers` workers claiming `batch` rows.
+pub(crate) fn drain_config(table: &str, workers: usize, batch: u32) -> OutboxConfig {
     let mut config = OutboxConfig {
-        table_name: table.clone(),
+        table_name: table.to_owned(),
         schema: SchemaConfig {
             mode: SchemaMode::Create,
         },
@@ -118,27 +118,39 @@ pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, ba
     config.relay.batch_size = batch;
     config.relay.wake_up = WakeUp::Poll;
     config.relay.poll_interval = Duration::from_millis(20);
-    let outbox = PgOutbox::from_config(setup.pool.clone(), &config)
-        .await
-        .expect("outbox");
-    for chunk in (0..events).collect::<Vec<_>>().chunks(500) {
-        let batch: Vec<NewEvent> = chunk
-            .iter()
-            .map(|n| {
-                NewEvent::new(
-                    format!("agg{}", n % 1000),
-                    format!("{n}"),
-                    "Drained",
-                    &serde_json::json!({"n": n}),
-                )
-                .expect("event")
-            })
-            .collect();
-        let mut tx = setup.pool.begin().await.expect("begin");
-        outbox.enqueue_all(&mut tx, &batch).await.expect("enqueue");
-        tx.commit().await.expect("commit");
-    }
+    config
+}
 
+/// `events` events over 1000 aggregates, in chunks of 500 (one transaction each).
+pub(crate) fn drain_events(events: usize) -> Vec<Vec<NewEvent>> {
+    (0..events)
+        .collect::<Vec<_>>()
+        .chunks(500)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|n| {
+                    NewEvent::new(
+                        format!("agg{}", n % 1000),
+                        format!("{n}"),
+                        "Drained",
+                        &serde_json::json!({"n": n}),
+                    )
+                    .expect("event")
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Publishes `events` pending rows of `outbox` to a JetStream stream of their own with a relay
+/// configured by `config`, awaiting each ack. Returns events/s.
+pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
+    outbox: S,
+    config: &OutboxConfig,
+    events: usize,
+) -> f64 {
+    let table = &config.table_name;
     let client = async_nats::connect(idempotency_testing::nats_url())
         .await
         .expect("nats");
@@ -155,7 +167,7 @@ pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, ba
     let publisher = NatsPublisher::from_context(jetstream.clone())
         .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
         .expect("subject");
-    let relay = Relay::new(outbox, publisher, &config).expect("relay");
+    let relay = Relay::new(outbox, publisher, config).expect("relay");
     let started = Instant::now();
     let handle = relay.spawn();
     while relay.totals().published < events as u64 {
@@ -164,10 +176,28 @@ pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, ba
     let elapsed = started.elapsed();
     handle.shutdown().await;
     let _ = jetstream.delete_stream(&stream).await;
+    events as f64 / elapsed.as_secs_f64()
+}
+
+/// Drains `events` pending events (1000 aggregates, ordered) from the PostgreSQL outbox with a
+/// relay of `workers` workers and `batch` rows per claim, publishing to JetStream and awaiting
+/// each ack. Returns events/s.
+pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, batch: u32) -> f64 {
+    let table = idempotency_testing::unique_name("drain");
+    let config = drain_config(&table, workers, batch);
+    let outbox = PgOutbox::from_config(setup.pool.clone(), &config)
+        .await
+        .expect("outbox");
+    for chunk in drain_events(events) {
+        let mut tx = setup.pool.begin().await.expect("begin");
+        outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let rate = drain_to_jetstream(outbox, &config, events).await;
     let _ = sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE \"{table}\", \"{table}_sequences\""
     )))
     .execute(&setup.pool)
     .await;
-    events as f64 / elapsed.as_secs_f64()
+    rate
 }
