@@ -9,10 +9,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idempotency_axum::{Error, IdempotencyKeyHeader, OutcomeExt, ScopedKey, UuidKeyHeader};
-use idempotency_cache_moka::MokaCache;
 use idempotency_cache_redis::RedisCache;
-use idempotency_core::{ExecutionResult, IdempotencyService};
-use idempotency_metrics::FacadeMetrics;
+use idempotency_core::ExecutionResult;
 use idempotency_outbox::{Enqueue, NewEvent};
 use metrics_exporter_prometheus::PrometheusHandle;
 use uuid::Uuid;
@@ -30,8 +28,7 @@ use crate::problem::{ApiJson, not_found};
 use crate::scope::OptionalTenant;
 
 /// The idempotency service of the demo: moka and Redis when configured, metrics on the facade.
-pub type DemoService<S> =
-    IdempotencyService<S, Option<MokaCache>, Option<RedisCache>, FacadeMetrics>;
+pub type DemoService<S> = idempotency::Service<S>;
 
 /// What every handler shares. Cheap to clone.
 pub struct App<DB: Database> {

@@ -4,21 +4,14 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use std::collections::BTreeMap;
-
-use idempotency_cache_moka::LocalCacheConfig;
-use idempotency_cache_redis::DistributedCacheConfig;
-use idempotency_core::config::{
-    AcquireConfig, FingerprintConfig, IdempotencyConfig, InFlightConfig, OperationConfig,
-    PersistenceConfig,
-};
+use idempotency::{IdempotencyProperties, Loader, Settings};
 use idempotency_outbox::config::OutboxConfig;
 use rust_decimal::Decimal;
 use serde::Deserialize;
 
-/// The whole configuration.
+/// The whole configuration; unknown keys are refused at every level, the top one included.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, rename_all = "kebab-case")]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct DemoConfig {
     /// The HTTP server.
     pub server: ServerConfig,
@@ -27,62 +20,9 @@ pub struct DemoConfig {
     /// The business rules of the demo.
     pub demo: BusinessConfig,
     /// The `idempotency.*` properties, named as in the reference starter.
-    pub idempotency: IdempotencySection,
+    pub idempotency: IdempotencyProperties,
     /// The outbox and its relay.
     pub outbox: OutboxConfig,
-}
-
-/// `idempotency.*`: the core's sections ([`IdempotencyConfig`]) and the two cache sections,
-/// which belong to the cache crates, as one tree with unknown keys refused at every level.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct IdempotencySection {
-    /// Master switch.
-    pub enabled: bool,
-    /// Request fingerprinting.
-    pub fingerprint: FingerprintConfig,
-    /// The L1 in-process cache.
-    pub local_cache: LocalCacheConfig,
-    /// The L2 shared cache.
-    pub distributed_cache: DistributedCacheConfig,
-    /// The database store.
-    pub persistence: PersistenceConfig,
-    /// What a request does when the same key is in flight.
-    pub in_flight: InFlightConfig,
-    /// The acquire loop.
-    pub acquire: AcquireConfig,
-    /// Per-operation overrides.
-    pub operations: BTreeMap<String, OperationConfig>,
-}
-
-impl Default for IdempotencySection {
-    fn default() -> Self {
-        let core = IdempotencyConfig::default();
-        Self {
-            enabled: core.enabled,
-            fingerprint: core.fingerprint,
-            local_cache: LocalCacheConfig::default(),
-            distributed_cache: DistributedCacheConfig::default(),
-            persistence: core.persistence,
-            in_flight: core.in_flight,
-            acquire: core.acquire,
-            operations: core.operations,
-        }
-    }
-}
-
-impl IdempotencySection {
-    /// The core's part of the tree.
-    pub fn core(&self) -> IdempotencyConfig {
-        IdempotencyConfig {
-            enabled: self.enabled,
-            fingerprint: self.fingerprint.clone(),
-            persistence: self.persistence.clone(),
-            in_flight: self.in_flight.clone(),
-            acquire: self.acquire.clone(),
-            operations: self.operations.clone(),
-        }
-    }
 }
 
 /// `server.*`.
@@ -152,27 +92,29 @@ impl Default for BusinessConfig {
 /// The configuration could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid demo configuration")]
-pub struct ConfigError(#[from] config::ConfigError);
+pub struct ConfigError(#[from] idempotency::LoadError);
 
 impl DemoConfig {
-    /// Reads `file` (YAML) when it exists, then the environment: `SECTION__KEY__SUB_KEY=value`,
-    /// where `_` inside a key stands for `-` (`IDEMPOTENCY__PERSISTENCE__LOOKUP_BEFORE_ACQUIRE`).
+    /// Reads `file` (YAML) when it exists, then the environment with the facade's rules
+    /// ([`Loader`]): `SECTION__KEY__SUB_KEY=value`, `_` inside a key standing for `-`
+    /// (`IDEMPOTENCY__PERSISTENCE__LOOKUP_BEFORE_ACQUIRE`), operation names kept as written
+    /// (`IDEMPOTENCY__OPERATIONS__CREATE_PAYMENT__TTL`), `null` for null. Only variables of the
+    /// five sections are read (`DATABASE_URL` has no `__`, so it is no key of `database`).
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let mut builder =
-            config::Config::builder().add_source(config::File::from(file).required(false));
-        // Only variables of the five sections are read, never the whole environment
-        // (`DATABASE_URL` has no `__`, so it is not read as a key of `database`).
-        for section in ["SERVER", "DATABASE", "DEMO", "IDEMPOTENCY", "OUTBOX"] {
-            builder = builder.add_source(
-                config::Environment::with_prefix(section)
-                    .prefix_separator("__")
-                    .separator("__")
-                    .keep_prefix(true)
-                    .convert_case(config::Case::Kebab),
-            );
+        Ok(Loader::new()
+            .optional_file(file)
+            .section("server")
+            .section("database")
+            .section("demo")
+            .load()?)
+    }
+
+    /// What the facade assembles from: `idempotency` and `outbox`.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            idempotency: self.idempotency.clone(),
+            outbox: Some(self.outbox.clone()),
         }
-        let settings = builder.build()?;
-        Ok(settings.try_deserialize()?)
     }
 }
 
@@ -222,5 +164,9 @@ mod tests {
         assert!(load("database:\n  max-connections: 0\n").is_err());
         assert!(load("database:\n  acquire-timeout: soon\n").is_err());
         assert!(load("server:\n  prot: 1\n").is_err());
+        assert!(
+            load("sever:\n  port: 1\n").is_err(),
+            "a misspelled section is refused"
+        );
     }
 }

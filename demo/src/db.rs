@@ -25,10 +25,19 @@ pub type Conn<DB> = <<DB as Database>::Store as IdempotencyStore>::Connection;
 
 /// A database the demo can run on.
 pub trait Database: Clone + Send + Sync + 'static {
+    /// The pool the `idempotency` facade assembles the store and the outbox on.
+    type Pool: idempotency::Database<Store = Self::Store, Outbox = Self::Outbox>;
     /// The idempotency store.
     type Store: IdempotencyStore + ExpiredCleanup + Clone;
     /// The outbox, written through the same connection as the business rows.
     type Outbox: Enqueue<Connection = Conn<Self>> + RelayStore + Housekeeping + Clone;
+
+    /// Creates the business tables (payments, refunds, charges) when missing.
+    fn create_business_tables(
+        pool: &Self::Pool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// The demo's database over `pool`, with the store and outbox the facade assembled.
+    fn new(pool: Self::Pool, store: Self::Store, outbox: Self::Outbox) -> Self;
 
     /// The idempotency store.
     fn store(&self) -> &Self::Store;

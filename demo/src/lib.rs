@@ -17,12 +17,10 @@ mod v2;
 
 pub use app::{App, DemoService, router};
 
-use idempotency_cache_moka::MokaCache;
-use idempotency_cache_redis::RedisCache;
-use idempotency_core::{
-    HashAlgorithm, IdempotencyService, IdempotencyStore, JcsFingerprint, ServiceConfig,
-};
-use idempotency_metrics::FacadeMetrics;
+use idempotency::{Builder, Idempotency, MaybePublisher};
+
+use crate::config::DemoConfig;
+use crate::db::Database;
 
 /// Starting the demo failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,56 +29,69 @@ pub enum StartupError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    /// The library could not be assembled from the configuration (the message names the
+    /// property).
+    #[error(transparent)]
+    Idempotency(#[from] idempotency::Error),
     /// A database call failed.
     #[error("database error")]
     Database(#[from] sqlx::Error),
-    /// The PostgreSQL idempotency store could not be set up.
-    #[error("PostgreSQL idempotency store")]
-    PgStore(#[from] idempotency_pg::Error),
-    /// The MySQL idempotency store could not be set up.
-    #[error("MySQL idempotency store")]
-    MysqlStore(#[from] idempotency_mysql::Error),
-    /// The SQLite idempotency store could not be set up.
-    #[error("SQLite idempotency store")]
+    /// The SQLite file could not be opened.
+    #[error("SQLite")]
     SqliteStore(#[from] idempotency_sqlite::Error),
-    /// The outbox could not be set up.
+    /// The outbox publisher could not be set up.
     #[error("outbox")]
     Outbox(#[from] idempotency_outbox::Error),
-    /// The Redis cache could not be set up.
-    #[error("Redis cache")]
-    Redis(#[from] idempotency_cache_redis::Error),
     /// NATS could not be reached or configured.
     #[error("NATS: {0}")]
     Nats(String),
     /// The metrics recorder could not be installed.
     #[error("metrics recorder")]
-    Metrics(#[from] metrics_exporter_prometheus::BuildError),
-    /// The cleanup schedule is not a valid cron expression.
-    #[error(transparent)]
-    Cleanup(#[from] idempotency_core::cleanup::InvalidCron),
+    Metrics(#[from] idempotency::metrics::BuildError),
     /// Binding or serving failed.
     #[error("I/O")]
     Io(#[from] std::io::Error),
 }
 
-/// The idempotency service over `store`, configured by `idempotency.*`: moka when
-/// `local-cache.enabled`, the given Redis cache, metrics on the facade.
-pub fn build_service<S: IdempotencyStore>(
-    store: S,
-    config: &config::IdempotencySection,
-    redis: Option<RedisCache>,
-) -> DemoService<S> {
-    let local = config
-        .local_cache
-        .enabled
-        .then(|| MokaCache::new(&config.local_cache));
-    let redis = redis.filter(|_| config.distributed_cache.enabled);
-    let algorithm: HashAlgorithm = config.fingerprint.algorithm;
-    IdempotencyService::builder(store)
-        .config(ServiceConfig::from(&config.core()))
-        .fingerprint(JcsFingerprint::new(algorithm))
-        .local_cache(local)
-        .distributed_cache(redis)
-        .metrics(FacadeMetrics)
-        .build()
+/// The demo's whole wiring of the library: creates the business tables, then the facade
+/// assembles store, caches, meters, outbox, relay (to `publisher`, when given) and cleanup
+/// from `config`, on `pool`.
+pub async fn assemble<DB, P>(
+    pool: DB::Pool,
+    config: &DemoConfig,
+    publisher: Option<P>,
+    prometheus: Option<idempotency::metrics::PrometheusHandle>,
+) -> Result<(DB, Idempotency<DB::Pool>), StartupError>
+where
+    DB: Database,
+    P: MaybePublisher + idempotency_outbox::Publisher,
+{
+    DB::create_business_tables(&pool).await?;
+    let settings = config.settings();
+    let mut builder = Builder::new(&settings);
+    if let Some(handle) = prometheus {
+        builder = builder.prometheus(handle);
+    }
+    let idempotency = match publisher {
+        Some(publisher) => builder.publisher(publisher).build(pool.clone()).await?,
+        None => builder.build(pool.clone()).await?,
+    };
+    let outbox = idempotency
+        .outbox()
+        .cloned()
+        .ok_or_else(|| idempotency::Error::Property {
+            property: "outbox",
+            reason: "the demo needs its outbox section".to_owned(),
+        })?;
+    let db = DB::new(pool, idempotency.store().clone(), outbox);
+    Ok((db, idempotency))
+}
+
+/// [`assemble`] without a relay (`outbox.relay.enabled: false`) and without Prometheus, as
+/// the tests use it.
+pub async fn assemble_without_relay<DB: Database>(
+    pool: DB::Pool,
+    config: &DemoConfig,
+) -> Result<(DB, Idempotency<DB::Pool>), StartupError> {
+    assemble::<DB, idempotency::NoPublisher>(pool, config, None, None).await
 }

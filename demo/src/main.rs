@@ -5,16 +5,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idempotency_cache_redis::RedisCache;
-use idempotency_core::cleanup::CleanupJob;
+use idempotency::Idempotency;
 use idempotency_demo::config::DemoConfig;
 use idempotency_demo::db::{Database, Mysql, Postgres, Sqlite};
-use idempotency_demo::{App, StartupError, build_service, router};
-use idempotency_metrics::FacadeMetrics;
+use idempotency_demo::{App, StartupError, assemble, router};
 use idempotency_outbox::publisher::nats::NatsPublisher;
-use idempotency_outbox::{LoggingPublisher, Publisher, Relay, RelayHandle};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tokio::sync::watch;
+use idempotency_outbox::{LoggingPublisher, Publisher};
 
 /// The JetStream stream that captures the demo's events.
 const STREAM: &str = "IDEMPOTENCY_DEMO";
@@ -65,17 +61,10 @@ async fn run() -> Result<(), StartupError> {
     let path = config_path();
     let mut config = DemoConfig::load(&path)?;
     tracing::info!(config = %path.display(), exists = path.exists(), "configuration");
-    let prometheus = PrometheusBuilder::new().install_recorder()?;
-    FacadeMetrics::describe();
-    idempotency_outbox::metrics::describe();
-
-    let redis = match env("REDIS_URL") {
-        Some(url) if config.idempotency.distributed_cache.enabled => Some(RedisCache::connect(
-            &url,
-            &config.idempotency.distributed_cache,
-        )?),
-        _ => None,
-    };
+    // The demo's own policy: Redis is L2 when `REDIS_URL` (or `distributed-cache.url`) names it.
+    let redis = &mut config.idempotency.distributed_cache;
+    redis.url = redis.url.take().or_else(|| env("REDIS_URL"));
+    redis.enabled &= redis.url.is_some();
     let nats = match env("NATS_URL") {
         Some(url) => Some(
             async_nats::connect(&url)
@@ -96,67 +85,47 @@ async fn run() -> Result<(), StartupError> {
         (Some(url), _) => {
             // No LISTEN/NOTIFY on MySQL: the relay polls.
             config.outbox.notify_channel = None;
-            let db = Mysql::connect(&url, &config).await?;
-            serve(db, config, redis, nats, prometheus).await
+            let pool = Mysql::connect(&url, &config).await?;
+            serve::<Mysql>(pool, config, nats).await
         }
         (None, Some(url)) => {
-            let db = Postgres::connect(&url, &config).await?;
-            serve(db, config, redis, nats, prometheus).await
+            let pool = Postgres::connect(&url, &config).await?;
+            serve::<Postgres>(pool, config, nats).await
         }
         (None, None) => {
-            // No server at all: the embedded default.
+            // No server at all: the embedded default, which has no notifications either.
             config.outbox.notify_channel = None;
-            let db = Sqlite::open(&config.demo.sqlite_path, &config).await?;
-            serve(db, config, redis, nats, prometheus).await
+            let pool = Sqlite::open(&config.demo.sqlite_path).await?;
+            serve::<Sqlite>(pool, config, nats).await
         }
     }
 }
 
 async fn serve<DB: Database>(
-    db: DB,
+    pool: DB::Pool,
     config: DemoConfig,
-    redis: Option<RedisCache>,
     nats: Option<async_nats::Client>,
-    prometheus: PrometheusHandle,
 ) -> Result<(), StartupError> {
-    let service = build_service(db.store().clone(), &config.idempotency, redis.clone());
-    let mut app = App::new(db.clone(), service, config.demo.clone());
-    app.redis = redis.clone();
+    let prometheus = idempotency::metrics::install()?;
+    let (db, idempotency) = match &nats {
+        Some(client) => {
+            let publisher = NatsPublisher::new(client.clone()).with_subject(SUBJECT)?;
+            publisher
+                .ensure_stream(STREAM, Duration::from_secs(120))
+                .await?;
+            wire::<DB, _>(pool, &config, publisher, prometheus.clone()).await?
+        }
+        None => wire::<DB, _>(pool, &config, LoggingPublisher::new(), prometheus.clone()).await?,
+    };
+    let mut app = App::new(
+        db.clone(),
+        idempotency.service().clone(),
+        config.demo.clone(),
+    );
+    app.redis = idempotency.service().distributed_cache().clone();
     app.nats = nats.clone();
     app.prometheus = Some(prometheus);
-
-    let relay = match &nats {
-        Some(client) => {
-            let jetstream = async_nats::jetstream::new(client.clone());
-            jetstream
-                .get_or_create_stream(async_nats::jetstream::stream::Config {
-                    name: STREAM.to_owned(),
-                    subjects: vec!["demo.>".to_owned()],
-                    duplicate_window: Duration::from_secs(120),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| StartupError::Nats(e.to_string()))?;
-            let publisher = NatsPublisher::from_context(jetstream).with_subject(SUBJECT)?;
-            spawn_relay(&db, publisher, &config)?
-        }
-        None => spawn_relay(&db, LoggingPublisher::new(), &config)?,
-    };
-
-    let (stop, stopped) = watch::channel(false);
-    let cleanup = if config.idempotency.persistence.cleanup.enabled {
-        let job = CleanupJob::from_config(
-            db.store().clone(),
-            &config.idempotency.persistence.cleanup,
-            FacadeMetrics,
-        )?;
-        let mut stopped = stopped.clone();
-        Some(tokio::spawn(job.run(async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        })))
-    } else {
-        None
-    };
+    app.relay = idempotency.relay();
 
     let address = SocketAddr::from(([0, 0, 0, 0], config.server.port));
     let listener = tokio::net::TcpListener::bind(address).await?;
@@ -165,55 +134,58 @@ async fn serve<DB: Database>(
         listener.local_addr()?
     );
     tracing::info!("data: {}", db.describe());
-    tracing::info!(
-        "idempotency cache: moka L1 {}, Redis L2 {}",
-        if config.idempotency.local_cache.enabled {
-            "on"
-        } else {
-            "off"
-        },
-        if redis.is_some() {
-            "on (REDIS_URL)"
-        } else {
-            "off (set REDIS_URL)"
-        }
-    );
-    tracing::info!(
-        "outbox publisher: {}",
-        if nats.is_some() {
-            "NATS JetStream (NATS_URL), stream IDEMPOTENCY_DEMO, subjects demo.>"
-        } else {
-            "logging (set NATS_URL for JetStream)"
-        }
-    );
+    banner(&idempotency, nats.is_some());
 
-    app.relay = Some(relay.monitor());
     let routes = router(app, config.server.max_body_bytes);
     axum::serve(listener, routes)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
 
     tracing::info!("shutting down: stopping the relay and the cleanup job");
-    let _ = stop.send(true);
-    let report = relay.shutdown().await;
-    tracing::info!(
-        graceful = report.graceful,
-        aborted = report.aborted,
-        worker_panics = report.worker_panics,
-        "relay stopped"
-    );
-    if let Some(cleanup) = cleanup {
-        let _ = cleanup.await;
+    let report = idempotency.shutdown().await;
+    if let Some(relay) = report.relay {
+        tracing::info!(
+            graceful = relay.graceful,
+            aborted = relay.aborted,
+            worker_panics = relay.worker_panics,
+            "relay stopped"
+        );
     }
     Ok(())
 }
 
-fn spawn_relay<DB: Database, P: Publisher>(
-    db: &DB,
-    publisher: P,
+/// [`assemble`] with a publisher, when `outbox.relay.enabled`.
+async fn wire<DB: Database, P: Publisher>(
+    pool: DB::Pool,
     config: &DemoConfig,
-) -> Result<RelayHandle, StartupError> {
-    Ok(Relay::new(db.outbox().clone(), publisher, &config.outbox)?.spawn())
+    publisher: P,
+    prometheus: idempotency::metrics::PrometheusHandle,
+) -> Result<(DB, Idempotency<DB::Pool>), StartupError> {
+    let publisher = config.outbox.relay.enabled.then_some(publisher);
+    assemble::<DB, P>(pool, config, publisher, Some(prometheus)).await
+}
+
+fn banner<P: idempotency::Database>(idempotency: &Idempotency<P>, nats: bool) {
+    let on = |on: bool| if on { "on" } else { "off" };
+    let service = idempotency.service();
+    tracing::info!(
+        "idempotency cache: moka L1 {}, Redis L2 {}, cleanup {}",
+        on(service.local_cache().is_some()),
+        if service.distributed_cache().is_some() {
+            "on"
+        } else {
+            "off (set REDIS_URL)"
+        },
+        on(idempotency.cleanup_running()),
+    );
+    tracing::info!(
+        "outbox publisher: {}",
+        match (idempotency.relay().is_some(), nats) {
+            (false, _) => "none (outbox.relay.enabled is false)",
+            (true, true) => "NATS JetStream (NATS_URL), stream IDEMPOTENCY_DEMO, subjects demo.>",
+            (true, false) => "logging (set NATS_URL for JetStream)",
+        }
+    );
 }
 
 async fn shutdown_signal() {

@@ -125,14 +125,17 @@ pub async fn health<DB: Database>(State(app): State<App<DB>>) -> Response {
 )]
 pub async fn metrics<DB: Database>(State(app): State<App<DB>>) -> Response {
     match &app.prometheus {
-        Some(handle) => (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            handle.render(),
-        )
-            .into_response(),
+        Some(handle) => {
+            idempotency::metrics::publish_local_cache_stats(&app.service);
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                handle.render(),
+            )
+                .into_response()
+        }
         None => StatusCode::NOT_FOUND.into_response(),
     }
 }

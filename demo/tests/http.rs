@@ -7,12 +7,10 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use idempotency_cache_redis::DistributedCacheConfig;
-use idempotency_cache_redis::RedisCache;
 use idempotency_core::config::{InFlightPolicyKind, SchemaMode};
 use idempotency_demo::config::DemoConfig;
-use idempotency_demo::db::{Database, Postgres};
-use idempotency_demo::{App, build_service, router};
+use idempotency_demo::db::Postgres;
+use idempotency_demo::{App, assemble, assemble_without_relay, router};
 use serde_json::{Value, json};
 use sqlx::{self, PgPool};
 use tower::ServiceExt;
@@ -20,20 +18,24 @@ use tower::ServiceExt;
 fn config() -> DemoConfig {
     let mut config = DemoConfig::default();
     config.idempotency.persistence.schema.mode = SchemaMode::Create;
+    config.idempotency.distributed_cache.enabled = false;
     config.outbox.schema.mode = SchemaMode::Create;
+    config.outbox.relay.enabled = false;
     config
 }
 
-async fn demo_with(config: DemoConfig, redis: Option<RedisCache>) -> (Router, PgPool) {
+async fn demo_with(config: DemoConfig) -> (Router, PgPool) {
     let pool = idempotency_testing::pg_pool().await;
-    let db = Postgres::from_pool(pool.clone(), &config).await.unwrap();
-    let service = build_service(db.store().clone(), &config.idempotency, redis);
-    let app = App::new(db, service, config.demo.clone());
+    let (db, idempotency) = assemble_without_relay::<Postgres>(pool.clone(), &config)
+        .await
+        .unwrap();
+    let mut app = App::new(db, idempotency.service().clone(), config.demo.clone());
+    app.redis = idempotency.service().distributed_cache().clone();
     (router(app, config.server.max_body_bytes), pool)
 }
 
 async fn demo() -> (Router, PgPool) {
-    demo_with(config(), None).await
+    demo_with(config()).await
 }
 
 struct Reply {
@@ -199,7 +201,7 @@ async fn overlapping_charges_one_winner() {
     for policy in [InFlightPolicyKind::Reject, InFlightPolicyKind::Wait] {
         let mut config = config();
         config.idempotency.in_flight.policy = policy;
-        let (app, pool) = demo_with(config, None).await;
+        let (app, pool) = demo_with(config).await;
         let key = "1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b";
         let calls = (0..8).map(|_| {
             let app = app.clone();
@@ -336,8 +338,10 @@ async fn redis_unreachable_changes_nothing() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead = format!("redis://{}", listener.local_addr().unwrap());
     drop(listener);
-    let redis = RedisCache::connect(&dead, &DistributedCacheConfig::default()).unwrap();
-    let (app, pool) = demo_with(config(), Some(redis)).await;
+    let mut config = config();
+    config.idempotency.distributed_cache.enabled = true;
+    config.idempotency.distributed_cache.url = Some(dead);
+    let (app, pool) = demo_with(config).await;
     let body = json!({"orderId": "o-5", "recipient": "bob", "amount": 10});
     let first = pay(&app, "demo-5", body.clone()).await;
     let second = pay(&app, "demo-5", body).await;
@@ -487,19 +491,19 @@ async fn health_reports_the_database() {
 /// `/health` shows the relay's workers: `DOWN` once they no longer run.
 #[tokio::test]
 async fn health_reports_the_relay_workers() {
-    let config = config();
+    let mut config = config();
+    config.outbox.relay.enabled = true;
     let pool = idempotency_testing::pg_pool().await;
-    let db = Postgres::from_pool(pool.clone(), &config).await.unwrap();
-    let service = build_service(db.store().clone(), &config.idempotency, None);
-    let mut app = App::new(db.clone(), service, config.demo.clone());
-    let relay = idempotency_outbox::Relay::new(
-        db.outbox().clone(),
-        idempotency_outbox::LoggingPublisher::new(),
-        &config.outbox,
+    let (db, idempotency) = assemble::<Postgres, _>(
+        pool.clone(),
+        &config,
+        Some(idempotency_outbox::LoggingPublisher::new()),
+        None,
     )
-    .unwrap()
-    .spawn();
-    app.relay = Some(relay.monitor());
+    .await
+    .unwrap();
+    let mut app = App::new(db, idempotency.service().clone(), config.demo.clone());
+    app.relay = idempotency.relay();
     let app = router(app, config.server.max_body_bytes);
     let health = send(&app, "GET", "/health", &[], "").await;
     assert_eq!(health.status, StatusCode::OK);
@@ -508,7 +512,7 @@ async fn health_reports_the_relay_workers() {
         health.body["relay_workers"],
         json!({"configured": 2, "running": 2, "panics": 0})
     );
-    relay.shutdown().await;
+    idempotency.shutdown().await;
     let health = send(&app, "GET", "/health", &[], "").await;
     assert_eq!(health.status, StatusCode::OK, "requests are still served");
     assert_eq!(health.body["relay"], "DOWN");

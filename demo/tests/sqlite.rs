@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use idempotency_core::config::SchemaMode;
 use idempotency_demo::config::DemoConfig;
 use idempotency_demo::db::{Database, Sqlite};
-use idempotency_demo::{App, build_service, router};
+use idempotency_demo::{App, assemble_without_relay, router};
 use idempotency_pg::sqlx;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -20,11 +20,19 @@ async fn demo() -> (axum::Router, Sqlite, tempdir::Dir) {
     config.idempotency.persistence.schema.mode = SchemaMode::Create;
     config.outbox.schema.mode = SchemaMode::Create;
     config.outbox.notify_channel = None;
-    let db = Sqlite::open(&dir.path().join("data/demo.db"), &config)
+    config.outbox.relay.enabled = false;
+    config.idempotency.distributed_cache.enabled = false;
+    let pool = Sqlite::open(&dir.path().join("data/demo.db"))
         .await
         .unwrap();
-    let service = build_service(db.store().clone(), &config.idempotency, None);
-    let app = App::new(db.clone(), service, config.demo.clone());
+    let (db, idempotency) = assemble_without_relay::<Sqlite>(pool, &config)
+        .await
+        .unwrap();
+    let app = App::new(
+        db.clone(),
+        idempotency.service().clone(),
+        config.demo.clone(),
+    );
     (router(app, config.server.max_body_bytes), db, dir)
 }
 

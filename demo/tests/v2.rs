@@ -10,8 +10,8 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use idempotency_core::config::SchemaMode;
 use idempotency_demo::config::DemoConfig;
-use idempotency_demo::db::{Database, Postgres};
-use idempotency_demo::{App, build_service, router};
+use idempotency_demo::db::Postgres;
+use idempotency_demo::{App, assemble_without_relay, router};
 use idempotency_pg::sqlx::{self, PgPool};
 use serde_json::Value;
 use tower::ServiceExt;
@@ -19,11 +19,14 @@ use tower::ServiceExt;
 async fn demo() -> (Router, PgPool) {
     let mut config = DemoConfig::default();
     config.idempotency.persistence.schema.mode = SchemaMode::Create;
+    config.idempotency.distributed_cache.enabled = false;
     config.outbox.schema.mode = SchemaMode::Create;
+    config.outbox.relay.enabled = false;
     let pool = idempotency_testing::pg_pool().await;
-    let db = Postgres::from_pool(pool.clone(), &config).await.unwrap();
-    let service = build_service(db.store().clone(), &config.idempotency, None);
-    let app = App::new(db, service, config.demo.clone());
+    let (db, idempotency) = assemble_without_relay::<Postgres>(pool.clone(), &config)
+        .await
+        .unwrap();
+    let app = App::new(db, idempotency.service().clone(), config.demo.clone());
     (router(app, config.server.max_body_bytes), pool)
 }
 

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 pub struct DistributedCacheConfig {
     /// Whether the application wires the L2 cache. Default `true`.
     pub enabled: bool,
+    /// The Redis server, as a `redis://` (or `rediss://`) URL. `null` (the default) leaves it
+    /// to the application; the `idempotency` facade refuses an enabled cache without one.
+    pub url: Option<String>,
     /// Entry time to live. Default `1h`.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
@@ -39,6 +42,7 @@ impl Default for DistributedCacheConfig {
     fn default() -> Self {
         Self {
             enabled: true,
+            url: None,
             ttl: Duration::from_secs(60 * 60),
             key_prefix: "idempotency:".to_owned(),
             failure_policy: FailurePolicy::FailOpen,

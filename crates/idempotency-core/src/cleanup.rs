@@ -1,7 +1,8 @@
 //! Deleting expired records: one bounded batch at a time, on a cron schedule.
 //!
 //! Cron expressions are parsed by the `croner` crate (five fields, or six with seconds, as in
-//! `0 0 3 * * SAT,SUN`) and evaluated in UTC.
+//! `0 0 3 * * SAT,SUN`) and evaluated in a configured time zone (`cleanup.zone`, default UTC;
+//! IANA names from the `chrono-tz` crate's copy of the tz database).
 
 use std::future::Future;
 use std::str::FromStr;
@@ -22,13 +23,28 @@ pub struct CleanupReport {
     pub batches: u32,
 }
 
-/// A cron expression could not be parsed.
+/// A cleanup schedule could not be built.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid cron expression {expression:?}")]
-pub struct InvalidCron {
-    expression: String,
-    #[source]
-    source: croner::errors::CronError,
+#[non_exhaustive]
+pub enum InvalidCron {
+    /// `cleanup.cron` is not a cron expression.
+    #[error("idempotency.persistence.cleanup.cron: invalid cron expression {expression:?}")]
+    Expression {
+        /// The expression as configured.
+        expression: String,
+        /// What the parser said.
+        #[source]
+        source: croner::errors::CronError,
+    },
+    /// `cleanup.zone` names no time zone.
+    #[error(
+        "idempotency.persistence.cleanup.zone: unknown time zone {zone:?}; expected an IANA \
+         name such as Europe/Berlin, or UTC"
+    )]
+    Zone {
+        /// The zone as configured.
+        zone: String,
+    },
 }
 
 /// Deletes expired records in batches of `batch_size`, each its own short transaction, until a
@@ -49,7 +65,7 @@ pub async fn purge_expired<C: ExpiredCleanup + ?Sized>(
     }
 }
 
-/// When cleanup runs: a parsed cron expression.
+/// When cleanup runs: a parsed cron expression, evaluated in a time zone (UTC unless set).
 ///
 /// ```
 /// use idempotency_core::cleanup::CleanupSchedule;
@@ -57,30 +73,53 @@ pub async fn purge_expired<C: ExpiredCleanup + ?Sized>(
 /// let next = schedule.next_after(chrono::Utc::now()).unwrap();
 /// assert!(next > chrono::Utc::now());
 /// assert!(CleanupSchedule::parse("every tuesday").is_err());
+///
+/// // 03:00 in Berlin is 01:00 or 02:00 UTC, depending on the season.
+/// let berlin = CleanupSchedule::parse("0 0 3 * * *")?.in_zone("Europe/Berlin")?;
+/// assert_ne!(berlin.next_after(chrono::Utc::now()), schedule.next_after(chrono::Utc::now()));
+/// assert!(CleanupSchedule::parse("0 0 3 * * *")?.in_zone("Mars/Olympus").is_err());
 /// # Ok::<(), idempotency_core::cleanup::InvalidCron>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct CleanupSchedule {
     cron: croner::Cron,
+    zone: chrono_tz::Tz,
 }
 
 impl CleanupSchedule {
-    /// Parses a cron expression with five fields, or six with leading seconds.
+    /// Parses a cron expression with five fields, or six with leading seconds, evaluated in UTC.
     pub fn parse(expression: &str) -> Result<Self, InvalidCron> {
         croner::parser::CronParser::builder()
             .seconds(croner::parser::Seconds::Optional)
             .build()
             .parse(expression)
-            .map(|cron| Self { cron })
-            .map_err(|source| InvalidCron {
+            .map(|cron| Self {
+                cron,
+                zone: chrono_tz::UTC,
+            })
+            .map_err(|source| InvalidCron::Expression {
                 expression: expression.to_owned(),
                 source,
             })
     }
 
+    /// The same schedule evaluated in `zone`, an IANA time zone name (`Europe/Berlin`) or
+    /// `UTC`.
+    pub fn in_zone(self, zone: &str) -> Result<Self, InvalidCron> {
+        let zone = zone
+            .parse::<chrono_tz::Tz>()
+            .map_err(|_| InvalidCron::Zone {
+                zone: zone.to_owned(),
+            })?;
+        Ok(Self { zone, ..self })
+    }
+
     /// The first run strictly after `time`.
     pub fn next_after(&self, time: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.cron.find_next_occurrence(&time, false).ok()
+        self.cron
+            .find_next_occurrence(&time.with_timezone(&self.zone), false)
+            .ok()
+            .map(|next| next.with_timezone(&Utc))
     }
 }
 
@@ -129,7 +168,7 @@ impl<C: ExpiredCleanup, M: IdempotencyMetrics> CleanupJob<C, M> {
     pub fn from_config(store: C, config: &CleanupConfig, metrics: M) -> Result<Self, InvalidCron> {
         Ok(Self::new(
             store,
-            CleanupSchedule::parse(&config.cron)?,
+            CleanupSchedule::parse(&config.cron)?.in_zone(&config.zone)?,
             config.batch_size,
             metrics,
         ))
@@ -166,5 +205,118 @@ impl<C: ExpiredCleanup, M: IdempotencyMetrics> CleanupJob<C, M> {
                 tracing::warn!(error = %error, "idempotency cleanup failed; retrying at the next run");
             }
         }
+    }
+}
+
+impl<C, M> CleanupJob<C, M>
+where
+    C: ExpiredCleanup + Send + Sync + 'static,
+    M: IdempotencyMetrics,
+{
+    /// Runs the job on the Tokio runtime until [`CleanupHandle::shutdown`].
+    ///
+    /// ```no_run
+    /// # async fn demo<S: idempotency_core::ExpiredCleanup + Send + Sync + 'static>(store: S) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotency_core::cleanup::CleanupJob;
+    /// use idempotency_core::config::CleanupConfig;
+    ///
+    /// let cleanup = CleanupJob::from_config(store, &CleanupConfig::default(), idempotency_core::NoopMetrics)?
+    ///     .spawn();
+    /// // ... on shutdown (a purge under way finishes its batch first):
+    /// cleanup.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn(self) -> CleanupHandle {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(self.run(async move {
+            let _ = stopped.await;
+        }));
+        CleanupHandle { stop, task }
+    }
+}
+
+/// A running [`CleanupJob`]; [`shutdown`](Self::shutdown) stops it.
+#[derive(Debug)]
+pub struct CleanupHandle {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CleanupHandle {
+    /// Whether the job has stopped (after [`shutdown`](Self::shutdown), or because the schedule
+    /// has no future run).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Stops the job: waits for a purge under way to end, cancels the wait for the next run.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(());
+        if let Err(error) = self.task.await {
+            tracing::warn!(error = %error, "the idempotency cleanup task failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn at(y: i32, mo: u32, d: u32, h: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(y, mo, d, h, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn the_schedule_is_evaluated_in_utc_by_default() {
+        let schedule = CleanupSchedule::parse("0 0 3 * * *").unwrap();
+        assert_eq!(
+            schedule.next_after(at(2026, 1, 15, 0)),
+            Some(at(2026, 1, 15, 3))
+        );
+    }
+
+    #[test]
+    fn the_configured_zone_moves_the_run_with_daylight_saving_time() {
+        let config = CleanupConfig {
+            cron: "0 0 3 * * *".to_owned(),
+            zone: "Europe/Berlin".to_owned(),
+            ..CleanupConfig::default()
+        };
+        let schedule = CleanupSchedule::parse(&config.cron)
+            .unwrap()
+            .in_zone(&config.zone)
+            .unwrap();
+        // 03:00 CET is 02:00 UTC in winter, 03:00 CEST is 01:00 UTC in summer.
+        assert_eq!(
+            schedule.next_after(at(2026, 1, 15, 0)),
+            Some(at(2026, 1, 15, 2))
+        );
+        assert_eq!(
+            schedule.next_after(at(2026, 7, 15, 0)),
+            Some(at(2026, 7, 15, 1))
+        );
+    }
+
+    #[test]
+    fn an_unknown_zone_is_refused_naming_the_property() {
+        let error = CleanupSchedule::parse("0 0 3 * * *")
+            .unwrap()
+            .in_zone("Europe/Atlantis")
+            .unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("idempotency.persistence.cleanup.zone"),
+            "{message}"
+        );
+        assert!(message.contains("Europe/Atlantis"), "{message}");
+        let error = CleanupSchedule::parse("every day").unwrap_err().to_string();
+        assert!(
+            error.contains("idempotency.persistence.cleanup.cron"),
+            "{error}"
+        );
     }
 }

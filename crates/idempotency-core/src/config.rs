@@ -67,6 +67,21 @@ impl Default for IdempotencyConfig {
 pub struct FingerprintConfig {
     /// Digest of the canonical JSON: `SHA-256` (default), `SHA-384` or `SHA-512`.
     pub algorithm: HashAlgorithm,
+    /// While changing `algorithm`: the one used before, still accepted when a retry of an
+    /// existing key is compared with its record (new records get `algorithm`). Keep it for the
+    /// longest record TTL, then remove it. Default `null`.
+    pub previous_algorithm: Option<HashAlgorithm>,
+}
+
+impl FingerprintConfig {
+    /// The fingerprint strategy this section describes.
+    pub fn strategy(&self) -> crate::JcsFingerprint {
+        let strategy = crate::JcsFingerprint::new(self.algorithm);
+        match self.previous_algorithm {
+            Some(previous) => strategy.accepting(previous),
+            None => strategy,
+        }
+    }
 }
 
 /// `idempotency.persistence`.
@@ -135,6 +150,9 @@ pub struct CleanupConfig {
     pub cron: String,
     /// Rows per delete batch (one short transaction each). Default `1000`.
     pub batch_size: u32,
+    /// The time zone `cron` is evaluated in: an IANA name (`Europe/Berlin`) or `UTC`.
+    /// Default `UTC` (the reference starter uses the server's zone; name it here to match).
+    pub zone: String,
 }
 
 impl Default for CleanupConfig {
@@ -143,6 +161,7 @@ impl Default for CleanupConfig {
             enabled: false,
             cron: "0 0 3 * * SAT,SUN".to_owned(),
             batch_size: 1000,
+            zone: "UTC".to_owned(),
         }
     }
 }
@@ -197,9 +216,35 @@ impl Default for AcquireConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct OperationConfig {
-    /// Record lifetime for this operation; overrides `persistence.ttl`.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Option<Duration>,
+    /// Record lifetime for this operation, overriding `persistence.ttl`: absent (`None`) keeps
+    /// `persistence.ttl`, `null` (`Some(None)`) keeps this operation's records forever, a
+    /// duration (`Some(Some(_))`) sets it.
+    #[serde(with = "nullable_duration", skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Option<Duration>>,
+}
+
+/// A duration that may be absent (`None`), `null` (`Some(None)`) or set.
+mod nullable_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<Option<Duration>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        value
+            .flatten()
+            .map(humantime_serde::Serde::from)
+            .serialize(serializer)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Option<Duration>>, D::Error> {
+        Option::<humantime_serde::Serde<Duration>>::deserialize(deserializer)
+            .map(|value| Some(value.map(humantime_serde::Serde::into_inner)))
+    }
 }
 
 #[cfg(test)]
@@ -241,8 +286,25 @@ mod tests {
         assert_eq!(config.acquire.max_attempts, 7);
         assert_eq!(
             config.operations["OP"].ttl,
-            Some(Duration::from_secs(365 * DAY))
+            Some(Some(Duration::from_secs(365 * DAY)))
         );
+    }
+
+    #[test]
+    fn an_operation_ttl_is_absent_null_or_set() {
+        let config: IdempotencyConfig = serde_json::from_value(serde_json::json!({
+            "operations": {"KEEP": {}, "FOREVER": {"ttl": null}, "WEEK": {"ttl": "7d"}}
+        }))
+        .unwrap();
+        assert_eq!(config.operations["KEEP"].ttl, None);
+        assert_eq!(config.operations["FOREVER"].ttl, Some(None));
+        assert_eq!(
+            config.operations["WEEK"].ttl,
+            Some(Some(Duration::from_secs(7 * DAY)))
+        );
+        let round_trip: IdempotencyConfig =
+            serde_json::from_value(serde_json::to_value(&config).unwrap()).unwrap();
+        assert_eq!(round_trip, config);
     }
 
     #[test]

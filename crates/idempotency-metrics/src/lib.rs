@@ -30,7 +30,19 @@ pub mod names {
     pub const IN_FLIGHT: &str = "idempotency_in_flight_total";
     /// Counter: expired records deleted by cleanup.
     pub const CLEANUP_DELETED: &str = "idempotency_cleanup_deleted_total";
+    /// Counter: L1 (moka) lookups that found a record, when `local-cache.statistics` is on.
+    pub const LOCAL_CACHE_HITS: &str = "idempotency_local_cache_hits_total";
+    /// Counter: L1 lookups that found nothing, when `local-cache.statistics` is on.
+    pub const LOCAL_CACHE_MISSES: &str = "idempotency_local_cache_misses_total";
+    /// Counter: L1 entries removed to respect `local-cache.max-size`.
+    pub const LOCAL_CACHE_EVICTIONS: &str = "idempotency_local_cache_evictions_total";
+    /// Counter: L1 entries removed because their TTL or the record's `expires_at` passed.
+    pub const LOCAL_CACHE_EXPIRATIONS: &str = "idempotency_local_cache_expirations_total";
 }
+
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub mod prometheus;
 
 /// The metrics SPI on the `metrics` facade: every measurement goes to whatever recorder the
 /// application installed (e.g. `metrics-exporter-prometheus`).
@@ -95,6 +107,35 @@ impl FacadeMetrics {
             Unit::Count,
             "Expired records deleted by cleanup"
         );
+        describe_counter!(
+            names::LOCAL_CACHE_HITS,
+            Unit::Count,
+            "L1 cache lookups that found a record"
+        );
+        describe_counter!(
+            names::LOCAL_CACHE_MISSES,
+            Unit::Count,
+            "L1 cache lookups that found nothing"
+        );
+        describe_counter!(
+            names::LOCAL_CACHE_EVICTIONS,
+            Unit::Count,
+            "L1 cache entries evicted to respect max-size"
+        );
+        describe_counter!(
+            names::LOCAL_CACHE_EXPIRATIONS,
+            Unit::Count,
+            "L1 cache entries expired"
+        );
+    }
+
+    /// Publishes the L1 cache's statistics (totals since start, as the cache counts them) as
+    /// the `idempotency_local_cache_*_total` counters. Call it before each scrape.
+    pub fn local_cache_totals(hits: u64, misses: u64, evictions: u64, expirations: u64) {
+        counter!(names::LOCAL_CACHE_HITS).absolute(hits);
+        counter!(names::LOCAL_CACHE_MISSES).absolute(misses);
+        counter!(names::LOCAL_CACHE_EVICTIONS).absolute(evictions);
+        counter!(names::LOCAL_CACHE_EXPIRATIONS).absolute(expirations);
     }
 }
 

@@ -322,3 +322,54 @@ async fn listen_wakes_an_idle_relay_long_before_its_poll_interval() {
     assert_eq!(stream.count().await, 3);
     stream.delete().await;
 }
+
+#[tokio::test]
+async fn ensure_stream_creates_the_stream_the_template_needs_and_extends_an_existing_one() {
+    use idempotency_outbox::publisher::nats::NatsPublisher;
+    let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+    let client = async_nats::connect(&url).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let unique = uuid::Uuid::now_v7().simple().to_string();
+    let name = format!("ENSURE_{unique}");
+    let template = format!("ensure{unique}.{{aggregate_type}}.{{event_type}}");
+    let publisher = NatsPublisher::new(client.clone())
+        .with_subject(&template)
+        .unwrap();
+    assert_eq!(publisher.subject_filter(), format!("ensure{unique}.>"));
+
+    publisher
+        .ensure_stream(&name, Duration::from_secs(90))
+        .await
+        .unwrap();
+    publisher
+        .ensure_stream(&name, Duration::from_secs(90))
+        .await
+        .unwrap(); // idempotent
+    let mut stream = jetstream.get_stream(&name).await.unwrap();
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.config.subjects, vec![format!("ensure{unique}.>")]);
+    assert_eq!(info.config.duplicate_window, Duration::from_secs(90));
+    // A message on a rendered subject is captured.
+    jetstream
+        .publish(format!("ensure{unique}.charge.ChargeCreated"), "{}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+
+    // A stream that exists with other subjects gains the template's filter, keeping its own.
+    let other = NatsPublisher::new(client)
+        .with_subject(&format!("more{unique}.{{event_type}}"))
+        .unwrap();
+    other
+        .ensure_stream(&name, Duration::from_secs(90))
+        .await
+        .unwrap();
+    let subjects = stream.info().await.unwrap().config.subjects.clone();
+    assert_eq!(
+        subjects,
+        vec![format!("ensure{unique}.>"), format!("more{unique}.>")]
+    );
+    jetstream.delete_stream(&name).await.unwrap();
+}

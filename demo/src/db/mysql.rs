@@ -43,27 +43,36 @@ pub struct Mysql {
 }
 
 impl Mysql {
-    /// Connects to `url` and prepares the schema.
-    pub async fn connect(url: &str, config: &DemoConfig) -> Result<Self, StartupError> {
+    /// Connects the pool to `url` (`database.*`).
+    pub async fn connect(url: &str, config: &DemoConfig) -> Result<MySqlPool, StartupError> {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(config.database.max_connections.get())
             .acquire_timeout(config.database.acquire_timeout)
             .connect(url)
             .await?;
-        let store = MysqlStore::from_config(pool.clone(), &config.idempotency.persistence).await?;
-        let outbox = MysqlOutbox::from_config(pool.clone(), &config.outbox).await?;
-        sqlx::raw_sql(BUSINESS_TABLES).execute(&pool).await?;
-        Ok(Self {
-            pool,
-            store,
-            outbox,
-        })
+        Ok(pool)
     }
 }
 
 impl Database for Mysql {
+    type Pool = MySqlPool;
     type Store = MysqlStore;
     type Outbox = MysqlOutbox;
+
+    async fn create_business_tables(pool: &MySqlPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(BUSINESS_TABLES)
+            .execute(pool)
+            .await
+            .map(|_| ())
+    }
+
+    fn new(pool: MySqlPool, store: Self::Store, outbox: Self::Outbox) -> Self {
+        Self {
+            pool,
+            store,
+            outbox,
+        }
+    }
 
     fn store(&self) -> &MysqlStore {
         &self.store

@@ -44,26 +44,14 @@ pub struct Postgres {
 }
 
 impl Postgres {
-    /// Connects to `url` and prepares the schema.
-    pub async fn connect(url: &str, config: &DemoConfig) -> Result<Self, StartupError> {
+    /// Connects the pool to `url` (`database.*`).
+    pub async fn connect(url: &str, config: &DemoConfig) -> Result<PgPool, StartupError> {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(config.database.max_connections.get())
             .acquire_timeout(config.database.acquire_timeout)
             .connect(url)
             .await?;
-        Self::from_pool(pool, config).await
-    }
-
-    /// Prepares the schema on an existing pool (tests give each run its own schema).
-    pub async fn from_pool(pool: PgPool, config: &DemoConfig) -> Result<Self, StartupError> {
-        let store = PgStore::from_config(pool.clone(), &config.idempotency.persistence).await?;
-        let outbox = PgOutbox::from_config(pool.clone(), &config.outbox).await?;
-        sqlx::raw_sql(BUSINESS_TABLES).execute(&pool).await?;
-        Ok(Self {
-            pool,
-            store,
-            outbox,
-        })
+        Ok(pool)
     }
 
     /// The pool.
@@ -73,8 +61,24 @@ impl Postgres {
 }
 
 impl Database for Postgres {
+    type Pool = PgPool;
     type Store = PgStore;
     type Outbox = PgOutbox;
+
+    async fn create_business_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(BUSINESS_TABLES)
+            .execute(pool)
+            .await
+            .map(|_| ())
+    }
+
+    fn new(pool: PgPool, store: Self::Store, outbox: Self::Outbox) -> Self {
+        Self {
+            pool,
+            store,
+            outbox,
+        }
+    }
 
     fn store(&self) -> &PgStore {
         &self.store

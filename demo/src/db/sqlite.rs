@@ -4,12 +4,11 @@ use std::path::{Path, PathBuf};
 
 use idempotency_core::StoreError;
 use idempotency_sqlite::{SqliteOutbox, SqliteStore, connect_options};
-use sqlx::{self, SqliteConnection};
+use sqlx::{self, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 use super::Database;
 use crate::StartupError;
-use crate::config::DemoConfig;
 use crate::model::{Charge, Payment, Refund};
 
 const BUSINESS_TABLES: &str = "
@@ -44,28 +43,38 @@ pub struct Sqlite {
 }
 
 impl Sqlite {
-    /// Opens (creating when missing) the file at `path` and prepares the schema.
-    pub async fn open(path: &Path, config: &DemoConfig) -> Result<Self, StartupError> {
+    /// Opens (creating when missing) the file at `path`, with the store's connection options
+    /// (WAL, busy timeout).
+    pub async fn open(path: &Path) -> Result<SqlitePool, StartupError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
         let options = connect_options(&path.to_string_lossy())?;
-        let store = SqliteStore::connect_with(options, &config.idempotency.persistence).await?;
-        let pool = store.pool().clone();
-        let outbox = SqliteOutbox::from_config(pool.clone(), &config.outbox).await?;
-        sqlx::raw_sql(BUSINESS_TABLES).execute(&pool).await?;
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-        Ok(Self {
-            path,
-            store,
-            outbox,
-        })
+        Ok(SqlitePool::connect_with(options).await?)
     }
 }
 
 impl Database for Sqlite {
+    type Pool = SqlitePool;
     type Store = SqliteStore;
     type Outbox = SqliteOutbox;
+
+    async fn create_business_tables(pool: &SqlitePool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(BUSINESS_TABLES)
+            .execute(pool)
+            .await
+            .map(|_| ())
+    }
+
+    fn new(pool: SqlitePool, store: Self::Store, outbox: Self::Outbox) -> Self {
+        let path = pool.connect_options().get_filename().to_owned();
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        Self {
+            path,
+            store,
+            outbox,
+        }
+    }
 
     fn store(&self) -> &SqliteStore {
         &self.store

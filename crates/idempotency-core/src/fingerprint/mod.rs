@@ -58,6 +58,35 @@ pub enum FingerprintError {
 pub trait FingerprintStrategy: Send + Sync + fmt::Debug + 'static {
     /// The fingerprint of `request`.
     fn fingerprint(&self, request: &serde_json::Value) -> Result<Fingerprint, FingerprintError>;
+
+    /// While the fingerprint is being changed (another algorithm, other fields), the fingerprint
+    /// the previous strategy gives `request`: a record stored with it still replays instead of
+    /// answering a payload conflict. `None` (the default) accepts only
+    /// [`fingerprint`](Self::fingerprint).
+    fn previous_fingerprint(
+        &self,
+        request: &serde_json::Value,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        let _ = request;
+        Ok(None)
+    }
+}
+
+/// The fingerprints a stored record may carry and still match a request: the current one and,
+/// during a transition, the previous strategy's.
+#[derive(Debug, Clone)]
+pub(crate) struct Fingerprints {
+    /// What is stored for a new record.
+    pub(crate) current: Fingerprint,
+    /// Also accepted on replay.
+    pub(crate) previous: Option<Fingerprint>,
+}
+
+impl Fingerprints {
+    /// Whether a record stored with `stored` is the same request.
+    pub(crate) fn accepts(&self, stored: &Fingerprint) -> bool {
+        *stored == self.current || self.previous.as_ref() == Some(stored)
+    }
 }
 
 /// Digest algorithm for [`JcsFingerprint`]; configured as `SHA-256`, `SHA-384` or `SHA-512`.
@@ -107,21 +136,62 @@ impl FromStr for HashAlgorithm {
 /// assert_eq!(a.as_str().len(), 64);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// Changing the algorithm of a running service: records stored with the old one would no
+/// longer match their retries (a 422 instead of a replay). Accept the old one for as long as
+/// such retries can come (the longest record TTL), then drop it:
+///
+/// ```
+/// use idempotency_core::{FingerprintStrategy, HashAlgorithm, JcsFingerprint};
+///
+/// let strategy = JcsFingerprint::new(HashAlgorithm::Sha512).accepting(HashAlgorithm::Sha256);
+/// let request = serde_json::json!({"amount": 100});
+/// let previous = strategy.previous_fingerprint(&request)?.unwrap();
+/// assert_eq!(previous, JcsFingerprint::default().fingerprint(&request)?);
+/// # Ok::<(), idempotency_core::FingerprintError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JcsFingerprint {
     algorithm: HashAlgorithm,
+    previous: Option<HashAlgorithm>,
 }
 
 impl JcsFingerprint {
     /// A strategy using `algorithm`.
     pub fn new(algorithm: HashAlgorithm) -> Self {
-        Self { algorithm }
+        Self {
+            algorithm,
+            previous: None,
+        }
+    }
+
+    /// Also accepts records fingerprinted with `previous` (see
+    /// [`FingerprintStrategy::previous_fingerprint`]); new records get `algorithm`. Costs one
+    /// more digest per call while set.
+    pub fn accepting(self, previous: HashAlgorithm) -> Self {
+        Self {
+            previous: (previous != self.algorithm).then_some(previous),
+            ..self
+        }
     }
 
     /// The digest algorithm in use.
     pub fn algorithm(&self) -> HashAlgorithm {
         self.algorithm
     }
+
+    /// The previous algorithm still accepted, if any.
+    pub fn previous_algorithm(&self) -> Option<HashAlgorithm> {
+        self.previous
+    }
+}
+
+fn digest(algorithm: HashAlgorithm, request: &serde_json::Value) -> Fingerprint {
+    Fingerprint(match algorithm {
+        HashAlgorithm::Sha256 => digest_hex::<sha2::Sha256>(request),
+        HashAlgorithm::Sha384 => digest_hex::<sha2::Sha384>(request),
+        HashAlgorithm::Sha512 => digest_hex::<sha2::Sha512>(request),
+    })
 }
 
 thread_local! {
@@ -162,12 +232,14 @@ fn to_hex(bytes: &[u8]) -> String {
 
 impl FingerprintStrategy for JcsFingerprint {
     fn fingerprint(&self, request: &serde_json::Value) -> Result<Fingerprint, FingerprintError> {
-        let hex = match self.algorithm {
-            HashAlgorithm::Sha256 => digest_hex::<sha2::Sha256>(request),
-            HashAlgorithm::Sha384 => digest_hex::<sha2::Sha384>(request),
-            HashAlgorithm::Sha512 => digest_hex::<sha2::Sha512>(request),
-        };
-        Ok(Fingerprint(hex))
+        Ok(digest(self.algorithm, request))
+    }
+
+    fn previous_fingerprint(
+        &self,
+        request: &serde_json::Value,
+    ) -> Result<Option<Fingerprint>, FingerprintError> {
+        Ok(self.previous.map(|previous| digest(previous, request)))
     }
 }
 

@@ -13,11 +13,14 @@ use crate::store::IdempotencyStore;
 /// Builds an [`IdempotencyService`]; every part but the store is optional.
 ///
 /// ```no_run
-/// # fn demo<S: idempotency_core::IdempotencyStore>(store: S) {
+/// # fn demo<S: idempotency_core::IdempotencyStore + Clone>(store: S) {
 /// use idempotency_core::config::IdempotencyConfig;
 /// use idempotency_core::{HashAlgorithm, IdempotencyService, JcsFingerprint, ServiceConfig};
 ///
 /// let config = IdempotencyConfig::default();
+/// // Settings and fingerprint from the configuration:
+/// let service = IdempotencyService::builder(store.clone()).configure(&config).build();
+/// // Or part by part:
 /// let service = IdempotencyService::builder(store)
 ///     .config(ServiceConfig::from(&config))
 ///     .fingerprint(JcsFingerprint::new(HashAlgorithm::Sha512))
@@ -61,6 +64,15 @@ where
     pub fn config(mut self, config: ServiceConfig) -> Self {
         self.config = config;
         self
+    }
+
+    /// Applies the `idempotency` section: the runtime settings ([`ServiceConfig::from`]) and
+    /// the fingerprint strategy of `fingerprint.*` ([`FingerprintConfig::strategy`]).
+    ///
+    /// [`FingerprintConfig::strategy`]: crate::config::FingerprintConfig::strategy
+    pub fn configure(self, config: &crate::config::IdempotencyConfig) -> Self {
+        self.config(ServiceConfig::from(config))
+            .fingerprint(config.fingerprint.strategy())
     }
 
     /// Replaces the fingerprint strategy.

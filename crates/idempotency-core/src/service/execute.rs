@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use super::{Call, IdempotencyService, InFlightPolicy, Inner};
 use crate::cache::{DistributedCache, FailurePolicy, LocalCache};
 use crate::error::Error;
-use crate::fingerprint::{Fingerprint, short_hash};
+use crate::fingerprint::{Fingerprints, short_hash};
 use crate::key::{Operation, RecordId};
 use crate::metrics::IdempotencyMetrics;
 use crate::record::{IdempotencyRecord, StoredOutcome};
@@ -21,7 +21,7 @@ use crate::tx::Tx;
 /// A call whose operation is valid and whose request is fingerprinted.
 pub(super) struct Prepared {
     pub(super) id: RecordId,
-    pub(super) fingerprint: Fingerprint,
+    pub(super) fingerprint: Fingerprints,
     pub(super) ttl: Option<Duration>,
 }
 
@@ -156,7 +156,7 @@ where
         let op = id.operation.as_str();
         let claim = Claim {
             id: &id,
-            fingerprint: &fingerprint,
+            fingerprint: &fingerprint.current,
             ttl,
             wait: inner.lock_wait(),
         };
@@ -197,7 +197,7 @@ where
     pub(super) async fn replay_committed<T: DeserializeOwned>(
         &self,
         id: &RecordId,
-        fingerprint: &Fingerprint,
+        fingerprint: &Fingerprints,
     ) -> Result<Option<Outcome<T>>, Error> {
         let inner = &*self.inner;
         if let Some(outcome) = inner.replay_cached(id, fingerprint).await? {
@@ -220,7 +220,7 @@ where
         &self,
         tx: &mut Tx<S>,
         id: RecordId,
-        fingerprint: Fingerprint,
+        fingerprint: Fingerprints,
         action: A,
     ) -> Result<Outcome<T>, E>
     where
@@ -234,7 +234,7 @@ where
         let completed = inner.store.complete(tx.connection(), &id, &stored).await;
         let record = tx.watch(completed).map_err(Error::from)?;
         tx.claim_completed();
-        if record.fingerprint != fingerprint {
+        if record.fingerprint != fingerprint.current {
             tx.poison();
             return Err(Error::Store(StoreError::Corrupt {
                 reason: "completed record carries another fingerprint".to_owned(),
@@ -257,7 +257,7 @@ where
         tx: &mut Tx<S>,
         id: RecordId,
         record: IdempotencyRecord,
-        fingerprint: &Fingerprint,
+        fingerprint: &Fingerprints,
     ) -> Result<Outcome<T>, Error> {
         let inner = &*self.inner;
         if !record.is_terminal() {
@@ -319,10 +319,13 @@ where
     pub(super) fn fingerprint_of<R: Serialize + ?Sized>(
         &self,
         request: &R,
-    ) -> Result<Fingerprint, Error> {
+    ) -> Result<Fingerprints, Error> {
         let request = serde_json::to_value(request)
             .map_err(|e| Error::Fingerprint(crate::FingerprintError::Serialize(e)))?;
-        Ok(self.fingerprint.fingerprint(&request)?)
+        Ok(Fingerprints {
+            current: self.fingerprint.fingerprint(&request)?,
+            previous: self.fingerprint.previous_fingerprint(&request)?,
+        })
     }
 
     /// Step 2: L1, then L2 (an L2 hit is copied to L1). A failing L2 is a miss under
@@ -330,7 +333,7 @@ where
     pub(super) async fn replay_cached<T: DeserializeOwned>(
         &self,
         id: &RecordId,
-        fingerprint: &Fingerprint,
+        fingerprint: &Fingerprints,
     ) -> Result<Option<Outcome<T>>, Error> {
         if let Some(record) = self.local.get(id) {
             return self
@@ -410,12 +413,12 @@ where
         &self,
         id: &RecordId,
         record: &IdempotencyRecord,
-        fingerprint: &Fingerprint,
+        fingerprint: &Fingerprints,
         level: Level,
     ) -> Result<Outcome<T>, Error> {
         let op = id.operation.as_str();
         self.metrics.lookup_hit(op, level);
-        if record.fingerprint != *fingerprint {
+        if !fingerprint.accepts(&record.fingerprint) {
             self.metrics.payload_conflict(op);
             tracing::debug!(operation = op, level = level.as_str(), "payload conflict");
             return Err(Error::PayloadConflict);

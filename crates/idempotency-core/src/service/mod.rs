@@ -57,6 +57,8 @@ impl Default for ServiceConfig {
     }
 }
 
+/// The runtime settings of `idempotency.*`. The fingerprint strategy (`fingerprint.*`) is a
+/// part of the service, not a setting: [`ServiceBuilder::configure`] applies both.
 impl From<&IdempotencyConfig> for ServiceConfig {
     fn from(config: &IdempotencyConfig) -> Self {
         Self {
@@ -65,8 +67,7 @@ impl From<&IdempotencyConfig> for ServiceConfig {
             operation_ttls: config
                 .operations
                 .iter()
-                .filter(|(_, op)| op.ttl.is_some())
-                .map(|(name, op)| (name.clone(), op.ttl))
+                .filter_map(|(name, op)| op.ttl.map(|ttl| (name.clone(), ttl)))
                 .collect(),
             lookup_before_acquire: config.persistence.lookup_before_acquire,
             in_flight: match config.in_flight.policy {

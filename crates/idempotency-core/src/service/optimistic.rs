@@ -86,7 +86,7 @@ where
         let stored = inner.encode(&result)?;
         let claim = Claim {
             id: &id,
-            fingerprint: &fingerprint,
+            fingerprint: &fingerprint.current,
             ttl,
             wait: inner.lock_wait(),
         };

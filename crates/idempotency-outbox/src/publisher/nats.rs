@@ -80,6 +80,85 @@ impl NatsPublisher {
     pub fn subject(&self, message: &OutboxMessage) -> String {
         self.subject.render(message)
     }
+
+    /// One JetStream subject filter capturing every subject the template can render: the
+    /// fixed tokens before the first placeholder, then `>` (`billing.>` for
+    /// `billing.{aggregate_type}.{event_type}`); the subject itself for a template without
+    /// placeholders.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+    /// use idempotency_outbox::publisher::nats::NatsPublisher;
+    /// let publisher = NatsPublisher::new(client).with_subject("billing.{aggregate_type}.{event_type}")?;
+    /// assert_eq!(publisher.subject_filter(), "billing.>");
+    /// # Ok(()) }
+    /// ```
+    pub fn subject_filter(&self) -> String {
+        let template = self.subject.as_str();
+        match template.find('{') {
+            None => template.to_owned(),
+            Some(placeholder) => {
+                // Keep the whole tokens before the placeholder's token.
+                let fixed = template[..placeholder]
+                    .rfind('.')
+                    .map_or("", |dot| &template[..=dot]);
+                format!("{fixed}>")
+            }
+        }
+    }
+
+    /// Makes sure the JetStream stream `name` exists and captures
+    /// [`subject_filter`](Self::subject_filter), with `duplicate_window` as its message-id
+    /// deduplication window (it absorbs a relay's re-publish of a message whose ack was lost;
+    /// make it longer than the relay's lease). Creates the stream when it is missing; adds the
+    /// filter to an existing stream's subjects when they lack it; leaves every other setting of
+    /// an existing stream alone.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotency_outbox::publisher::nats::NatsPublisher;
+    /// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+    /// let publisher = NatsPublisher::new(client).with_subject("billing.{aggregate_type}.{event_type}")?;
+    /// publisher.ensure_stream("BILLING", std::time::Duration::from_secs(120)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn ensure_stream(
+        &self,
+        name: &str,
+        duplicate_window: std::time::Duration,
+    ) -> Result<(), Error> {
+        use async_nats::jetstream::stream::Config;
+        let setup = |e: Box<dyn std::error::Error + Send + Sync>| {
+            Error::Publisher(PublishError::new(PublishErrorKind::Unavailable, e))
+        };
+        let filter = self.subject_filter();
+        let mut stream = self
+            .jetstream
+            .get_or_create_stream(Config {
+                name: name.to_owned(),
+                subjects: vec![filter.clone()],
+                duplicate_window,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| setup(Box::new(e)))?;
+        let info = stream.info().await.map_err(|e| setup(Box::new(e)))?;
+        let covered = info
+            .config
+            .subjects
+            .iter()
+            .any(|subject| subject == &filter || subject == ">");
+        if !covered {
+            let mut config = info.config.clone();
+            config.subjects.push(filter);
+            self.jetstream
+                .update_stream(config)
+                .await
+                .map_err(|e| setup(Box::new(e)))?;
+        }
+        Ok(())
+    }
 }
 
 fn header(map: &mut HeaderMap, name: &str, value: &str) -> Result<(), PublishError> {

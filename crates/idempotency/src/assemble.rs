@@ -1,0 +1,478 @@
+//! [`Idempotency`]: the service assembled from [`Settings`], with its background tasks.
+
+use idempotency_core::cleanup::{CleanupHandle, CleanupJob};
+use idempotency_core::{IdempotencyService, ServiceConfig};
+
+use crate::Error;
+use crate::backend::Database;
+use crate::settings::Settings;
+
+/// The L1 tier of the assembled service: moka when `local-cache.enabled` (feature `moka`).
+#[cfg(feature = "moka")]
+pub type LocalTier = Option<idempotency_cache_moka::MokaCache>;
+/// The L1 tier of the assembled service: none (feature `moka` is off).
+#[cfg(not(feature = "moka"))]
+pub type LocalTier = idempotency_core::NoCache;
+
+/// The L2 tier of the assembled service: Redis when `distributed-cache.enabled` (feature
+/// `redis`).
+#[cfg(feature = "redis")]
+pub type DistributedTier = Option<idempotency_cache_redis::RedisCache>;
+/// The L2 tier of the assembled service: none (feature `redis` is off).
+#[cfg(not(feature = "redis"))]
+pub type DistributedTier = idempotency_core::NoCache;
+
+/// The metrics of the assembled service: the `metrics` facade (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub type Meters = idempotency_metrics::FacadeMetrics;
+/// The metrics of the assembled service: none (feature `metrics` is off).
+#[cfg(not(feature = "metrics"))]
+pub type Meters = idempotency_core::NoopMetrics;
+
+/// The idempotency service the facade assembles over the store `S`.
+pub type Service<S> = IdempotencyService<S, LocalTier, DistributedTier, Meters>;
+
+/// The outbox publisher given to [`Builder::publisher`], or none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPublisher;
+
+#[cfg(feature = "outbox")]
+impl idempotency_outbox::Publisher for NoPublisher {
+    fn destination(&self) -> &str {
+        "none"
+    }
+
+    async fn publish(
+        &self,
+        _message: &idempotency_outbox::OutboxMessage,
+    ) -> Result<idempotency_outbox::Ack, idempotency_outbox::PublishError> {
+        // Never reached: the builder refuses to start a relay without a publisher.
+        Err(idempotency_outbox::PublishError::new(
+            idempotency_outbox::PublishErrorKind::Unavailable,
+            "no publisher was given to the idempotency builder",
+        ))
+    }
+}
+
+/// Assembles [`Idempotency`] from [`Settings`] when there is more to give than a pool: an
+/// outbox publisher, the Prometheus handle for the `/metrics` route.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, publisher: idempotency::outbox::LoggingPublisher) -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency::{Builder, Settings};
+///
+/// let settings = Settings::load("config/orders.yaml")?;
+/// let idempotency = Builder::new(&settings)
+///     .publisher(publisher)
+///     .prometheus(idempotency::metrics::install()?)
+///     .build(pool)
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Builder<'a, P = NoPublisher> {
+    settings: &'a Settings,
+    publisher: Option<P>,
+    #[cfg(feature = "metrics")]
+    prometheus: Option<idempotency_metrics::prometheus::PrometheusHandle>,
+}
+
+/// The service, wired from the configuration, and its background tasks (cleanup job, outbox
+/// relay) with one [`shutdown`](Self::shutdown).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency::{Idempotency, Settings};
+///
+/// let settings = Settings::load("config/orders.yaml")?;
+/// let pool = sqlx::SqlitePool::connect("sqlite://orders.db?mode=rwc").await?;
+/// let idempotency = Idempotency::from_config(&settings, pool).await?;
+/// let service = idempotency.service().clone(); // give it to the handlers
+/// // ... serve ...
+/// idempotency.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Idempotency<D: Database> {
+    service: Service<D::Store>,
+    settings: Settings,
+    cleanup: Option<CleanupHandle>,
+    #[cfg(feature = "outbox")]
+    outbox: Option<D::Outbox>,
+    #[cfg(feature = "outbox")]
+    relay: Option<idempotency_outbox::RelayHandle>,
+    #[cfg(feature = "metrics")]
+    prometheus: Option<idempotency_metrics::prometheus::PrometheusHandle>,
+}
+
+/// What [`Idempotency::shutdown`] stopped.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Whether a cleanup job was running.
+    pub cleanup: bool,
+    /// The relay's report, when one was running.
+    #[cfg(feature = "outbox")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+    pub relay: Option<idempotency_outbox::ShutdownReport>,
+}
+
+impl<D: Database> Idempotency<D> {
+    /// Assembles the service on `pool` from `settings`, with no outbox publisher and no
+    /// Prometheus handle: [`Builder`] gives those.
+    pub async fn from_config(settings: &Settings, pool: D) -> Result<Self, Error> {
+        Builder::new(settings).build(pool).await
+    }
+
+    /// The idempotency service: give a clone to each handler.
+    pub fn service(&self) -> &Service<D::Store> {
+        &self.service
+    }
+
+    /// The store.
+    pub fn store(&self) -> &D::Store {
+        self.service.store()
+    }
+
+    /// The settings the service was assembled from.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The outbox, when the configuration has an `outbox` section: enqueue events with it in
+    /// the transaction of the business change.
+    #[cfg(feature = "outbox")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+    pub fn outbox(&self) -> Option<&D::Outbox> {
+        self.outbox.as_ref()
+    }
+
+    /// The relay's health, when it runs.
+    #[cfg(feature = "outbox")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+    pub fn relay(&self) -> Option<idempotency_outbox::RelayMonitor> {
+        self.relay
+            .as_ref()
+            .map(idempotency_outbox::RelayHandle::monitor)
+    }
+
+    /// Whether the cleanup job runs (`persistence.cleanup.enabled`).
+    pub fn cleanup_running(&self) -> bool {
+        self.cleanup.as_ref().is_some_and(|job| !job.is_finished())
+    }
+
+    /// The Prometheus exposition text: the L1 statistics (with `local-cache.statistics`) are
+    /// published first. `None` without a Prometheus handle ([`Builder::prometheus`]).
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn render_metrics(&self) -> Option<String> {
+        let handle = self.prometheus.as_ref()?;
+        crate::metrics::publish_local_cache_stats(&self.service);
+        Some(handle.render())
+    }
+
+    /// An axum router answering `GET /metrics` with [`render_metrics`](Self::render_metrics)
+    /// (404 without a Prometheus handle). Merge it into the application's router.
+    #[cfg(all(feature = "metrics", feature = "axum"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "metrics", feature = "axum"))))]
+    pub fn metrics_router<T: Clone + Send + Sync + 'static>(&self) -> axum::Router<T> {
+        crate::metrics::router(self.service.clone(), self.prometheus.clone())
+    }
+
+    /// The tower middleware over the assembled service ([`idempotency_axum::IdempotencyLayer`]),
+    /// with the configured fingerprint algorithm.
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn layer(
+        &self,
+    ) -> idempotency_axum::IdempotencyLayer<
+        D::Store,
+        LocalTier,
+        DistributedTier,
+        Meters,
+        idempotency_core::JsonSerializer,
+    > {
+        idempotency_axum::IdempotencyLayer::new(self.service.clone())
+            .fingerprint(self.settings.idempotency.fingerprint.strategy())
+    }
+
+    /// Stops the background tasks: the relay finishes its in-flight batches (within
+    /// `outbox.relay.shutdown-timeout`), the cleanup job its current batch.
+    pub async fn shutdown(self) -> ShutdownReport {
+        let mut report = ShutdownReport::default();
+        #[cfg(feature = "outbox")]
+        if let Some(relay) = self.relay {
+            report.relay = Some(relay.shutdown().await);
+        }
+        if let Some(cleanup) = self.cleanup {
+            report.cleanup = true;
+            cleanup.shutdown().await;
+        }
+        report
+    }
+}
+
+impl<'a> Builder<'a> {
+    /// A builder over `settings`.
+    pub fn new(settings: &'a Settings) -> Self {
+        Self {
+            settings,
+            publisher: None,
+            #[cfg(feature = "metrics")]
+            prometheus: None,
+        }
+    }
+}
+
+impl<'a, P> Builder<'a, P> {
+    /// The broker the outbox relay publishes to. Needs an `outbox` section; the relay runs
+    /// when `outbox.relay.enabled`.
+    #[cfg(feature = "outbox")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+    pub fn publisher<P2: idempotency_outbox::Publisher>(self, publisher: P2) -> Builder<'a, P2> {
+        Builder {
+            settings: self.settings,
+            publisher: Some(publisher),
+            #[cfg(feature = "metrics")]
+            prometheus: self.prometheus,
+        }
+    }
+
+    /// The installed Prometheus recorder's handle ([`crate::metrics::install`]), for
+    /// [`Idempotency::render_metrics`] and the `/metrics` route.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn prometheus(mut self, handle: idempotency_metrics::prometheus::PrometheusHandle) -> Self {
+        self.prometheus = Some(handle);
+        self
+    }
+}
+
+/// What [`Builder::publisher`] may hold: any outbox [`Publisher`](idempotency_outbox::Publisher)
+/// (feature `outbox`), or [`NoPublisher`].
+pub trait MaybePublisher: Send + Sync + 'static {
+    /// Starts a relay of `outbox` to this publisher.
+    #[cfg(feature = "outbox")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+    fn spawn_relay<O>(
+        self,
+        outbox: O,
+        config: &idempotency_outbox::config::OutboxConfig,
+    ) -> Result<idempotency_outbox::RelayHandle, idempotency_outbox::Error>
+    where
+        O: idempotency_outbox::RelayStore + idempotency_outbox::Housekeeping;
+}
+
+#[cfg(feature = "outbox")]
+impl<P: idempotency_outbox::Publisher> MaybePublisher for P {
+    fn spawn_relay<O>(
+        self,
+        outbox: O,
+        config: &idempotency_outbox::config::OutboxConfig,
+    ) -> Result<idempotency_outbox::RelayHandle, idempotency_outbox::Error>
+    where
+        O: idempotency_outbox::RelayStore + idempotency_outbox::Housekeeping,
+    {
+        Ok(idempotency_outbox::Relay::new(outbox, self, config)?.spawn())
+    }
+}
+
+#[cfg(not(feature = "outbox"))]
+impl MaybePublisher for NoPublisher {}
+
+/// Refuses, before any I/O, every property that could not take effect.
+fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<(), Error> {
+    let properties = &settings.idempotency;
+    if !properties.persistence.enabled {
+        return Err(Error::property(
+            "idempotency.persistence.enabled",
+            "is false, but the facade always wires the database store; to use a store of \
+             your own, build the service with IdempotencyService::builder",
+        ));
+    }
+    #[cfg(feature = "moka")]
+    if properties.local_cache.statistics && !properties.local_cache.enabled {
+        return Err(Error::property(
+            "idempotency.local-cache.statistics",
+            "is true, but local-cache.enabled is false: there is no cache to count",
+        ));
+    }
+    #[cfg(all(feature = "moka", not(feature = "metrics")))]
+    if properties.local_cache.statistics {
+        return Err(Error::property(
+            "idempotency.local-cache.statistics",
+            "is true, but the `metrics` feature is off: nothing would export the counts",
+        ));
+    }
+    #[cfg(feature = "redis")]
+    if properties.distributed_cache.enabled && properties.distributed_cache.url.is_none() {
+        return Err(Error::property(
+            "idempotency.distributed-cache.url",
+            "is not set, but distributed-cache.enabled is true: give the Redis URL, or set \
+             enabled to false",
+        ));
+    }
+    idempotency_core::cleanup::CleanupSchedule::parse(&properties.persistence.cleanup.cron)?
+        .in_zone(&properties.persistence.cleanup.zone)?;
+    #[cfg(feature = "outbox")]
+    match &settings.outbox {
+        Some(outbox) => {
+            if outbox.notify_channel.is_some() && !notifications {
+                return Err(Error::property(
+                    "outbox.notify-channel",
+                    "is set, but this database has no notifications; set it to null (the relay \
+                     polls every outbox.relay.poll-interval)",
+                ));
+            }
+            if outbox.relay.enabled && !publisher {
+                return Err(Error::property(
+                    "outbox.relay.enabled",
+                    "is true, but no publisher was given (Builder::publisher); give one, or set \
+                     it to false when another process relays",
+                ));
+            }
+        }
+        None if publisher => {
+            return Err(Error::property(
+                "outbox",
+                "a publisher was given, but the configuration has no outbox section",
+            ));
+        }
+        None => {}
+    }
+    #[cfg(not(feature = "outbox"))]
+    let _ = (notifications, publisher);
+    Ok(())
+}
+
+#[cfg(feature = "redis")]
+fn redis_cache(
+    config: &idempotency_cache_redis::DistributedCacheConfig,
+) -> Result<DistributedTier, Error> {
+    match (&config.url, config.enabled) {
+        (Some(url), true) => idempotency_cache_redis::RedisCache::connect(url, config)
+            .map(Some)
+            .map_err(|source| Error::Redis {
+                url: redact(url),
+                source,
+            }),
+        _ => Ok(None),
+    }
+}
+
+/// `url` without its password.
+#[cfg(feature = "redis")]
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl<P> Builder<'_, P>
+where
+    P: MaybePublisher,
+{
+    /// Assembles the service on `pool`: every property takes effect, or the build fails naming
+    /// the one that cannot.
+    ///
+    /// In order: the properties are checked; the store is set up (`persistence.schema.mode`);
+    /// the L1 and L2 caches per their `enabled` flags; the service with the configured
+    /// settings, fingerprint and meters; the outbox (`outbox.schema.mode`) and its relay
+    /// (`outbox.relay.enabled`); the cleanup job (`persistence.cleanup.enabled`). Nothing
+    /// runs in the background when it fails.
+    pub async fn build<D: Database>(self, pool: D) -> Result<Idempotency<D>, Error> {
+        let settings = self.settings.clone();
+        let properties = &settings.idempotency;
+        check(&settings, D::NOTIFICATIONS, self.publisher.is_some())?;
+
+        #[cfg(feature = "outbox")]
+        let relay_config = match &settings.outbox {
+            Some(outbox) if outbox.relay.enabled => {
+                outbox
+                    .relay
+                    .validate()
+                    .map_err(|e| Error::Outbox(Box::new(e)))?;
+                Some(outbox.clone())
+            }
+            _ => None,
+        };
+        let cleanup = if properties.persistence.cleanup.enabled {
+            Some(
+                idempotency_core::cleanup::CleanupSchedule::parse(
+                    &properties.persistence.cleanup.cron,
+                )?
+                .in_zone(&properties.persistence.cleanup.zone)?,
+            )
+        } else {
+            None
+        };
+
+        let store = pool.clone().store(&properties.persistence).await?;
+        #[cfg(feature = "moka")]
+        let local = properties
+            .local_cache
+            .enabled
+            .then(|| idempotency_cache_moka::MokaCache::new(&properties.local_cache));
+        #[cfg(not(feature = "moka"))]
+        let local = idempotency_core::NoCache;
+        #[cfg(feature = "redis")]
+        let distributed = redis_cache(&properties.distributed_cache)?;
+        #[cfg(not(feature = "redis"))]
+        let distributed = idempotency_core::NoCache;
+
+        let service = IdempotencyService::builder(store.clone())
+            .config(ServiceConfig::from(&properties.core()))
+            .fingerprint(properties.fingerprint.strategy())
+            .local_cache(local)
+            .distributed_cache(distributed)
+            .metrics(Meters::default())
+            .build();
+
+        #[cfg(feature = "outbox")]
+        let outbox = match &settings.outbox {
+            Some(config) => Some(pool.clone().outbox(config).await?),
+            None => None,
+        };
+        #[cfg(feature = "outbox")]
+        let relay = match (&outbox, relay_config, self.publisher) {
+            (Some(outbox), Some(config), Some(publisher)) => Some(
+                publisher
+                    .spawn_relay(outbox.clone(), &config)
+                    .map_err(|e| Error::Outbox(Box::new(e)))?,
+            ),
+            _ => None,
+        };
+        let cleanup = cleanup.map(|schedule| {
+            CleanupJob::new(
+                store,
+                schedule,
+                properties.persistence.cleanup.batch_size,
+                Meters::default(),
+            )
+            .spawn()
+        });
+        Ok(Idempotency {
+            service,
+            settings: settings.clone(),
+            cleanup,
+            #[cfg(feature = "outbox")]
+            outbox,
+            #[cfg(feature = "outbox")]
+            relay,
+            #[cfg(feature = "metrics")]
+            prometheus: self.prometheus,
+        })
+    }
+}
