@@ -77,6 +77,10 @@ pub struct BusinessConfig {
     /// The SQLite file used when neither `DATABASE_URL` nor `MYSQL_URL` is set. Default
     /// `data/demo.db`.
     pub sqlite_path: PathBuf,
+    /// How often the reconciliation query counts charges without their `ChargeCreated` event
+    /// (the `demo_charges_without_event` gauge). Default `1m`.
+    #[serde(with = "humantime_serde")]
+    pub reconcile_interval: Duration,
 }
 
 impl Default for BusinessConfig {
@@ -85,6 +89,7 @@ impl Default for BusinessConfig {
             available_balance: Decimal::new(100_000, 2),
             refund_limit: Decimal::new(50_000, 2),
             sqlite_path: PathBuf::from("data/demo.db"),
+            reconcile_interval: Duration::from_secs(60),
         }
     }
 }

@@ -71,6 +71,14 @@ pub trait Database: Clone + Send + Sync + 'static {
         &self,
         id: Uuid,
     ) -> impl Future<Output = Result<Option<Charge>, sqlx::Error>> + Send;
+    /// The outbox article's production check: charges created in the last `window` seconds
+    /// that have no `ChargeCreated` event in the outbox. Always zero while charge and event
+    /// commit together; `window` stays within the outbox retention, after which published
+    /// events are deleted.
+    fn charges_without_event(
+        &self,
+        window_secs: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
     /// Checks that the database answers.
     fn ping(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 }

@@ -12,6 +12,7 @@ pub mod model;
 pub mod openapi;
 pub mod ops;
 pub mod problem;
+pub mod reconcile;
 pub mod scope;
 mod v2;
 

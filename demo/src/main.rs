@@ -136,12 +136,20 @@ async fn serve<DB: Database>(
     tracing::info!("data: {}", db.describe());
     banner(&idempotency, nats.is_some());
 
+    idempotency_demo::reconcile::describe();
+    let reconcile = tokio::spawn(idempotency_demo::reconcile::run(
+        db.clone(),
+        config.demo.reconcile_interval,
+        idempotency_demo::reconcile::window(config.outbox.retention.published),
+    ));
+
     let routes = router(app, config.server.max_body_bytes);
     axum::serve(listener, routes)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
 
     tracing::info!("shutting down: stopping the relay and the cleanup job");
+    reconcile.abort();
     let report = idempotency.shutdown().await;
     if let Some(relay) = report.relay {
         tracing::info!(

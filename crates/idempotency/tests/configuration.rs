@@ -16,10 +16,9 @@ struct Row {
 }
 
 fn rows() -> Vec<Row> {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("CONFIGURATION.md"),
-    )
-    .unwrap();
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("CONFIGURATION.md"))
+            .unwrap();
     text.lines()
         .filter(|line| line.starts_with("| `"))
         .map(|line| {
@@ -88,7 +87,11 @@ fn the_table_lists_exactly_the_keys_of_the_code() {
 fn every_documented_default_is_the_default() {
     for row in rows() {
         let Some(default) = row.default else {
-            assert!(row.key.contains("<NAME>"), "{}: no default written", row.key);
+            assert!(
+                row.key.contains("<NAME>"),
+                "{}: no default written",
+                row.key
+            );
             continue;
         };
         // The environment variable the loader documents for the key.
@@ -119,7 +122,11 @@ fn every_documented_default_is_the_default() {
 fn every_cited_test_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     for row in rows() {
-        assert!(!row.tests.is_empty(), "{}: no test shows its effect", row.key);
+        assert!(
+            !row.tests.is_empty(),
+            "{}: no test shows its effect",
+            row.key
+        );
         for test in &row.tests {
             let (file, function) = test.split_once("::").unwrap();
             let source = std::fs::read_to_string(root.join(file))

@@ -156,6 +156,20 @@ impl Database for Mysql {
         }))
     }
 
+    async fn charges_without_event(&self, window_secs: i64) -> Result<i64, sqlx::Error> {
+        let sql = format!(
+            "SELECT count(*) FROM charges c \
+             WHERE c.created_at > UTC_TIMESTAMP(6) - INTERVAL ? SECOND \
+             AND NOT EXISTS (SELECT 1 FROM {} o WHERE o.aggregate_type = 'charge' \
+             AND o.aggregate_id = c.id AND o.event_type = 'ChargeCreated')",
+            self.outbox.table().quoted()
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(window_secs)
+            .fetch_one(&self.pool)
+            .await
+    }
+
     async fn ping(&self) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)

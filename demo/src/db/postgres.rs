@@ -160,6 +160,19 @@ impl Database for Postgres {
         }))
     }
 
+    async fn charges_without_event(&self, window_secs: i64) -> Result<i64, sqlx::Error> {
+        let sql = format!(
+            "SELECT count(*) FROM charges c WHERE c.created_at > now() - make_interval(secs => $1) \
+             AND NOT EXISTS (SELECT 1 FROM {} o WHERE o.aggregate_type = 'charge' \
+             AND o.aggregate_id = c.id::text AND o.event_type = 'ChargeCreated')",
+            self.outbox.table().quoted()
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(window_secs as f64)
+            .fetch_one(&self.pool)
+            .await
+    }
+
     async fn ping(&self) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)

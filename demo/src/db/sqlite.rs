@@ -153,6 +153,20 @@ impl Database for Sqlite {
         }))
     }
 
+    async fn charges_without_event(&self, window_secs: i64) -> Result<i64, sqlx::Error> {
+        let sql = format!(
+            "SELECT count(*) FROM charges c \
+             WHERE c.created_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ? || ' seconds') \
+             AND NOT EXISTS (SELECT 1 FROM {} o WHERE o.aggregate_type = 'charge' \
+             AND o.aggregate_id = c.id AND o.event_type = 'ChargeCreated')",
+            self.outbox.table().quoted()
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(window_secs)
+            .fetch_one(self.store.pool())
+            .await
+    }
+
     async fn ping(&self) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT 1")
             .execute(self.store.pool())
