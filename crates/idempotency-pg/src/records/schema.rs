@@ -24,10 +24,16 @@ pub fn ddl(table: &TableName) -> String {
         .replace("{expires_index}", &table.derived("expires_at_idx"))
 }
 
+/// Sent first in the transaction that runs a `create`: no NOTICE for what already exists.
+pub(crate) const QUIET: &str = "SET LOCAL client_min_messages = warning";
+
 pub(crate) async fn create(pool: &PgPool, table: &TableName) -> Result<(), Error> {
     // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
     let mut tx = pool.begin().await?;
+    // Over existing tables every `IF NOT EXISTS` answers a NOTICE ("already exists, skipping"),
+    // which sqlx logs at every start; the transaction keeps warnings and errors only.
+    sqlx::raw_sql(QUIET).execute(&mut *tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(table.quoted())
         .execute(&mut *tx)
