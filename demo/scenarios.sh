@@ -145,7 +145,7 @@ expect_status 201; expect_json "b['paymentId']" "$PAYMENT_ID"; expect_header ide
 # ---------------------------------------------------------------- bad bodies
 step "[$API] malformed JSON: 400, nothing runs"
 pay "bad-1-$API-$RUN" '{not json'
-expect_problem 400 malformed-body; ok
+expect_problem 400 invalid-request-body; ok
 
 step "[$API] invalid amount: 422"
 pay "bad-2-$API-$RUN" '{"orderId": "o", "recipient": "a", "amount": -1}'

@@ -8,7 +8,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotency_axum::{Error, IdempotencyKeyHeader, OutcomeExt, ScopedKey, UuidKeyHeader};
+use idempotency_axum::{
+    Error, IdempotencyKeyHeader, OutcomeExt, ProblemJson, ScopedKey, UuidKeyHeader,
+};
 use idempotency_cache_redis::RedisCache;
 use idempotency_core::ExecutionResult;
 use idempotency_outbox::{Enqueue, NewEvent};
@@ -24,7 +26,7 @@ use crate::model::{
     InsufficientFunds, Payment, Refund, RefundLimit,
 };
 use crate::ops;
-use crate::problem::{ApiJson, not_found};
+use crate::problem::not_found;
 use crate::scope::OptionalTenant;
 
 /// The idempotency service of the demo: moka and Redis when configured, metrics on the facade.
@@ -156,7 +158,7 @@ pub(crate) fn outbox_error(error: idempotency_outbox::Error) -> Error {
 pub(crate) async fn create_payment<DB: Database>(
     State(app): State<App<DB>>,
     key: ScopedKey<OptionalTenant, IdempotencyKeyHeader>,
-    ApiJson(body): ApiJson<CreatePayment>,
+    ProblemJson(body): ProblemJson<CreatePayment>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     let failure_key = format!("{}/{}", key.scope, key.key.key().as_str());
@@ -202,17 +204,17 @@ pub(crate) async fn create_payment<DB: Database>(
     request_body = CreatePayment,
     responses(
         (status = 201, description = "A new payment, every time", body = Payment),
-        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "The body is too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not JSON (`invalid-request-body`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large (`payload-too-large`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "JSON that does not match the request (`invalid-request-body`), or a field out of range (`invalid-request`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Technical failure", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = crate::openapi::Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn create_payment_unprotected<DB: Database>(
     State(app): State<App<DB>>,
-    ApiJson(body): ApiJson<CreatePayment>,
+    ProblemJson(body): ProblemJson<CreatePayment>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     let payment = Payment {
@@ -246,7 +248,7 @@ pub(crate) async fn create_payment_unprotected<DB: Database>(
 pub(crate) async fn create_refund<DB: Database>(
     State(app): State<App<DB>>,
     key: ScopedKey<OptionalTenant, IdempotencyKeyHeader>,
-    ApiJson(body): ApiJson<CreateRefund>,
+    ProblemJson(body): ProblemJson<CreateRefund>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     let outcome = app
@@ -291,7 +293,7 @@ pub(crate) async fn create_refund<DB: Database>(
 pub(crate) async fn create_charge<DB: Database>(
     State(app): State<App<DB>>,
     key: ScopedKey<OptionalTenant, UuidKeyHeader>,
-    ApiJson(body): ApiJson<CreateCharge>,
+    ProblemJson(body): ProblemJson<CreateCharge>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     let outbox = app.db.outbox().clone();

@@ -25,7 +25,8 @@ pub struct Problem {
     status: u16,
     /// What happened in this occurrence.
     detail: Option<String>,
-    /// For `request-rejected`: the business rejection code.
+    /// For `request-rejected`: the business rejection code; for `idempotency-key-reused`:
+    /// `IDEMPOTENCY_KEY_CONFLICT`.
     code: Option<String>,
     /// For `request-rejected`: the rejection details.
     details: Option<BTreeMap<String, serde_json::Value>>,
@@ -73,7 +74,8 @@ pub struct TenantHeader {
 #[derive(Debug, IntoResponses)]
 #[allow(dead_code)] // documentation only
 pub enum IdempotencyProblems {
-    /// Idempotency-Key missing or invalid, malformed JSON, or invalid scope
+    /// Idempotency-Key missing or invalid (`idempotency-key-missing`, `idempotency-key-invalid`),
+    /// a body that is not JSON (`invalid-request-body`), or an invalid scope (`scope-invalid`)
     #[response(status = 400, content_type = "application/problem+json")]
     BadRequest(Problem),
     /// The same key is still in flight
@@ -83,13 +85,15 @@ pub enum IdempotencyProblems {
         headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))
     )]
     InFlight(Problem),
-    /// The body is too large
+    /// The body is too large (`payload-too-large`)
     #[response(status = 413, content_type = "application/problem+json")]
     TooLarge(Problem),
-    /// The body is not application/json
+    /// The body is not application/json (`unsupported-media-type`)
     #[response(status = 415, content_type = "application/problem+json")]
     UnsupportedMediaType(Problem),
-    /// Invalid fields, key reused with another payload, or a business rejection (replayed)
+    /// JSON that does not match the request (`invalid-request-body`), a field out of range
+    /// (`invalid-request`), the key reused with another payload (`idempotency-key-reused`), or a
+    /// business rejection, replayed (`request-rejected`)
     #[response(status = 422, content_type = "application/problem+json")]
     Unprocessable(Problem),
     /// Technical failure; nothing stored, a retry runs again

@@ -1,13 +1,11 @@
-//! The demo's own problem responses (RFC 9457), next to the ones `idempotency-axum` answers:
-//! invalid fields, malformed or oversized bodies, unknown resources.
+//! The demo's own problem responses (RFC 9457), next to the ones `idempotency-axum` answers
+//! (among them the body rejections of its `ProblemJson` extractor): invalid fields, unknown
+//! resources.
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use idempotency_axum::problem_details::ProblemDetails;
 use idempotency_axum::{PROBLEM_TYPE_BASE, ProblemExtensions};
-use serde::de::DeserializeOwned;
 
 /// A problem response of the demo.
 #[derive(Debug, Clone)]
@@ -66,34 +64,4 @@ impl IntoResponse for ApiProblem {
     fn into_response(self) -> Response {
         self.details.into_response()
     }
-}
-
-/// `axum::Json` whose rejections are problems: malformed JSON 400, wrong shape 422, wrong
-/// content type 415, too large 413. Nothing runs and nothing is stored for them.
-#[derive(Debug, Clone)]
-pub struct ApiJson<T>(pub T);
-
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
-    type Rejection = ApiProblem;
-
-    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(request, state).await {
-            Ok(axum::Json(value)) => Ok(Self(value)),
-            Err(rejection) => Err(body_problem(&rejection)),
-        }
-    }
-}
-
-fn body_problem(rejection: &JsonRejection) -> ApiProblem {
-    let status = rejection.status();
-    let (slug, title) = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => ("payload-too-large", "The request body is too large"),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
-            "unsupported-media-type",
-            "The request body must be application/json",
-        ),
-        StatusCode::UNPROCESSABLE_ENTITY => ("invalid-request", "The request is invalid"),
-        _ => ("malformed-body", "The request body is not valid JSON"),
-    };
-    ApiProblem::new(slug, status, title, rejection.body_text())
 }

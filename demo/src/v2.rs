@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_axum::{Error, IdempotencyLayer, IdempotentTx, rejection_problem};
+use idempotency_axum::{Error, IdempotencyLayer, IdempotentTx, ProblemJson, rejection_problem};
 use idempotency_core::Rejection;
 use idempotency_outbox::{Enqueue, NewEvent};
 use uuid::Uuid;
@@ -21,7 +21,6 @@ use crate::model::{
     ChargeCreated, ChargeCreatedEvent, CreateCharge, CreatePayment, CreateRefund,
     InsufficientFunds, Payment, Refund, RefundLimit,
 };
-use crate::problem::ApiJson;
 use crate::scope::OptionalTenant;
 
 /// The `/v2` routes, each behind the layer (UUID keys for `/v2/charges`).
@@ -66,7 +65,7 @@ pub(crate) async fn create_payment<DB: Database>(
     State(app): State<App<DB>>,
     headers: HeaderMap,
     mut tx: IdempotentTx<DB::Store>,
-    ApiJson(body): ApiJson<CreatePayment>,
+    ProblemJson(body): ProblemJson<CreatePayment>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     match request.recipient.as_str() {
@@ -123,7 +122,7 @@ fn failure_key(headers: &HeaderMap) -> String {
 pub(crate) async fn create_refund<DB: Database>(
     State(app): State<App<DB>>,
     mut tx: IdempotentTx<DB::Store>,
-    ApiJson(body): ApiJson<CreateRefund>,
+    ProblemJson(body): ProblemJson<CreateRefund>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     if request.amount > app.rules.refund_limit {
@@ -160,7 +159,7 @@ pub(crate) async fn create_refund<DB: Database>(
 pub(crate) async fn create_charge<DB: Database>(
     State(app): State<App<DB>>,
     mut tx: IdempotentTx<DB::Store>,
-    ApiJson(body): ApiJson<CreateCharge>,
+    ProblemJson(body): ProblemJson<CreateCharge>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     let id = Uuid::now_v7();

@@ -358,18 +358,19 @@ async fn redis_unreachable_changes_nothing() {
     assert_eq!(count(&pool, "payments").await, 1);
 }
 
-/// Bad input: malformed JSON 400, wrong shape or invalid fields 422, oversized 413, wrong content
-/// type 415; nothing runs and nothing is stored.
+/// Bad input: malformed JSON 400 and wrong shape 422 (`invalid-request-body`), invalid fields
+/// 422 (`invalid-request`), oversized 413, wrong content type 415 (`unsupported-media-type`);
+/// nothing runs and nothing is stored.
 #[tokio::test]
 async fn bad_bodies_are_problems_and_write_nothing() {
     let (app, pool) = demo().await;
     let key = [("idempotency-key", "bad-1")];
     let cases: [(&str, StatusCode, &str); 7] = [
-        ("{not json", StatusCode::BAD_REQUEST, "malformed-body"),
+        ("{not json", StatusCode::BAD_REQUEST, "invalid-request-body"),
         (
             r#"{"orderId":"o","recipient":"a"}"#,
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
+            "invalid-request-body",
         ),
         (
             r#"{"orderId":"o","recipient":"a","amount":-5}"#,
@@ -384,7 +385,7 @@ async fn bad_bodies_are_problems_and_write_nothing() {
         (
             r#"{"orderId":"o","recipient":"a","amount":"12abc"}"#,
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
+            "invalid-request-body",
         ),
         (
             r#"{"orderId":"","recipient":"a","amount":1}"#,
@@ -394,7 +395,7 @@ async fn bad_bodies_are_problems_and_write_nothing() {
         (
             r#"{"orderId":"o","recipient":"a","amount":1,"extra":true}"#,
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
+            "invalid-request-body",
         ),
     ];
     for (body, status, kind) in cases {
@@ -421,6 +422,16 @@ async fn bad_bodies_are_problems_and_write_nothing() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://idempotency-rs.github.io/problems/unsupported-media-type"
+    );
     assert_eq!(count(&pool, "idempotency_records").await, 0);
     assert_eq!(count(&pool, "payments").await, 0);
 }

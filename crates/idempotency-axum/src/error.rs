@@ -4,7 +4,7 @@ use axum::response::{IntoResponse, Response};
 use idempotency_core::{BoxError, KeyError, StoreError};
 
 use crate::header::InvalidKey;
-use crate::problem::{Problem, ProblemKind};
+use crate::problem::{KEY_CONFLICT_CODE, Problem, ProblemKind};
 
 /// `Retry-After` of a `409 request-in-flight`, in seconds.
 pub const RETRY_AFTER_IN_FLIGHT: u64 = 1;
@@ -67,7 +67,7 @@ impl Error {
     /// | `KeyInvalid` | 400 | `idempotency-key-invalid` (+ `reason`) |
     /// | `ScopeMissing` | 403 | `scope-missing` |
     /// | `ScopeInvalid` | 400 | `scope-invalid` |
-    /// | `PayloadConflict` | 422 | `idempotency-key-reused` |
+    /// | `PayloadConflict` | 422 | `idempotency-key-reused` (+ `code`: `IDEMPOTENCY_KEY_CONFLICT`) |
     /// | `InFlight` | 409 + `Retry-After` | `request-in-flight` |
     /// | `AcquireExhausted`, store `Conflict` / `LockTimeout` | 409 + `Retry-After` | `transaction-conflict` |
     /// | `Cache` (fail-fast) | 503 + `Retry-After` | `cache-unavailable` |
@@ -85,9 +85,11 @@ impl Error {
             Self::ScopeMissing { .. } => Problem::new(ProblemKind::ScopeMissing),
             Self::ScopeInvalid { .. } => Problem::new(ProblemKind::ScopeInvalid),
             Self::Idempotency(error) => match error {
-                Core::PayloadConflict => Problem::new(ProblemKind::KeyReused).with_detail(
-                    "This Idempotency-Key was already used with a different request payload; use a new key for a new request.",
-                ),
+                Core::PayloadConflict => Problem::new(ProblemKind::KeyReused)
+                    .with_detail(
+                        "This Idempotency-Key was already used with a different request payload; use a new key for a new request.",
+                    )
+                    .with_extension("code", KEY_CONFLICT_CODE),
                 Core::InFlight => Problem::new(ProblemKind::InFlight)
                     .with_detail("A request with this Idempotency-Key is still being processed; retry later with the same key.")
                     .with_retry_after_secs(RETRY_AFTER_IN_FLIGHT),

@@ -4,6 +4,7 @@
 mod error;
 mod extract;
 mod header;
+mod json;
 mod layer;
 mod outcome;
 mod problem;
@@ -13,12 +14,15 @@ mod stored;
 pub use error::{Error, RETRY_AFTER_CONFLICT, RETRY_AFTER_IN_FLIGHT, RETRY_AFTER_UNAVAILABLE};
 pub use extract::{IdempotencyKeyHeader, UuidKeyHeader};
 pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, InvalidKey, parse_key, parse_uuid_key};
+pub use json::{ProblemJson, json_rejection_problem};
 pub use layer::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, IdempotencyLayer, IdempotencyMiddleware,
     IdempotentTx, LeasedIdempotencyLayer, LeasedMiddleware, SharedScope, StoredStatuses,
 };
 pub use outcome::{IdempotentJson, IdempotentResponse, OutcomeExt, rejection_problem};
-pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem, ProblemExtensions, ProblemKind};
+pub use problem::{
+    KEY_CONFLICT_CODE, PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem, ProblemExtensions, ProblemKind,
+};
 pub use scope::{
     Principal, PrincipalScope, ScopeSource, ScopedKey, TenantHeader, TenantHeaderName, XTenantId,
 };

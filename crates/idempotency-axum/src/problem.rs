@@ -14,6 +14,11 @@ pub const PROBLEM_TYPE_BASE: &str = "https://idempotency-rs.github.io/problems/"
 /// The media type of problem responses (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The `code` member of the `idempotency-key-reused` problem: the body code the Spring Boot
+/// idempotency starter answers a reused key with (`{"code": "IDEMPOTENCY_KEY_CONFLICT"}`, status
+/// 409 there, 422 here), for clients that read it.
+pub const KEY_CONFLICT_CODE: &str = "IDEMPOTENCY_KEY_CONFLICT";
+
 /// The extension members of a [`Problem`], flattened into the JSON object.
 pub type ProblemExtensions = Map<String, Value>;
 
@@ -80,6 +85,12 @@ kinds! {
     PayloadTooLarge => "payload-too-large", PAYLOAD_TOO_LARGE, "The request body is too large";
     /// The request body could not be read to its end (the client went away mid-body).
     BodyUnreadable => "body-unreadable", BAD_REQUEST, "The request body could not be read";
+    /// The request body is not JSON (400), or JSON that does not match the endpoint's type
+    /// (422, set by [`ProblemJson`](crate::ProblemJson)); `detail` says where.
+    InvalidRequestBody => "invalid-request-body", BAD_REQUEST, "The request body is invalid";
+    /// The request body is not `application/json` (or `application/*+json`), or has no
+    /// `Content-Type`.
+    UnsupportedMediaType => "unsupported-media-type", UNSUPPORTED_MEDIA_TYPE, "The request body must be application/json";
     /// Anything else. Nothing about the cause is disclosed; it is logged at `error`.
     Internal => "internal-error", INTERNAL_SERVER_ERROR, "Internal server error";
 }

@@ -266,6 +266,9 @@ async fn same_key_other_payload_is_422_key_reused() {
     assert_eq!(pay(&app, "acme", "k-2", 100).await.status, 201);
     let reused = pay(&app, "acme", "k-2", 200).await;
     let body = reused.assert_problem(422, "idempotency-key-reused");
+    // The starter's body code for the same situation, for clients that read it.
+    assert_eq!(body["code"], idempotency_axum::KEY_CONFLICT_CODE);
+    assert_eq!(body["code"], "IDEMPOTENCY_KEY_CONFLICT");
     assert!(
         body["detail"]
             .as_str()

@@ -334,9 +334,10 @@ async fn another_payload_under_the_same_key_is_422<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
     let (app, _) = app(store.clone(), ServiceConfig::default());
     assert_eq!(pay(&app, "k", "t", r#"{"amount": 10}"#).await.status, 201);
-    pay(&app, "k", "t", r#"{"amount": 11}"#)
+    let reused = pay(&app, "k", "t", r#"{"amount": 11}"#)
         .await
         .assert_problem(422, "idempotency-key-reused");
+    assert_eq!(reused["code"], "IDEMPOTENCY_KEY_CONFLICT");
     // The route is part of the request: the same key on another route is another operation.
     let echo = call(
         &app,

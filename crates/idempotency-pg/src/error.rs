@@ -78,6 +78,14 @@ pub enum SchemaProblem {
     /// again) and reorders keys and rewrites numbers, so replays were not byte-identical.
     /// The store needs `json`, which keeps the text as written.
     JsonbPayload,
+    /// The table has the layout of the Spring Boot idempotency starter's DDL: primary key
+    /// `(operation, idempotency_key)`, no `scope` column, a `result_type` column and a `json` /
+    /// `jsonb` `result_payload`. Reported alone: the migration it names converts the table (and
+    /// keeps every row replayable); the differences it resolves are not listed one by one.
+    StarterTable {
+        /// The migration file (under `migrations/`) that converts the table.
+        migration: &'static str,
+    },
     /// A key column has a nondeterministic (case- or accent-insensitive) collation: the
     /// primary key would merge keys, or tenants, that differ only in case.
     NondeterministicCollation {
@@ -117,6 +125,14 @@ impl fmt::Display for SchemaProblem {
                  and numbers; migrate it to json with `ALTER TABLE <table> ALTER COLUMN \
                  result_payload TYPE json USING result_payload::text::json` \
                  (migrations/20261201000001_idempotency_payload_json.sql)",
+            ),
+            Self::StarterTable { migration } => write!(
+                f,
+                "the table has the layout of the Spring Boot idempotency starter (primary key \
+                 (operation, idempotency_key), no scope column, result_type, result_payload \
+                 jsonb); apply migrations/{migration} to convert it in place, keeping every \
+                 record replayable (it is written for the table idempotency_records: for \
+                 another name, run its statements with that name)"
             ),
             Self::NondeterministicCollation { column, collation } => write!(
                 f,

@@ -34,6 +34,11 @@ pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) ->
     // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
     let mut tx = pool.begin().await.map_err(outbox_error)?;
+    // No NOTICE per existing table and index ("already exists, skipping") at every start.
+    sqlx::raw_sql(crate::records::QUIET)
+        .execute(&mut *tx)
+        .await
+        .map_err(outbox_error)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(lock_name.quoted())
         .execute(&mut *tx)

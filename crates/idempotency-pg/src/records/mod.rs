@@ -6,5 +6,6 @@ mod schema;
 mod statements;
 mod store;
 
+pub(crate) use schema::QUIET;
 pub use schema::{DDL_TEMPLATE, ddl};
 pub use store::PgStore;

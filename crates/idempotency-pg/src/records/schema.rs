@@ -24,10 +24,16 @@ pub fn ddl(table: &TableName) -> String {
         .replace("{expires_index}", &table.derived("expires_at_idx"))
 }
 
+/// Sent first in the transaction that runs a `create`: no NOTICE for what already exists.
+pub(crate) const QUIET: &str = "SET LOCAL client_min_messages = warning";
+
 pub(crate) async fn create(pool: &PgPool, table: &TableName) -> Result<(), Error> {
     // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
     let mut tx = pool.begin().await?;
+    // Over existing tables every `IF NOT EXISTS` answers a NOTICE ("already exists, skipping"),
+    // which sqlx logs at every start; the transaction keeps warnings and errors only.
+    sqlx::raw_sql(QUIET).execute(&mut *tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(table.quoted())
         .execute(&mut *tx)
@@ -124,6 +130,25 @@ const EXPECTED: &[Expected] = &[
 
 const KEY_COLUMNS: [&str; 3] = ["idempotency_key", "operation", "scope"];
 
+/// The key of the Spring Boot idempotency starter's table, sorted.
+const STARTER_KEY_COLUMNS: [&str; 2] = ["idempotency_key", "operation"];
+
+/// The migration from the starter's table to the canonical one, under `migrations/`.
+const STARTER_MIGRATION: &str = "20261201120000_idempotency_from_starter.sql";
+
+/// The starter's columns: no `scope`, a `result_type`, the payload as `jsonb` (or already `json`,
+/// after the payload migration), and every other canonical column.
+fn is_starter_table(columns: &HashMap<String, (String, bool, Option<i32>)>) -> bool {
+    !columns.contains_key("scope")
+        && columns.contains_key("result_type")
+        && columns
+            .get("result_payload")
+            .is_some_and(|(ty, _, _)| ty == "jsonb" || ty == "json")
+        && EXPECTED
+            .iter()
+            .all(|e| e.column == "scope" || columns.contains_key(e.column))
+}
+
 /// Everything that differs between the live table and the canonical schema.
 pub(crate) async fn problems(
     pool: &PgPool,
@@ -149,6 +174,31 @@ pub(crate) async fn problems(
         .into_iter()
         .map(|(name, ty, not_null, len)| (name, (ty, not_null, len)))
         .collect();
+
+    let indexes: Vec<(bool, bool, Vec<String>)> = sqlx::query_as(
+        "SELECT i.indisunique, (i.indpred IS NULL AND i.indexprs IS NULL), \
+                ARRAY(SELECT a.attname::text \
+                      FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                      ORDER BY k.ord) \
+         FROM pg_index i WHERE i.indrelid = to_regclass($1)",
+    )
+    .bind(table.quoted())
+    .fetch_all(pool)
+    .await?;
+    let unique_on = |key: &[&str]| {
+        indexes.iter().any(|(unique, plain, columns)| {
+            let mut sorted: Vec<&str> = columns.iter().map(String::as_str).collect();
+            sorted.sort_unstable();
+            *unique && *plain && sorted == key
+        })
+    };
+
+    if is_starter_table(&columns) && unique_on(&STARTER_KEY_COLUMNS) {
+        return Ok(vec![SchemaProblem::StarterTable {
+            migration: STARTER_MIGRATION,
+        }]);
+    }
 
     let mut problems = Vec::new();
     for expected in EXPECTED {
@@ -205,23 +255,7 @@ pub(crate) async fn problems(
         }
     }
 
-    let indexes: Vec<(bool, bool, Vec<String>)> = sqlx::query_as(
-        "SELECT i.indisunique, (i.indpred IS NULL AND i.indexprs IS NULL), \
-                ARRAY(SELECT a.attname::text \
-                      FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
-                      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
-                      ORDER BY k.ord) \
-         FROM pg_index i WHERE i.indrelid = to_regclass($1)",
-    )
-    .bind(table.quoted())
-    .fetch_all(pool)
-    .await?;
-    let has_key = indexes.iter().any(|(unique, plain, columns)| {
-        let mut sorted: Vec<&str> = columns.iter().map(String::as_str).collect();
-        sorted.sort_unstable();
-        *unique && *plain && sorted == KEY_COLUMNS
-    });
-    if !has_key {
+    if !unique_on(&KEY_COLUMNS) {
         problems.push(SchemaProblem::MissingPrimaryKey);
     }
     if !indexes
