@@ -8,7 +8,7 @@
 #   docs       rustdoc with -D warnings
 #   test       scripts/test.sh (the README's test command: starts servers, cargo test)
 #   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, on MariaDB/MySQL,
-#              then on SQLite,
+#              then on SQLite, the facade's SQLite example over HTTP,
 #              then schemathesis against its OpenAPI document
 #   hack       cargo hack check --each-feature --no-dev-deps
 #   deny       cargo deny: bans, licenses, sources (blocking); advisories (reported only)
@@ -46,6 +46,8 @@ scenarios() {
   bash scripts/demo-scenarios.sh mysql
   step "demo scenarios on the embedded default (SQLite, no DATABASE_URL)"
   bash scripts/demo-scenarios.sh sqlite
+  step "the facade's SQLite example over HTTP (a YAML file and the assembly call)"
+  bash scripts/example-orders.sh
   step "schemathesis: property-based HTTP fuzzing from the OpenAPI document"
   bash scripts/schemathesis.sh 100
 }
