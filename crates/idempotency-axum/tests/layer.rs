@@ -516,6 +516,40 @@ async fn the_stored_status_policy_is_configurable<B: Backend>() {
     assert_eq!(store.count("idempotency_records").await, 0);
 }
 
+/// Changing the fingerprint algorithm: a retry of a key stored with the old one is a 422
+/// unless the layer also accepts the old one (`JcsFingerprint::accepting`).
+async fn a_changed_fingerprint_algorithm_replays_while_the_previous_is_accepted<B: Backend>() {
+    use idempotency_core::{HashAlgorithm, JcsFingerprint};
+    let (store, _cleanup) = B::fresh().await;
+    let with = |strategy: JcsFingerprint| {
+        let service = IdempotencyService::new(store.clone());
+        Router::new()
+            .route("/echo", post(echo))
+            .route_layer(IdempotencyLayer::new(service).fingerprint(strategy))
+    };
+    let headers = [("idempotency-key", "fp-1")];
+    let before = with(JcsFingerprint::default());
+    let first = call(&before, "/echo", &headers, r#"{"n":1}"#).await;
+    assert_eq!(first.status, StatusCode::OK);
+
+    let switched = with(JcsFingerprint::new(HashAlgorithm::Sha512));
+    let refused = call(&switched, "/echo", &headers, r#"{"n":1}"#).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    let transition =
+        with(JcsFingerprint::new(HashAlgorithm::Sha512).accepting(HashAlgorithm::Sha256));
+    let replayed = call(&transition, "/echo", &headers, r#"{"n":1}"#).await;
+    assert_eq!(replayed.status, StatusCode::OK);
+    assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    assert_eq!(replayed.body, first.body);
+    let other = call(&transition, "/echo", &headers, r#"{"n":2}"#).await;
+    assert_eq!(
+        other.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "another payload stays a conflict"
+    );
+}
+
 macro_rules! on {
     ($store:ty, $($name:ident $(($arg:expr))?),* $(,)?) => {
         $(
@@ -543,6 +577,7 @@ macro_rules! every_case {
             a_handler_without_the_transaction_still_records_and_replays,
             idempotent_tx_without_the_layer_is_a_500,
             the_stored_status_policy_is_configurable,
+            a_changed_fingerprint_algorithm_replays_while_the_previous_is_accepted,
         );
         #[tokio::test(flavor = "multi_thread")]
         async fn a_duplicate_in_flight_waits_for_the_holder_and_replays() {

@@ -229,7 +229,7 @@ where
                 }
                 Err(error) => return Err(failed(Core::Store(error))),
             };
-            if record.is_terminal() || record.fingerprint != keyed.fingerprint {
+            if record.is_terminal() || !keyed.matches(&record.fingerprint) {
                 let record = Arc::new(record);
                 let answer = self.replay(keyed, &record, Level::Persistence);
                 if matches!(answer.0, Answer::Replayed(_)) {

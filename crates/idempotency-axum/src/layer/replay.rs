@@ -49,6 +49,15 @@ impl Answer {
 pub(super) struct Keyed {
     pub(super) id: RecordId,
     pub(super) fingerprint: Fingerprint,
+    /// The previous algorithm's fingerprint, while a transition accepts it.
+    pub(super) previous_fingerprint: Option<Fingerprint>,
+}
+
+impl Keyed {
+    /// Whether a record stored with `stored` is this request.
+    pub(super) fn matches(&self, stored: &Fingerprint) -> bool {
+        *stored == self.fingerprint || self.previous_fingerprint.as_ref() == Some(stored)
+    }
 }
 
 impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
@@ -132,7 +141,7 @@ where
         let metrics = self.service.metrics();
         let op = keyed.id.operation.as_str();
         metrics.lookup_hit(op, level);
-        if record.fingerprint != keyed.fingerprint {
+        if !keyed.matches(&record.fingerprint) {
             metrics.payload_conflict(op);
             return (
                 Answer::Conflict,

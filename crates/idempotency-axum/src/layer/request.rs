@@ -66,7 +66,8 @@ impl Settings {
         }
     }
 
-    /// The fingerprint of method, route template, body and the opted-in headers.
+    /// The fingerprint of method, route template, body and the opted-in headers, and the
+    /// previous algorithm's while a transition accepts it.
     ///
     /// A JSON body (`application/json` or `+json`) that parses is taken as its RFC 8785
     /// canonical form, so key order, whitespace and number spelling do not matter; any other
@@ -76,7 +77,7 @@ impl Settings {
         parts: &Parts,
         route: &str,
         body: &Bytes,
-    ) -> Result<Fingerprint, Error> {
+    ) -> Result<(Fingerprint, Option<Fingerprint>), Error> {
         let mut request = Map::new();
         request.insert("method".into(), parts.method.as_str().into());
         request.insert("route".into(), route.into());
@@ -103,9 +104,14 @@ impl Settings {
                 .collect();
             request.insert("headers".into(), Value::Object(headers));
         }
-        self.fingerprint
-            .fingerprint(&Value::Object(request))
-            .map_err(|e| Error::Idempotency(e.into()))
+        let request = Value::Object(request);
+        let failed = |e: idempotency_core::FingerprintError| Error::Idempotency(e.into());
+        Ok((
+            self.fingerprint.fingerprint(&request).map_err(failed)?,
+            self.fingerprint
+                .previous_fingerprint(&request)
+                .map_err(failed)?,
+        ))
     }
 }
 

@@ -131,12 +131,13 @@ where
             tier = tracing::field::Empty,
         );
         let body = settings.buffer(body).instrument(span.clone()).await?;
-        let fingerprint = span
+        let (fingerprint, previous_fingerprint) = span
             .in_scope(|| settings.fingerprint(&parts, &route, &body))
             .map_err(IntoResponse::into_response)?;
         let keyed = Keyed {
             id: RecordId::new(operation, scope, key),
             fingerprint,
+            previous_fingerprint,
         };
         Ok((keyed, Request::from_parts(parts, Body::from(body)), span))
     }
