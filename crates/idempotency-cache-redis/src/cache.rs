@@ -10,7 +10,7 @@ use crate::config::DistributedCacheConfig;
 use fred::clients::Client;
 use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
-use fred::prelude::{Builder, Config, Expiration, ReconnectPolicy};
+use fred::prelude::{Builder, Expiration, ReconnectPolicy};
 use idempotency_core::{
     BoxError, CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId,
 };
@@ -82,7 +82,7 @@ impl RedisCache<Client> {
     /// with a short constant delay. It returns at once: a Redis that is down at startup does not
     /// stop the application (requests see a miss, or an error under `fail-fast`).
     pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
-        let client = Builder::from_config(Config::from_url(url).map_err(Error::Config)?)
+        let client = Builder::from_config(crate::url::config_from_url(url).map_err(Error::Config)?)
             .with_connection_config(|c| {
                 c.connection_timeout = Duration::from_secs(2);
             })

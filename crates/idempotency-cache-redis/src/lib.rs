@@ -6,6 +6,7 @@ mod cache;
 mod codec;
 mod config;
 mod key;
+mod url;
 
 pub use breaker::BreakerState;
 pub use cache::{Error, RedisCache, RedisCacheStats, is_connected};
