@@ -96,3 +96,5 @@ pub(crate) async fn wipe_store(pool: &PgPool) {
         .await
         .unwrap();
 }
+
+pub(crate) mod cluster;
