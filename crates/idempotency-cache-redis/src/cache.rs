@@ -10,7 +10,7 @@ use crate::config::DistributedCacheConfig;
 use fred::clients::Client;
 use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
-use fred::prelude::{Builder, Expiration, ReconnectPolicy};
+use fred::prelude::Expiration;
 use idempotency_core::{
     BoxError, CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId,
 };
@@ -75,23 +75,6 @@ pub struct RedisCache<C = Client> {
     policy: FailurePolicy,
     breaker: Arc<Breaker>,
     counters: Arc<Counters>,
-}
-
-impl RedisCache<Client> {
-    /// Builds a client for `url` and starts connecting in the background, reconnecting forever
-    /// with a short constant delay. It returns at once: a Redis that is down at startup does not
-    /// stop the application (requests see a miss, or an error under `fail-fast`).
-    pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
-        let client = Builder::from_config(crate::url::config_from_url(url).map_err(Error::Config)?)
-            .with_connection_config(|c| {
-                c.connection_timeout = Duration::from_secs(2);
-            })
-            .set_policy(ReconnectPolicy::new_constant(0, 500))
-            .build()
-            .map_err(Error::Config)?;
-        let _connection = client.connect();
-        Ok(Self::new(client, config))
-    }
 }
 
 impl<C> RedisCache<C>

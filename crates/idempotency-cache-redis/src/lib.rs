@@ -5,6 +5,7 @@ mod breaker;
 mod cache;
 mod codec;
 mod config;
+mod connect;
 mod key;
 mod url;
 
