@@ -4,7 +4,7 @@
 //! The test owns its six-node cluster (its own ports, see `support::cluster`): it kills a node,
 //! which no test sharing the cluster of `scripts/services.sh` could stand.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+#![allow(clippy::unwrap_used, clippy::print_stderr)] // tests fail loudly; the figures go to stderr
 
 mod support;
 
