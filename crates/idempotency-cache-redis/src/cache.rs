@@ -26,6 +26,12 @@ pub enum Error {
     /// The Redis URL or client configuration is invalid.
     #[error("invalid Redis configuration")]
     Config(#[source] fred::error::Error),
+    /// No node of a Redis Cluster URL accepted a connection at start-up.
+    #[error("no node of the Redis Cluster {url} accepts a connection")]
+    Unreachable {
+        /// The URL, its password replaced by `***`.
+        url: String,
+    },
 }
 
 /// Counts of what went wrong, for the application to read.
