@@ -6,11 +6,11 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::prelude::{Builder, ReconnectPolicy};
-use fred::types::config::{ClusterDiscoveryPolicy, Server, ServerConfig};
+use fred::types::config::{Server, ServerConfig};
 
 use crate::cache::{Error, RedisCache};
 use crate::config::DistributedCacheConfig;
-use crate::url::{config_from_url, redacted};
+use crate::url::{client_config, redacted};
 
 /// Bound on each TCP probe of a cluster seed at start-up.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -24,19 +24,17 @@ impl RedisCache<Client> {
     /// - `redis-cluster://host:port,host:port,...` (or fred's `?node=host:port` form): fred's
     ///   cluster client. It discovers the other nodes with `CLUSTER SLOTS`, and when it has to
     ///   rediscover them (a master died, slots moved) it asks the nodes it learned as well as the
-    ///   ones in the URL, so a failover of the only node the URL names is survived. Before it
+    ///   ones in the URL, so a failover of the only node the URL names is survived (see
+    ///   [`client_config`](crate::client_config)). Before it
     ///   returns, it checks that at least one named node accepts a TCP connection (each probe
     ///   bounded by one second): a URL that names no reachable node is [`Error::Unreachable`],
     ///   not a client that waits for ever.
     pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
-        let mut fred_config = config_from_url(url).map_err(Error::Config)?;
-        if let ServerConfig::Clustered { hosts, policy } = &mut fred_config.server {
-            // The default, `ConfigEndpoint`, rediscovers the cluster through the URL's nodes
-            // only: with `redis-cluster://a:7000` and `a:7000` dead, never again.
-            *policy = ClusterDiscoveryPolicy::UseCache;
-            if !hosts.iter().any(answers) {
-                return Err(Error::Unreachable { url: redacted(url) });
-            }
+        let fred_config = client_config(url).map_err(Error::Config)?;
+        if let ServerConfig::Clustered { hosts, .. } = &fred_config.server
+            && !hosts.iter().any(answers)
+        {
+            return Err(Error::Unreachable { url: redacted(url) });
         }
         let client = Builder::from_config(fred_config)
             .with_connection_config(|c| {

@@ -1,16 +1,35 @@
 //! Redis URLs: fred's forms, plus a comma-separated node list for a cluster.
 
 use fred::prelude::Config;
+use fred::types::config::{ClusterDiscoveryPolicy, ServerConfig};
 
-/// The fred configuration of `url`.
+/// The fred configuration [`RedisCache::connect`](crate::RedisCache::connect) builds its client
+/// from: for an application that builds its own client or pool (then
+/// [`RedisCache::new`](crate::RedisCache::new)) from the same URL.
 ///
 /// Every form of fred's [`Config::from_url`] is accepted (`redis://`, `rediss://`,
 /// `redis-cluster://host:port?node=host:port&...`, `redis-sentinel://...`), and, for a cluster,
 /// the seed nodes may also be listed in the authority, separated by commas:
-/// `redis-cluster://[user:password@]host1:port1,host2:port2,...`. That is rewritten to fred's
-/// `?node=` form before parsing.
-pub(crate) fn config_from_url(url: &str) -> Result<Config, fred::error::Error> {
-    Config::from_url(&node_list_to_query(url))
+/// `redis-cluster://[user:password@]host1:port1,host2:port2,...` (rewritten to fred's `?node=`
+/// form before parsing).
+///
+/// A cluster configuration rediscovers the cluster through the nodes it learned from
+/// `CLUSTER SLOTS` as well as the URL's ([`ClusterDiscoveryPolicy::UseCache`]): fred's default
+/// asks the URL's nodes only, so with `redis-cluster://a:7000` and `a:7000` dead after a
+/// failover the client would never find the promoted replica.
+///
+/// ```
+/// use idempotency_cache_redis::client_config;
+/// let config = client_config("redis-cluster://127.0.0.1:7000,127.0.0.1:7001")?;
+/// assert_eq!(config.server.hosts().len(), 2);
+/// # Ok::<(), idempotency_cache_redis::fred::error::Error>(())
+/// ```
+pub fn client_config(url: &str) -> Result<Config, fred::error::Error> {
+    let mut config = Config::from_url(&node_list_to_query(url))?;
+    if let ServerConfig::Clustered { policy, .. } = &mut config.server {
+        *policy = ClusterDiscoveryPolicy::UseCache;
+    }
+    Ok(config)
 }
 
 /// `url` with its password, if any, replaced by `***`: fit for an error message or a log.
@@ -66,8 +85,6 @@ fn node_list_to_query(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use fred::types::config::ServerConfig;
-
     use super::*;
 
     #[test]
@@ -96,8 +113,8 @@ mod tests {
 
     #[test]
     fn every_listed_node_is_a_seed_of_the_cluster() {
-        let config = config_from_url("redis-cluster://u:secret@a:7000,b:7001,c:7002").unwrap();
-        let ServerConfig::Clustered { hosts, .. } = &config.server else {
+        let config = client_config("redis-cluster://u:secret@a:7000,b:7001,c:7002").unwrap();
+        let ServerConfig::Clustered { hosts, policy } = &config.server else {
             panic!("not a cluster: {:?}", config.server);
         };
         let mut seeds: Vec<String> = hosts
@@ -106,6 +123,7 @@ mod tests {
             .collect();
         seeds.sort();
         assert_eq!(seeds, ["a:7000", "b:7001", "c:7002"]);
+        assert_eq!(*policy, ClusterDiscoveryPolicy::UseCache);
         assert_eq!(config.username.as_deref(), Some("u"));
         assert_eq!(config.password.as_deref(), Some("secret"));
     }
@@ -127,7 +145,7 @@ mod tests {
 
     #[test]
     fn a_standalone_url_is_centralized() {
-        let config = config_from_url("redis://127.0.0.1:6379").unwrap();
+        let config = client_config("redis://127.0.0.1:6379").unwrap();
         assert!(matches!(config.server, ServerConfig::Centralized { .. }));
     }
 }
