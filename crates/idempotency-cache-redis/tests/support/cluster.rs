@@ -2,7 +2,7 @@
 //! `scripts/services.sh`), and private six-node clusters a test owns and may break.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -46,6 +46,23 @@ pub(crate) struct OwnCluster {
     dir: PathBuf,
 }
 
+/// Starts `redis-server` on `port` in cluster mode, its files (`nodes.conf` too) in `dir/<port>`.
+fn spawn_node(port: u16, dir: &Path) -> Child {
+    let node_dir = dir.join(port.to_string());
+    std::fs::create_dir_all(&node_dir).unwrap();
+    Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&node_dir)
+        .arg("--logfile")
+        .arg(node_dir.join("redis.log"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is not installed (scripts/services.sh installs it)")
+}
+
 /// Whether `port` and its cluster bus port (`port + 10000`) are free.
 fn free(port: u16) -> bool {
     TcpListener::bind(("127.0.0.1", port)).is_ok()
@@ -72,20 +89,7 @@ impl OwnCluster {
         let dir = std::env::temp_dir().join(idempotency_testing::unique_name(name));
         let mut nodes = Vec::new();
         for &port in &ports {
-            let node_dir = dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).unwrap();
-            let child = Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&node_dir)
-                .arg("--logfile")
-                .arg(node_dir.join("redis.log"))
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("redis-server is not installed (scripts/services.sh installs it)");
-            nodes.push(Some(child));
+            nodes.push(Some(spawn_node(port, &dir)));
         }
         let cluster = Self { ports, nodes, dir };
         cluster
@@ -207,6 +211,13 @@ impl OwnCluster {
         let mut child = self.nodes[i].take().unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// Starts the node on `port` again, with the cluster configuration it had: it rejoins.
+    pub(crate) fn restart(&mut self, port: u16) {
+        let i = self.ports.iter().position(|&p| p == port).unwrap();
+        assert!(self.nodes[i].is_none(), "node {port} is running");
+        self.nodes[i] = Some(spawn_node(port, &self.dir));
     }
 
     /// Waits (up to 60 s) until `done` holds.
