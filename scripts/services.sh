@@ -132,6 +132,18 @@ redis_cluster_stop() { # BASE_PORT
   log "Redis Cluster on $base-$((base + 5)) stopped"
 }
 
+# redis_cluster_node_start PORT DIR: one node, daemonized, its files in DIR/PORT (pid in
+# redis.pid). Started again on the same DIR, it rejoins its cluster (nodes.conf).
+redis_cluster_node_start() {
+  local port=$1 dir=$2
+  mkdir -p "$dir/$port"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" \
+    --cluster-enabled yes --cluster-config-file "$dir/$port/nodes.conf" \
+    --cluster-node-timeout "${REDIS_CLUSTER_NODE_TIMEOUT:-2000}" \
+    --save "" --appendonly no --dir "$dir/$port" --logfile "$dir/$port/redis.log" \
+    --pidfile "$dir/$port/redis.pid"
+}
+
 # redis_cluster_start BASE_PORT DIR: reuses a cluster that already answers with
 # cluster_state:ok; otherwise stops whatever of ours is left, wipes DIR and creates a new one.
 redis_cluster_start() {
@@ -152,12 +164,7 @@ redis_cluster_start() {
   log "starting a Redis Cluster on $base-$((base + 5)) ($dir)"
   rm -rf "$dir"
   for port in $(redis_cluster_ports "$base"); do
-    mkdir -p "$dir/$port"
-    redis-server --daemonize yes --bind 127.0.0.1 --port "$port" \
-      --cluster-enabled yes --cluster-config-file "$dir/$port/nodes.conf" \
-      --cluster-node-timeout "${REDIS_CLUSTER_NODE_TIMEOUT:-2000}" \
-      --save "" --appendonly no --dir "$dir/$port" --logfile "$dir/$port/redis.log" \
-      --pidfile "$dir/$port/redis.pid"
+    redis_cluster_node_start "$port" "$dir"
     hosts+=("127.0.0.1:$port")
   done
   for port in $(redis_cluster_ports "$base"); do
