@@ -103,7 +103,9 @@ coverage() {
 
 testcontainers() {
   step "tests on containers started by the test helpers (no URLs set)"
-  env -u DATABASE_URL -u REDIS_URL \
+  # A Redis Cluster has no container here: the cluster tests use the one services.sh starts.
+  bash scripts/services.sh redis-cluster start
+  env -u DATABASE_URL -u REDIS_URL -u REDIS_CLUSTER_URL \
     cargo test --features idempotency-testing/testcontainers -p idempotency-pg -p idempotency-cache-redis
 }
 
