@@ -25,10 +25,11 @@ impl RedisCache<Client> {
     ///   cluster client. It discovers the other nodes with `CLUSTER SLOTS`, and when it has to
     ///   rediscover them (a master died, slots moved) it asks the nodes it learned as well as the
     ///   ones in the URL, so a failover of the only node the URL names is survived (see
-    ///   [`client_config`](crate::client_config)). Before it
-    ///   returns, it checks that at least one named node accepts a TCP connection (each probe
-    ///   bounded by one second): a URL that names no reachable node is [`Error::Unreachable`],
-    ///   not a client that waits for ever.
+    ///   [`client_config`](crate::client_config)). Before it returns, it checks that at least
+    ///   one named node accepts a TCP connection: a URL that names no reachable node is
+    ///   [`Error::Unreachable`], not a client that waits for ever. The probe blocks the calling
+    ///   thread, at most one second per seed address (a refused connection fails at once):
+    ///   call `connect` at start-up, not on a request path.
     pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
         let fred_config = client_config(url).map_err(Error::Config)?;
         if let ServerConfig::Clustered { hosts, .. } = &fred_config.server
