@@ -7,7 +7,8 @@
 #   lint       cargo fmt --check, clippy -D warnings
 #   docs       rustdoc with -D warnings
 #   test       scripts/test.sh (the README's test command: starts servers, cargo test)
-#   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, on MariaDB/MySQL,
+#   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, on PostgreSQL with
+#              the Redis Cluster, on MariaDB/MySQL,
 #              then on SQLite, the facade's SQLite example over HTTP,
 #              then schemathesis against its OpenAPI document
 #   hack       cargo hack check --each-feature --no-dev-deps
@@ -42,6 +43,8 @@ tests() {
 scenarios() {
   step "demo scenarios on PostgreSQL + Redis + NATS"
   bash scripts/demo-scenarios.sh postgres
+  step "demo scenarios on PostgreSQL + the Redis Cluster + NATS"
+  bash scripts/demo-scenarios.sh postgres-cluster
   step "demo scenarios on MariaDB / MySQL + Redis + NATS"
   bash scripts/demo-scenarios.sh mysql
   step "demo scenarios on the embedded default (SQLite, no DATABASE_URL)"
@@ -105,7 +108,9 @@ coverage() {
 
 testcontainers() {
   step "tests on containers started by the test helpers (no URLs set)"
-  env -u DATABASE_URL -u REDIS_URL \
+  # A Redis Cluster has no container here: the cluster tests use the one services.sh starts.
+  bash scripts/services.sh redis-cluster start
+  env -u DATABASE_URL -u REDIS_URL -u REDIS_CLUSTER_URL \
     cargo test --features idempotency-testing/testcontainers -p idempotency-pg -p idempotency-cache-redis
 }
 

@@ -2,6 +2,7 @@
 # Starts the demo and runs demo/scenarios.sh against it, then stops it.
 #
 #   scripts/demo-scenarios.sh postgres   # PostgreSQL + Redis + NATS (DATABASE_URL, REDIS_URL, NATS_URL)
+#   scripts/demo-scenarios.sh postgres-cluster  # the same with the Redis Cluster as L2 (REDIS_CLUSTER_URL)
 #   scripts/demo-scenarios.sh mysql      # MariaDB / MySQL (MYSQL_URL) + Redis + NATS
 #   scripts/demo-scenarios.sh sqlite     # nothing installed: SQLite file, moka, logging publisher
 #
@@ -24,14 +25,15 @@ cleanup() {
 trap cleanup EXIT
 
 case "$mode" in
-  postgres)
+  postgres | postgres-cluster)
     source scripts/services.sh
     ensure_services
+    [ "$mode" = postgres-cluster ] && REDIS_URL="$REDIS_CLUSTER_URL"
     admin="${DATABASE_URL%/*}/postgres"
     psql "$admin" -qc "DROP DATABASE IF EXISTS idempotency_demo_scenarios WITH (FORCE)"
     psql "$admin" -qc "CREATE DATABASE idempotency_demo_scenarios"
     env DATABASE_URL="${DATABASE_URL%/*}/idempotency_demo_scenarios" SERVER__PORT="$port" \
-      DEMO_CONFIG="$PWD/demo/config/demo.yaml" "$binary" >"$log" 2>&1 &
+      REDIS_URL="$REDIS_URL" DEMO_CONFIG="$PWD/demo/config/demo.yaml" "$binary" >"$log" 2>&1 &
     ;;
   mysql)
     source scripts/services.sh
@@ -51,7 +53,7 @@ case "$mode" in
     (cd "$workdir" && exec env -u DATABASE_URL -u MYSQL_URL -u REDIS_URL -u NATS_URL SERVER__PORT="$port" \
       DEMO_CONFIG="$root/demo/config/demo.yaml" "$binary" >"$log" 2>&1) &
     ;;
-  *) echo "usage: $0 postgres|mysql|sqlite" >&2; exit 2 ;;
+  *) echo "usage: $0 postgres|postgres-cluster|mysql|sqlite" >&2; exit 2 ;;
 esac
 demo_pid=$!
 

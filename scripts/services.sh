@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests talk to are installed, running and answering:
-# PostgreSQL, Redis, NATS (JetStream), RabbitMQ and MariaDB on 127.0.0.1. Source it, then call
-# `ensure_services`; it exports DATABASE_URL, REDIS_URL, NATS_URL, AMQP_URL and MYSQL_URL
-# (keeping any value already set, in which case that server is not started here, only waited
-# for).
+# PostgreSQL, Redis, a six-node Redis Cluster, NATS (JetStream), RabbitMQ and MariaDB on
+# 127.0.0.1. Source it, then call `ensure_services`; it exports DATABASE_URL, REDIS_URL,
+# REDIS_CLUSTER_URL, NATS_URL, AMQP_URL and MYSQL_URL (keeping any value already set, in which
+# case that server is not started here, only waited for).
+#
+# Run directly, it starts or stops the Redis Cluster alone:
+#
+#   scripts/services.sh redis-cluster start [BASE_PORT [DIR]]   # default 7000 /var/tmp/idempotency-redis-cluster
+#   scripts/services.sh redis-cluster stop  [BASE_PORT]
+#   scripts/services.sh redis-cluster status [BASE_PORT]
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -75,6 +81,123 @@ ensure_redis() {
   wait_for Redis 127.0.0.1 6379 30
 }
 
+# ---------------------------------------------------------------- Redis Cluster
+# Six redis-server processes (three masters, three replicas) on BASE_PORT .. BASE_PORT+5 (their
+# cluster bus on port + 10000), no persistence, data and logs under DIR/<port>. A short
+# cluster-node-timeout (REDIS_CLUSTER_NODE_TIMEOUT, default 2000 ms) so that a replica takes
+# over from a dead master within a few seconds.
+REDIS_CLUSTER_BASE_PORT="${REDIS_CLUSTER_BASE_PORT:-7000}"
+REDIS_CLUSTER_DIR="${REDIS_CLUSTER_DIR:-/var/tmp/idempotency-redis-cluster}"
+
+redis_cluster_ports() { local base=$1; seq "$base" $((base + 5)); }
+
+# redis_cluster_url BASE_PORT: the URL the library reads (every node, comma-separated).
+redis_cluster_url() {
+  local base=$1 port nodes=()
+  for port in $(redis_cluster_ports "$base"); do nodes+=("127.0.0.1:$port"); done
+  local IFS=,
+  echo "redis-cluster://${nodes[*]}"
+}
+
+redis_cluster_state() { # PORT: ok, fail, or nothing when the node does not answer
+  redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | tr -d '\r' | sed -n 's/^cluster_state://p'
+}
+
+# redis_cluster_ok BASE_PORT: every node answers and says cluster_state:ok, and the cluster has
+# three masters with a replica each, in sync, and no failed node.
+redis_cluster_ok() {
+  local base=$1 port nodes
+  for port in $(redis_cluster_ports "$base"); do
+    [ "$(redis_cluster_state "$port")" = ok ] || return 1
+  done
+  nodes=$(redis-cli -h 127.0.0.1 -p "$base" cluster nodes 2>/dev/null) || return 1
+  [ "$(awk '$3 ~ /master/' <<<"$nodes" | wc -l)" = 3 ] && [ "$(awk '$3 ~ /slave/' <<<"$nodes" | wc -l)" = 3 ] &&
+    [ -z "$(awk '$3 ~ /fail/' <<<"$nodes")" ] || return 1
+  # A replica that never synced with its master cannot take over from it.
+  for port in $(awk '$3 ~ /slave/ { split($2, a, "[:@]"); print a[2] }' <<<"$nodes"); do
+    redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' || return 1
+  done
+}
+
+redis_cluster_stop() { # BASE_PORT
+  local base=${1:-$REDIS_CLUSTER_BASE_PORT} port
+  for port in $(redis_cluster_ports "$base"); do
+    if redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1; then
+      redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    fi
+  done
+  for port in $(redis_cluster_ports "$base"); do
+    for _ in $(seq 1 50); do port_open 127.0.0.1 "$port" || break; sleep 0.1; done
+  done
+  log "Redis Cluster on $base-$((base + 5)) stopped"
+}
+
+# redis_cluster_node_start PORT DIR: one node, daemonized, its files in DIR/PORT (pid in
+# redis.pid). Started again on the same DIR, it rejoins its cluster (nodes.conf).
+redis_cluster_node_start() {
+  local port=$1 dir=$2
+  mkdir -p "$dir/$port"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" \
+    --cluster-enabled yes --cluster-config-file "$dir/$port/nodes.conf" \
+    --cluster-node-timeout "${REDIS_CLUSTER_NODE_TIMEOUT:-2000}" \
+    --save "" --appendonly no --dir "$dir/$port" --logfile "$dir/$port/redis.log" \
+    --pidfile "$dir/$port/redis.pid"
+}
+
+# redis_cluster_start BASE_PORT DIR: reuses a cluster that already answers with
+# cluster_state:ok; otherwise stops whatever of ours is left, wipes DIR and creates a new one.
+redis_cluster_start() {
+  local base=${1:-$REDIS_CLUSTER_BASE_PORT} dir=${2:-$REDIS_CLUSTER_DIR} port hosts=()
+  command -v redis-server >/dev/null || apt_install redis-server
+  command -v redis-cli >/dev/null || apt_install redis-tools
+  if redis_cluster_ok "$base"; then
+    log "Redis Cluster on $base-$((base + 5)) already up (cluster_state:ok)"
+    return 0
+  fi
+  redis_cluster_stop "$base" 2>/dev/null
+  for port in $(redis_cluster_ports "$base"); do
+    if port_open 127.0.0.1 "$port" || port_open 127.0.0.1 $((port + 10000)); then
+      log "port $port or $((port + 10000)) is taken by something else; set REDIS_CLUSTER_BASE_PORT"
+      return 1
+    fi
+  done
+  log "starting a Redis Cluster on $base-$((base + 5)) ($dir)"
+  rm -rf "$dir"
+  for port in $(redis_cluster_ports "$base"); do
+    redis_cluster_node_start "$port" "$dir"
+    hosts+=("127.0.0.1:$port")
+  done
+  for port in $(redis_cluster_ports "$base"); do
+    for _ in $(seq 1 100); do redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+  redis-cli --cluster create "${hosts[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 || {
+    cat "$dir/create.log" >&2
+    return 1
+  }
+  local i
+  for ((i = 0; i < 240; i++)); do
+    redis_cluster_ok "$base" && break
+    sleep 0.25
+  done
+  if ! redis_cluster_ok "$base"; then
+    log "the Redis Cluster on $base-$((base + 5)) did not reach cluster_state:ok within 60s"
+    return 1
+  fi
+  log "Redis Cluster on $base-$((base + 5)) is up (cluster_state:ok)"
+}
+
+ensure_redis_cluster() {
+  if [ -n "${REDIS_CLUSTER_URL:-}" ]; then
+    local first=${REDIS_CLUSTER_URL#*://}
+    first=${first%%,*}
+    given "Redis Cluster" "redis://$first" 7000 30
+    return
+  fi
+  redis_cluster_start "$REDIS_CLUSTER_BASE_PORT" "$REDIS_CLUSTER_DIR"
+  REDIS_CLUSTER_URL="$(redis_cluster_url "$REDIS_CLUSTER_BASE_PORT")"
+  export REDIS_CLUSTER_URL
+}
+
 ensure_nats() {
   if [ -n "${NATS_URL:-}" ]; then given NATS "$NATS_URL" 4222 30; return; fi
   export NATS_URL="nats://127.0.0.1:4222"
@@ -126,8 +249,20 @@ ensure_mysql() {
 ensure_services() {
   ensure_postgres
   ensure_redis
+  ensure_redis_cluster
   ensure_nats
   ensure_rabbitmq
   ensure_mysql
-  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL"
+  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URL=$REDIS_CLUSTER_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL"
 }
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-} ${2:-}" in
+    "redis-cluster start") redis_cluster_start "${3:-$REDIS_CLUSTER_BASE_PORT}" "${4:-$REDIS_CLUSTER_DIR}"
+      echo "REDIS_CLUSTER_URL=$(redis_cluster_url "${3:-$REDIS_CLUSTER_BASE_PORT}")" ;;
+    "redis-cluster stop") redis_cluster_stop "${3:-$REDIS_CLUSTER_BASE_PORT}" ;;
+    "redis-cluster status")
+      if redis_cluster_ok "${3:-$REDIS_CLUSTER_BASE_PORT}"; then echo ok; else echo "not ok"; exit 1; fi ;;
+    *) echo "usage: $0 redis-cluster start|stop|status [BASE_PORT [DIR]]" >&2; exit 2 ;;
+  esac
+fi

@@ -10,7 +10,7 @@ use crate::config::DistributedCacheConfig;
 use fred::clients::Client;
 use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
-use fred::prelude::{Builder, Config, Expiration, ReconnectPolicy};
+use fred::prelude::Expiration;
 use idempotency_core::{
     BoxError, CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId,
 };
@@ -26,6 +26,12 @@ pub enum Error {
     /// The Redis URL or client configuration is invalid.
     #[error("invalid Redis configuration")]
     Config(#[source] fred::error::Error),
+    /// No node of a Redis Cluster URL accepted a connection at start-up.
+    #[error("no node of the Redis Cluster {url} accepts a connection")]
+    Unreachable {
+        /// The URL, its password replaced by `***`.
+        url: String,
+    },
 }
 
 /// Counts of what went wrong, for the application to read.
@@ -75,23 +81,6 @@ pub struct RedisCache<C = Client> {
     policy: FailurePolicy,
     breaker: Arc<Breaker>,
     counters: Arc<Counters>,
-}
-
-impl RedisCache<Client> {
-    /// Builds a client for `url` and starts connecting in the background, reconnecting forever
-    /// with a short constant delay. It returns at once: a Redis that is down at startup does not
-    /// stop the application (requests see a miss, or an error under `fail-fast`).
-    pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
-        let client = Builder::from_config(Config::from_url(url).map_err(Error::Config)?)
-            .with_connection_config(|c| {
-                c.connection_timeout = Duration::from_secs(2);
-            })
-            .set_policy(ReconnectPolicy::new_constant(0, 500))
-            .build()
-            .map_err(Error::Config)?;
-        let _connection = client.connect();
-        Ok(Self::new(client, config))
-    }
 }
 
 impl<C> RedisCache<C>

@@ -8,6 +8,9 @@ use idempotency_core::RecordId;
 /// key, even when their parts contain `:` (plain `operation:key` concatenation collides, e.g.
 /// `("a:b", "", "c")` and `("a", "b:", "c")`).
 ///
+/// One record is one key, and every command of the cache touches one key: on a Redis Cluster no
+/// command spans two slots, so the key carries no hash tag and records spread over every master.
+///
 /// ```
 /// use idempotency_core::{IdempotencyKey, Operation, RecordId, Scope};
 /// let id = RecordId::new(Operation::new("CREATE_PAYMENT")?, Scope::default(), IdempotencyKey::new("demo-1")?);

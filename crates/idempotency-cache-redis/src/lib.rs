@@ -5,12 +5,15 @@ mod breaker;
 mod cache;
 mod codec;
 mod config;
+mod connect;
 mod key;
+mod url;
 
 pub use breaker::BreakerState;
 pub use cache::{Error, RedisCache, RedisCacheStats, is_connected};
 pub use config::{CircuitBreakerConfig, DistributedCacheConfig};
 pub use key::redis_key;
+pub use url::client_config;
 
 /// The fred version this crate is built on.
 pub use fred;

@@ -16,12 +16,11 @@ use idempotency_core::{
 use idempotency_pg::PgStore;
 use serde_json::value::RawValue;
 
-use support::{id, in_redis, moka, pay, redis, store, wipe_store};
+use support::{Target, id, in_redis, moka, on_both, pay, redis, store, wipe_store};
 
-#[tokio::test]
-async fn a_rejection_with_null_details_replays_from_redis_with_null_details() {
+async fn a_rejection_with_null_details_replays_from_redis_with_null_details(target: Target) {
     let (pool, store) = store().await;
-    let l2 = redis(Default::default()).await;
+    let l2 = redis(target, Default::default()).await;
     let first = IdempotencyService::builder(store.clone())
         .distributed_cache(l2.clone())
         .build();
@@ -76,10 +75,9 @@ fn replayed_text(outcome: &Outcome<Box<RawValue>>) -> &str {
 /// The caches alone, whatever the store does to a payload: the record the first answer stores
 /// (its value serialized as the service does) goes into Redis, and replays from Redis, then from
 /// moka, give back the same bytes.
-#[tokio::test]
-async fn a_success_value_replays_byte_identical_from_redis_and_moka() {
+async fn a_success_value_replays_byte_identical_from_redis_and_moka(target: Target) {
     let (_pool, store) = store().await;
-    let l2 = redis(Default::default()).await;
+    let l2 = redis(target, Default::default()).await;
     let first_answer = JsonSerializer.serialize(&awkward()).unwrap();
     assert_eq!(first_answer, AWKWARD);
     let request = serde_json::to_value(1).unwrap();
@@ -113,10 +111,9 @@ async fn a_success_value_replays_byte_identical_from_redis_and_moka() {
 
 /// The whole path: executed once (stored in PostgreSQL, then written to both caches), replayed
 /// by another instance from Redis, then from its moka, then from the store alone.
-#[tokio::test]
-async fn a_success_value_replays_byte_identical_through_every_tier() {
+async fn a_success_value_replays_byte_identical_through_every_tier(target: Target) {
     let (_pool, store) = store().await;
-    let l2 = redis(Default::default()).await;
+    let l2 = redis(target, Default::default()).await;
     let first = IdempotencyService::builder(store.clone())
         .local_cache(moka())
         .distributed_cache(l2.clone())
@@ -154,13 +151,15 @@ async fn a_success_value_replays_byte_identical_through_every_tier() {
     assert_eq!(replayed_text(&from_store), first_answer);
 }
 
-#[tokio::test]
-async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss() {
+async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss(target: Target) {
     let (_pool, store) = store().await;
-    let l2 = redis(DistributedCacheConfig {
-        failure_policy: idempotency_core::FailurePolicy::FailFast,
-        ..Default::default()
-    })
+    let l2 = redis(
+        target,
+        DistributedCacheConfig {
+            failure_policy: idempotency_core::FailurePolicy::FailFast,
+            ..Default::default()
+        },
+    )
     .await;
     let service = IdempotencyService::new(store.clone());
     pay(&service, "corrupt", 7).await;
@@ -194,18 +193,22 @@ async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss() {
 /// fail-fast L2 whose breaker opens on the first failure: the entry must read as a corrupt miss
 /// (the database answers), be counted, be replaced, and leave the breaker closed.
 async fn a_foreign_value_is_a_corrupt_miss<F: Future<Output = ()>>(
+    target: Target,
     key: &str,
     plant: impl FnOnce(RedisCache, String) -> F,
 ) {
     let (_pool, store) = store().await;
-    let l2 = redis(DistributedCacheConfig {
-        failure_policy: idempotency_core::FailurePolicy::FailFast,
-        circuit_breaker: CircuitBreakerConfig {
-            failure_threshold: 1,
+    let l2 = redis(
+        target,
+        DistributedCacheConfig {
+            failure_policy: idempotency_core::FailurePolicy::FailFast,
+            circuit_breaker: CircuitBreakerConfig {
+                failure_threshold: 1,
+                ..Default::default()
+            },
             ..Default::default()
         },
-        ..Default::default()
-    })
+    )
     .await;
     pay(&IdempotencyService::new(store.clone()), key, 7).await;
     plant(l2.clone(), l2.key_for(&id("PAY", "", key))).await;
@@ -234,9 +237,8 @@ async fn a_foreign_value_is_a_corrupt_miss<F: Future<Output = ()>>(
     );
 }
 
-#[tokio::test]
-async fn a_value_that_is_not_utf8_is_a_corrupt_miss_not_a_backend_error() {
-    a_foreign_value_is_a_corrupt_miss("bytes", async |l2, key| {
+async fn a_value_that_is_not_utf8_is_a_corrupt_miss_not_a_backend_error(target: Target) {
+    a_foreign_value_is_a_corrupt_miss(target, "bytes", async |l2, key| {
         let bytes: &[u8] = b"v1:\xff\xfe{";
         let _: () = l2
             .client()
@@ -247,25 +249,22 @@ async fn a_value_that_is_not_utf8_is_a_corrupt_miss_not_a_backend_error() {
     .await;
 }
 
-#[tokio::test]
-async fn a_key_holding_a_list_is_a_corrupt_miss_not_a_backend_error() {
-    a_foreign_value_is_a_corrupt_miss("list", async |l2, key| {
+async fn a_key_holding_a_list_is_a_corrupt_miss_not_a_backend_error(target: Target) {
+    a_foreign_value_is_a_corrupt_miss(target, "list", async |l2, key| {
         let _: i64 = l2.client().rpush(key.as_str(), "v1:{}").await.unwrap();
     })
     .await;
 }
 
-#[tokio::test]
-async fn a_key_holding_a_hash_is_a_corrupt_miss_not_a_backend_error() {
-    a_foreign_value_is_a_corrupt_miss("hash", async |l2, key| {
+async fn a_key_holding_a_hash_is_a_corrupt_miss_not_a_backend_error(target: Target) {
+    a_foreign_value_is_a_corrupt_miss(target, "hash", async |l2, key| {
         let _: i64 = l2.client().hset(key.as_str(), ("f", "v")).await.unwrap();
     })
     .await;
 }
 
-#[tokio::test]
-async fn another_format_version_is_a_miss_not_an_error() {
-    let l2 = redis(Default::default()).await;
+async fn another_format_version_is_a_miss_not_an_error(target: Target) {
+    let l2 = redis(target, Default::default()).await;
     let other = id("PAY", "", "v9");
     let key = l2.key_for(&other);
     let _: () = l2
@@ -280,3 +279,14 @@ async fn another_format_version_is_a_miss_not_an_error() {
     );
     assert_eq!(l2.stats().corrupt, 0);
 }
+
+on_both!(
+    a_rejection_with_null_details_replays_from_redis_with_null_details,
+    a_success_value_replays_byte_identical_from_redis_and_moka,
+    a_success_value_replays_byte_identical_through_every_tier,
+    a_corrupt_entry_is_deleted_counted_and_read_as_a_miss,
+    a_value_that_is_not_utf8_is_a_corrupt_miss_not_a_backend_error,
+    a_key_holding_a_list_is_a_corrupt_miss_not_a_backend_error,
+    a_key_holding_a_hash_is_a_corrupt_miss_not_a_backend_error,
+    another_format_version_is_a_miss_not_an_error,
+);

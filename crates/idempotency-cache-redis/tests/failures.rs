@@ -251,3 +251,32 @@ async fn a_cancelled_trial_call_does_not_keep_the_breaker_half_open() {
             .is_executed()
     );
 }
+
+/// A cluster URL whose nodes all refuse connections is a start-up error naming the URL, at once,
+/// not a client that waits for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_url_that_names_no_reachable_node_is_a_startup_error() {
+    let first = dead_url().await.replace("redis://", "");
+    let second = dead_url().await.replace("redis://", "");
+    let url = format!("redis-cluster://user:secret@{first},{second}");
+    let started = Instant::now();
+    let error = RedisCache::connect(&url, &config(FailurePolicy::FailOpen)).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let message = error.to_string();
+    assert!(
+        matches!(error, idempotency_cache_redis::Error::Unreachable { .. }),
+        "{error:?}"
+    );
+    assert!(
+        message.contains(&first) && message.contains(&second),
+        "{message}"
+    );
+    assert!(
+        !message.contains("secret"),
+        "the password leaked: {message}"
+    );
+}

@@ -14,12 +14,11 @@ use idempotency_core::{
     IdempotencyService, Level, LocalCache, Origin, Outcome, Scope, StoredOutcome,
 };
 
-use support::{id, in_redis, moka, pay, redis, store, wipe_store};
+use support::{Target, id, in_redis, moka, on_both, pay, redis, store, wipe_store};
 
-#[tokio::test]
-async fn a_fresh_outcome_fills_both_caches_after_commit_and_not_before() {
+async fn a_fresh_outcome_fills_both_caches_after_commit_and_not_before(target: Target) {
     let (_pool, store) = store().await;
-    let (l1, l2) = (moka(), redis(Default::default()).await);
+    let (l1, l2) = (moka(), redis(target, Default::default()).await);
     let service = IdempotencyService::builder(store)
         .local_cache(l1.clone())
         .distributed_cache(l2.clone())
@@ -63,10 +62,9 @@ async fn a_fresh_outcome_fills_both_caches_after_commit_and_not_before() {
     assert!(l1.get(&record).is_some());
 }
 
-#[tokio::test]
-async fn a_redis_hit_fills_moka_without_touching_the_store() {
+async fn a_redis_hit_fills_moka_without_touching_the_store(target: Target) {
     let (pool, store) = store().await;
-    let l2 = redis(Default::default()).await;
+    let l2 = redis(target, Default::default()).await;
     let first = IdempotencyService::builder(store.clone())
         .local_cache(moka())
         .distributed_cache(l2.clone())
@@ -100,13 +98,12 @@ async fn a_redis_hit_fills_moka_without_touching_the_store() {
     );
 }
 
-#[tokio::test]
-async fn a_store_hit_fills_both_caches() {
+async fn a_store_hit_fills_both_caches(target: Target) {
     let (_pool, store) = store().await;
     let no_cache = IdempotencyService::new(store.clone());
     assert!(pay(&no_cache, "stored", 20).await.is_executed());
 
-    let (l1, l2) = (moka(), redis(Default::default()).await);
+    let (l1, l2) = (moka(), redis(target, Default::default()).await);
     let cached = IdempotencyService::builder(store)
         .local_cache(l1.clone())
         .distributed_cache(l2.clone())
@@ -122,10 +119,9 @@ async fn a_store_hit_fills_both_caches() {
     assert!(in_redis(&l2, &record).await.is_some());
 }
 
-#[tokio::test]
-async fn an_l1_hit_skips_l2_and_the_store() {
+async fn an_l1_hit_skips_l2_and_the_store(target: Target) {
     let (pool, store) = store().await;
-    let (l1, l2) = (moka(), redis(Default::default()).await);
+    let (l1, l2) = (moka(), redis(target, Default::default()).await);
     let service = IdempotencyService::builder(store)
         .local_cache(l1)
         .distributed_cache(l2.clone())
@@ -141,10 +137,9 @@ async fn an_l1_hit_skips_l2_and_the_store() {
     assert_eq!(replay.origin(), Origin::Replayed { from: Level::Local });
 }
 
-#[tokio::test]
-async fn rejected_outcomes_round_trip_through_redis() {
+async fn rejected_outcomes_round_trip_through_redis(target: Target) {
     let (pool, store) = store().await;
-    let l2 = redis(Default::default()).await;
+    let l2 = redis(target, Default::default()).await;
     let first = IdempotencyService::builder(store.clone())
         .distributed_cache(l2.clone())
         .build();
@@ -165,13 +160,15 @@ async fn rejected_outcomes_round_trip_through_redis() {
     assert_eq!(replay.result(), rejected.result());
 }
 
-#[tokio::test]
-async fn the_ttl_is_set_in_redis_and_never_exceeds_the_record() {
+async fn the_ttl_is_set_in_redis_and_never_exceeds_the_record(target: Target) {
     let (_pool, store) = store().await;
-    let l2 = redis(DistributedCacheConfig {
-        ttl: Duration::from_secs(3600),
-        ..Default::default()
-    })
+    let l2 = redis(
+        target,
+        DistributedCacheConfig {
+            ttl: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    )
     .await;
     let service = IdempotencyService::builder(store)
         .distributed_cache(l2.clone())
@@ -213,18 +210,16 @@ fn record(outcome: Option<StoredOutcome>) -> IdempotencyRecord {
     }
 }
 
-#[tokio::test]
-async fn a_processing_record_is_never_cached() {
-    let l2 = redis(Default::default()).await;
+async fn a_processing_record_is_never_cached(target: Target) {
+    let l2 = redis(target, Default::default()).await;
     let processing = id("PAY", "", "processing");
     l2.put(&processing, &record(None)).await.unwrap();
     assert!(in_redis(&l2, &processing).await.is_none());
 }
 
-#[tokio::test]
-async fn colliding_triples_get_their_own_entries() {
+async fn colliding_triples_get_their_own_entries(target: Target) {
     let (pool, store) = store().await;
-    let l2 = redis(Default::default()).await;
+    let l2 = redis(target, Default::default()).await;
     let service = IdempotencyService::builder(store.clone())
         .distributed_cache(l2.clone())
         .build();
@@ -266,12 +261,11 @@ async fn colliding_triples_get_their_own_entries() {
 }
 
 /// The cache takes the fred client the application already has: here a connection pool.
-#[tokio::test]
-async fn a_fred_pool_works_as_well_as_a_client() {
-    use idempotency_cache_redis::fred::prelude::{Builder, Config};
+async fn a_fred_pool_works_as_well_as_a_client(target: Target) {
+    use idempotency_cache_redis::fred::prelude::Builder;
     let (db, store) = store().await;
     let fred_pool =
-        Builder::from_config(Config::from_url(&idempotency_testing::redis_url()).unwrap())
+        Builder::from_config(idempotency_cache_redis::client_config(&target.url()).unwrap())
             .build_pool(2)
             .unwrap();
     fred_pool.init().await.unwrap();
@@ -296,3 +290,15 @@ async fn a_fred_pool_works_as_well_as_a_client() {
         }
     );
 }
+
+on_both!(
+    a_fresh_outcome_fills_both_caches_after_commit_and_not_before,
+    a_redis_hit_fills_moka_without_touching_the_store,
+    a_store_hit_fills_both_caches,
+    an_l1_hit_skips_l2_and_the_store,
+    rejected_outcomes_round_trip_through_redis,
+    the_ttl_is_set_in_redis_and_never_exceeds_the_record,
+    a_processing_record_is_never_cached,
+    colliding_triples_get_their_own_entries,
+    a_fred_pool_works_as_well_as_a_client,
+);

@@ -16,20 +16,65 @@ use idempotency_core::{
 use idempotency_pg::PgStore;
 use sqlx::PgPool;
 
-pub(crate) async fn redis(config: DistributedCacheConfig) -> RedisCache {
+/// The Redis deployment a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// One Redis server: `REDIS_URL`.
+    Standalone,
+    /// The shared six-node Redis Cluster: `REDIS_CLUSTER_URL`.
+    Cluster,
+}
+
+impl Target {
+    pub(crate) fn url(self) -> String {
+        match self {
+            Self::Standalone => idempotency_testing::redis_url(),
+            Self::Cluster => cluster::shared_cluster_url(),
+        }
+    }
+}
+
+/// Runs every listed `async fn name(target: Target)` twice: as `standalone::name` on Redis and
+/// as `cluster::name` on the Redis Cluster.
+#[allow(unused_macros)] // not every test file runs on both
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod standalone {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(crate::support::Target::Standalone).await;
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(crate::support::Target::Cluster).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)] // not every test file runs on both
+pub(crate) use on_both;
+
+/// A cache on `target` with a prefix of its own and a generous timeout.
+pub(crate) async fn redis(target: Target, config: DistributedCacheConfig) -> RedisCache {
     let config = DistributedCacheConfig {
         key_prefix: format!("{}:", idempotency_testing::unique_name("it")),
         timeout: Duration::from_secs(2),
         ..config
     };
-    let cache = RedisCache::connect(&idempotency_testing::redis_url(), &config).unwrap();
+    let url = target.url();
+    let cache = RedisCache::connect(&url, &config).unwrap_or_else(|e| {
+        panic!("{target:?} Redis at {url}: {e}; start it (scripts/services.sh) or set REDIS_URL / REDIS_CLUSTER_URL")
+    });
     tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
         .await
         .unwrap_or_else(|_| {
-            panic!(
-                "Redis at {} did not answer; start it or set REDIS_URL",
-                idempotency_testing::redis_url()
-            )
+            panic!("{target:?} Redis at {url} did not answer; start it (scripts/services.sh) or set REDIS_URL / REDIS_CLUSTER_URL")
         })
         .unwrap();
     cache
@@ -96,3 +141,5 @@ pub(crate) async fn wipe_store(pool: &PgPool) {
         .await
         .unwrap();
 }
+
+pub(crate) mod cluster;

@@ -1,0 +1,165 @@
+//! A master of a Redis Cluster dies (SIGKILL) while requests read the cache: once its replica
+//! has taken over, L2 serves again and the circuit breaker closes, by itself.
+//!
+//! The test owns its six-node cluster (its own ports, see `support::cluster`): it kills a node,
+//! which no test sharing the cluster of `scripts/services.sh` could stand.
+
+#![allow(clippy::unwrap_used, clippy::print_stderr)] // tests fail loudly; the figures go to stderr
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use idempotency_cache_redis::fred::prelude::ClientLike;
+use idempotency_cache_redis::{BreakerState, RedisCache, is_connected};
+use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig};
+use idempotency_core::{
+    DistributedCache, FailurePolicy, Fingerprint, IdempotencyRecord, RecordId, StoredOutcome,
+};
+
+use support::cluster::OwnCluster;
+use support::id;
+
+const COOL_DOWN: Duration = Duration::from_secs(1);
+/// After `cluster_state:ok` is back, L2 must serve again within this (a few cool-downs).
+const RECOVERY: Duration = Duration::from_secs(10);
+
+fn record(n: usize) -> IdempotencyRecord {
+    IdempotencyRecord {
+        fingerprint: Fingerprint::new("f".repeat(64)),
+        outcome: Some(StoredOutcome::Completed {
+            payload: format!("{{\"n\":{n}}}"),
+        }),
+        created_at: SystemTime::now(),
+        completed_at: None,
+        expires_at: None,
+    }
+}
+
+/// Whether every record reads back from L2.
+async fn all_served(cache: &RedisCache, ids: &[RecordId]) -> Result<(), String> {
+    for (n, id) in ids.iter().enumerate() {
+        match cache.get(id).await {
+            Ok(Some(found)) if found == record(n) || found.outcome == record(n).outcome => {}
+            other => return Err(format!("record {n}: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// The seeds the client is given.
+#[derive(Debug, Clone, Copy)]
+enum Seeds {
+    /// Every node of the cluster.
+    All,
+    /// Only the master that will die, as in `REDIS_URL=redis-cluster://127.0.0.1:7000`.
+    TheVictim,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_master_fails_over_l2_serves_again_and_the_breaker_closes() {
+    failover(Seeds::All).await;
+}
+
+/// The seed named in the URL is the master that dies: the client must find the cluster through
+/// the nodes it learned, not only through the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_the_seed_master_fails_over_l2_serves_again_and_the_breaker_closes() {
+    failover(Seeds::TheVictim).await;
+}
+
+async fn failover(seeds: Seeds) {
+    let mut cluster = OwnCluster::start("failover").await;
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("failover")),
+        failure_policy: FailurePolicy::FailOpen,
+        timeout: Duration::from_millis(50),
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: 5,
+            cool_down: COOL_DOWN,
+        },
+        ..Default::default()
+    };
+    let mut masters = cluster.masters();
+    masters.sort_unstable();
+    let victim = masters[0];
+    let url = match seeds {
+        Seeds::All => cluster.url(),
+        Seeds::TheVictim => format!("redis-cluster://127.0.0.1:{victim}"),
+    };
+    let cache = RedisCache::connect(&url, &config).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
+        .await
+        .expect("no connection to the cluster")
+        .unwrap();
+    let ids: Vec<RecordId> = (0..30).map(|n| id("PAY", "", &format!("k{n}"))).collect();
+    for (n, id) in ids.iter().enumerate() {
+        cache.put(id, &record(n)).await.unwrap();
+    }
+    all_served(&cache, &ids).await.unwrap();
+    let mut owners: Vec<u16> = ids
+        .iter()
+        .map(|id| cluster.master_of(&cache.key_for(id)))
+        .collect();
+    owners.sort_unstable();
+    owners.dedup();
+    assert_eq!(owners.len(), 3, "the records spread over the three masters");
+
+    // Requests keep reading L2 while the master dies and its replica takes over.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (cache, ids, stop) = (cache.clone(), ids.clone(), stop.clone());
+        async move {
+            let mut slowest = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                for id in &ids {
+                    let started = Instant::now();
+                    let _ = cache.get(id).await;
+                    slowest = slowest.max(started.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            slowest
+        }
+    });
+    cluster.kill(victim);
+    cluster.wait("a node sees the failure", |c| !c.ok()).await;
+    let failover = cluster
+        .wait("the replica is promoted (cluster_state:ok)", OwnCluster::ok)
+        .await;
+    eprintln!("{seeds:?}: master {victim} killed; cluster_state:ok again after {failover:?}");
+
+    let back = Instant::now();
+    let mut last = all_served(&cache, &ids).await;
+    while (last.is_err() || cache.breaker_state() != (BreakerState::Closed { failures: 0 }))
+        && back.elapsed() < RECOVERY
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        last = all_served(&cache, &ids).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let slowest = load.await.unwrap();
+    assert!(
+        last.is_ok(),
+        "L2 does not serve {RECOVERY:?} after the failover: {last:?}; breaker {:?}, stats {:?}, connected {}",
+        cache.breaker_state(),
+        cache.stats(),
+        is_connected(cache.client()),
+    );
+    assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
+    assert!(
+        is_connected(cache.client()),
+        "the client reports no connection"
+    );
+    eprintln!(
+        "{seeds:?}: L2 served again {:?} after cluster_state:ok; slowest call under load {slowest:?}; stats {:?}",
+        back.elapsed(),
+        cache.stats()
+    );
+    assert!(
+        slowest < config.timeout + Duration::from_millis(100),
+        "a call took {slowest:?}"
+    );
+}
