@@ -58,6 +58,7 @@ impl idempotency_outbox::Publisher for NoPublisher {
 /// outbox publisher, the Prometheus handle for the `/metrics` route.
 ///
 /// ```no_run
+/// # #[cfg(all(feature = "postgres", feature = "outbox", feature = "metrics"))]
 /// # async fn demo(pool: sqlx::PgPool, publisher: idempotency::outbox::LoggingPublisher) -> Result<(), Box<dyn std::error::Error>> {
 /// use idempotency::{Builder, Settings};
 ///
@@ -81,6 +82,7 @@ pub struct Builder<'a, P = NoPublisher> {
 /// relay) with one [`shutdown`](Self::shutdown).
 ///
 /// ```no_run
+/// # #[cfg(feature = "sqlite")]
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use idempotency::{Idempotency, Settings};
 ///

@@ -144,15 +144,27 @@ impl OwnCluster {
             && self.masters().len() == 3
     }
 
-    /// [`ok`](Self::ok), and three replicas in sync with their masters (a replica that never
-    /// synced does not take over).
-    fn healthy(&self) -> bool {
-        let replicas: Vec<u16> = self
-            .nodes_lines()
+    /// The ports of the live replicas.
+    pub(crate) fn replicas(&self) -> Vec<u16> {
+        self.nodes_lines()
             .iter()
             .filter(|f| f[2].contains("slave"))
             .filter_map(|f| f[1].split(['@', ':']).nth(1)?.parse().ok())
-            .collect();
+            .collect()
+    }
+
+    /// How many keys the replicas hold together (each key has one replica).
+    pub(crate) fn replicated_keys(&self) -> u64 {
+        self.replicas()
+            .iter()
+            .filter_map(|&p| cli(p, &["dbsize"])?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// [`ok`](Self::ok), and three replicas in sync with their masters (a replica that never
+    /// synced does not take over).
+    fn healthy(&self) -> bool {
+        let replicas = self.replicas();
         self.ok()
             && replicas.len() == 3
             && replicas.iter().all(|&p| {
