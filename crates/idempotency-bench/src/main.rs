@@ -39,6 +39,19 @@ struct Args {
     /// through an axum router in process (first executions, then replays).
     #[arg(long)]
     only_layer: bool,
+    /// Only the relay scenarios on PostgreSQL: the drain to JetStream (1 and 2 workers, batch
+    /// 100) and the commit-to-ack latency under a steady producer.
+    #[arg(long)]
+    only_relay: bool,
+    /// Worker counts of the relay drain (each with batch 100).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2])]
+    drain_workers: Vec<usize>,
+    /// Events/s the steady producer of the commit-to-ack scenario commits.
+    #[arg(long, default_value_t = 2_000)]
+    latency_rate: u64,
+    /// Seconds the steady producer of the commit-to-ack scenario runs (0: skip it).
+    #[arg(long, default_value_t = 10)]
+    latency_seconds: u64,
     /// `postgres` (with Redis) or `mysql` (MySQL / MariaDB on `MYSQL_URL`).
     #[arg(long, default_value = "postgres")]
     backend: String,
@@ -115,6 +128,10 @@ async fn main() {
         layer_bench(&setup, &args).await;
         return;
     }
+    if args.only_relay {
+        relay_bench(&setup, &args).await;
+        return;
+    }
 
     let mut scenarios = idempotency::first_executions(&setup, n);
     scenarios.extend(outbox::enqueue(&setup, n).await);
@@ -189,17 +206,40 @@ async fn main() {
         &pg,
         ">= 20",
     );
+    relay_bench(&setup, &args).await;
+}
 
+/// The relay on PostgreSQL: the drain to JetStream, then commit-to-ack under a steady producer.
+async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
     println!();
     println!("| relay drain to JetStream (acks awaited, 1000 aggregates, ordered) | events/s |");
     println!("|---|---:|");
-    for (workers, batch) in [(1, 100), (2, 100)] {
-        let rate = outbox::relay_drain(&setup, args.drain_events, workers, batch).await;
+    for workers in args.drain_workers.iter().copied() {
+        let batch = 100;
+        let rate = outbox::relay_drain(setup, args.drain_events, workers, batch).await;
         println!(
             "| {workers} worker(s), batch {batch}, {} events | {rate:.0} |",
             args.drain_events
         );
     }
+    if args.latency_seconds == 0 {
+        return;
+    }
+    println!();
+    println!(
+        "| relay commit-to-ack (steady producer, ordered, NOTIFY, 2 workers, batch 100) | events | events/s | p50 | p99 | max |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let latency = outbox::commit_to_ack(args.latency_rate, args.latency_seconds).await;
+    println!(
+        "| commit-to-ack at {} events/s | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms |",
+        args.latency_rate,
+        latency.events,
+        latency.rate,
+        latency.p50.as_secs_f64() * 1e3,
+        latency.p99.as_secs_f64() * 1e3,
+        latency.max.as_secs_f64() * 1e3,
+    );
 }
 
 /// `IdempotencyLayer` against the explicit path, first executions and replays, as ratios.

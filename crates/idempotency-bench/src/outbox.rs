@@ -1,15 +1,19 @@
 //! Outbox scenarios: what enqueueing costs inside the business transaction, and how fast a relay
 //! drains the table to NATS JetStream with publish acks.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency_core::config::{SchemaConfig, SchemaMode};
 use idempotency_outbox::config::{Ordering, OutboxConfig, WakeUp};
 use idempotency_outbox::publisher::nats::NatsPublisher;
 use idempotency_outbox::store::{Housekeeping, RelayStore};
-use idempotency_outbox::{NewEvent, Relay};
+use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PublishError, Publisher, Relay};
 use idempotency_pg::PgOutbox;
 use sqlx::{self, AssertSqlSafe};
+use uuid::Uuid;
 
 use crate::harness::{Scenario, op};
 use crate::idempotency::{Setup, insert_payment};
@@ -145,10 +149,12 @@ pub(crate) fn drain_events(events: usize) -> Vec<Vec<NewEvent>> {
 
 /// Publishes `events` pending rows of `outbox` to a JetStream stream of their own with a relay
 /// configured by `config`, awaiting each ack. Returns events/s.
+#[allow(clippy::print_stderr)] // the CPU figures asked for with BENCH_CPU, beside the tables
 pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
     outbox: S,
     config: &OutboxConfig,
     events: usize,
+    cpu: Option<&Cpu>,
 ) -> f64 {
     let table = &config.table_name;
     let client = async_nats::connect(idempotency_testing::nats_url())
@@ -168,20 +174,145 @@ pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
         .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
         .expect("subject");
     let relay = Relay::new(outbox, publisher, config).expect("relay");
+    let before = match cpu {
+        Some(cpu) => Some(cpu.snapshot(&cpu.backends().await).await),
+        None => None,
+    };
     let started = Instant::now();
     let handle = relay.spawn();
     while relay.totals().published < events as u64 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
+    if let (Some(cpu), Some(before)) = (cpu, before) {
+        let backends = cpu.backends().await;
+        let after = cpu.snapshot(&backends).await;
+        let per = |a: f64, b: f64| (a - b) * 1e6 / events as f64;
+        // Asked for with BENCH_CPU; on stderr, so the tables on stdout stay as they are.
+        eprintln!(
+            "cpu per event: postgres {:.1} us, nats-server {:.1} us, relay process {:.1} us",
+            per(after.postgres, before.postgres),
+            per(after.nats, before.nats),
+            per(after.process, before.process),
+        );
+    }
     handle.shutdown().await;
     let _ = jetstream.delete_stream(&stream).await;
     events as f64 / elapsed.as_secs_f64()
 }
 
+/// CPU seconds spent by the relay's side of a drain: this process, the NATS server and the
+/// PostgreSQL backends that ran statements on the drained table (read from `/proc`, so the
+/// servers must run on this machine). Unlike events/s, it hardly moves when other work shares
+/// the machine.
+pub(crate) struct Cpu {
+    pool: sqlx::PgPool,
+}
+
+pub(crate) struct CpuSnapshot {
+    postgres: f64,
+    nats: f64,
+    process: f64,
+}
+
+/// Local ports of this process's TCP sockets (`/proc/self/fd` and `/proc/net/tcp{,6}`).
+fn own_tcp_ports() -> Vec<i32> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            link.strip_prefix("socket:[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                .map(str::to_owned)
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+        {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if let (Some(local), Some(inode)) = (fields.get(1), fields.get(9))
+                && inodes.contains(*inode)
+                && let Some((_, port)) = local.rsplit_once(':')
+                && let Ok(port) = i32::from_str_radix(port, 16)
+            {
+                ports.push(port);
+            }
+        }
+    }
+    ports
+}
+
+fn proc_cpu(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): utime is the 14th field.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+impl Cpu {
+    pub(crate) fn new(pool: sqlx::PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// The backends serving this process's connections, found by their client ports.
+    async fn backends(&self) -> Vec<i32> {
+        let ports = own_tcp_ports();
+        sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1) AND pid <> pg_backend_pid()",
+        )
+        .bind(ports)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_default()
+    }
+
+    async fn snapshot(&self, backends: &[i32]) -> CpuSnapshot {
+        let postgres = backends.iter().map(|pid| proc_cpu(&pid.to_string())).sum();
+        let mut nats = 0.0;
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let pid = entry.file_name().to_string_lossy().into_owned();
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if comm.trim() == "nats-server" {
+                    nats += proc_cpu(&pid);
+                }
+            }
+        }
+        CpuSnapshot {
+            postgres,
+            nats,
+            process: proc_cpu("self"),
+        }
+    }
+}
+
 /// Drains `events` pending events (1000 aggregates, ordered) from the PostgreSQL outbox with a
 /// relay of `workers` workers and `batch` rows per claim, publishing to JetStream and awaiting
 /// each ack. Returns events/s.
+///
+/// `BENCH_ANALYZE=1` analyzes the table once the backlog is in (as autovacuum would; a server
+/// with autovacuum off otherwise plans the claim on a table it believes empty).
+/// `BENCH_CPU=1` prints the CPU time per event of PostgreSQL (this process's backends), the
+/// NATS server and this process during the drain, to stderr: a figure that moves much less
+/// than events/s when other work shares the machine.
 pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, batch: u32) -> f64 {
     let table = idempotency_testing::unique_name("drain");
     let config = drain_config(&table, workers, batch);
@@ -193,11 +324,168 @@ pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, ba
         outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
         tx.commit().await.expect("commit");
     }
-    let rate = drain_to_jetstream(outbox, &config, events).await;
+    if std::env::var_os("BENCH_ANALYZE").is_some() {
+        sqlx::raw_sql(AssertSqlSafe(format!("ANALYZE \"{table}\"")))
+            .execute(&setup.pool)
+            .await
+            .expect("analyze");
+    }
+    let cpu = std::env::var_os("BENCH_CPU").map(|_| Cpu::new(setup.pool.clone()));
+    let rate = drain_to_jetstream(outbox, &config, events, cpu.as_ref()).await;
     let _ = sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE \"{table}\", \"{table}_sequences\""
     )))
     .execute(&setup.pool)
     .await;
     rate
+}
+
+/// Records when the broker confirmed each message: the publish ack's arrival.
+struct AckTimes<P> {
+    inner: P,
+    acks: Arc<Mutex<HashMap<Uuid, Instant>>>,
+}
+
+impl<P: Publisher> Publisher for AckTimes<P> {
+    fn destination(&self) -> &str {
+        self.inner.destination()
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        let ack = self.inner.publish(message).await?;
+        self.acks
+            .lock()
+            .expect("ack times")
+            .insert(message.id, Instant::now());
+        Ok(ack)
+    }
+}
+
+/// Commit-to-ack latency under a steady producer.
+pub(crate) struct Latency {
+    /// Events committed.
+    pub(crate) events: usize,
+    /// Rate the producer reached, events/s.
+    pub(crate) rate: f64,
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    pub(crate) max: Duration,
+}
+
+/// Producers committing concurrently: one commit with NOTIFY takes longer than the gap between
+/// two events at thousands of events/s.
+const PRODUCERS: usize = 24;
+
+/// A steady producer commits `rate` events/s for `seconds` into the PostgreSQL outbox (the
+/// default configuration: ordered, NOTIFY at commit, LISTEN wake-up; 200 aggregates), each in
+/// a transaction of its own, while a relay of 2 workers (batch 100) publishes them to
+/// JetStream. Each sample runs from the producer's commit returning to the relay receiving
+/// that message's JetStream publish ack.
+pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
+    let pool = idempotency_testing::pg_pool_with(PRODUCERS as u32 + 8).await;
+    let table = idempotency_testing::unique_name("latency");
+    let mut config = OutboxConfig {
+        table_name: table.clone(),
+        schema: SchemaConfig {
+            mode: SchemaMode::Create,
+        },
+        notify_channel: Some(table.clone()),
+        ..Default::default()
+    };
+    config.relay.workers = 2;
+    config.relay.batch_size = 100;
+    config.relay.stats_interval = Duration::from_secs(3600);
+    config.retention.enabled = false;
+    let outbox = PgOutbox::from_config(pool.clone(), &config)
+        .await
+        .expect("outbox");
+    let client = async_nats::connect(idempotency_testing::nats_url())
+        .await
+        .expect("nats");
+    let jetstream = async_nats::jetstream::new(client);
+    let stream = table.to_uppercase();
+    jetstream
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{table}.>")],
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    let acks = Arc::new(Mutex::new(HashMap::new()));
+    let publisher = AckTimes {
+        inner: NatsPublisher::from_context(jetstream.clone())
+            .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
+            .expect("subject"),
+        acks: Arc::clone(&acks),
+    };
+    let relay = Relay::new(outbox.clone(), publisher, &config).expect("relay");
+    let handle = relay.spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let total = usize::try_from(rate * seconds).expect("events");
+    let gap = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = tokio::time::Instant::now();
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|_| {
+            let (pool, outbox, next) = (pool.clone(), outbox.clone(), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut commits = Vec::new();
+                loop {
+                    let n = next.fetch_add(1, AtomicOrdering::Relaxed);
+                    if n >= total {
+                        return commits;
+                    }
+                    // Event n is due at start + n * gap, whatever the previous commits took.
+                    tokio::time::sleep_until(started + gap * u32::try_from(n).expect("n")).await;
+                    let event = NewEvent::new(
+                        "order",
+                        format!("o-{}", n % 200),
+                        "OrderPlaced",
+                        &serde_json::json!({"n": n, "amountCents": 4900}),
+                    )
+                    .expect("event");
+                    let mut tx = pool.begin().await.expect("begin");
+                    outbox.enqueue(&mut tx, &event).await.expect("enqueue");
+                    tx.commit().await.expect("commit");
+                    commits.push((event.id(), Instant::now()));
+                }
+            })
+        })
+        .collect();
+    let mut commits = Vec::with_capacity(total);
+    for producer in producers {
+        commits.extend(producer.await.expect("producer"));
+    }
+    let produced = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while relay.totals().published < total as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.shutdown().await;
+    let _ = jetstream.delete_stream(&stream).await;
+    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE \"{table}\", \"{table}_sequences\""
+    )))
+    .execute(&pool)
+    .await;
+    let acks = acks.lock().expect("ack times");
+    let mut samples: Vec<Duration> = commits
+        .iter()
+        .map(|(id, committed)| {
+            acks.get(id).map_or(Duration::MAX, |acked| {
+                acked.saturating_duration_since(*committed)
+            })
+        })
+        .collect();
+    samples.sort();
+    let at = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
+    Latency {
+        events: samples.len(),
+        rate: total as f64 / produced.as_secs_f64(),
+        p50: at(0.5),
+        p99: at(0.99),
+        max: at(1.0),
+    }
 }
