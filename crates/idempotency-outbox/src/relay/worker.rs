@@ -1,4 +1,5 @@
-//! One worker: claim, publish concurrently, mark; wait when there is nothing to do.
+//! One worker: claim, publish concurrently, mark; wait when there is nothing to do. After a
+//! full batch the marks of that batch run while the next batch is claimed and published.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -48,11 +49,38 @@ where
 {
     tracing::debug!(worker = n, "outbox relay worker started");
     let limit = u64::from(shared.config.batch_size);
-    while !*stop.borrow() {
-        match run_batch(&shared).await {
-            // A full batch: more is probably due; claim again at once.
-            Ok(report) if report.claimed + report.dead_lettered_at_claim == limit => continue,
-            Ok(_) => {}
+    // A full batch, published and not yet marked: its marks run while the next batch is
+    // claimed and published. Its rows keep their lease until their mark commits, so that
+    // claim cannot hand out a later message of any of their aggregates (`ordered`), and a
+    // stop still waits for the marks.
+    let mut unmarked: Option<Published> = None;
+    loop {
+        if *stop.borrow() {
+            if let Some(previous) = unmarked.take() {
+                mark(&shared, previous).await;
+            }
+            break;
+        }
+        let this = async {
+            let batch = claim(&shared).await?;
+            Ok::<_, Error>(publish(&shared, batch).await)
+        };
+        let previous = unmarked.take();
+        let (outcome, ()) = tokio::join!(this, async {
+            if let Some(previous) = previous {
+                mark(&shared, previous).await;
+            }
+        });
+        match outcome {
+            Ok(published) => {
+                let report = &published.report;
+                if report.claimed + report.dead_lettered_at_claim == limit {
+                    // A full batch: more is probably due; claim again at once.
+                    unmarked = Some(published);
+                    continue;
+                }
+                mark(&shared, published).await;
+            }
             Err(error) => {
                 tracing::warn!(
                     worker = n,
@@ -75,7 +103,36 @@ where
     tracing::debug!(worker = n, "outbox relay worker stopped");
 }
 
+/// Claims, publishes and marks one batch.
 pub(super) async fn run_batch<S, P>(shared: &Shared<S, P>) -> Result<BatchReport, Error>
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    let batch = claim(shared).await?;
+    let published = publish(shared, batch).await;
+    let report = published.report;
+    mark(shared, published).await;
+    Ok(report)
+}
+
+/// A claimed batch, leased to `token`.
+struct Batch {
+    token: Uuid,
+    claimed_at: Instant,
+    messages: Vec<OutboxMessage>,
+    report: BatchReport,
+}
+
+/// A batch after its publishes: what to mark.
+struct Published {
+    token: Uuid,
+    ids: Vec<Uuid>,
+    failures: Vec<Failure>,
+    report: BatchReport,
+}
+
+async fn claim<S, P>(shared: &Shared<S, P>) -> Result<Batch, Error>
 where
     S: RelayStore,
     P: Publisher,
@@ -91,27 +148,51 @@ where
     };
     let claimed = shared.store.claim(&request).await?;
     let claimed_at = Instant::now();
-    let destination = shared.publisher.destination();
     let spent = claimed.dead_lettered.len() as u64;
     for id in &claimed.dead_lettered {
         tracing::error!(%id, max_attempts = config.max_attempts, "outbox message dead-lettered: claimed max-attempts times without completing");
     }
-    metrics::dead_lettered_at_claim(destination, spent);
-    let batch = claimed.messages;
-    let mut report = BatchReport {
-        claimed: batch.len() as u64,
-        dead_lettered: spent,
-        dead_lettered_at_claim: spent,
-        ..BatchReport::default()
+    metrics::dead_lettered_at_claim(shared.publisher.destination(), spent);
+    Ok(Batch {
+        token,
+        claimed_at,
+        report: BatchReport {
+            claimed: claimed.messages.len() as u64,
+            dead_lettered: spent,
+            dead_lettered_at_claim: spent,
+            ..BatchReport::default()
+        },
+        messages: claimed.messages,
+    })
+}
+
+/// Publishes every message of `batch` concurrently, each bounded by `publish-timeout`.
+async fn publish<S, P>(shared: &Shared<S, P>, batch: Batch) -> Published
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    let config = &shared.config;
+    let Batch {
+        token,
+        claimed_at,
+        messages: batch,
+        mut report,
+    } = batch;
+    let mut published = Published {
+        token,
+        ids: Vec::with_capacity(batch.len()),
+        failures: Vec::new(),
+        report,
     };
     if batch.is_empty() {
-        shared.totals.add(&report);
-        return Ok(report);
+        return published;
     }
     if batch.len() == config.batch_size as usize {
         // Let an idle worker take the next batch while this one publishes.
         shared.wake.notify_one();
     }
+    let destination = shared.publisher.destination();
     metrics::attempts(destination, batch.len());
 
     let timeout = config.publish_timeout;
@@ -133,12 +214,10 @@ where
     }))
     .await;
 
-    let mut published = Vec::with_capacity(batch.len());
-    let mut failures = Vec::new();
     for (message, (result, elapsed)) in batch.iter().zip(results) {
         match result {
             Ok(Ack { duplicate }) => {
-                published.push(message.id);
+                published.ids.push(message.id);
                 report.published += 1;
                 report.duplicates += u64::from(duplicate);
                 let latency = message.age_at_claim.max(0.0) + elapsed.as_secs_f64();
@@ -154,18 +233,34 @@ where
                 } else {
                     tracing::warn!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox publish failed; will retry");
                 }
-                failures.push(failure);
+                published.failures.push(failure);
             }
         }
     }
-    if !published.is_empty() {
-        retry(|| shared.store.mark_published(token, &published)).await;
+    published.report = report;
+    published
+}
+
+/// Marks what the broker confirmed published and records the failures; adds the batch to
+/// the totals.
+async fn mark<S, P>(shared: &Shared<S, P>, published: Published)
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    let Published {
+        token,
+        ids,
+        failures,
+        report,
+    } = published;
+    if !ids.is_empty() {
+        retry(|| shared.store.mark_published(token, &ids)).await;
     }
     if !failures.is_empty() {
         retry(|| shared.store.mark_failed(token, &failures)).await;
     }
     shared.totals.add(&report);
-    Ok(report)
 }
 
 /// The message of a panic (`panic!` with a literal or a format string), or a placeholder.

@@ -55,6 +55,7 @@ macro_rules! outbox_conformance_tests {
             the_relay_publishes_committed_events_once_in_aggregate_order,
             a_poison_message_is_dead_lettered_without_holding_other_aggregates,
             a_relay_that_dies_before_marking_republishes_after_the_lease,
+            full_batches_overlap_their_marks_and_keep_aggregate_order,
             the_inbox_records_a_message_once_per_consumer,
             concurrent_deliveries_of_one_message_are_processed_once,
             the_inbox_purges_old_entries_in_batches,

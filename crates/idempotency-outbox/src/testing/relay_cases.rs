@@ -128,3 +128,60 @@ pub async fn a_relay_that_dies_before_marking_republishes_after_the_lease<B: Out
     assert_eq!(ids, sent);
     assert!(published.iter().all(|m| m.attempts == 2));
 }
+
+/// With a backlog, every batch is full: each worker claims and publishes its next batch while
+/// the previous one is being marked. Aggregate order still holds, nothing is published twice,
+/// a message failing mid-batch holds back only its own aggregate until it is dead-lettered,
+/// and a shutdown leaves no row unmarked.
+pub async fn full_batches_overlap_their_marks_and_keep_aggregate_order<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let mut config = suite_config(Ordering::Ordered);
+    config.relay.workers = 2;
+    config.relay.batch_size = 4;
+    config.relay.max_attempts = 3;
+    let outbox = backend.outbox(&config).await;
+    let publisher = CollectingPublisher::default();
+    let aggregates = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let mut sent = HashSet::new();
+    let mut poison = None;
+    for round in 1..=6 {
+        let events: Vec<_> = aggregates.iter().map(|a| event(a, round)).collect();
+        if round == 2 {
+            publisher.refuse(events[0].id());
+            poison = Some(events[0].id());
+        }
+        sent.extend(commit(&backend, &outbox, &events).await);
+    }
+    let poison = poison.expect("a poison message");
+    sent.remove(&poison);
+    let handle = Relay::new(outbox.clone(), publisher.clone(), &config)
+        .expect("relay")
+        .spawn();
+    publisher.wait_for(sent.len()).await;
+    let report = handle.shutdown().await;
+    let messages = publisher.published();
+    assert_eq!(messages.len(), sent.len(), "no message published twice");
+    let got: HashSet<_> = messages.iter().map(|m| m.id).collect();
+    assert_eq!(got, sent);
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    for message in &messages {
+        let sequence = message.sequence.expect("ordered events are numbered");
+        let previous = last.insert(message.aggregate_id.as_str(), sequence);
+        assert!(
+            previous.is_none_or(|p| p < sequence),
+            "{} published out of order",
+            message.aggregate_id
+        );
+    }
+    assert!(report.graceful, "{report:?}");
+    assert_eq!(report.totals.published, sent.len() as u64);
+    assert_eq!(report.totals.dead_lettered, 1);
+    let stats = outbox.stats().await.expect("stats");
+    assert_eq!(stats.pending, 0, "every claimed row was marked: {stats:?}");
+    assert_eq!(stats.dead_lettered, 1);
+    let letters = outbox.dead_letters(10).await.expect("dead letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message.id, poison);
+}
