@@ -542,6 +542,34 @@ async fn a_changed_fingerprint_algorithm_replays_while_the_previous_is_accepted<
     assert_eq!(replayed.status, StatusCode::OK);
     assert_eq!(replayed.headers["idempotent-replayed"], "true");
     assert_eq!(replayed.body, first.body);
+    // A layer given no strategy uses the service's.
+    let service = IdempotencyService::builder(store.clone())
+        .fingerprint(JcsFingerprint::new(HashAlgorithm::Sha512).accepting(HashAlgorithm::Sha256))
+        .build();
+    let from_service = Router::new()
+        .route("/echo", post(echo))
+        .route_layer(IdempotencyLayer::new(service));
+    let replayed = call(&from_service, "/echo", &headers, r#"{"n":1}"#).await;
+    assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    let fresh = call(
+        &from_service,
+        "/echo",
+        &[("idempotency-key", "fp-2")],
+        r#"{"n":1}"#,
+    )
+    .await;
+    assert_eq!(fresh.status, StatusCode::OK);
+    let id = idempotency_core::RecordId::new(
+        idempotency_core::Operation::new("POST:/echo").unwrap(),
+        idempotency_core::Scope::default(),
+        idempotency_core::IdempotencyKey::new("fp-2").unwrap(),
+    );
+    let record = store.lookup(&id).await.unwrap().unwrap();
+    assert_eq!(
+        record.fingerprint.as_str().len(),
+        128,
+        "stored with the service's SHA-512"
+    );
     let other = call(&transition, "/echo", &headers, r#"{"n":2}"#).await;
     assert_eq!(
         other.status,

@@ -114,6 +114,11 @@ impl CleanupSchedule {
         Ok(Self { zone, ..self })
     }
 
+    /// The next run from now; `None` for an expression that never fires (`0 0 0 30 2 *`).
+    pub fn next_run(&self) -> Option<DateTime<Utc>> {
+        self.next_after(Utc::now())
+    }
+
     /// The first run strictly after `time`.
     pub fn next_after(&self, time: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.cron
@@ -186,8 +191,8 @@ impl<C: ExpiredCleanup, M: IdempotencyMetrics> CleanupJob<C, M> {
         Ok(report)
     }
 
-    /// Runs on schedule until `shutdown` completes. A failed run is logged and retried at the
-    /// next scheduled time.
+    /// Runs on schedule until `shutdown` completes, which also cuts a purge under way (its
+    /// current batch rolls back). A failed run is logged and retried at the next scheduled time.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -201,8 +206,15 @@ impl<C: ExpiredCleanup, M: IdempotencyMetrics> CleanupJob<C, M> {
                 () = &mut shutdown => return,
                 () = tokio::time::sleep(wait) => {}
             }
-            if let Err(error) = self.run_once().await {
-                tracing::warn!(error = %error, "idempotency cleanup failed; retrying at the next run");
+            // A stop during a purge cuts it: the batch being deleted rolls back with its
+            // transaction, the batches before it stay deleted.
+            tokio::select! {
+                () = &mut shutdown => return,
+                result = self.run_once() => {
+                    if let Err(error) = result {
+                        tracing::warn!(error = %error, "idempotency cleanup failed; retrying at the next run");
+                    }
+                }
             }
         }
     }
@@ -222,7 +234,7 @@ where
     ///
     /// let cleanup = CleanupJob::from_config(store, &CleanupConfig::default(), idempotency_core::NoopMetrics)?
     ///     .spawn();
-    /// // ... on shutdown (a purge under way finishes its batch first):
+    /// // ... on shutdown (a purge under way stops; its current batch rolls back):
     /// cleanup.shutdown().await;
     /// # Ok(()) }
     /// ```
@@ -249,7 +261,8 @@ impl CleanupHandle {
         self.task.is_finished()
     }
 
-    /// Stops the job: waits for a purge under way to end, cancels the wait for the next run.
+    /// Stops the job: cancels the wait for the next run, or cuts a purge under way (the batch
+    /// being deleted rolls back with its transaction; earlier batches stay deleted).
     pub async fn shutdown(self) {
         let _ = self.stop.send(());
         if let Err(error) = self.task.await {

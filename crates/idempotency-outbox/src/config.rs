@@ -167,6 +167,7 @@ impl RelayConfig {
             ("relay.poll-interval", self.poll_interval),
             ("relay.publish-timeout", self.publish_timeout),
             ("relay.backoff.base", self.backoff.base),
+            ("relay.stats-interval", self.stats_interval),
         ] {
             if value.is_zero() {
                 return Err(Error::invalid_config(format!("{name} must not be zero")));
@@ -256,6 +257,24 @@ pub struct RetentionConfig {
     /// How often retention runs. Default `10m`.
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
+}
+
+impl RetentionConfig {
+    /// Checks ranges when retention runs: a non-zero `interval` and `batch-size`.
+    pub fn validate(&self) -> Result<(), Error> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.interval.is_zero() {
+            return Err(Error::invalid_config("retention.interval must not be zero"));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::invalid_config(
+                "retention.batch-size must be at least 1",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for RetentionConfig {
@@ -409,5 +428,40 @@ mod tests {
         assert!(inbox.check_against(&relay).is_err());
         inbox.retention = Duration::from_secs(32);
         inbox.check_against(&relay).unwrap();
+    }
+
+    #[test]
+    fn zero_intervals_and_batch_sizes_are_refused_naming_the_key() {
+        let relay = RelayConfig {
+            stats_interval: Duration::ZERO,
+            ..RelayConfig::default()
+        };
+        let error = relay.validate().unwrap_err().to_string();
+        assert!(error.contains("relay.stats-interval"), "{error}");
+        let mut retention = RetentionConfig {
+            interval: Duration::ZERO,
+            ..RetentionConfig::default()
+        };
+        assert!(
+            retention
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("retention.interval")
+        );
+        retention.interval = Duration::from_secs(1);
+        retention.batch_size = 0;
+        assert!(
+            retention
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("retention.batch-size")
+        );
+        retention.enabled = false;
+        assert!(
+            retention.validate().is_ok(),
+            "not checked when retention is off"
+        );
     }
 }

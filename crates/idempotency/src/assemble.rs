@@ -181,8 +181,9 @@ impl<D: Database> Idempotency<D> {
         crate::metrics::router(self.service.clone(), self.prometheus.clone())
     }
 
-    /// The tower middleware over the assembled service ([`idempotency_axum::IdempotencyLayer`]),
-    /// with the configured fingerprint algorithm.
+    /// The tower middleware over the assembled service ([`idempotency_axum::IdempotencyLayer`]);
+    /// it fingerprints with the service's strategy (`fingerprint.*`), as any layer over the
+    /// service does.
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn layer(
@@ -195,11 +196,11 @@ impl<D: Database> Idempotency<D> {
         idempotency_core::JsonSerializer,
     > {
         idempotency_axum::IdempotencyLayer::new(self.service.clone())
-            .fingerprint(self.settings.idempotency.fingerprint.strategy())
     }
 
     /// Stops the background tasks: the relay finishes its in-flight batches (within
-    /// `outbox.relay.shutdown-timeout`), the cleanup job its current batch.
+    /// `outbox.relay.shutdown-timeout`), a purge of the cleanup job under way stops (its current
+    /// batch rolls back), and the Redis client disconnects.
     pub async fn shutdown(self) -> ShutdownReport {
         let mut report = ShutdownReport::default();
         #[cfg(feature = "outbox")]
@@ -210,6 +211,7 @@ impl<D: Database> Idempotency<D> {
             report.cleanup = true;
             cleanup.shutdown().await;
         }
+        disconnect(self.service.distributed_cache()).await;
         report
     }
 }
@@ -314,8 +316,49 @@ fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<()
              enabled to false",
         ));
     }
-    idempotency_core::cleanup::CleanupSchedule::parse(&properties.persistence.cleanup.cron)?
-        .in_zone(&properties.persistence.cleanup.zone)?;
+    let cleanup = &properties.persistence.cleanup;
+    let schedule =
+        idempotency_core::cleanup::CleanupSchedule::parse(&cleanup.cron)?.in_zone(&cleanup.zone)?;
+    if schedule.next_run().is_none() {
+        return Err(Error::property(
+            "idempotency.persistence.cleanup.cron",
+            format!("{:?} never fires", cleanup.cron),
+        ));
+    }
+    if cleanup.batch_size == 0 {
+        return Err(Error::property(
+            "idempotency.persistence.cleanup.batch-size",
+            "must be at least 1",
+        ));
+    }
+    if properties.acquire.max_attempts == 0 {
+        return Err(Error::property(
+            "idempotency.acquire.max-attempts",
+            "must be at least 1",
+        ));
+    }
+    let too_long =
+        |ttl: &Option<std::time::Duration>| ttl.is_some_and(|ttl| ttl > idempotency_core::MAX_TTL);
+    if too_long(&properties.persistence.ttl) {
+        return Err(Error::property(
+            "idempotency.persistence.ttl",
+            "is longer than the storable 1000 years; write null to keep records forever",
+        ));
+    }
+    if let Some(name) = properties
+        .operations
+        .iter()
+        .find(|(_, op)| op.ttl.as_ref().is_some_and(too_long))
+        .map(|(name, _)| name)
+    {
+        return Err(Error::Property {
+            property: "idempotency.operations.<NAME>.ttl",
+            reason: format!(
+                "{name}: longer than the storable 1000 years; write null to keep its records \
+                 forever"
+            ),
+        });
+    }
     #[cfg(feature = "outbox")]
     match &settings.outbox {
         Some(outbox) => {
@@ -324,6 +367,12 @@ fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<()
                     "outbox.notify-channel",
                     "is set, but this database has no notifications; set it to null (the relay \
                      polls every outbox.relay.poll-interval)",
+                ));
+            }
+            if !outbox.relay.enabled && publisher {
+                return Err(Error::property(
+                    "outbox.relay.enabled",
+                    "is false, but a publisher was given; give none, or enable the relay",
                 ));
             }
             if outbox.relay.enabled && !publisher {
@@ -347,19 +396,43 @@ fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<()
     Ok(())
 }
 
+/// Connects the L2 cache when enabled. A cluster URL is probed before it is accepted, so the
+/// connect runs off the async threads.
 #[cfg(feature = "redis")]
-fn redis_cache(
+async fn redis_cache(
     config: &idempotency_cache_redis::DistributedCacheConfig,
 ) -> Result<DistributedTier, Error> {
-    match (&config.url, config.enabled) {
-        (Some(url), true) => idempotency_cache_redis::RedisCache::connect(url, config)
-            .map(Some)
-            .map_err(|source| Error::Redis {
-                url: redact(url),
-                source,
-            }),
-        _ => Ok(None),
+    let (Some(url), true) = (config.url.clone(), config.enabled) else {
+        return Ok(None);
+    };
+    let section = config.clone();
+    let connect = {
+        let url = url.clone();
+        move || idempotency_cache_redis::RedisCache::connect(&url, &section)
+    };
+    let connected = match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::task::spawn_blocking(connect)
+            .await
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic())),
+        Err(_) => connect(),
+    };
+    connected.map(Some).map_err(|source| Error::Redis {
+        url: redact(&url),
+        source,
+    })
+}
+
+/// Tells the Redis client, if any, to quit: its connection task stops.
+async fn disconnect(cache: &DistributedTier) {
+    #[cfg(feature = "redis")]
+    if let Some(cache) = cache {
+        use idempotency_cache_redis::fred::prelude::ClientLike;
+        if let Err(error) = cache.client().quit().await {
+            tracing::debug!(error = %error, "the Redis client did not quit cleanly");
+        }
     }
+    #[cfg(not(feature = "redis"))]
+    let _ = cache;
 }
 
 /// `url` without its password.
@@ -422,6 +495,11 @@ where
         };
 
         let store = pool.clone().store(&properties.persistence).await?;
+        #[cfg(feature = "outbox")]
+        let outbox = match &settings.outbox {
+            Some(config) => Some(pool.clone().outbox(config).await?),
+            None => None,
+        };
         #[cfg(feature = "moka")]
         let local = properties
             .local_cache
@@ -429,8 +507,9 @@ where
             .then(|| idempotency_cache_moka::MokaCache::new(&properties.local_cache));
         #[cfg(not(feature = "moka"))]
         let local = idempotency_core::NoCache;
+        // Redis last of what can fail: its client runs a connection task until told to quit.
         #[cfg(feature = "redis")]
-        let distributed = redis_cache(&properties.distributed_cache)?;
+        let distributed = redis_cache(&properties.distributed_cache).await?;
         #[cfg(not(feature = "redis"))]
         let distributed = idempotency_core::NoCache;
 
@@ -443,17 +522,16 @@ where
             .build();
 
         #[cfg(feature = "outbox")]
-        let outbox = match &settings.outbox {
-            Some(config) => Some(pool.clone().outbox(config).await?),
-            None => None,
-        };
-        #[cfg(feature = "outbox")]
         let relay = match (&outbox, relay_config, self.publisher) {
-            (Some(outbox), Some(config), Some(publisher)) => Some(
-                publisher
-                    .spawn_relay(outbox.clone(), &config)
-                    .map_err(|e| Error::Outbox(Box::new(e)))?,
-            ),
+            (Some(outbox), Some(config), Some(publisher)) => {
+                match publisher.spawn_relay(outbox.clone(), &config) {
+                    Ok(relay) => Some(relay),
+                    Err(error) => {
+                        disconnect(service.distributed_cache()).await;
+                        return Err(Error::Outbox(Box::new(error)));
+                    }
+                }
+            }
             _ => None,
         };
         let cleanup = cleanup.map(|schedule| {

@@ -26,8 +26,10 @@ pub struct LoadError(#[from] config::ConfigError);
 /// | `OUTBOX__RELAY__WORKERS=4` | `outbox.relay.workers` |
 ///
 /// Only variables of the known sections are read (`idempotency`, `outbox`, and those added
-/// with [`section`](Self::section)); the value `null` is YAML's null. A variable overrides the
-/// file.
+/// with [`section`](Self::section)); one with an empty level is an error naming it. The value
+/// `null` is YAML's null. A variable overrides the file. Operation names are taken as written,
+/// so only names of letters, digits and `_` can be set from the environment; others
+/// (`POST:/v2/payments`) go in the file.
 ///
 /// ```
 /// use idempotency::{Loader, Settings};
@@ -80,7 +82,8 @@ impl Loader {
     /// Also reads environment variables of the application's own top-level section `name`
     /// (`server` reads `SERVER__PORT`).
     pub fn section(mut self, name: &str) -> Self {
-        self.sections.push(name.to_owned());
+        self.sections
+            .push(name.to_ascii_lowercase().replace('_', "-"));
         self
     }
 
@@ -107,10 +110,13 @@ impl Loader {
         }
         let variables = match &self.environment {
             Some(variables) => variables.clone(),
-            None => std::env::vars().collect(),
+            // Variables that are not UTF-8 cannot name a key: skipped, not a panic.
+            None => std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                .collect(),
         };
         for (name, value) in variables {
-            let Some(key) = self.key_of(&name) else {
+            let Some(key) = self.key_of(&name).map_err(config::ConfigError::Message)? else {
                 continue;
             };
             builder = if value == "null" {
@@ -122,32 +128,44 @@ impl Loader {
         Ok(builder.build()?.try_deserialize()?)
     }
 
-    /// The key a variable names, or `None` when it belongs to no known section.
-    fn key_of(&self, name: &str) -> Option<String> {
-        let mut levels = name.split("__");
-        let section = levels.next()?.to_ascii_lowercase().replace('_', "-");
-        if !self.sections.contains(&section) {
-            return None;
+    /// The key a variable names; `None` when it belongs to no known section, or is the bare
+    /// section name (`SERVER=...`, no `__`: not ours); an error for a variable of a known
+    /// section with an empty level (`IDEMPOTENCY__`, `IDEMPOTENCY__PERSISTENCE____TTL`).
+    fn key_of(&self, name: &str) -> Result<Option<String>, String> {
+        if !name.contains("__") {
+            return Ok(None);
         }
-        let mut key = section.clone();
-        let mut previous = section;
+        let mut levels = name.split("__");
+        let section = levels
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+            .replace('_', "-");
+        if !self.sections.contains(&section) {
+            return Ok(None);
+        }
+        let refused = || {
+            format!(
+                "environment variable {name}: no key (levels are separated by `__`, none empty)"
+            )
+        };
+        let mut key = section;
         let mut any = false;
         for level in levels {
             if level.is_empty() {
-                return None;
+                return Err(refused());
             }
-            // Map keys (operation names) are data, not property names: they keep their case.
-            let level = if previous == "operations" {
+            // Operation names are data, not property names: they keep their case.
+            let level = if key == "idempotency.operations" {
                 level.to_owned()
             } else {
                 level.to_ascii_lowercase().replace('_', "-")
             };
             key.push('.');
             key.push_str(&level);
-            previous = level;
             any = true;
         }
-        any.then_some(key)
+        if any { Ok(Some(key)) } else { Err(refused()) }
     }
 }
 
@@ -159,22 +177,45 @@ mod tests {
 
     #[test]
     fn variables_name_keys_level_by_level() {
-        let loader = Loader::new().section("server");
+        let loader = Loader::new().section("server").section("MY_APP");
+        let key = |name: &str| loader.key_of(name);
         assert_eq!(
-            loader.key_of("IDEMPOTENCY__PERSISTENCE__LOOKUP_BEFORE_ACQUIRE"),
-            Some("idempotency.persistence.lookup-before-acquire".to_owned())
+            key("IDEMPOTENCY__PERSISTENCE__LOOKUP_BEFORE_ACQUIRE"),
+            Ok(Some(
+                "idempotency.persistence.lookup-before-acquire".to_owned()
+            ))
         );
         assert_eq!(
-            loader.key_of("IDEMPOTENCY__OPERATIONS__CREATE_PAYMENT__TTL"),
-            Some("idempotency.operations.CREATE_PAYMENT.ttl".to_owned())
+            key("IDEMPOTENCY__OPERATIONS__CREATE_PAYMENT__TTL"),
+            Ok(Some("idempotency.operations.CREATE_PAYMENT.ttl".to_owned()))
         );
+        assert_eq!(key("SERVER__PORT"), Ok(Some("server.port".to_owned())));
         assert_eq!(
-            loader.key_of("SERVER__PORT"),
-            Some("server.port".to_owned())
+            key("SERVER__OPERATIONS__MAX_CONCURRENT"),
+            Ok(Some("server.operations.max-concurrent".to_owned())),
+            "only idempotency.operations holds names"
         );
-        assert_eq!(loader.key_of("DATABASE_URL"), None);
-        assert_eq!(loader.key_of("IDEMPOTENCY"), None);
-        assert_eq!(loader.key_of("IDEMPOTENCY__"), None);
-        assert_eq!(loader.key_of("PATH"), None);
+        assert_eq!(key("MY_APP__LEVEL"), Ok(Some("my-app.level".to_owned())));
+        assert_eq!(key("DATABASE_URL"), Ok(None));
+        assert_eq!(key("PATH"), Ok(None));
+        assert_eq!(key("SERVER"), Ok(None), "a bare section name is not ours");
+        for malformed in [
+            "IDEMPOTENCY__",
+            "OUTBOX__",
+            "IDEMPOTENCY__PERSISTENCE____TTL",
+        ] {
+            let error = key(malformed).unwrap_err();
+            assert!(error.contains(malformed), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_variable_fails_the_load_naming_it() {
+        let error = Loader::new()
+            .environment([("IDEMPOTENCY__PERSISTENCE____TTL", "1d")])
+            .load::<crate::Settings>()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("IDEMPOTENCY__PERSISTENCE____TTL"), "{error}");
     }
 }

@@ -919,3 +919,64 @@ async fn the_environment_overrides_the_file() {
         Some(Duration::from_secs(86_400))
     );
 }
+
+#[tokio::test]
+async fn values_that_cannot_take_effect_are_refused_naming_their_key() {
+    for (yaml, named) in [
+        (
+            persistence("    cleanup:\n      cron: \"0 0 0 30 2 *\"\n"),
+            "idempotency.persistence.cleanup.cron",
+        ),
+        (
+            persistence("    cleanup:\n      batch-size: 0\n"),
+            "idempotency.persistence.cleanup.batch-size",
+        ),
+        (
+            persistence("    ttl: 1001years\n"),
+            "idempotency.persistence.ttl",
+        ),
+        (
+            format!(
+                "{}  operations:\n    LONG:\n      ttl: 2000years\n",
+                persistence("")
+            ),
+            "idempotency.operations.<NAME>.ttl",
+        ),
+        (
+            format!("{}  acquire:\n    max-attempts: 0\n", persistence("")),
+            "idempotency.acquire.max-attempts",
+        ),
+        (
+            outbox_yaml("  notify-channel: null\n  relay:\n    stats-interval: 0s\n"),
+            "relay.stats-interval",
+        ),
+        (
+            outbox_yaml("  notify-channel: null\n  retention:\n    interval: 0s\n"),
+            "retention.interval",
+        ),
+    ] {
+        let settings = settings(&yaml);
+        let built = if yaml.contains("outbox:") {
+            Builder::new(&settings)
+                .publisher(idempotency::outbox::LoggingPublisher::new())
+                .build(sqlite().await)
+                .await
+        } else {
+            Idempotency::from_config(&settings, sqlite().await).await
+        };
+        let message = match built {
+            Ok(_) => panic!("{yaml}: accepted"),
+            Err(error) => error.to_string(),
+        };
+        assert!(message.contains(named), "{yaml}: {message}");
+    }
+    // A publisher while the relay is off is refused too.
+    let error = Builder::new(&settings(&outbox_yaml(
+        "  notify-channel: null\n  relay:\n    enabled: false\n",
+    )))
+    .publisher(idempotency::outbox::LoggingPublisher::new())
+    .build(sqlite().await)
+    .await
+    .unwrap_err();
+    assert_eq!(property_of(error), "outbox.relay.enabled");
+}

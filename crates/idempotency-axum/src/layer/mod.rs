@@ -61,7 +61,8 @@ pub(crate) struct Settings {
     pub(crate) statuses: StoredStatuses,
     pub(crate) headers: HeaderFilter,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
-    pub(crate) fingerprint: JcsFingerprint,
+    /// `None`: the service's strategy.
+    pub(crate) fingerprint: Option<JcsFingerprint>,
 }
 
 pub(crate) struct Shared<S, L, D, M, Z> {
@@ -124,7 +125,7 @@ impl<S, L, D, M, Z> IdempotencyLayer<S, L, D, M, Z> {
             statuses: StoredStatuses::default(),
             headers: HeaderFilter::default(),
             fingerprint_headers: Vec::new(),
-            fingerprint: JcsFingerprint::default(),
+            fingerprint: None,
         };
         Self {
             shared: Arc::new(Shared { service, settings }),
@@ -209,9 +210,10 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
         }))
     }
 
-    /// The digest of the fingerprint (SHA-256 unless set).
+    /// The fingerprint strategy, instead of the service's (the one `fingerprint.*` configured,
+    /// with its previous algorithm during a transition).
     pub fn fingerprint(self, strategy: JcsFingerprint) -> Self {
-        self.settings(|s| s.fingerprint = strategy)
+        self.settings(|s| s.fingerprint = Some(strategy))
     }
 }
 

@@ -74,10 +74,15 @@ impl Settings {
     /// body as its exact bytes.
     pub(super) fn fingerprint(
         &self,
+        service_strategy: &dyn FingerprintStrategy,
         parts: &Parts,
         route: &str,
         body: &Bytes,
     ) -> Result<(Fingerprint, Option<Fingerprint>), Error> {
+        let strategy: &dyn FingerprintStrategy = match &self.fingerprint {
+            Some(strategy) => strategy,
+            None => service_strategy,
+        };
         let mut request = Map::new();
         request.insert("method".into(), parts.method.as_str().into());
         request.insert("route".into(), route.into());
@@ -107,10 +112,8 @@ impl Settings {
         let request = Value::Object(request);
         let failed = |e: idempotency_core::FingerprintError| Error::Idempotency(e.into());
         Ok((
-            self.fingerprint.fingerprint(&request).map_err(failed)?,
-            self.fingerprint
-                .previous_fingerprint(&request)
-                .map_err(failed)?,
+            strategy.fingerprint(&request).map_err(failed)?,
+            strategy.previous_fingerprint(&request).map_err(failed)?,
         ))
     }
 }

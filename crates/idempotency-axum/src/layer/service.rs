@@ -132,7 +132,9 @@ where
         );
         let body = settings.buffer(body).instrument(span.clone()).await?;
         let (fingerprint, previous_fingerprint) = span
-            .in_scope(|| settings.fingerprint(&parts, &route, &body))
+            .in_scope(|| {
+                settings.fingerprint(self.service.fingerprint_strategy(), &parts, &route, &body)
+            })
             .map_err(IntoResponse::into_response)?;
         let keyed = Keyed {
             id: RecordId::new(operation, scope, key),

@@ -155,6 +155,11 @@ impl<S: IdempotencyStore, L, D, M, Z> IdempotencyService<S, L, D, M, Z> {
         &self.inner.metrics
     }
 
+    /// The fingerprint strategy (the builder's, or JCS + SHA-256).
+    pub fn fingerprint_strategy(&self) -> &dyn FingerprintStrategy {
+        &*self.inner.fingerprint
+    }
+
     /// The runtime settings.
     pub fn config(&self) -> &ServiceConfig {
         &self.inner.config

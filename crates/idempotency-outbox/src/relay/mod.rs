@@ -111,6 +111,7 @@ where
     /// A relay configured by the `outbox` section (`relay`, `ordering`, `retention`).
     pub fn new(store: S, publisher: P, config: &OutboxConfig) -> Result<Self, Error> {
         config.relay.validate()?;
+        config.retention.validate()?;
         Ok(Self {
             shared: Arc::new(Shared {
                 store,
