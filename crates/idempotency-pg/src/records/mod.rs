@@ -6,6 +6,7 @@ mod schema;
 mod statements;
 mod store;
 
+#[cfg(feature = "outbox")]
 pub(crate) use schema::QUIET;
 pub use schema::{DDL_TEMPLATE, ddl};
 pub use store::PgStore;
