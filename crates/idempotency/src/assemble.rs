@@ -1,6 +1,6 @@
 //! [`Idempotency`]: the service assembled from [`Settings`], with its background tasks.
 
-use idempotency_core::cleanup::{CleanupHandle, CleanupJob};
+use idempotency_core::cleanup::{CleanupHandle, CleanupJob, CleanupSchedule};
 use idempotency_core::{IdempotencyService, ServiceConfig};
 
 use crate::Error;
@@ -284,8 +284,13 @@ impl<P: idempotency_outbox::Publisher> MaybePublisher for P {
 #[cfg(not(feature = "outbox"))]
 impl MaybePublisher for NoPublisher {}
 
-/// Refuses, before any I/O, every property that could not take effect.
-fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<(), Error> {
+/// Refuses, before any I/O, every property that could not take effect; returns the cleanup
+/// schedule it parsed on the way.
+fn check(
+    settings: &Settings,
+    notifications: bool,
+    publisher: bool,
+) -> Result<CleanupSchedule, Error> {
     let properties = &settings.idempotency;
     if !properties.persistence.enabled {
         return Err(Error::property(
@@ -317,8 +322,7 @@ fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<()
         ));
     }
     let cleanup = &properties.persistence.cleanup;
-    let schedule =
-        idempotency_core::cleanup::CleanupSchedule::parse(&cleanup.cron)?.in_zone(&cleanup.zone)?;
+    let schedule = CleanupSchedule::parse(&cleanup.cron)?.in_zone(&cleanup.zone)?;
     if schedule.next_run().is_none() {
         return Err(Error::property(
             "idempotency.persistence.cleanup.cron",
@@ -375,6 +379,11 @@ fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<()
                     "is false, but a publisher was given; give none, or enable the relay",
                 ));
             }
+            if outbox.relay.enabled {
+                let invalid = |e: idempotency_outbox::Error| Error::Outbox(Box::new(e));
+                outbox.relay.validate().map_err(invalid)?;
+                outbox.retention.validate().map_err(invalid)?;
+            }
             if outbox.relay.enabled && !publisher {
                 return Err(Error::property(
                     "outbox.relay.enabled",
@@ -393,7 +402,7 @@ fn check(settings: &Settings, notifications: bool, publisher: bool) -> Result<()
     }
     #[cfg(not(feature = "outbox"))]
     let _ = (notifications, publisher);
-    Ok(())
+    Ok(schedule)
 }
 
 /// Connects the L2 cache when enabled. A cluster URL is probed before it is accepted, so the
@@ -470,29 +479,13 @@ where
     pub async fn build<D: Database>(self, pool: D) -> Result<Idempotency<D>, Error> {
         let settings = self.settings.clone();
         let properties = &settings.idempotency;
-        check(&settings, D::NOTIFICATIONS, self.publisher.is_some())?;
-
+        let schedule = check(&settings, D::NOTIFICATIONS, self.publisher.is_some())?;
         #[cfg(feature = "outbox")]
-        let relay_config = match &settings.outbox {
-            Some(outbox) if outbox.relay.enabled => {
-                outbox
-                    .relay
-                    .validate()
-                    .map_err(|e| Error::Outbox(Box::new(e)))?;
-                Some(outbox.clone())
-            }
-            _ => None,
-        };
-        let cleanup = if properties.persistence.cleanup.enabled {
-            Some(
-                idempotency_core::cleanup::CleanupSchedule::parse(
-                    &properties.persistence.cleanup.cron,
-                )?
-                .in_zone(&properties.persistence.cleanup.zone)?,
-            )
-        } else {
-            None
-        };
+        let relay_config = settings
+            .outbox
+            .as_ref()
+            .filter(|outbox| outbox.relay.enabled)
+            .cloned();
 
         let store = pool.clone().store(&properties.persistence).await?;
         #[cfg(feature = "outbox")]
@@ -534,7 +527,7 @@ where
             }
             _ => None,
         };
-        let cleanup = cleanup.map(|schedule| {
+        let cleanup = properties.persistence.cleanup.enabled.then(|| {
             CleanupJob::new(
                 store,
                 schedule,
@@ -545,7 +538,7 @@ where
         });
         Ok(Idempotency {
             service,
-            settings: settings.clone(),
+            settings,
             cleanup,
             #[cfg(feature = "outbox")]
             outbox,
