@@ -152,26 +152,37 @@ nats_private_start() {
 
 # demo_start DATABASE_URL [VAR=value...]: starts the demo on $CHAOS_DEMO_PORT with no Redis
 # and no NATS unless given, waits for /health; sets DEMO_PID. Log in $WORK/demo-<n>.log.
+demo_start() { demo_start_on "$CHAOS_DEMO_PORT" "$@"; }
+
+# demo_start_on PORT DATABASE_URL [VAR=value...]: the same on PORT (one of several instances);
+# sets DEMO_PID and DEMO_LOG of the instance started.
 DEMO_RUNS=0
-demo_start() {
-  local database_url="$1"
-  shift
-  require_free_port "$CHAOS_DEMO_PORT" CHAOS_DEMO_PORT
+demo_start_on() {
+  local port="$1" database_url="$2"
+  shift 2
+  require_free_port "$port" "the demo's port variable"
   DEMO_RUNS=$((DEMO_RUNS + 1))
   DEMO_LOG="$WORK/demo-$DEMO_RUNS.log"
   env -u REDIS_URL -u NATS_URL RUST_LOG="${DEMO_RUST_LOG:-info,sqlx=warn}" \
-    DATABASE_URL="$database_url" SERVER__PORT="$CHAOS_DEMO_PORT" \
+    DATABASE_URL="$database_url" SERVER__PORT="$port" \
     DEMO_CONFIG="$PWD/demo/config/demo.yaml" "$@" "$DEMO_BIN" >"$DEMO_LOG" 2>&1 &
   DEMO_PID=$!
   cleanup_later "stop_ours TERM $DEMO_PID idempotency-demo"
   local _
   for _ in $(seq 1 150); do
-    curl -fs "$DEMO_URL/health" >/dev/null 2>&1 && return 0
+    curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
     kill -0 "$DEMO_PID" 2>/dev/null || { tail -n 30 "$DEMO_LOG"; echo "the demo exited" >&2; exit 2; }
     sleep 0.2
   done
-  echo "the demo did not answer on $DEMO_URL" >&2
+  echo "the demo did not answer on http://127.0.0.1:$port" >&2
   exit 2
+}
+
+# demo_metric URL NAME FILTER: the sum of the samples of counter NAME on URL/metrics whose line
+# contains FILTER (a label, `level="distributed"`).
+demo_metric() {
+  curl -s "$1/metrics" | awk -v name="$2" -v want="$3" '
+    index($0, name "{") == 1 && index($0, want) > 0 { sum += $NF } END { printf "%d\n", sum }'
 }
 
 demo_stop() {

@@ -55,10 +55,7 @@ kill_node() { # PORT: SIGKILL
   kill -KILL "$(cat "$CLUSTER_DIR/$1/redis.pid")"
   KILLED+=("$1")
 }
-metric() { # NAME KIND-LABEL-FILTER: sum of a counter of /metrics
-  curl -s "$DEMO_URL/metrics" | awk -v name="$1" -v want="$2" '
-    index($0, name "{") == 1 && index($0, want) > 0 { sum += $NF } END { printf "%d\n", sum }'
-}
+metric() { demo_metric "$DEMO_URL" "$@"; } # NAME KIND-LABEL-FILTER: sum of a counter of /metrics
 cache_errors() { metric idempotency_cache_errors_total 'level="distributed"'; }
 l2_hits() { metric idempotency_lookup_hits_total 'level="distributed"'; }
 

@@ -71,8 +71,13 @@ impl KeySource {
 
 /// FNV-1a, 64 bits: a stable hash (the standard library's hasher is randomly seeded).
 fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    fnv1a_bytes(text.as_bytes())
+}
+
+/// FNV-1a, 64 bits, of `bytes`.
+pub(crate) fn fnv1a_bytes(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
@@ -91,9 +96,48 @@ pub fn payment_body(key: &str) -> String {
     .to_string()
 }
 
+/// The `Idempotency-Key` sent for `key` to `POST /charges`, which takes UUID keys only: a
+/// version-8 UUID made of two FNV-1a hashes of the key, so that the same key is always the same
+/// UUID (and a key log replays the same charges).
+pub fn charge_key(key: &str) -> String {
+    let high = fnv1a(key);
+    let low = fnv1a(&format!("{key}#charge"));
+    format!(
+        "{:08x}-{:04x}-8{:03x}-{:04x}-{:012x}",
+        high >> 32,
+        (high >> 16) & 0xffff,
+        high & 0x0fff,
+        0x8000 | ((low >> 48) & 0x3fff),
+        low & 0xffff_ffff_ffff
+    )
+}
+
+/// The `POST /charges` body for `key`: `{"amountCents": n}`, n between 1 and 99,999 and a
+/// function of the key.
+pub fn charge_body(key: &str) -> String {
+    serde_json::json!({ "amountCents": 1 + fnv1a(key) % 99_999 }).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_charge_key_is_a_stable_version_8_uuid_per_key() {
+        let key = charge_key("load-1-k0");
+        assert_eq!(key, charge_key("load-1-k0"));
+        assert_ne!(key, charge_key("load-1-k1"));
+        assert_eq!(key.len(), 36);
+        let groups: Vec<_> = key.split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12]);
+        assert_eq!(&key[14..15], "8", "version 8: {key}");
+        assert!(
+            matches!(&key[19..20], "8" | "9" | "a" | "b"),
+            "variant: {key}"
+        );
+        let body: serde_json::Value = serde_json::from_str(&charge_body("k")).unwrap();
+        assert!((1..100_000).contains(&body["amountCents"].as_i64().unwrap()));
+    }
 
     #[test]
     fn the_body_is_a_function_of_the_key() {

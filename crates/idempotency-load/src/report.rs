@@ -24,8 +24,27 @@ pub struct KeyLine {
     pub requests: u64,
     /// Answers that carried `Idempotent-Replayed: true`.
     pub replayed: u64,
-    /// Distinct `paymentId`s seen in its 201 answers: more than one is a double execution.
+    /// Distinct `paymentId`s (charge ids for charges) seen in its 201 answers: more than one
+    /// is a double execution.
     pub payment_ids: BTreeSet<String>,
+    /// Distinct digests (FNV-1a, hex) of the bodies of its 201 answers: more than one is a
+    /// replay that differs from the first answer.
+    pub body_digests: BTreeSet<String>,
+    /// The instances (indices of the base URLs) that answered it with a 201.
+    pub answered_by: BTreeSet<usize>,
+}
+
+/// What one instance (one base URL) answered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceSummary {
+    /// Its base URL.
+    pub url: String,
+    /// Requests sent to it.
+    pub requests: u64,
+    /// How many of each status it answered.
+    pub statuses: BTreeMap<String, u64>,
+    /// Its answers with `Idempotent-Replayed: true`.
+    pub replayed: u64,
 }
 
 /// Latency quantiles, in milliseconds (from an HDR histogram with 3 significant digits).
@@ -65,17 +84,26 @@ pub struct KeySummary {
     pub payment_ids_per_key: BTreeMap<u64, u64>,
     /// Keys that saw more than one `paymentId` (double executions).
     pub keys_with_several_payment_ids: u64,
+    /// Keys whose 201 answers were not all byte-identical.
+    pub keys_with_several_bodies: u64,
+    /// Keys answered with a 201 by every instance (with several base URLs, the replays that
+    /// crossed instances).
+    pub keys_answered_by_every_instance: u64,
 }
 
 impl KeySummary {
-    pub(crate) fn of(lines: &[KeyLine], executed: u64) -> Self {
+    pub(crate) fn of(lines: &[KeyLine], executed: u64, instances: usize) -> Self {
         let mut per_key = BTreeMap::new();
         let mut ids = BTreeSet::new();
         for line in lines {
             *per_key.entry(line.payment_ids.len() as u64).or_default() += 1;
             ids.extend(line.payment_ids.iter());
         }
+        let count =
+            |holds: &dyn Fn(&KeyLine) -> bool| lines.iter().filter(|l| holds(l)).count() as u64;
         Self {
+            keys_with_several_bodies: count(&|l| l.body_digests.len() > 1),
+            keys_answered_by_every_instance: count(&|l| l.answered_by.len() >= instances),
             distinct: lines.len() as u64,
             executed,
             distinct_payment_ids: ids.len() as u64,
@@ -112,8 +140,10 @@ pub struct Report {
     pub server_errors: u64,
     /// 5xx answers that were not `application/problem+json`.
     pub server_errors_without_problem: u64,
-    /// Per-key figures (payments only).
+    /// Per-key figures (payments and charges).
     pub keys: Option<KeySummary>,
+    /// Per instance (base URL), in the order given.
+    pub instances: Vec<InstanceSummary>,
     /// Statuses per second of the run, by send time.
     pub timeline: Vec<Second>,
     /// One line per key (payments only), for `--key-log`.
@@ -173,13 +203,31 @@ impl fmt::Display for Report {
             writeln!(
                 f,
                 "keys: {} distinct, {} executions (201 not replayed), {} distinct paymentIds; \
-                 paymentIds per key: {}; keys with several: {}",
+                 paymentIds per key: {}; keys with several: {}; with differing bodies: {}",
                 k.distinct,
                 k.executed,
                 k.distinct_payment_ids,
                 per_key.join(", "),
-                k.keys_with_several_payment_ids
+                k.keys_with_several_payment_ids,
+                k.keys_with_several_bodies
             )?;
+        }
+        if self.instances.len() > 1 {
+            for instance in &self.instances {
+                let statuses: Vec<_> = instance
+                    .statuses
+                    .iter()
+                    .map(|(s, n)| format!("{s}: {n}"))
+                    .collect();
+                writeln!(
+                    f,
+                    "  {}: {} requests, {} replayed; {}",
+                    instance.url,
+                    instance.requests,
+                    instance.replayed,
+                    statuses.join(", ")
+                )?;
+            }
         }
         Ok(())
     }

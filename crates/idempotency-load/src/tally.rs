@@ -6,7 +6,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 
 use crate::client::{Endpoint, Reply, Status};
-use crate::report::{KeyLine, KeySummary, Latency, Report, Second};
+use crate::report::{InstanceSummary, KeyLine, KeySummary, Latency, Report, Second};
 
 /// Highest latency recorded, in microseconds (longer ones count as this): one hour.
 const MAX_MICROS: u64 = 3_600_000_000;
@@ -27,6 +27,8 @@ pub struct Tally {
     executed: u64,
     server_errors_without_problem: u64,
     timeline: BTreeMap<u64, BTreeMap<Status, u64>>,
+    /// Per instance (index of its base URL): statuses and replays.
+    instances: BTreeMap<usize, (BTreeMap<Status, u64>, u64)>,
     keys: Option<HashMap<String, KeyState>>,
 }
 
@@ -42,6 +44,7 @@ impl Tally {
             executed: 0,
             server_errors_without_problem: 0,
             timeline: BTreeMap::new(),
+            instances: BTreeMap::new(),
             keys: track_keys.then(HashMap::new),
         }
     }
@@ -63,6 +66,9 @@ impl Tally {
                 .entry((reply.status, kind.clone()))
                 .or_default() += 1;
         }
+        let instance = self.instances.entry(reply.instance).or_default();
+        *instance.0.entry(reply.status).or_default() += 1;
+        instance.1 += u64::from(reply.replayed);
         self.replayed += u64::from(reply.replayed);
         self.executed += u64::from(reply.status == Status::Http(201) && !reply.replayed);
         if reply.status.is_server_error() && !reply.problem_json {
@@ -80,12 +86,18 @@ impl Tally {
                 requests: 0,
                 replayed: 0,
                 payment_ids: BTreeSet::new(),
+                body_digests: BTreeSet::new(),
+                answered_by: BTreeSet::new(),
             },
         });
         state.line.requests += 1;
         state.line.replayed += u64::from(reply.replayed);
         if let Some(id) = reply.payment_id {
             state.line.payment_ids.insert(id);
+        }
+        if let Some(digest) = reply.body_digest {
+            state.line.body_digests.insert(format!("{digest:016x}"));
+            state.line.answered_by.insert(reply.instance);
         }
     }
 
@@ -101,6 +113,13 @@ impl Tally {
         self.replayed += other.replayed;
         self.executed += other.executed;
         self.server_errors_without_problem += other.server_errors_without_problem;
+        for (index, (statuses, replayed)) in other.instances {
+            let mine = self.instances.entry(index).or_default();
+            for (status, n) in statuses {
+                *mine.0.entry(status).or_default() += n;
+            }
+            mine.1 += replayed;
+        }
         for (second, statuses) in other.timeline {
             let mine = self.timeline.entry(second).or_default();
             for (status, n) in statuses {
@@ -120,6 +139,8 @@ impl Tally {
                     known.line.requests += line.requests;
                     known.line.replayed += line.replayed;
                     known.line.payment_ids.append(&mut line.payment_ids);
+                    known.line.body_digests.append(&mut line.body_digests);
+                    known.line.answered_by.append(&mut line.answered_by);
                     if state.first_at < known.first_at {
                         known.first_at = state.first_at;
                         known.line.first_sent_ms = line.first_sent_ms;
@@ -132,10 +153,12 @@ impl Tally {
         }
     }
 
-    /// The report of a run of `clients` clients on `endpoint` that started at `started_unix_ms`
-    /// (milliseconds since the Unix epoch) and lasted `elapsed`.
+    /// The report of a run of `clients` clients on `endpoint` of the instances at `base_urls`
+    /// that started at `started_unix_ms` (milliseconds since the Unix epoch) and lasted
+    /// `elapsed`.
     pub fn finish(
         self,
+        base_urls: &[String],
         endpoint: Endpoint,
         clients: usize,
         started_unix_ms: u64,
@@ -148,8 +171,22 @@ impl Tally {
             .map(|keys| keys.into_values().map(|s| s.line).collect())
             .unwrap_or_default();
         key_log.sort_by(|a, b| a.key.cmp(&b.key));
-        let keys =
-            (endpoint == Endpoint::Payments).then(|| KeySummary::of(&key_log, self.executed));
+        let keys = endpoint
+            .keyed()
+            .then(|| KeySummary::of(&key_log, self.executed, base_urls.len()));
+        let instances = base_urls
+            .iter()
+            .enumerate()
+            .map(|(index, url)| {
+                let (statuses, replayed) = self.instances.get(&index).cloned().unwrap_or_default();
+                InstanceSummary {
+                    url: url.clone(),
+                    requests: statuses.values().sum(),
+                    statuses: statuses.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
+                    replayed,
+                }
+            })
+            .collect();
         let timeline = self
             .timeline
             .iter()
@@ -191,6 +228,7 @@ impl Tally {
             replayed: self.replayed,
             server_errors_without_problem: self.server_errors_without_problem,
             keys,
+            instances,
             timeline,
             key_log,
         }
@@ -206,6 +244,8 @@ mod tests {
             status: Status::Http(status),
             replayed,
             payment_id: id.map(str::to_owned),
+            body_digest: id.map(|id| crate::keys::fnv1a_bytes(id.as_bytes())),
+            instance: 0,
             problem_json: status >= 400,
             problem_type: (status == 409).then(|| "request-in-flight".to_owned()),
         }
@@ -222,7 +262,13 @@ mod tests {
         b.record("j", ms(1), ms(7), reply(201, false, Some("p2")));
         b.record("j", ms(2), ms(7), reply(201, false, Some("p3")));
         a.merge(b);
-        let report = a.finish(Endpoint::Payments, 2, 0, Duration::from_secs(1));
+        let report = a.finish(
+            &["u".to_owned()],
+            Endpoint::Payments,
+            2,
+            0,
+            Duration::from_secs(1),
+        );
 
         assert_eq!(report.requests, 5);
         assert_eq!(report.statuses["201"], 4);
@@ -255,11 +301,61 @@ mod tests {
             Duration::from_millis(1),
             reply(503, false, None),
         );
-        let report = tally.finish(Endpoint::Health, 1, 0, Duration::from_secs(1));
+        let report = tally.finish(
+            &["u".to_owned()],
+            Endpoint::Health,
+            1,
+            0,
+            Duration::from_secs(1),
+        );
         assert_eq!(
             (report.server_errors, report.server_errors_without_problem),
             (2, 1)
         );
         assert!(report.keys.is_none() && report.key_log.is_empty());
+    }
+
+    #[test]
+    fn answers_from_several_instances_are_counted_per_instance_and_per_key() {
+        let ms = Duration::from_millis;
+        let at = |instance, r: Reply| Reply { instance, ..r };
+        let urls = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let mut one = Tally::new(true);
+        one.record("k", ms(1), ms(1), at(0, reply(201, false, Some("p1"))));
+        one.record("k", ms(2), ms(1), at(1, reply(201, true, Some("p1"))));
+        one.record("j", ms(3), ms(1), at(2, reply(409, false, None)));
+        let mut two = Tally::new(true);
+        two.record("k", ms(4), ms(1), at(2, reply(201, true, Some("p1"))));
+        two.record("j", ms(5), ms(1), at(0, reply(201, false, Some("p2"))));
+        // A replay whose bytes differ from the first answer (same id, other body).
+        let mut other_body = at(1, reply(201, true, Some("p2")));
+        other_body.body_digest = Some(7);
+        two.record("j", ms(6), ms(1), other_body);
+        two.record(
+            "j",
+            ms(7),
+            ms(1),
+            at(1, Reply::without_answer_for_tests(Status::Failed)),
+        );
+        one.merge(two);
+        let report = one.finish(&urls, Endpoint::Charges, 2, 0, Duration::from_secs(1));
+
+        let per_instance: Vec<_> = report
+            .instances
+            .iter()
+            .map(|i| (i.url.as_str(), i.requests, i.replayed))
+            .collect();
+        assert_eq!(per_instance, [("a", 2, 0), ("b", 3, 2), ("c", 2, 1)]);
+        assert_eq!(report.instances[1].statuses["connection-error"], 1);
+        let k = report.key_log.iter().find(|l| l.key == "k").unwrap();
+        assert_eq!(k.answered_by, BTreeSet::from([0, 1, 2]));
+        assert_eq!((k.payment_ids.len(), k.body_digests.len()), (1, 1));
+        let j = report.key_log.iter().find(|l| l.key == "j").unwrap();
+        assert_eq!(j.answered_by, BTreeSet::from([0, 1]));
+        assert_eq!((j.payment_ids.len(), j.body_digests.len()), (1, 2));
+        let keys = report.keys.unwrap();
+        assert_eq!(keys.keys_with_several_payment_ids, 0);
+        assert_eq!(keys.keys_with_several_bodies, 1, "j's replay differs");
+        assert_eq!(keys.keys_answered_by_every_instance, 1, "k only");
     }
 }

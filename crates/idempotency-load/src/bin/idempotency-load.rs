@@ -5,6 +5,7 @@
 //! idempotency-load --endpoint health --clients 50 --duration 10s        # baseline
 //! idempotency-load --fresh --requests 5000 --key-log /tmp/keys.jsonl --json
 //! idempotency-load --keys-from /tmp/keys.jsonl --clients 20            # replay every key once
+//! idempotency-load --url http://127.0.0.1:8081,http://127.0.0.1:8082 --keys 20   # round-robin
 //! ```
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool: the report is its output
@@ -29,11 +30,14 @@ use idempotency_load::report::Report;
              replays and distinct paymentIds per key"
 )]
 struct Args {
-    /// Base URL of the demo.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    url: String,
-    /// Endpoint: `payments` (POST /api/payments), `unprotected` (POST /api/payments/unprotected,
-    /// the same payment without idempotency) or `health` (GET /health).
+    /// Base URL of the demo. Several instances: repeat the option or separate the URLs with
+    /// commas; requests go to them in turn (round-robin per request, every key of a --keys
+    /// pool to every instance).
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:8080")]
+    url: Vec<String>,
+    /// Endpoint: `payments` (POST /api/payments), `charges` (POST /charges, UUID keys derived
+    /// from the keys), `unprotected` (POST /api/payments/unprotected, the same payment without
+    /// idempotency) or `health` (GET /health).
     #[arg(long, value_enum, default_value_t = Endpoint::Payments)]
     endpoint: Endpoint,
     /// Concurrent clients.
@@ -115,7 +119,7 @@ fn write_key_log(path: &PathBuf, report: &Report) -> Result<(), Error> {
 
 async fn main_inner(args: Args) -> Result<(), Error> {
     let config = LoadConfig {
-        base_url: args.url.clone(),
+        base_urls: args.url.clone(),
         endpoint: args.endpoint,
         clients: args.clients,
         duration: args.duration,
@@ -154,5 +158,29 @@ async fn main() -> ExitCode {
             eprintln!("idempotency-load: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn urls(args: &[&str]) -> Vec<String> {
+        let mut argv = vec!["idempotency-load"];
+        argv.extend_from_slice(args);
+        Args::try_parse_from(argv).unwrap().url
+    }
+
+    #[test]
+    fn urls_are_repeated_or_comma_separated_and_default_to_one() {
+        assert_eq!(urls(&[]), ["http://127.0.0.1:8080"]);
+        assert_eq!(
+            urls(&["--url", "http://a:1", "--url", "http://b:2,http://c:3"]),
+            ["http://a:1", "http://b:2", "http://c:3"]
+        );
+        assert_eq!(
+            urls(&["--url", "http://a:1,http://b:2"]),
+            ["http://a:1", "http://b:2"]
+        );
     }
 }

@@ -9,6 +9,9 @@
 //!                      --subject 'chaos.{aggregate_type}.{event_type}' --life 1 > life-1.acks  # kill -9 it
 //! outbox-chaos verify  --database-url ... --nats-url ... --table outbox_chaos --stream CHAOS \
 //!                      --acks-dir . --watch watch.json
+//! outbox-chaos consume --database-url ... --nats-url ... --table outbox --stream CHAOS \
+//!                      --durable reader > verdict.json &                          # until SIGTERM
+//! outbox-chaos consume ... --durable applier --inbox-table inbox --effects-table effects
 //! ```
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool: the report is its output
@@ -20,9 +23,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use idempotency_core::config::SchemaMode;
 use idempotency_load::Error;
-use idempotency_load::chaos::{self, acks, enqueue, relay, stream, verify, watch};
-use idempotency_outbox::config::{Ordering, OutboxConfig};
-use idempotency_pg::PgOutbox;
+use idempotency_load::chaos::{self, acks, consume, enqueue, relay, stream, verify, watch};
+use idempotency_outbox::config::{InboxConfig, Ordering, OutboxConfig};
+use idempotency_pg::{PgInbox, PgOutbox};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::signal::unix::{SignalKind, signal};
@@ -72,6 +75,9 @@ enum Step {
         /// Events per transaction.
         #[arg(long, default_value_t = 500)]
         per_tx: u64,
+        /// Wait this long after each transaction (`100ms`), to spread the events over a run.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        pause: Duration,
     },
     /// Run the relay until SIGTERM, one `<id> <duplicate 0|1>` line per ack on stdout.
     Relay {
@@ -104,6 +110,99 @@ enum Step {
         #[arg(long)]
         watch: PathBuf,
     },
+    /// Consume the stream with a durable pull consumer (explicit acks) until SIGTERM and until
+    /// it caught up; print the verdict against the outbox table (exit 1 if a guarantee fails).
+    Consume(Consume),
+}
+
+#[derive(Debug, Args)]
+struct Consume {
+    /// PostgreSQL (the outbox's database; the inbox tables go there too).
+    #[arg(long)]
+    database_url: String,
+    /// The outbox table (a plain identifier).
+    #[arg(long, default_value = "outbox")]
+    table: String,
+    /// NATS server.
+    #[arg(long)]
+    nats_url: String,
+    /// Stream name.
+    #[arg(long)]
+    stream: String,
+    /// Durable consumer name (also the inbox's consumer name).
+    #[arg(long)]
+    durable: String,
+    /// Ack wait: JetStream redelivers an unacked message after this long.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    ack_wait: Duration,
+    /// After SIGTERM, stop waiting for the consumer to catch up after this long.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
+    /// This process takes over a durable consumer mid-stream (after a kill): the first event
+    /// of an aggregate may be any, and arrival is checked on the effects, not on what this
+    /// process received.
+    #[arg(long)]
+    resumed: bool,
+    /// The bound on ids stored twice in the stream.
+    #[arg(long, default_value_t = 0)]
+    duplicate_bound: u64,
+    /// Inbox mode: apply each event through a PgInbox on this table (created if missing).
+    #[arg(long, requires = "effects_table")]
+    inbox_table: Option<String>,
+    /// Inbox mode: the effects table (created if missing), `<name>_counters` next to it.
+    #[arg(long, requires = "inbox_table")]
+    effects_table: Option<String>,
+    /// Inbox mode: skip the ack of every Nth first delivery after its commit (0: never), so
+    /// that JetStream redelivers an applied event.
+    #[arg(long, default_value_t = 0)]
+    skip_ack_every: u64,
+}
+
+async fn run_consume(args: Consume) -> Result<bool, Error> {
+    let pool = PgPoolOptions::new()
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&args.database_url)
+        .await?;
+    let inbox = match (&args.inbox_table, &args.effects_table) {
+        (Some(inbox_table), Some(effects)) => {
+            let mut config = InboxConfig {
+                table_name: inbox_table.clone(),
+                ..InboxConfig::default()
+            };
+            config.schema.mode = SchemaMode::Create;
+            let inbox = PgInbox::from_config(pool.clone(), &config).await?;
+            consume::create_effects(&pool, effects).await?;
+            Some(consume::InboxMode {
+                inbox,
+                effects: effects.clone(),
+                skip_ack_every: args.skip_ack_every,
+            })
+        }
+        _ => None,
+    };
+    let client = stream::connect(&args.nats_url).await?;
+    let config = consume::ConsumerConfig {
+        stream: args.stream.clone(),
+        durable: args.durable.clone(),
+        ack_wait: args.ack_wait,
+        drain_timeout: args.drain_timeout,
+        strict_start: !args.resumed,
+    };
+    let ready = || eprintln!("consuming {} as {}", args.stream, args.durable);
+    let verdict = consume::run(
+        &client,
+        &pool,
+        &args.table,
+        &config,
+        inbox.as_ref(),
+        args.duplicate_bound,
+        ready,
+        terminated(),
+    )
+    .await?;
+    println!("{}", serde_json::to_string(&verdict)?);
+    Ok(verdict.violations.is_empty())
 }
 
 #[derive(Debug, Args)]
@@ -208,9 +307,10 @@ async fn main_inner(step: Step) -> Result<bool, Error> {
             count,
             aggregates,
             per_tx,
+            pause,
         } => {
             let (pool, store) = outbox.open(SchemaMode::Create).await?;
-            let enqueued = enqueue::run(&pool, &store, count, aggregates, per_tx).await?;
+            let enqueued = enqueue::run(&pool, &store, count, aggregates, per_tx, pause).await?;
             println!("{}", serde_json::to_string(&enqueued)?);
         }
         Step::Relay {
@@ -259,6 +359,7 @@ async fn main_inner(step: Step) -> Result<bool, Error> {
             println!("{}", serde_json::to_string(&verdict)?);
             return Ok(verdict.violations.is_empty());
         }
+        Step::Consume(args) => return run_consume(args).await,
     }
     Ok(true)
 }

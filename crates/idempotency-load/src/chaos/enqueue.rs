@@ -1,6 +1,6 @@
 //! Writes N events into the outbox, in transactions of a fixed size.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use idempotency_outbox::NewEvent;
 use idempotency_pg::PgOutbox;
@@ -20,14 +20,16 @@ pub struct Enqueued {
     pub seconds: f64,
 }
 
-/// Commits `count` events over `aggregates` aggregates, `per_tx` per transaction. Event `i`
-/// belongs to aggregate `i mod aggregates` and carries `{"n": i}`.
+/// Commits `count` events over `aggregates` aggregates, `per_tx` per transaction, waiting
+/// `pause` after each commit (to spread the events over a run). Event `i` belongs to aggregate
+/// `i mod aggregates` and carries `{"n": i}`.
 pub async fn run(
     pool: &PgPool,
     outbox: &PgOutbox,
     count: u64,
     aggregates: u64,
     per_tx: u64,
+    pause: Duration,
 ) -> Result<Enqueued, Error> {
     let started = Instant::now();
     let aggregates = aggregates.max(1);
@@ -48,6 +50,9 @@ pub async fn run(
         outbox.enqueue_all(&mut tx, &events).await?;
         tx.commit().await?;
         n = end;
+        if !pause.is_zero() && n < count {
+            tokio::time::sleep(pause).await;
+        }
     }
     Ok(Enqueued {
         events: count,

@@ -10,6 +10,10 @@
 //!    killed and restarted by the script until nothing is pending;
 //! 5. [`verify::run`]: every row published, every id in the stream exactly once, and the
 //!    duplicates each kill caused.
+//!
+//! [`consume::run`] is a real consumer of such a stream (`scripts/chaos/instances.sh`): a
+//! durable pull consumer with explicit acks that checks arrival, per-aggregate order and
+//! duplicates against the outbox table, and optionally applies every event through the inbox.
 
 use std::time::Duration;
 
@@ -17,6 +21,7 @@ use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
 
 pub mod acks;
+pub mod consume;
 pub mod enqueue;
 pub mod relay;
 pub mod stream;
