@@ -230,13 +230,8 @@ key_checks() { # NAME WHAT ROWS_SQL IDS_SQL
     "$what: only 201, 409 request-in-flight and connection errors ($(j "$name" '.statuses | tojson'))"
   check "$(j "$name" '[.instances | to_entries[] | select(.key != 1) | .value.statuses["connection-error"] // 0] | add == 0 | if . then 1 else 0 end')" \
     "$what: connection errors only to the killed instance ($(j "$name" '.instances[1].statuses["connection-error"] // 0'))"
-  if diff <(psql "$db_url" -Atc "$ids" | LC_ALL=C sort) \
-    <(jq -r '.payment_ids[]' "$WORK/$name.keys.jsonl" | LC_ALL=C sort) >"$WORK/$name-ids.diff"; then
-    check 1 "$what: the ids the keys saw are the stored ones"
-  else
-    check 0 "$what: the ids the keys saw differ from the stored ones"
-    head -n 10 "$WORK/$name-ids.diff"
-  fi
+  check_same "$what: the ids the keys saw are the stored ones" \
+    <(psql "$db_url" -Atc "$ids" | LC_ALL=C sort) <(jq -r '.payment_ids[]' "$WORK/$name.keys.jsonl" | LC_ALL=C sort)
 }
 key_checks payments payments "SELECT count(*) FROM payments WHERE order_id LIKE 'inst-pay-%'" \
   "SELECT payment_id FROM payments WHERE order_id LIKE 'inst-pay-%'"
@@ -258,12 +253,8 @@ jq -rs 'group_by(.key)[] | "\(.[0].key) \(map(.payment_ids[]) | unique | join(",
   "$WORK/kill-window.keys.jsonl" "$WORK/window-retry.keys.jsonl" | LC_ALL=C sort >"$WORK/window-seen.txt"
 psql "$db_url" -Atc "SELECT order_id || ' ' || payment_id FROM payments WHERE order_id LIKE 'inst-win-%'" |
   LC_ALL=C sort >"$WORK/window-stored.txt"
-if diff "$WORK/window-stored.txt" "$WORK/window-seen.txt" >"$WORK/window-ids.diff"; then
-  check 1 "kill window: $win_rows rows for $win_keys keys, each the one paymentId its answers named"
-else
-  check 0 "kill window: the stored rows differ from the paymentIds the keys saw ($win_rows rows, $win_keys keys)"
-  head -n 10 "$WORK/window-ids.diff"
-fi
+check_same "kill window: $win_rows rows for $win_keys keys, each the one paymentId its answers named" \
+  "$WORK/window-stored.txt" "$WORK/window-seen.txt"
 # Rows whose execution no client saw (no 201 without Idempotent-Replayed): committed on the
 # killed instance, the answer lost with it, replayed by a later request or the retry.
 lost_answers=$((win_rows - $(j kill-window .keys.executed) - $(j window-retry .keys.executed)))

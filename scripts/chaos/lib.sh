@@ -40,6 +40,16 @@ now_ms() { date +%s%3N; }
 violation() { VIOLATIONS=$((VIOLATIONS + 1)); printf '  VIOLATION: %s\n' "$*"; }
 # check CONDITION-EXIT-CODE MESSAGE: `check "$((a == b))" "a equals b"` style, 1 = holds.
 check() { if [ "$1" = 1 ]; then printf '  ok: %s\n' "$2"; else violation "$2"; fi; }
+# check_same MESSAGE FILE-A FILE-B: a check that two (sorted) lists are the same; prints the
+# start of their diff when they are not. `check_same "ids" <(psql ...) <(jq ...)`.
+check_same() {
+  if diff "$2" "$3" >"$WORK/check-same.diff"; then
+    check 1 "$1"
+  else
+    check 0 "$1: they differ"
+    head -n 10 "$WORK/check-same.diff"
+  fi
+}
 
 on_exit() {
   local status=$?
