@@ -55,6 +55,7 @@ on_exit() {
   local status=$?
   local i
   for ((i = ${#CLEANUPS[@]} - 1; i >= 0; i--)); do eval "${CLEANUPS[$i]}" >/dev/null 2>&1 || true; done
+  drop_shared_dbs
   if [ "${KEEP_WORK:-0}" = 1 ] || [ "$status" != 0 ]; then
     echo "work files kept in $WORK"
   else
@@ -120,12 +121,23 @@ pg_private_start() {
 }
 
 # Creates a fresh database on the shared server, dropped on exit. Prints its URL.
+# Called as `db_url="$(shared_fresh_db NAME)"`, it runs in a subshell, where a cleanup_later
+# would be lost: the name goes to a file that on_exit reads (drop_shared_dbs).
 shared_fresh_db() {
   local name="$1"
   PGOPTIONS="-c client_min_messages=warning" psql "$SHARED_DATABASE_URL/postgres" -qc "DROP DATABASE IF EXISTS $name WITH (FORCE)" >&2
+  echo "$name" >>"$WORK/shared-dbs"
   psql "$SHARED_DATABASE_URL/postgres" -qc "CREATE DATABASE $name" >&2
-  cleanup_later "psql '$SHARED_DATABASE_URL/postgres' -qc 'DROP DATABASE IF EXISTS $name WITH (FORCE)'"
   echo "$SHARED_DATABASE_URL/$name"
+}
+
+# Drops the databases shared_fresh_db created (after the other cleanups stopped their users).
+drop_shared_dbs() {
+  local name
+  [ -f "$WORK/shared-dbs" ] || return 0
+  while read -r name; do
+    PGOPTIONS="-c client_min_messages=warning" psql "$SHARED_DATABASE_URL/postgres" -qc "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null 2>&1 || true
+  done <"$WORK/shared-dbs"
 }
 
 # ---------------------------------------------------------------- Redis and NATS
