@@ -21,11 +21,30 @@ where
     Arc::new(move |client, iteration| Box::pin(f(client, iteration)))
 }
 
+/// A run of another program for about the given time (pgbench).
+pub(crate) type External =
+    Arc<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ExternalRun> + Send>> + Send + Sync>;
+
+/// What another program measured: the latency of each operation, and the time it ran them in
+/// (without its start-up and connection time).
+pub(crate) struct ExternalRun {
+    pub(crate) latencies: Vec<Duration>,
+    pub(crate) elapsed: Duration,
+}
+
+/// What a scenario runs: an operation called by each client in a loop, or another program that
+/// runs its own clients for the slice and reports the latency of each operation it ran.
+#[derive(Clone)]
+pub(crate) enum Work {
+    Clients(Op),
+    External(External),
+}
+
 /// A named operation and how many clients run it.
 pub(crate) struct Scenario {
     pub(crate) name: String,
     pub(crate) clients: u64,
-    pub(crate) op: Op,
+    pub(crate) work: Work,
 }
 
 impl Scenario {
@@ -33,7 +52,16 @@ impl Scenario {
         Self {
             name: name.into(),
             clients,
-            op,
+            work: Work::Clients(op),
+        }
+    }
+
+    /// A scenario run by another program (`clients` is what it was told to use).
+    pub(crate) fn external(name: impl Into<String>, clients: u64, run: External) -> Self {
+        Self {
+            name: name.into(),
+            clients,
+            work: Work::External(run),
         }
     }
 }
@@ -67,26 +95,44 @@ pub(crate) async fn run_interleaved(
         .map(|_| (0, Duration::ZERO, Histogram::new(3).expect("histogram")))
         .collect();
     for scenario in scenarios {
-        run_clients(
-            scenario.clients,
-            Instant::now() + Duration::from_millis(200),
-            Arc::clone(&scenario.op),
-            1 << 40,
-        )
-        .await;
+        let warm_up = Duration::from_millis(200);
+        match &scenario.work {
+            Work::Clients(op) => {
+                run_clients(
+                    scenario.clients,
+                    Instant::now() + warm_up,
+                    Arc::clone(op),
+                    1 << 40,
+                )
+                .await;
+            }
+            Work::External(run) => {
+                run(warm_up).await;
+            }
+        }
     }
     for round in 0..rounds.max(1) {
         for (scenario, total) in scenarios.iter().zip(totals.iter_mut()) {
             let started = Instant::now();
             let first = u64::from(round) << 32;
-            let histograms = run_clients(
-                scenario.clients,
-                started + slice,
-                Arc::clone(&scenario.op),
-                first,
-            )
-            .await;
-            total.1 += started.elapsed();
+            let histograms = match &scenario.work {
+                Work::Clients(op) => {
+                    let histograms =
+                        run_clients(scenario.clients, started + slice, Arc::clone(op), first).await;
+                    total.1 += started.elapsed();
+                    histograms
+                }
+                Work::External(run) => {
+                    let run = run(slice).await;
+                    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+                    for latency in run.latencies {
+                        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+                        histogram.record(micros.max(1)).expect("record");
+                    }
+                    total.1 += run.elapsed;
+                    vec![histogram]
+                }
+            };
             for h in histograms {
                 total.0 += h.len();
                 total.2.add(h).expect("same bounds");

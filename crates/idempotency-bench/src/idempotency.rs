@@ -19,6 +19,7 @@ use idempotency_pg::PgStore;
 use sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
 
 use crate::harness::{Measurement, Op, Scenario, op, run_interleaved};
+use crate::pgbench::{Param, Pgbench, bind};
 
 /// A timestamp column.
 type Ts = sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>;
@@ -83,6 +84,8 @@ pub(crate) struct Setup {
     pub(crate) store: PgStore,
     redis: RedisCache,
     pub(crate) run: u64,
+    /// pgbench on the same schema, when it is installed.
+    pub(crate) pgbench: Option<Pgbench>,
 }
 
 impl Setup {
@@ -107,11 +110,17 @@ impl Setup {
         )
         .expect("redis");
         redis.client().wait_for_connect().await.expect("redis");
+        let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
+            .fetch_one(&pool)
+            .await
+            .expect("schema name");
+        let pgbench = Pgbench::find(&idempotency_testing::database_url(), &schema);
         Self {
             pool,
             store,
             redis,
             run: u64::from(std::process::id()),
+            pgbench,
         }
     }
 
@@ -204,7 +213,7 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
     });
 
     let service = IdempotencyService::new(setup.store.clone());
-    vec![
+    let mut scenarios = vec![
         Scenario::new("baseline: business transaction", clients, baseline),
         Scenario::new(
             "direct SQL: claim, business, complete",
@@ -225,6 +234,88 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
             "execute_optimistic: first execution",
             clients,
             first_execution(service, run, true),
+        ),
+    ];
+    if let Some(pgbench) = &setup.pgbench {
+        scenarios.extend(pgbench_first_executions(setup, pgbench, clients));
+    }
+    scenarios
+}
+
+/// The same three transactions as the baseline and the two direct-SQL scenarios, run by
+/// pgbench: the business insert alone, then the store's own statements around it.
+fn pgbench_first_executions(setup: &Setup, pgbench: &Pgbench, clients: u64) -> Vec<Scenario> {
+    use Param::{Sql, Var};
+    const NULL: Param = Sql("NULL");
+    const EMPTY: Param = Sql("''");
+    let business =
+        "INSERT INTO bench_payments (order_id, amount) VALUES (:key, 100.00) RETURNING id;";
+    let acquire = bind(
+        &setup.statement("acquire_bounded").0,
+        &[
+            Var("op"),
+            EMPTY,
+            Var("key"),
+            Var("hash"),
+            Var("ttl"),
+            Var("budget"),
+        ],
+    );
+    let complete = bind(
+        &setup.statement("complete").0,
+        &[
+            Var("op"),
+            EMPTY,
+            Var("key"),
+            Var("status"),
+            Var("payload"),
+            NULL,
+        ],
+    );
+    let insert_completed = bind(
+        &setup.statement("insert_completed_bounded").0,
+        &[
+            Var("op"),
+            EMPTY,
+            Var("key"),
+            Var("hash"),
+            Var("status"),
+            Var("payload"),
+            NULL,
+            Var("ttl"),
+            Var("budget"),
+        ],
+    );
+    // A fresh key per transaction (pgbench binds the integer as text).
+    let key = "\\set key random(1, 1000000000000000)";
+    let defines = || {
+        vec![
+            ("op", "PAY".to_owned()),
+            ("hash", HASH.to_owned()),
+            ("ttl", "365 days".to_owned()),
+            ("budget", LOCK_BUDGET.to_owned()),
+            ("status", "COMPLETED".to_owned()),
+            ("payload", payment_body(1, "pgbench").to_string()),
+        ]
+    };
+    vec![
+        pgbench.scenario(
+            "business transaction",
+            clients,
+            format!("{key}\nBEGIN;\n{business}\nCOMMIT;\n"),
+            defines(),
+        ),
+        pgbench.scenario(
+            "claim, business, complete",
+            clients,
+            format!("{key}\nBEGIN;\n{acquire};\n{business}\n{complete};\nCOMMIT;\n"),
+            defines(),
+        ),
+        pgbench.scenario(
+            "business, insert completed",
+            clients,
+            format!("{key}\nBEGIN;\n{business}\n{insert_completed};\nCOMMIT;\n"),
+            defines(),
         ),
     ]
 }
