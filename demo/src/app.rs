@@ -116,7 +116,7 @@ pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
         .route("/openapi.json", get(crate::openapi::document))
         .merge(v2)
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(app)
+        .with_state(Arc::new(app))
 }
 
 pub(crate) fn technical(message: &'static str) -> Error {
@@ -156,7 +156,7 @@ pub(crate) fn outbox_error(error: idempotency_outbox::Error) -> Error {
     )
 )]
 pub(crate) async fn create_payment<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     key: ScopedKey<OptionalTenant, IdempotencyKeyHeader>,
     ProblemJson(body): ProblemJson<CreatePayment>,
 ) -> Result<Response, Response> {
@@ -213,7 +213,7 @@ pub(crate) async fn create_payment<DB: Database>(
     )
 )]
 pub(crate) async fn create_payment_unprotected<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     ProblemJson(body): ProblemJson<CreatePayment>,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
@@ -246,7 +246,7 @@ pub(crate) async fn create_payment_unprotected<DB: Database>(
     )
 )]
 pub(crate) async fn create_refund<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     key: ScopedKey<OptionalTenant, IdempotencyKeyHeader>,
     ProblemJson(body): ProblemJson<CreateRefund>,
 ) -> Result<Response, Response> {
@@ -291,7 +291,7 @@ pub(crate) async fn create_refund<DB: Database>(
     )
 )]
 pub(crate) async fn create_charge<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     key: ScopedKey<OptionalTenant, UuidKeyHeader>,
     ProblemJson(body): ProblemJson<CreateCharge>,
 ) -> Result<Response, Response> {
@@ -333,7 +333,7 @@ pub(crate) async fn create_charge<DB: Database>(
     )
 )]
 pub(crate) async fn get_charge<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     Path(id): Path<String>,
 ) -> Result<Response, Response> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found("charge").into_response())?;

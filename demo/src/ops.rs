@@ -1,5 +1,7 @@
 //! Operations endpoints: `GET /health` and `GET /metrics`.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -62,7 +64,7 @@ pub struct RelayWorkers {
         (status = 503, description = "The database does not answer", body = Health),
     )
 )]
-pub async fn health<DB: Database>(State(app): State<App<DB>>) -> Response {
+pub async fn health<DB: Database>(State(app): State<Arc<App<DB>>>) -> Response {
     let database =
         match tokio::time::timeout(std::time::Duration::from_secs(2), app.db.ping()).await {
             Ok(Ok(())) => Status::Up,
@@ -123,7 +125,7 @@ pub async fn health<DB: Database>(State(app): State<App<DB>>) -> Response {
         (status = 404, description = "No metrics recorder installed"),
     )
 )]
-pub async fn metrics<DB: Database>(State(app): State<App<DB>>) -> Response {
+pub async fn metrics<DB: Database>(State(app): State<Arc<App<DB>>>) -> Response {
     match &app.prometheus {
         Some(handle) => {
             idempotency::metrics::publish_local_cache_stats(&app.service);

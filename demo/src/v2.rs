@@ -3,6 +3,8 @@
 //! hold no idempotency code: they run their statements on the layer's transaction
 //! (`IdempotentTx`) and return a response, which the layer stores in that transaction.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +26,7 @@ use crate::model::{
 use crate::scope::OptionalTenant;
 
 /// The `/v2` routes, each behind the layer (UUID keys for `/v2/charges`).
-pub(crate) fn routes<DB: Database>(app: &App<DB>, max_body_bytes: usize) -> Router<App<DB>> {
+pub(crate) fn routes<DB: Database>(app: &App<DB>, max_body_bytes: usize) -> Router<Arc<App<DB>>> {
     let layer = IdempotencyLayer::new(app.service.clone())
         .scope::<OptionalTenant>()
         .max_request_body(max_body_bytes);
@@ -62,7 +64,7 @@ fn rejected<D: serde::Serialize>(code: &str, details: &D) -> Response {
     )
 )]
 pub(crate) async fn create_payment<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     headers: HeaderMap,
     mut tx: IdempotentTx<DB::Store>,
     ProblemJson(body): ProblemJson<CreatePayment>,
@@ -120,7 +122,7 @@ fn failure_key(headers: &HeaderMap) -> String {
     )
 )]
 pub(crate) async fn create_refund<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     mut tx: IdempotentTx<DB::Store>,
     ProblemJson(body): ProblemJson<CreateRefund>,
 ) -> Result<Response, Response> {
@@ -157,7 +159,7 @@ pub(crate) async fn create_refund<DB: Database>(
     )
 )]
 pub(crate) async fn create_charge<DB: Database>(
-    State(app): State<App<DB>>,
+    State(app): State<Arc<App<DB>>>,
     mut tx: IdempotentTx<DB::Store>,
     ProblemJson(body): ProblemJson<CreateCharge>,
 ) -> Result<Response, Response> {

@@ -174,9 +174,6 @@ async fn main() {
         print_table(&results);
         println!();
         first_execution_ratios(&Ratios(&results), setup.pgbench.is_some());
-        if let Some(pgbench) = &setup.pgbench {
-            pgbench.remove_scripts();
-        }
         return;
     }
     let replays = idempotency::replays(&setup, n).await;
@@ -225,9 +222,6 @@ async fn main() {
         ">= 20",
     );
     relay_bench(&setup, &args).await;
-    if let Some(pgbench) = &setup.pgbench {
-        pgbench.remove_scripts();
-    }
 }
 
 /// The ratios of the first executions: against the same SQL, the business transaction alone,

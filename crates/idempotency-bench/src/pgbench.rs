@@ -18,7 +18,16 @@ use crate::harness::{ExternalRun, Scenario};
 pub(crate) struct Pgbench {
     url: String,
     schema: String,
-    dir: PathBuf,
+    dir: Arc<ScriptDir>,
+}
+
+/// The directory of the scripts and logs, removed when the last clone is dropped.
+struct ScriptDir(PathBuf);
+
+impl Drop for ScriptDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// One parameter of a statement, as pgbench passes it.
@@ -46,7 +55,7 @@ impl Pgbench {
         Some(Self {
             url: url.to_owned(),
             schema: schema.to_owned(),
-            dir,
+            dir: Arc::new(ScriptDir(dir)),
         })
     }
 
@@ -59,7 +68,7 @@ impl Pgbench {
         script: String,
         defines: Vec<(&'static str, String)>,
     ) -> Scenario {
-        let file = self.dir.join(format!(
+        let file = self.dir.0.join(format!(
             "{}.sql",
             name.replace(|c: char| !c.is_alphanumeric(), "_")
         ));
@@ -80,11 +89,6 @@ impl Pgbench {
         )
     }
 
-    /// Removes the scripts (the logs are removed after each run).
-    pub(crate) fn remove_scripts(&self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-
     fn run(
         &self,
         script: &Path,
@@ -94,7 +98,7 @@ impl Pgbench {
     ) -> ExternalRun {
         // pgbench runs for whole seconds.
         let seconds = slice.as_secs_f64().round().max(1.0) as u64;
-        let prefix = self.dir.join("log");
+        let prefix = self.dir.0.join("log");
         let mut command = Command::new("pgbench");
         command
             .env("PGOPTIONS", format!("-c search_path={}", self.schema))
@@ -118,7 +122,7 @@ impl Pgbench {
             String::from_utf8_lossy(&out.stderr)
         );
         let mut latencies = Vec::new();
-        for entry in std::fs::read_dir(&self.dir).expect("pgbench logs") {
+        for entry in std::fs::read_dir(&self.dir.0).expect("pgbench logs") {
             let path = entry.expect("pgbench log").path();
             let is_log = path
                 .file_name()
