@@ -172,6 +172,18 @@ impl Housekeeping for PgOutbox {
             .map_err(outbox_error)?
             .rows_affected())
     }
+
+    async fn prepare_storage(&self) -> Result<u32, Error> {
+        self.prepare_partitions().await
+    }
+
+    async fn drop_expired(
+        &self,
+        published: Duration,
+        dead_lettered: Option<Duration>,
+    ) -> Result<u32, Error> {
+        self.drop_expired_partitions(published, dead_lettered).await
+    }
 }
 
 type DeadLetterRow = (
