@@ -61,8 +61,11 @@ async fn size(pool: &PgPool, table: &str) -> i64 {
     scalar(
         pool,
         &format!(
-            "SELECT COALESCE(sum(pg_total_relation_size(relid)), 0)::int8 \
-             FROM pg_partition_tree('{table}')"
+            "SELECT CASE WHEN c.relkind = 'p' \
+                    THEN (SELECT COALESCE(sum(pg_total_relation_size(relid)), 0) \
+                          FROM pg_partition_tree(c.oid)) \
+                    ELSE pg_total_relation_size(c.oid) END::int8 \
+             FROM pg_class c WHERE c.oid = '{table}'::regclass"
         ),
     )
     .await
