@@ -15,7 +15,7 @@ use idempotency_outbox::{Error, SchemaProblem};
 
 pub(crate) mod error;
 mod listen;
-mod partitions;
+pub(crate) mod partitions;
 pub(crate) mod schema;
 pub(crate) mod statements;
 mod store;

@@ -23,6 +23,8 @@ const DDL_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 
 /// SQLSTATE of a lock timeout (`lock_not_available`).
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// SQLSTATE of a relation that does not exist (any more).
+const UNDEFINED_TABLE: &str = "42P01";
 /// SQLSTATE of "updated partition constraint for default partition would be violated":
 /// the default partition holds rows of the range.
 const CHECK_VIOLATION: &str = "23514";
@@ -190,18 +192,73 @@ pub(crate) async fn prepare(
 }
 
 /// Whether `partition` holds a row retention would keep: a pending row, a row published less
-/// than `$1` ago, or a dead letter younger than `$2` (any dead letter when `$2` is null).
+/// than `$1` ago, or a dead letter younger than `$2` (any dead letter when `$2` is null). The
+/// cut-offs are scalar subqueries, evaluated once, so each probe is an index condition.
 fn keeps_rows(partition: &str) -> String {
     format!(
         "SELECT EXISTS (SELECT 1 FROM {partition} \
                         WHERE published_at IS NULL AND dead_lettered_at IS NULL) \
              OR EXISTS (SELECT 1 FROM {partition} \
-                        WHERE published_at >= clock_timestamp() - $1::interval) \
+                        WHERE published_at >= (SELECT clock_timestamp() - $1::interval)) \
              OR EXISTS (SELECT 1 FROM {partition} \
-                        WHERE dead_lettered_at IS NOT NULL \
-                          AND ($2::interval IS NULL \
-                               OR dead_lettered_at >= clock_timestamp() - $2::interval))"
+                        WHERE dead_lettered_at IS NOT NULL AND $2::interval IS NULL) \
+             OR EXISTS (SELECT 1 FROM {partition} \
+                        WHERE dead_lettered_at >= (SELECT clock_timestamp() - $2::interval))"
     )
+}
+
+/// The column a retention delete ages rows by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Expiry {
+    /// `published_at`.
+    Published,
+    /// `dead_lettered_at`.
+    DeadLettered,
+}
+
+/// Deletes at most `limit` rows whose `expiry` column is more than `older_than` ago, partition
+/// by partition, oldest first; returns how many. Each statement addresses one partition, so it
+/// is planned as on a plain table: one joined against the parent, with the batch size a
+/// parameter, may be planned as a hash join over a sequential scan of every partition.
+pub(crate) async fn delete_expired_rows(
+    pool: &PgPool,
+    table: &TableName,
+    expiry: Expiry,
+    older_than: Duration,
+    limit: u32,
+) -> Result<u64, Error> {
+    let column = match expiry {
+        Expiry::Published => "published_at",
+        Expiry::DeadLettered => "dead_lettered_at",
+    };
+    let mut deleted = 0;
+    for partition in bounds(pool, table).await? {
+        let left = u64::from(limit).saturating_sub(deleted);
+        if left == 0 {
+            break;
+        }
+        let p = &partition.name;
+        let statement = format!(
+            "WITH doomed AS ( \
+                 SELECT id, created_at FROM {p} \
+                 WHERE {column} < (SELECT clock_timestamp() - $1::interval) \
+                 ORDER BY {column} LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {p} AS o USING doomed \
+             WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
+        );
+        match sqlx::query(AssertSqlSafe(statement))
+            .bind(older_than)
+            .bind(i64::try_from(left).unwrap_or(i64::MAX))
+            .execute(pool)
+            .await
+        {
+            Ok(done) => deleted += done.rows_affected(),
+            // Dropped (detached) by a concurrent retention pass since it was listed.
+            Err(error) if is_code(&error, UNDEFINED_TABLE) => {}
+            Err(error) => return Err(outbox_error(error)),
+        }
+    }
+    Ok(deleted)
 }
 
 /// Detaches and drops every partition (never the default one) whose range ended more than
