@@ -3,7 +3,8 @@
 //! interleaved over several rounds, so the two sides of a ratio share the machine's load.
 //!
 //! `cargo run --release -p idempotency-bench -- --clients 4 --duration 10s --rounds 5`
-//! (PostgreSQL, Redis, NATS), or `-- --backend mysql` (MySQL / MariaDB on `MYSQL_URL`, NATS).
+//! (PostgreSQL, Redis, NATS), or `-- --backend mysql` (MySQL / MariaDB on `MYSQL_URL`, NATS),
+//! or `-- --only-retention --events 5000000` (outbox retention by DELETE and by partition drop).
 
 #![allow(clippy::print_stdout)] // a command-line tool: the report is its output
 
@@ -13,6 +14,7 @@ mod layer;
 mod mysql;
 mod outbox;
 mod pgbench;
+mod retention;
 
 use std::time::Duration;
 
@@ -57,6 +59,13 @@ struct Args {
     /// Seconds the steady producer of the commit-to-ack scenario runs (0: skip it).
     #[arg(long, default_value_t = 10)]
     latency_seconds: u64,
+    /// Only outbox retention at scale on PostgreSQL: `--events` published events in a plain
+    /// and in a day-partitioned table, the batched DELETE against partition DETACH + DROP.
+    #[arg(long)]
+    only_retention: bool,
+    /// Published events loaded by the retention scenario.
+    #[arg(long, default_value_t = 5_000_000)]
+    events: i64,
     /// `postgres` (with Redis) or `mysql` (MySQL / MariaDB on `MYSQL_URL`).
     #[arg(long, default_value = "postgres")]
     backend: String,
@@ -151,6 +160,9 @@ async fn main() {
             .map(usize::from)
             .unwrap_or(1)
     );
+    if args.only_retention {
+        return retention::run(args.events).await;
+    }
     if args.backend == "mysql" {
         return run_mysql(&args).await;
     }

@@ -50,6 +50,9 @@ pub struct OutboxConfig {
     pub relay: RelayConfig,
     /// Deleting published and dead-lettered rows.
     pub retention: RetentionConfig,
+    /// A time-partitioned table (PostgreSQL only): retention drops whole partitions instead
+    /// of deleting their rows. Off by default (one plain table).
+    pub partitioning: PartitioningConfig,
 }
 
 impl Default for OutboxConfig {
@@ -61,7 +64,96 @@ impl Default for OutboxConfig {
             notify_channel: Some("outbox".to_owned()),
             relay: RelayConfig::default(),
             retention: RetentionConfig::default(),
+            partitioning: PartitioningConfig::default(),
         }
+    }
+}
+
+/// `outbox.partitioning`: the outbox table as a parent partitioned by `RANGE (created_at)`
+/// into partitions of `interval` each (PostgreSQL only; SQLite and MySQL refuse it).
+///
+/// Partitions are aligned on multiples of `interval` since the Unix epoch (UTC): with `1d`,
+/// one partition per UTC day. `ahead` partitions after the current one are created at schema
+/// creation and by every retention pass, so an insert always finds its partition; a `DEFAULT`
+/// partition catches rows anyway should maintenance fall behind. Retention then detaches and
+/// drops a partition whose every row it would delete, and deletes in batches what remains
+/// elsewhere.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_outbox::config::OutboxConfig;
+///
+/// let config: OutboxConfig = serde_json::from_value(serde_json::json!({
+///     "partitioning": { "enabled": true, "interval": "1d", "ahead": 3 }
+/// }))?;
+/// assert_eq!(config.partitioning.interval, Duration::from_secs(86_400));
+/// config.partitioning.validate()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PartitioningConfig {
+    /// Whether the table is partitioned. Default `false`.
+    pub enabled: bool,
+    /// The time range of one partition: whole seconds, at least one minute. Default `1d`.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Partitions created ahead of the current one, at least 1. Default `3`.
+    pub ahead: u32,
+}
+
+impl Default for PartitioningConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interval: Duration::from_secs(DAY),
+            ahead: 3,
+        }
+    }
+}
+
+/// The shortest `partitioning.interval`: shorter partitions only multiply the partitions every
+/// statement plans over.
+pub const MIN_PARTITION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The largest `partitioning.ahead`.
+pub const MAX_PARTITIONS_AHEAD: u32 = 1000;
+
+impl PartitioningConfig {
+    /// Checks ranges when partitioning is on: an `interval` of whole seconds, at least
+    /// [`MIN_PARTITION_INTERVAL`] (a zero interval is refused), and `ahead` in
+    /// `1..=`[`MAX_PARTITIONS_AHEAD`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_outbox::config::PartitioningConfig;
+    ///
+    /// let zero = PartitioningConfig { enabled: true, interval: Duration::ZERO, ahead: 3 };
+    /// assert!(zero.validate().unwrap_err().to_string().contains("partitioning.interval"));
+    /// ```
+    pub fn validate(&self) -> Result<(), Error> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.interval.is_zero() {
+            return Err(Error::invalid_config(
+                "partitioning.interval must not be zero",
+            ));
+        }
+        if self.interval.subsec_nanos() != 0 || self.interval < MIN_PARTITION_INTERVAL {
+            return Err(Error::invalid_config(format!(
+                "partitioning.interval ({}) must be whole seconds and at least {}",
+                humantime_serde::re::humantime::format_duration(self.interval),
+                humantime_serde::re::humantime::format_duration(MIN_PARTITION_INTERVAL),
+            )));
+        }
+        if self.ahead == 0 || self.ahead > MAX_PARTITIONS_AHEAD {
+            return Err(Error::invalid_config(format!(
+                "partitioning.ahead must be 1..={MAX_PARTITIONS_AHEAD}, so that the next \
+                 partition exists before its time begins"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -394,6 +486,37 @@ mod tests {
         };
         edge.validate().unwrap();
         assert!(edge.lease() > edge.publish_timeout);
+    }
+
+    #[test]
+    fn partitioning_is_off_by_default_and_its_ranges_are_checked() {
+        let config: OutboxConfig = serde_json::from_str("{}").unwrap();
+        assert!(!config.partitioning.enabled);
+        assert_eq!(config.partitioning.interval, Duration::from_secs(DAY));
+        assert_eq!(config.partitioning.ahead, 3);
+        let mut partitioning = PartitioningConfig {
+            enabled: true,
+            ..PartitioningConfig::default()
+        };
+        partitioning.validate().unwrap();
+        for (interval, ahead, key) in [
+            (Duration::ZERO, 3, "partitioning.interval must not be zero"),
+            (Duration::from_secs(59), 3, "at least 1m"),
+            (Duration::from_millis(60_500), 3, "whole seconds"),
+            (Duration::from_secs(3600), 0, "partitioning.ahead"),
+            (Duration::from_secs(3600), 1001, "partitioning.ahead"),
+        ] {
+            partitioning.interval = interval;
+            partitioning.ahead = ahead;
+            let error = partitioning.validate().unwrap_err().to_string();
+            assert!(error.contains(key), "{interval:?} {ahead}: {error}");
+        }
+        partitioning.enabled = false;
+        assert!(partitioning.validate().is_ok(), "not checked when off");
+        assert!(
+            serde_json::from_str::<OutboxConfig>(r#"{"partitioning": {"intervall": "1d"}}"#)
+                .is_err()
+        );
     }
 
     #[test]

@@ -153,6 +153,17 @@ pub enum SchemaProblem {
         /// What the index is for.
         purpose: &'static str,
     },
+    /// The table is laid out otherwise than configured: a plain table where a partitioned one
+    /// is configured (`outbox.partitioning.enabled`), or the reverse, or partitioned by
+    /// another key.
+    Layout {
+        /// The table.
+        table: String,
+        /// What the configuration needs, e.g. `partitioned by RANGE (created_at)`.
+        expected: &'static str,
+        /// What the table is.
+        found: String,
+    },
 }
 
 impl fmt::Display for SchemaProblem {
@@ -192,6 +203,15 @@ impl fmt::Display for SchemaProblem {
             Self::MissingIndex { table, purpose } => {
                 write!(f, "table {table} lacks the index {purpose}")
             }
+            Self::Layout {
+                table,
+                expected,
+                found,
+            } => write!(
+                f,
+                "table {table} is {found}, but the configuration needs it {expected} \
+                 (outbox.partitioning.enabled)"
+            ),
         }
     }
 }

@@ -195,6 +195,28 @@ pub trait Housekeeping: Send + Sync + 'static {
         older_than: Duration,
         limit: u32,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Prepares storage for the rows to come; returns how many storage units it created.
+    /// A time-partitioned PostgreSQL outbox creates its partitions ahead of time here. Run
+    /// by every retention pass, before anything is deleted. The default does nothing.
+    fn prepare_storage(&self) -> impl Future<Output = Result<u32, Error>> + Send {
+        std::future::ready(Ok(0))
+    }
+
+    /// Drops whole storage units (partitions) every row of which retention would delete:
+    /// published more than `published` ago, or dead-lettered more than `dead_lettered` ago
+    /// (`None`: dead letters are kept, so a unit holding one is kept). Returns how many it
+    /// dropped. Run by every retention pass before the batched deletes, which then remove the
+    /// old rows that remain elsewhere, so what is kept is the same either way. The default
+    /// drops nothing.
+    fn drop_expired(
+        &self,
+        published: Duration,
+        dead_lettered: Option<Duration>,
+    ) -> impl Future<Output = Result<u32, Error>> + Send {
+        let _ = (published, dead_lettered);
+        std::future::ready(Ok(0))
+    }
 }
 
 /// Operating on dead letters.

@@ -17,8 +17,13 @@ pub use error::{Error, SchemaProblem, store_error};
 pub use inbox::{INBOX_DDL_TEMPLATE, PgInbox, inbox_ddl};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
-pub use outbox::{Channel, OUTBOX_DDL_TEMPLATE, PgNotificationListener, PgOutbox, outbox_ddl};
-pub use records::{DDL_TEMPLATE, PgStore, ddl};
+pub use outbox::{
+    Channel, OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE, OutboxPartition,
+    PgNotificationListener, PgOutbox, outbox_ddl, outbox_partitioned_ddl,
+};
+pub use records::{
+    DDL_TEMPLATE, PgStore, RECORDS_HASH_PARTITION_KEY, ddl, records_hash_partitioned_ddl,
+};
 pub use table::TableName;
 
 /// The sqlx version this crate is built on.

@@ -132,6 +132,22 @@ impl TableName {
         Self::from_parts(self.schema.clone(), self.derived_name(suffix))
     }
 
+    /// A sibling table whose name always ends with the whole `suffix`: `<table>_<suffix>`, or,
+    /// when that is longer than 63 bytes, `<table cut>_<hash>_<suffix>`. For names that differ
+    /// only in the suffix (the outbox's time partitions), where a cut suffix would make two
+    /// partitions one name.
+    pub(crate) fn sibling_with_whole_suffix(&self, suffix: &str) -> Self {
+        let full = format!("{}_{suffix}", self.name);
+        if full.len() <= MAX_IDENTIFIER_LEN {
+            return Self::from_parts(self.schema.clone(), full);
+        }
+        let hash = idempotency_core::fingerprint::short_hash(&self.name);
+        let hash = &hash[..8];
+        let keep = MAX_IDENTIFIER_LEN.saturating_sub(suffix.len() + hash.len() + 2);
+        let cut = &self.name[..keep.min(self.name.len())];
+        Self::from_parts(self.schema.clone(), format!("{cut}_{hash}_{suffix}"))
+    }
+
     fn derived_name(&self, suffix: &str) -> String {
         let mut full = format!("{}_{suffix}", self.name);
         if full.len() <= MAX_IDENTIFIER_LEN {

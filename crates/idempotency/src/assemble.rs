@@ -289,6 +289,7 @@ impl MaybePublisher for NoPublisher {}
 fn check(
     settings: &Settings,
     notifications: bool,
+    partitions: bool,
     publisher: bool,
 ) -> Result<CleanupSchedule, Error> {
     let properties = &settings.idempotency;
@@ -373,6 +374,17 @@ fn check(
                      polls every outbox.relay.poll-interval)",
                 ));
             }
+            if outbox.partitioning.enabled && !partitions {
+                return Err(Error::property(
+                    "outbox.partitioning.enabled",
+                    "is true, but only PostgreSQL partitions the outbox table; set it to false \
+                     (retention deletes in batches)",
+                ));
+            }
+            outbox
+                .partitioning
+                .validate()
+                .map_err(|e| Error::Outbox(Box::new(e)))?;
             if !outbox.relay.enabled && publisher {
                 return Err(Error::property(
                     "outbox.relay.enabled",
@@ -401,7 +413,7 @@ fn check(
         None => {}
     }
     #[cfg(not(feature = "outbox"))]
-    let _ = (notifications, publisher);
+    let _ = (notifications, partitions, publisher);
     Ok(schedule)
 }
 
@@ -479,7 +491,12 @@ where
     pub async fn build<D: Database>(self, pool: D) -> Result<Idempotency<D>, Error> {
         let settings = self.settings.clone();
         let properties = &settings.idempotency;
-        let schedule = check(&settings, D::NOTIFICATIONS, self.publisher.is_some())?;
+        let schedule = check(
+            &settings,
+            D::NOTIFICATIONS,
+            D::PARTITIONED_OUTBOX,
+            self.publisher.is_some(),
+        )?;
         #[cfg(feature = "outbox")]
         let relay_config = settings
             .outbox

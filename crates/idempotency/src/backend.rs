@@ -25,6 +25,9 @@ pub trait Database: Clone + Send + Sync + 'static {
         + 'static;
     /// Whether the outbox can wake its relay by notification (`outbox.notify-channel`).
     const NOTIFICATIONS: bool;
+    /// Whether the outbox table can be time-partitioned (`outbox.partitioning.enabled`):
+    /// PostgreSQL only. Default `false`.
+    const PARTITIONED_OUTBOX: bool = false;
     /// The store, with `persistence.table-name` and `persistence.schema.mode` applied.
     fn store(
         self,
@@ -54,7 +57,7 @@ fn outbox_error(error: impl std::error::Error + Send + Sync + 'static) -> Error 
 }
 
 macro_rules! database {
-    ($feature:literal, $pool:ty, $store:ty, $outbox:ty, $notifications:expr) => {
+    ($feature:literal, $pool:ty, $store:ty, $outbox:ty, $notifications:expr, $partitions:expr) => {
         #[cfg(feature = $feature)]
         #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
         impl Database for $pool {
@@ -62,6 +65,7 @@ macro_rules! database {
             #[cfg(feature = "outbox")]
             type Outbox = $outbox;
             const NOTIFICATIONS: bool = $notifications;
+            const PARTITIONED_OUTBOX: bool = $partitions;
 
             async fn store(self, config: &PersistenceConfig) -> Result<Self::Store, Error> {
                 <$store>::from_config(self, config)
@@ -87,6 +91,7 @@ database!(
     sqlx::PgPool,
     idempotency_pg::PgStore,
     idempotency_pg::PgOutbox,
+    true,
     true
 );
 database!(
@@ -94,6 +99,7 @@ database!(
     sqlx::SqlitePool,
     idempotency_sqlite::SqliteStore,
     idempotency_sqlite::SqliteOutbox,
+    false,
     false
 );
 database!(
@@ -101,5 +107,6 @@ database!(
     sqlx::MySqlPool,
     idempotency_mysql::MysqlStore,
     idempotency_mysql::MysqlOutbox,
+    false,
     false
 );

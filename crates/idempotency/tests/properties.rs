@@ -733,6 +733,40 @@ async fn outbox_relay_enabled_needs_a_publisher_and_notify_channel_needs_notific
 }
 
 #[tokio::test]
+async fn outbox_partitioning_is_postgres_only_and_partitions_the_table() {
+    let partitioned = "  notify-channel: null\n  relay:\n    enabled: false\n  partitioning:\n    \
+                       enabled: true\n    interval: 1h\n    ahead: 2\n";
+    let error = Idempotency::from_config(&settings(&outbox_yaml(partitioned)), sqlite().await)
+        .await
+        .unwrap_err();
+    assert_eq!(property_of(error), "outbox.partitioning.enabled");
+
+    let zero = partitioned.replace("interval: 1h", "interval: 0s");
+    let error = Idempotency::from_config(&settings(&outbox_yaml(&zero)), postgres().await)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("partitioning.interval"), "{error}");
+
+    let idempotency =
+        Idempotency::from_config(&settings(&outbox_yaml(partitioned)), postgres().await)
+            .await
+            .unwrap();
+    let partitions = idempotency.outbox().unwrap().partitions().await.unwrap();
+    assert_eq!(partitions.iter().filter(|p| p.default).count(), 1);
+    let ranges: Vec<_> = partitions.iter().filter(|p| !p.default).collect();
+    assert_eq!(
+        ranges.len(),
+        3,
+        "the current hour and 2 ahead: {partitions:?}"
+    );
+    for range in ranges {
+        let (from, to) = (range.from.unwrap(), range.to.unwrap());
+        assert_eq!((to - from).num_seconds(), 3600);
+    }
+}
+
+#[tokio::test]
 async fn outbox_table_name_and_relay_enabled_take_effect() {
     let pool = sqlite().await;
     let idempotency = Idempotency::from_config(

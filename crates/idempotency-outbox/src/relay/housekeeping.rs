@@ -21,6 +21,11 @@ pub struct PurgeReport {
     pub dead_lettered: u64,
     /// Delete statements run.
     pub batches: u32,
+    /// Whole partitions dropped ([`Housekeeping::drop_expired`]) before the deletes; their
+    /// rows are not counted in `published` and `dead_lettered`.
+    pub partitions_dropped: u32,
+    /// Partitions created ahead of time ([`Housekeeping::prepare_storage`]).
+    pub partitions_created: u32,
 }
 
 pub(super) async fn refresh_gauges<S: Housekeeping, P>(shared: &Shared<S, P>) -> Result<(), Error> {
@@ -29,13 +34,21 @@ pub(super) async fn refresh_gauges<S: Housekeeping, P>(shared: &Shared<S, P>) ->
     Ok(())
 }
 
-/// Deletes in batches of `batch-size`, each one short statement, until a batch comes back
+/// Prepares storage (partitions ahead), drops whole partitions retention would empty, then
+/// deletes in batches of `batch-size`, each one short statement, until a batch comes back
 /// short: published rows older than `retention.published`, then dead letters older than
 /// `retention.dead-lettered`.
 pub(super) async fn purge<S: Housekeeping, P>(shared: &Shared<S, P>) -> Result<PurgeReport, Error> {
     let retention = &shared.retention;
     let limit = retention.batch_size.max(1);
-    let mut report = PurgeReport::default();
+    let mut report = PurgeReport {
+        partitions_created: shared.store.prepare_storage().await?,
+        partitions_dropped: shared
+            .store
+            .drop_expired(retention.published, retention.dead_lettered)
+            .await?,
+        ..PurgeReport::default()
+    };
     loop {
         let deleted = shared
             .store
@@ -72,13 +85,28 @@ pub(super) async fn run<S: Housekeeping, P>(
                 "outbox stats query failed"
             );
         }
+        if !shared.retention.enabled && Instant::now() >= next_purge {
+            // Partitions are still needed ahead of the inserts when nothing is deleted.
+            next_purge = Instant::now() + shared.retention.interval;
+            if let Err(error) = shared.store.prepare_storage().await {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    "outbox storage preparation failed"
+                );
+            }
+        }
         if shared.retention.enabled && Instant::now() >= next_purge {
             next_purge = Instant::now() + shared.retention.interval;
             match purge(&shared).await {
-                Ok(report) if report.published + report.dead_lettered > 0 => {
+                Ok(report)
+                    if report.published + report.dead_lettered > 0
+                        || report.partitions_dropped + report.partitions_created > 0 =>
+                {
                     tracing::info!(
                         published = report.published,
                         dead_lettered = report.dead_lettered,
+                        partitions_dropped = report.partitions_dropped,
+                        partitions_created = report.partitions_created,
                         "outbox retention deleted rows"
                     );
                 }

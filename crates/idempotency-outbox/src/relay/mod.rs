@@ -150,7 +150,9 @@ where
         housekeeping::refresh_gauges(&self.shared).await
     }
 
-    /// Runs retention once: published rows, then dead letters, in bounded batches.
+    /// Runs retention once: prepares storage (partitions ahead), drops whole partitions
+    /// retention would empty, then deletes published rows, then dead letters, in bounded
+    /// batches.
     pub async fn purge(&self) -> Result<PurgeReport, Error> {
         housekeeping::purge(&self.shared).await
     }

@@ -10,17 +10,21 @@ use uuid::Uuid;
 use crate::outbox::error::{from_crate_error, outbox_error};
 use crate::table::TableName;
 use idempotency_outbox::NewEvent;
-use idempotency_outbox::config::{Ordering, OutboxConfig};
+use idempotency_outbox::config::{Ordering, OutboxConfig, PartitioningConfig};
 use idempotency_outbox::{Error, SchemaProblem};
 
 pub(crate) mod error;
 mod listen;
+pub(crate) mod partitions;
 pub(crate) mod schema;
 pub(crate) mod statements;
 mod store;
 
 pub use listen::{Channel, PgNotificationListener};
-pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
+pub use partitions::OutboxPartition;
+pub use schema::{
+    OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE, outbox_ddl, outbox_partitioned_ddl,
+};
 
 use statements::Statements;
 
@@ -49,6 +53,7 @@ pub struct PgOutbox {
     ordering: Ordering,
     channel: Option<Channel>,
     sql: Arc<Statements>,
+    partitioning: Option<PartitioningConfig>,
 }
 
 impl PgOutbox {
@@ -74,11 +79,39 @@ impl PgOutbox {
             ordering,
             channel,
             sql: Arc::new(sql),
+            partitioning: None,
         }
     }
 
-    /// An outbox configured by the `outbox` section: validates `table-name` and
-    /// `notify-channel`, then applies `schema.mode`.
+    /// This outbox on the time-partitioned layout configured by `partitioning` (plain again
+    /// when it is not `enabled`); the schema is not touched. Fails with
+    /// [`Error::InvalidConfig`] for an interval of zero, of less than a minute or of a
+    /// fraction of a second, and for `ahead` outside `1..=1000`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_outbox::config::PartitioningConfig;
+    ///
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idempotency_outbox::Error> {
+    /// let daily = PartitioningConfig { enabled: true, interval: Duration::from_secs(86_400), ahead: 3 };
+    /// let outbox = idempotency_pg::PgOutbox::new(pool).with_partitioning(&daily)?;
+    /// outbox.create_schema().await?; // the parent, its default partition, today + 3 days
+    /// assert!(outbox.partitioning().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_partitioning(mut self, partitioning: &PartitioningConfig) -> Result<Self, Error> {
+        partitioning.validate()?;
+        self.partitioning = partitioning.enabled.then(|| partitioning.clone());
+        Ok(self)
+    }
+
+    /// The partitioning, when the table is time-partitioned.
+    pub fn partitioning(&self) -> Option<&PartitioningConfig> {
+        self.partitioning.as_ref()
+    }
+
+    /// An outbox configured by the `outbox` section: validates `table-name`,
+    /// `notify-channel` and `partitioning`, then applies `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &OutboxConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name).map_err(from_crate_error)?;
         let channel = config
@@ -86,7 +119,8 @@ impl PgOutbox {
             .as_deref()
             .map(Channel::parse)
             .transpose()?;
-        let outbox = Self::with_options(pool, table, config.ordering, channel);
+        let outbox = Self::with_options(pool, table, config.ordering, channel)
+            .with_partitioning(&config.partitioning)?;
         outbox.apply_schema(config.schema.mode).await?;
         Ok(outbox)
     }
@@ -100,9 +134,69 @@ impl PgOutbox {
         }
     }
 
-    /// Runs the canonical DDL ([`outbox_ddl`]); safe to run again and concurrently.
+    /// Runs the canonical DDL ([`outbox_ddl`], or [`outbox_partitioned_ddl`] and then
+    /// [`prepare_partitions`](Self::prepare_partitions) when partitioned); safe to run again
+    /// and concurrently. An existing table of the other layout is not converted: that fails
+    /// with [`Error::Schema`] and a [`SchemaProblem::Layout`].
     pub async fn create_schema(&self) -> Result<(), Error> {
-        schema::create(&self.pool, &self.table, outbox_ddl(&self.table)).await
+        let ddl = match self.partitioning {
+            Some(_) => outbox_partitioned_ddl(&self.table),
+            None => outbox_ddl(&self.table),
+        };
+        // Before the DDL: over a table of the other layout its `IF NOT EXISTS` statements
+        // would be skipped or fail on the first partition.
+        if let Some(problem) =
+            schema::layout_problem(&self.pool, &self.table, self.partitioning.is_some()).await?
+        {
+            return Err(Error::Schema {
+                table: self.table.to_string(),
+                problems: vec![problem],
+            });
+        }
+        schema::create(&self.pool, &self.table, ddl).await?;
+        self.prepare_partitions().await?;
+        Ok(())
+    }
+
+    /// Creates the partitions of the current interval and of the `ahead` next ones that do
+    /// not exist yet, and returns how many it created (0 on a plain table). The relay's
+    /// retention pass calls it ([`Housekeeping::prepare_storage`]); call it from a scheduler
+    /// when no relay runs against this table. A range the default partition already holds
+    /// rows of, or whose lock is not granted within a second, is left for the next call.
+    ///
+    /// [`Housekeeping::prepare_storage`]: idempotency_outbox::Housekeeping::prepare_storage
+    pub async fn prepare_partitions(&self) -> Result<u32, Error> {
+        match &self.partitioning {
+            Some(config) => partitions::prepare(&self.pool, &self.table, config).await,
+            None => Ok(0),
+        }
+    }
+
+    /// Detaches and drops every partition (never the default one) whose range ended more than
+    /// `published` ago and that holds no row retention would keep: no pending row, no row
+    /// published less than `published` ago, no dead letter younger than `dead_lettered`
+    /// (none at all when `None`). Returns how many it dropped (0 on a plain table). The
+    /// relay's retention pass calls it ([`Housekeeping::drop_expired`]) before its batched
+    /// deletes.
+    ///
+    /// [`Housekeeping::drop_expired`]: idempotency_outbox::Housekeeping::drop_expired
+    pub async fn drop_expired_partitions(
+        &self,
+        published: std::time::Duration,
+        dead_lettered: Option<std::time::Duration>,
+    ) -> Result<u32, Error> {
+        match self.partitioning {
+            Some(_) => {
+                partitions::drop_expired(&self.pool, &self.table, published, dead_lettered).await
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// The partitions of the table with their bounds, ordered by lower bound (the default
+    /// partition first); empty on a plain table.
+    pub async fn partitions(&self) -> Result<Vec<OutboxPartition>, Error> {
+        partitions::list(&self.pool, &self.table).await
     }
 
     /// Checks both tables (columns, types, nullability, the indexes the queries rely on),
@@ -119,15 +213,23 @@ impl PgOutbox {
         }
     }
 
-    /// Every difference between the tables and the canonical schema (empty when they match).
+    /// Every difference between the tables and the canonical schema (empty when they match),
+    /// the layout included: a plain table where partitioning is configured, or the reverse,
+    /// is a [`SchemaProblem::Layout`].
     pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
-        let mut problems = schema::problems(
-            &self.pool,
-            &self.table,
-            schema::OUTBOX_COLUMNS,
-            schema::OUTBOX_INDEXES,
-        )
-        .await?;
+        let partitioned = self.partitioning.is_some();
+        let indexes = if partitioned {
+            schema::PARTITIONED_OUTBOX_INDEXES
+        } else {
+            schema::OUTBOX_INDEXES
+        };
+        let mut problems = Vec::new();
+        if let Some(problem) = schema::layout_problem(&self.pool, &self.table, partitioned).await? {
+            problems.push(problem);
+        }
+        problems.extend(
+            schema::problems(&self.pool, &self.table, schema::OUTBOX_COLUMNS, indexes).await?,
+        );
         problems.extend(
             schema::problems(
                 &self.pool,

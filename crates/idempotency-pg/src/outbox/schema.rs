@@ -30,6 +30,81 @@ pub fn outbox_ddl(table: &TableName) -> String {
         .replace("{dead_letter_index}", &table.derived("dead_letter_idx"))
 }
 
+/// The partitioned outbox DDL template (`outbox.partitioning.enabled`): as
+/// [`OUTBOX_DDL_TEMPLATE`], the table partitioned by `RANGE (created_at)` with the primary key
+/// `(id, created_at)`, and `{default_partition}` the `DEFAULT` partition.
+pub const OUTBOX_PARTITIONED_DDL_TEMPLATE: &str = include_str!("ddl_partitioned.sql");
+
+/// The canonical DDL of a time-partitioned outbox `table`: the parent partitioned by
+/// `RANGE (created_at)`, its `<table>_default` partition, the indexes (created on every
+/// partition) and the `<table>_sequences` counters. The partitions of each interval are not
+/// in it: [`PgOutbox::prepare_partitions`](crate::PgOutbox::prepare_partitions) creates them
+/// (and `create_schema` calls it).
+///
+/// ```
+/// let table = idempotency_pg::TableName::parse("billing.outbox")?;
+/// let ddl = idempotency_pg::outbox_partitioned_ddl(&table);
+/// assert!(ddl.contains("PRIMARY KEY (id, created_at)"));
+/// assert!(ddl.contains(r#""billing"."outbox_default" PARTITION OF "billing"."outbox" DEFAULT"#));
+/// # Ok::<(), idempotency_pg::Error>(())
+/// ```
+pub fn outbox_partitioned_ddl(table: &TableName) -> String {
+    OUTBOX_PARTITIONED_DDL_TEMPLATE
+        .replace("{table}", table.quoted())
+        .replace("{sequences}", table.sibling("sequences").quoted())
+        .replace("{default_partition}", table.sibling("default").quoted())
+        .replace("{pending_index}", &table.derived("pending_idx"))
+        .replace("{aggregate_index}", &table.derived("aggregate_idx"))
+        .replace("{published_index}", &table.derived("published_idx"))
+        .replace("{dead_letter_index}", &table.derived("dead_letter_idx"))
+}
+
+/// `RANGE (created_at)`, as the catalog describes the partitioned layout.
+const PARTITIONED: &str = "partitioned by RANGE (created_at)";
+const PLAIN: &str = "a plain table";
+
+/// A layout problem: `table` (which exists) is plain where `partitioned` is wanted, or the
+/// reverse, or partitioned by another key.
+pub(crate) async fn layout_problem(
+    pool: &PgPool,
+    table: &TableName,
+    partitioned: bool,
+) -> Result<Option<SchemaProblem>, Error> {
+    let row: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT c.relkind::text,                 (SELECT p.partstrat::text || ':' ||                         array_to_string(ARRAY(SELECT a.attname::text                             FROM unnest(p.partattrs::int2[]) AS k(attnum)                             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum), ',')                  FROM pg_partitioned_table p WHERE p.partrelid = c.oid)          FROM pg_class c WHERE c.oid = to_regclass($1)",
+    )
+    .bind(table.quoted())
+    .fetch_optional(pool)
+    .await
+    .map_err(outbox_error)?;
+    let Some((kind, key)) = row else {
+        return Ok(None);
+    };
+    let found = match (kind.as_str(), key.as_deref()) {
+        ("p", Some("r:created_at")) if partitioned => return Ok(None),
+        ("p", Some(key)) => match key.split_once(':') {
+            Some((strategy, columns)) => {
+                let strategy = match strategy {
+                    "r" => "RANGE",
+                    "l" => "LIST",
+                    "h" => "HASH",
+                    other => other,
+                };
+                format!("partitioned by {strategy} ({columns})")
+            }
+            None => "partitioned".to_owned(),
+        },
+        ("p", None) => "partitioned".to_owned(),
+        _ if !partitioned => return Ok(None),
+        _ => PLAIN.to_owned(),
+    };
+    Ok(Some(SchemaProblem::Layout {
+        table: table.to_string(),
+        expected: if partitioned { PARTITIONED } else { PLAIN },
+        found,
+    }))
+}
+
 pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) -> Result<(), Error> {
     // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
@@ -152,6 +227,7 @@ pub(crate) const SEQUENCE_COLUMNS: &[Column] = &[
 
 /// An index the store needs: `unique` on exactly `columns` (any order), or a plain or partial
 /// index leading with `columns[0]` (partial when `partial`).
+#[derive(Clone, Copy)]
 pub(crate) struct Index {
     pub(crate) purpose: &'static str,
     pub(crate) columns: &'static [&'static str],
@@ -279,6 +355,20 @@ pub(crate) const OUTBOX_INDEXES: &[Index] = &[
         unique: false,
         partial: true,
     },
+];
+
+/// The indexes of the partitioned layout: the primary key includes the partition key.
+pub(crate) const PARTITIONED_OUTBOX_INDEXES: &[Index] = &[
+    Index {
+        purpose: "primary key on (id, created_at)",
+        columns: &["id", "created_at"],
+        unique: true,
+        partial: false,
+    },
+    OUTBOX_INDEXES[1],
+    OUTBOX_INDEXES[2],
+    OUTBOX_INDEXES[3],
+    OUTBOX_INDEXES[4],
 ];
 
 pub(crate) const SEQUENCE_INDEXES: &[Index] = &[Index {

@@ -120,16 +120,16 @@ fn claim(t: &str, ordered: bool) -> String {
     // index order as before; only the rows handed out change.
     format!(
         "WITH cand AS ( \
-             SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
+             SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
              WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
                AND o.next_attempt_at <= now() {head} \
              ORDER BY o.next_attempt_at \
              LIMIT $1 \
              FOR UPDATE OF o SKIP LOCKED), \
          due AS ( \
-             SELECT id FROM cand WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
+             SELECT id, created_at FROM cand WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
              UNION ALL \
-             (SELECT id FROM cand WHERE unmarked LIMIT 1)) \
+             (SELECT id, created_at FROM cand WHERE unmarked LIMIT 1)) \
          UPDATE {t} AS o \
          SET attempts = o.attempts + 1, \
              next_attempt_at = CASE WHEN {spent} THEN o.next_attempt_at ELSE now() + $2 END, \
@@ -139,7 +139,7 @@ fn claim(t: &str, ordered: bool) -> String {
                  THEN left('claimed ' || o.attempts || ' times without completing' \
                       || coalesce('; last error: ' || o.last_error, ''), 1000) \
                  ELSE o.last_error END \
-         FROM due WHERE o.id = due.id \
+         FROM due WHERE o.id = due.id AND o.created_at = due.created_at \
          RETURNING {MESSAGE_COLUMNS}"
     )
 }
@@ -175,15 +175,17 @@ impl Statements {
             )),
             delete_published: sql(format!(
                 "WITH doomed AS ( \
-                     SELECT id FROM {t} WHERE published_at < clock_timestamp() - $1 \
+                     SELECT id, created_at FROM {t} WHERE published_at < clock_timestamp() - $1 \
                      ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM {t} AS o USING doomed WHERE o.id = doomed.id"
+                 DELETE FROM {t} AS o USING doomed \
+                 WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
             )),
             delete_dead_lettered: sql(format!(
                 "WITH doomed AS ( \
-                     SELECT id FROM {t} WHERE dead_lettered_at < clock_timestamp() - $1 \
+                     SELECT id, created_at FROM {t} WHERE dead_lettered_at < clock_timestamp() - $1 \
                      ORDER BY dead_lettered_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 DELETE FROM {t} AS o USING doomed WHERE o.id = doomed.id"
+                 DELETE FROM {t} AS o USING doomed \
+                 WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
             )),
             dead_letters: sql(format!(
                 "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \

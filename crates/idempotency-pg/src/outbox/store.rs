@@ -10,6 +10,7 @@ use uuid::Uuid;
 use crate::outbox::PgOutbox;
 use crate::outbox::error::outbox_error;
 use crate::outbox::listen::PgNotificationListener;
+use crate::outbox::partitions::{self, Expiry};
 use idempotency_outbox::Error;
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::store::{
@@ -154,6 +155,16 @@ impl Housekeeping for PgOutbox {
     }
 
     async fn delete_published(&self, older_than: Duration, limit_: u32) -> Result<u64, Error> {
+        if self.partitioning.is_some() {
+            return partitions::delete_expired_rows(
+                &self.pool,
+                &self.table,
+                Expiry::Published,
+                older_than,
+                limit_,
+            )
+            .await;
+        }
         Ok(sqlx::query(self.sql.delete_published.clone())
             .bind(older_than)
             .bind(limit(limit_))
@@ -164,6 +175,16 @@ impl Housekeeping for PgOutbox {
     }
 
     async fn delete_dead_lettered(&self, older_than: Duration, limit_: u32) -> Result<u64, Error> {
+        if self.partitioning.is_some() {
+            return partitions::delete_expired_rows(
+                &self.pool,
+                &self.table,
+                Expiry::DeadLettered,
+                older_than,
+                limit_,
+            )
+            .await;
+        }
         Ok(sqlx::query(self.sql.delete_dead_lettered.clone())
             .bind(older_than)
             .bind(limit(limit_))
@@ -171,6 +192,18 @@ impl Housekeeping for PgOutbox {
             .await
             .map_err(outbox_error)?
             .rows_affected())
+    }
+
+    async fn prepare_storage(&self) -> Result<u32, Error> {
+        self.prepare_partitions().await
+    }
+
+    async fn drop_expired(
+        &self,
+        published: Duration,
+        dead_lettered: Option<Duration>,
+    ) -> Result<u32, Error> {
+        self.drop_expired_partitions(published, dead_lettered).await
     }
 }
 

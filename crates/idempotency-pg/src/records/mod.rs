@@ -8,5 +8,5 @@ mod store;
 
 #[cfg(feature = "outbox")]
 pub(crate) use schema::QUIET;
-pub use schema::{DDL_TEMPLATE, ddl};
+pub use schema::{DDL_TEMPLATE, RECORDS_HASH_PARTITION_KEY, ddl, records_hash_partitioned_ddl};
 pub use store::PgStore;

@@ -24,6 +24,55 @@ pub fn ddl(table: &TableName) -> String {
         .replace("{expires_index}", &table.derived("expires_at_idx"))
 }
 
+/// The column list a hash-partitioned records table is partitioned by: the primary key, so the
+/// key stays unique across partitions and every statement on one record (they all name the
+/// whole key) is planned against one partition.
+pub const RECORDS_HASH_PARTITION_KEY: &str = "operation, scope, idempotency_key";
+
+/// The canonical DDL of a records table hash-partitioned into `partitions` partitions
+/// (`<table>_h0` ..), partitioned by [`RECORDS_HASH_PARTITION_KEY`]; ready to run or to copy
+/// into a migration. The store then runs on it unchanged (`schema.mode: validate` accepts it;
+/// `create` runs the plain DDL, which leaves an existing table alone).
+///
+/// Why hash and not time: a unique constraint on a partitioned table must include the
+/// partition key. Range partitions by `created_at` would make the key
+/// `(operation, scope, idempotency_key, created_at)`, unique only within a partition, so a
+/// retry landing in a later partition would run the action a second time. Hash partitioning
+/// by the key columns keeps the key as it is; expired records are still removed by the
+/// batched cleanup, not by dropping partitions.
+///
+/// ```
+/// use std::num::NonZeroU16;
+///
+/// let table = idempotency_pg::TableName::parse("billing.idempotency_records")?;
+/// let ddl = idempotency_pg::records_hash_partitioned_ddl(&table, NonZeroU16::new(8).unwrap());
+/// assert!(ddl.contains("PARTITION BY HASH (operation, scope, idempotency_key)"));
+/// assert!(ddl.contains(
+///     r#""billing"."idempotency_records_h7" PARTITION OF "billing"."idempotency_records" FOR VALUES WITH (MODULUS 8, REMAINDER 7)"#
+/// ));
+/// # Ok::<(), idempotency_pg::Error>(())
+/// ```
+pub fn records_hash_partitioned_ddl(table: &TableName, partitions: std::num::NonZeroU16) -> String {
+    let plain = ddl(table);
+    let (create, rest) = plain.split_once("\n);\n").unwrap_or((plain.as_str(), ""));
+    let mut out = format!(
+        "{create}\n) PARTITION BY HASH ({RECORDS_HASH_PARTITION_KEY});\n\n\
+         -- One partition per remainder; a lookup by the whole key touches one of them.\n"
+    );
+    let modulus = partitions.get();
+    for remainder in 0..modulus {
+        let partition = table.sibling_with_whole_suffix(&format!("h{remainder}"));
+        out.push_str(&format!(
+            "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} \
+             FOR VALUES WITH (MODULUS {modulus}, REMAINDER {remainder});\n",
+            partition.quoted(),
+            table.quoted()
+        ));
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Sent first in the transaction that runs a `create`: no NOTICE for what already exists.
 pub(crate) const QUIET: &str = "SET LOCAL client_min_messages = warning";
 

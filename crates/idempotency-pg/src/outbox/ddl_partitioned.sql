@@ -1,0 +1,53 @@
+-- Canonical DDL of the time-partitioned transactional outbox (PostgreSQL 13+,
+-- `outbox.partitioning.enabled`). {table}, {sequences}, {default_partition} and the index
+-- names are replaced by the configured, validated and quoted names. The table is partitioned
+-- by RANGE (created_at), so its primary key must include created_at. The partitions of each
+-- interval are created by the store (`PgOutbox::prepare_partitions`), not by this script.
+-- payload and headers are JSON, not JSONB: the text is kept as enqueued (key order, numbers,
+-- the \u0000 escape), so the relay publishes exactly the bytes the application wrote.
+CREATE TABLE IF NOT EXISTS {table} (
+    id                UUID          NOT NULL,
+    aggregate_type    VARCHAR(255)  NOT NULL,
+    aggregate_id      VARCHAR(255)  NOT NULL,
+    sequence          BIGINT,
+    event_type        VARCHAR(255)  NOT NULL,
+    payload           JSON          NOT NULL,
+    headers           JSON          NOT NULL DEFAULT '{}',
+    created_at        TIMESTAMPTZ   NOT NULL DEFAULT clock_timestamp(),
+    attempts          INTEGER       NOT NULL DEFAULT 0,
+    next_attempt_at   TIMESTAMPTZ   NOT NULL DEFAULT clock_timestamp(),
+    claim_token       UUID,
+    last_error        VARCHAR(1000),
+    published_at      TIMESTAMPTZ,
+    dead_lettered_at  TIMESTAMPTZ,
+    CHECK (published_at IS NULL OR dead_lettered_at IS NULL),
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+
+-- The safety net: rows whose interval has no partition yet (maintenance fell behind) land
+-- here instead of failing the enqueueing transaction. It is never dropped; retention deletes
+-- its old rows in batches, and no partition is created over a range it holds rows of.
+CREATE TABLE IF NOT EXISTS {default_partition} PARTITION OF {table} DEFAULT;
+
+-- One counter row per aggregate, locked by the enqueueing transaction until it ends:
+-- writers of one aggregate are serialized, so sequence order is commit order.
+CREATE TABLE IF NOT EXISTS {sequences} (
+    aggregate_type  VARCHAR(255)  NOT NULL,
+    aggregate_id    VARCHAR(255)  NOT NULL,
+    last_sequence   BIGINT        NOT NULL,
+    PRIMARY KEY (aggregate_type, aggregate_id)
+);
+
+-- The claim: an index scan over pending rows only, however many published rows the table holds.
+CREATE INDEX IF NOT EXISTS {pending_index} ON {table} (next_attempt_at)
+    WHERE published_at IS NULL AND dead_lettered_at IS NULL;
+
+-- Per-aggregate order: the first pending row of an aggregate.
+CREATE INDEX IF NOT EXISTS {aggregate_index} ON {table} (aggregate_type, aggregate_id, sequence)
+    WHERE published_at IS NULL AND dead_lettered_at IS NULL;
+
+-- Retention.
+CREATE INDEX IF NOT EXISTS {published_index} ON {table} (published_at)
+    WHERE published_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS {dead_letter_index} ON {table} (dead_lettered_at)
+    WHERE dead_lettered_at IS NOT NULL;

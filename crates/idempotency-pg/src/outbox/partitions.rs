@@ -1,0 +1,368 @@
+//! The time-partitioned outbox layout: partitions created ahead of time, and retention by
+//! `DETACH` + `DROP` of a partition whose every row retention would delete.
+//!
+//! Partitions are managed here, with no extension. They are ordinary `RANGE (created_at)`
+//! partitions found through the catalog by their bounds, whatever their names, so partitions
+//! created by hand or by pg_partman are used and retired alike; ranges that overlap an
+//! existing partition are not created again.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::outbox::error::outbox_error;
+use crate::table::TableName;
+use idempotency_outbox::Error;
+use idempotency_outbox::config::PartitioningConfig;
+
+/// How long partition DDL waits for its lock before it gives up until the next pass: the
+/// `ACCESS EXCLUSIVE` lock it queues for would otherwise hold back every claim and enqueue
+/// behind a long transaction.
+const DDL_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
+
+/// SQLSTATE of a lock timeout (`lock_not_available`).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// SQLSTATE of a relation that does not exist (any more).
+const UNDEFINED_TABLE: &str = "42P01";
+/// SQLSTATE of "updated partition constraint for default partition would be violated":
+/// the default partition holds rows of the range.
+const CHECK_VIOLATION: &str = "23514";
+
+/// One partition of a partitioned outbox, as the catalog describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxPartition {
+    /// The partition, schema-qualified and quoted.
+    pub name: String,
+    /// The lower bound (inclusive); `None` for `MINVALUE` and for the default partition.
+    pub from: Option<DateTime<Utc>>,
+    /// The upper bound (exclusive); `None` for `MAXVALUE` and for the default partition.
+    pub to: Option<DateTime<Utc>>,
+    /// Whether it is the `DEFAULT` partition.
+    pub default: bool,
+}
+
+/// A partition's bounds in seconds since the epoch (`None`: unbounded).
+#[derive(Debug, Clone)]
+struct Bounds {
+    name: String,
+    default: bool,
+    from: Option<i64>,
+    to: Option<i64>,
+}
+
+impl Bounds {
+    fn overlaps(&self, lo: i64, hi: i64) -> bool {
+        !self.default && self.from.is_none_or(|from| from < hi) && self.to.is_none_or(|to| to > lo)
+    }
+}
+
+/// The partitions of `table` with their bounds.
+async fn bounds(pool: &PgPool, table: &TableName) -> Result<Vec<Bounds>, Error> {
+    // Bounds are printed by `pg_get_expr` as timestamptz literals in the session's settings
+    // and read back with the same settings.
+    let rows: Vec<(String, bool, Option<i64>, Option<i64>)> = sqlx::query_as(
+        "WITH parts AS ( \
+             SELECT format('%I.%I', n.nspname, c.relname) AS name, \
+                    pg_get_expr(c.relpartbound, c.oid) AS bound \
+             FROM pg_inherits i \
+             JOIN pg_class c ON c.oid = i.inhrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE i.inhparent = to_regclass($1)), \
+         parsed AS ( \
+             SELECT name, bound = 'DEFAULT' AS is_default, \
+                    regexp_match(bound, '^FOR VALUES FROM \\((.*)\\) TO \\((.*)\\)$') AS m \
+             FROM parts) \
+         SELECT name, is_default, \
+                CASE WHEN m[1] LIKE '''%''' \
+                     THEN floor(extract(epoch FROM btrim(m[1], '''')::timestamptz))::int8 END, \
+                CASE WHEN m[2] LIKE '''%''' \
+                     THEN floor(extract(epoch FROM btrim(m[2], '''')::timestamptz))::int8 END \
+         FROM parsed ORDER BY 3 NULLS FIRST",
+    )
+    .bind(table.quoted())
+    .fetch_all(pool)
+    .await
+    .map_err(outbox_error)?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, default, from, to)| Bounds {
+            name,
+            default,
+            from,
+            to,
+        })
+        .collect())
+}
+
+fn time(seconds: Option<i64>) -> Option<DateTime<Utc>> {
+    seconds.and_then(|s| DateTime::from_timestamp(s, 0))
+}
+
+pub(crate) async fn list(pool: &PgPool, table: &TableName) -> Result<Vec<OutboxPartition>, Error> {
+    Ok(bounds(pool, table)
+        .await?
+        .into_iter()
+        .map(|b| OutboxPartition {
+            name: b.name,
+            from: time(b.from),
+            to: time(b.to),
+            default: b.default,
+        })
+        .collect())
+}
+
+/// The partition `[lo, lo + interval)` of `table`, named after its lower bound in UTC
+/// (`outbox_p20261201t000000`).
+fn partition_name(table: &TableName, lo: i64) -> Result<TableName, Error> {
+    let stamp = DateTime::from_timestamp(lo, 0).ok_or_else(|| Error::Corrupt {
+        reason: format!("partition bound {lo} is out of range"),
+    })?;
+    Ok(table.sibling_with_whole_suffix(&format!("p{}", stamp.format("%Y%m%dt%H%M%S"))))
+}
+
+fn is_code(error: &sqlx::Error, code: &str) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|c| c == code)
+}
+
+/// Creates the partitions of the current interval and of the `ahead` next ones that do not
+/// exist yet; returns how many it created. A range that overlaps an existing partition, that
+/// the default partition holds rows of, or whose lock is not granted within a second is
+/// skipped (and retried by the next pass).
+pub(crate) async fn prepare(
+    pool: &PgPool,
+    table: &TableName,
+    config: &PartitioningConfig,
+) -> Result<u32, Error> {
+    let interval = i64::try_from(config.interval.as_secs())
+        .unwrap_or(i64::MAX)
+        .max(1);
+    let now: i64 = sqlx::query_scalar("SELECT floor(extract(epoch FROM clock_timestamp()))::int8")
+        .fetch_one(pool)
+        .await
+        .map_err(outbox_error)?;
+    let current = now.div_euclid(interval) * interval;
+    let existing = bounds(pool, table).await?;
+    let mut created = 0;
+    for k in 0..=i64::from(config.ahead) {
+        let lo = current.saturating_add(k.saturating_mul(interval));
+        let hi = lo.saturating_add(interval);
+        if existing.iter().any(|b| b.overlaps(lo, hi)) {
+            continue;
+        }
+        let name = partition_name(table, lo)?;
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} \
+             FOR VALUES FROM (to_timestamp({lo})) TO (to_timestamp({hi}))",
+            name.quoted(),
+            table.quoted()
+        );
+        let mut tx = pool.begin().await.map_err(outbox_error)?;
+        sqlx::raw_sql(crate::records::QUIET)
+            .execute(&mut *tx)
+            .await
+            .map_err(outbox_error)?;
+        sqlx::raw_sql(DDL_LOCK_TIMEOUT)
+            .execute(&mut *tx)
+            .await
+            .map_err(outbox_error)?;
+        match sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await {
+            Ok(_) => {
+                tx.commit().await.map_err(outbox_error)?;
+                created += 1;
+            }
+            Err(error)
+                if is_code(&error, LOCK_NOT_AVAILABLE) || is_code(&error, CHECK_VIOLATION) =>
+            {
+                tracing::warn!(
+                    partition = %name,
+                    error = &error as &dyn std::error::Error,
+                    "outbox partition not created this time (its rows stay in the default \
+                     partition meanwhile)"
+                );
+            }
+            Err(error) => return Err(outbox_error(error)),
+        }
+    }
+    Ok(created)
+}
+
+/// Whether `partition` holds a row retention would keep: a pending row, a row published less
+/// than `$1` ago, or a dead letter younger than `$2` (any dead letter when `$2` is null). The
+/// cut-offs are scalar subqueries, evaluated once, so each probe is an index condition.
+fn keeps_rows(partition: &str) -> String {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM {partition} \
+                        WHERE published_at IS NULL AND dead_lettered_at IS NULL) \
+             OR EXISTS (SELECT 1 FROM {partition} \
+                        WHERE published_at >= (SELECT clock_timestamp() - $1::interval)) \
+             OR EXISTS (SELECT 1 FROM {partition} \
+                        WHERE dead_lettered_at IS NOT NULL AND $2::interval IS NULL) \
+             OR EXISTS (SELECT 1 FROM {partition} \
+                        WHERE dead_lettered_at >= (SELECT clock_timestamp() - $2::interval))"
+    )
+}
+
+/// The column a retention delete ages rows by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Expiry {
+    /// `published_at`.
+    Published,
+    /// `dead_lettered_at`.
+    DeadLettered,
+}
+
+/// Deletes at most `limit` rows whose `expiry` column is more than `older_than` ago, partition
+/// by partition, oldest first; returns how many. Each statement addresses one partition, so it
+/// is planned as on a plain table: one joined against the parent, with the batch size a
+/// parameter, may be planned as a hash join over a sequential scan of every partition.
+pub(crate) async fn delete_expired_rows(
+    pool: &PgPool,
+    table: &TableName,
+    expiry: Expiry,
+    older_than: Duration,
+    limit: u32,
+) -> Result<u64, Error> {
+    let column = match expiry {
+        Expiry::Published => "published_at",
+        Expiry::DeadLettered => "dead_lettered_at",
+    };
+    let mut deleted = 0;
+    for partition in bounds(pool, table).await? {
+        let left = u64::from(limit).saturating_sub(deleted);
+        if left == 0 {
+            break;
+        }
+        let p = &partition.name;
+        let statement = format!(
+            "WITH doomed AS ( \
+                 SELECT id, created_at FROM {p} \
+                 WHERE {column} < (SELECT clock_timestamp() - $1::interval) \
+                 ORDER BY {column} LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {p} AS o USING doomed \
+             WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
+        );
+        match sqlx::query(AssertSqlSafe(statement))
+            .bind(older_than)
+            .bind(i64::try_from(left).unwrap_or(i64::MAX))
+            .execute(pool)
+            .await
+        {
+            Ok(done) => deleted += done.rows_affected(),
+            // Dropped (detached) by a concurrent retention pass since it was listed.
+            Err(error) if is_code(&error, UNDEFINED_TABLE) => {}
+            Err(error) => return Err(outbox_error(error)),
+        }
+    }
+    Ok(deleted)
+}
+
+/// Detaches and drops every partition (never the default one) whose range ended more than
+/// `published` ago and every row of which retention would delete; returns how many. The check
+/// runs once without locks, then again on the detached partition, in the transaction that
+/// drops it, so a row requeued meanwhile keeps its partition.
+pub(crate) async fn drop_expired(
+    pool: &PgPool,
+    table: &TableName,
+    published: Duration,
+    dead_lettered: Option<Duration>,
+) -> Result<u32, Error> {
+    let cutoff: i64 = sqlx::query_scalar(
+        "SELECT floor(extract(epoch FROM clock_timestamp() - $1::interval))::int8",
+    )
+    .bind(published)
+    .fetch_one(pool)
+    .await
+    .map_err(outbox_error)?;
+    let mut dropped = 0;
+    for partition in bounds(pool, table).await? {
+        let Some(to) = partition.to else { continue };
+        if partition.default || to > cutoff {
+            continue;
+        }
+        let check = keeps_rows(&partition.name);
+        let keeps: bool = sqlx::query_scalar(AssertSqlSafe(check.clone()))
+            .bind(published)
+            .bind(dead_lettered)
+            .fetch_one(pool)
+            .await
+            .map_err(outbox_error)?;
+        if keeps {
+            continue;
+        }
+        let mut tx = pool.begin().await.map_err(outbox_error)?;
+        sqlx::raw_sql(DDL_LOCK_TIMEOUT)
+            .execute(&mut *tx)
+            .await
+            .map_err(outbox_error)?;
+        let detach = format!(
+            "ALTER TABLE {} DETACH PARTITION {}",
+            table.quoted(),
+            partition.name
+        );
+        match sqlx::raw_sql(AssertSqlSafe(detach)).execute(&mut *tx).await {
+            Ok(_) => {}
+            Err(error) if is_code(&error, LOCK_NOT_AVAILABLE) => {
+                tracing::warn!(
+                    partition = %partition.name,
+                    "outbox partition not dropped this time: its lock was not granted within 1s"
+                );
+                continue;
+            }
+            Err(error) => return Err(outbox_error(error)),
+        }
+        let keeps: bool = sqlx::query_scalar(AssertSqlSafe(check))
+            .bind(published)
+            .bind(dead_lettered)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(outbox_error)?;
+        if keeps {
+            // Rolled back: the partition stays attached.
+            continue;
+        }
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {}", partition.name)))
+            .execute(&mut *tx)
+            .await
+            .map_err(outbox_error)?;
+        tx.commit().await.map_err(outbox_error)?;
+        dropped += 1;
+    }
+    Ok(dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_names_keep_their_whole_bound() {
+        let table = TableName::parse("billing.outbox").unwrap();
+        let name = partition_name(&table, 1_764_547_200).unwrap();
+        assert_eq!(name.quoted(), r#""billing"."outbox_p20251201t000000""#);
+        let long = TableName::parse(&"o".repeat(60)).unwrap();
+        let a = partition_name(&long, 0).unwrap();
+        let b = partition_name(&long, 86_400).unwrap();
+        assert_ne!(a, b);
+        assert!(a.name().len() <= 63 && a.name().ends_with("_p19700101t000000"));
+    }
+
+    #[test]
+    fn overlap_treats_missing_bounds_as_unbounded_and_ignores_the_default() {
+        let b = |from, to, default| Bounds {
+            name: String::new(),
+            default,
+            from,
+            to,
+        };
+        assert!(b(Some(0), Some(10), false).overlaps(5, 15));
+        assert!(!b(Some(0), Some(10), false).overlaps(10, 20));
+        assert!(b(None, Some(10), false).overlaps(-100, -90));
+        assert!(b(Some(0), None, false).overlaps(100, 110));
+        assert!(!b(None, None, true).overlaps(0, 10));
+    }
+}
