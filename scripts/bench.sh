@@ -4,6 +4,7 @@
 #   scripts/bench.sh                  # the full grid (about 20 minutes on 2 cores)
 #   QUICK=1 scripts/bench.sh          # shorter runs, for a smoke test of the script itself
 #   ASSEMBLE_ONLY=1 scripts/bench.sh  # rewrite PERFORMANCE.md from the last run's raw outputs
+#   DURATION=10s ROUNDS=2 RETENTION_EVENTS=1000000 scripts/bench.sh   # a shorter full grid
 #
 # Raw outputs are kept in target/bench/.
 #
@@ -16,9 +17,13 @@ ensure_services
 
 quick="${QUICK:-}"
 duration=20s; rounds=5; criterion=(--warm-up-time 2 --measurement-time 8); http_seconds=20s
+retention_events=5000000
 if [ -n "$quick" ]; then
   duration=3s; rounds=2; criterion=(--warm-up-time 1 --measurement-time 2); http_seconds=4s
+  retention_events=200000
 fi
+duration="${DURATION:-$duration}"; rounds="${ROUNDS:-$rounds}"; http_seconds="${HTTP_SECONDS:-${DURATION:-$http_seconds}}"
+retention_events="${RETENTION_EVENTS:-$retention_events}"
 out="$(cd "${CARGO_TARGET_DIR:-target}" 2>/dev/null && pwd || echo "$PWD/target")/bench"
 mkdir -p "$out"
 trap '[ -n "${demo_pid:-}" ] && kill "$demo_pid" 2>/dev/null || true' EXIT
@@ -44,6 +49,9 @@ echo "== middleware: IdempotencyLayer against a handler calling execute ($durati
 
 echo "== MySQL / MariaDB: the load bench's grid on MYSQL_URL ($duration per scenario, $rounds rounds)"
 "$target/idempotency-bench" --backend mysql --clients 4 --duration "$duration" --rounds "$rounds" > "$out/mysql.txt"
+
+echo "== outbox retention: $retention_events published events, batched DELETE against partition drop"
+"$target/idempotency-bench" --only-retention --events "$retention_events" > "$out/retention.txt"
 
 echo "== outbox relay (criterion-style bench of idempotency-outbox)"
 cargo bench -q -p idempotency-outbox --all-features --bench relay 2>/dev/null > "$out/relay.txt" || true
@@ -165,6 +173,16 @@ print("configuration without NOTIFY is the one comparable to pgbench's single in
 print("first execution also writes Redis and moka after the commit, and a replay does no database")
 print("work at all, hence a replay several times faster than the same payment without")
 print("idempotency.\n")
+print("## Outbox retention at scale (`--only-retention`)\n")
+print("The same published events in today's plain table and in the day-partitioned layout")
+print("(`outbox.partitioning`), `retention.published` 3 days: the plain table is purged by the")
+print("batched DELETE, the partitioned one by detaching and dropping the fully expired")
+print("partitions (what is left of a partly expired one still goes through the batched DELETE).")
+print("WAL is read from the server (`pg_current_wal_lsn`), sizes are `pg_total_relation_size`,")
+print("and the relay's claim latency is sampled on 200 pending rows while each purge runs.\n")
+print("```")
+print(read("retention.txt").strip())
+print("```\n")
 print("## Load bench\n")
 print("```")
 print(read("load.txt").strip())

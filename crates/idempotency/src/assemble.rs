@@ -32,7 +32,7 @@ pub type Meters = idempotency_core::NoopMetrics;
 /// The idempotency service the facade assembles over the store `S`.
 pub type Service<S> = IdempotencyService<S, LocalTier, DistributedTier, Meters>;
 
-/// The outbox publisher given to [`Builder::publisher`], or none.
+/// The outbox publisher given to `Builder::publisher` (feature `outbox`), or none.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoPublisher;
 
@@ -252,8 +252,8 @@ impl<'a, P> Builder<'a, P> {
     }
 }
 
-/// What [`Builder::publisher`] may hold: any outbox [`Publisher`](idempotency_outbox::Publisher)
-/// (feature `outbox`), or [`NoPublisher`].
+/// What `Builder::publisher` may hold: any outbox `Publisher` (feature `outbox`), or
+/// [`NoPublisher`].
 pub trait MaybePublisher: Send + Sync + 'static {
     /// Starts a relay of `outbox` to this publisher.
     #[cfg(feature = "outbox")]
