@@ -208,6 +208,25 @@ impl PgOutbox {
         self.sql.enqueue.as_str()
     }
 
+    /// The SQL text of the relay's claim for `ordering` (one statement per claim), for
+    /// inspection (`EXPLAIN`) and benchmarks. Its parameters: the batch size (`int8`), the lease
+    /// (`interval`), the claim token (`uuid`) and `max-attempts` (`int4`).
+    ///
+    /// ```
+    /// use idempotency_outbox::config::Ordering;
+    ///
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let outbox = idempotency_pg::PgOutbox::new(pool);
+    /// assert!(outbox.claim_statement(Ordering::Ordered).contains("FOR UPDATE OF o SKIP LOCKED"));
+    /// # }
+    /// ```
+    pub fn claim_statement(&self, ordering: Ordering) -> &str {
+        match ordering {
+            Ordering::Ordered => self.sql.claim_ordered.as_str(),
+            Ordering::Unordered => self.sql.claim_unordered.as_str(),
+        }
+    }
+
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
