@@ -100,9 +100,17 @@ impl PgOutbox {
         }
     }
 
-    /// Runs the canonical DDL ([`outbox_ddl`]); safe to run again and concurrently.
+    /// Runs the canonical DDL ([`outbox_ddl`]) when a table or index of it is missing; safe to
+    /// run again and concurrently. Over a complete schema it reads the catalog only, taking no
+    /// lock on the tables (enqueuing writers do not wait for it, nor it for them).
     pub async fn create_schema(&self) -> Result<(), Error> {
-        schema::create(&self.pool, &self.table, outbox_ddl(&self.table)).await
+        schema::create(
+            &self.pool,
+            &self.table,
+            &schema::outbox_objects(&self.table),
+            outbox_ddl(&self.table),
+        )
+        .await
     }
 
     /// Checks both tables (columns, types, nullability, the indexes the queries rely on),
