@@ -121,13 +121,13 @@ fn first_of_aggregate(t: &str) -> String {
 /// - `near`: the scan, over the first `WINDOW_PER_ROW * $1` due rows only (`edge` is the
 ///   `next_attempt_at` just past them, none when fewer rows are due);
 /// - `far`, only when that window was cut and did not fill the batch: the first row of every
-///   aggregate with pending rows, walked on the aggregate index (one probe per aggregate,
-///   not per row), the due ones in `next_attempt_at` order. Their ids are collected
-///   first, in that order, and each is locked by a lookup of its own (a locking subquery is
-///   not merged into the join; pending spelled so that no partial index matches, leaving the
-///   primary key): joined to the table, the planner may rather scan a pending
-///   index and test each row against the list, the whole backlog again. The loop follows
-///   the list and stops at the batch, so it locks no row it does not hand out.
+///   aggregate with pending rows, walked on the aggregate index (one probe per aggregate, not
+///   per row), the due ones in `next_attempt_at` order. Their ids are collected first, in
+///   that order, then each is locked by a lookup of its own, which stops at the batch (no row
+///   is locked that is not handed out). A locking subquery is not merged into a join, and
+///   "pending" is spelled so that no partial index matches it, leaving the primary key: as a
+///   join, or with a partial index on offer, the planner may scan a pending index and test
+///   each row against the list instead, reading the whole backlog again.
 ///
 /// So a claim reads at most the window and then one probe per pending aggregate, and it
 /// returns nothing only when no first row is due (or all are locked by other claims), as
