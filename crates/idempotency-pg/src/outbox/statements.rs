@@ -92,117 +92,22 @@ fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
     }
 }
 
-/// Rows of the pending index, per row asked for, that an ordered claim reads in
-/// `next_attempt_at` order before it looks up the aggregates' first rows instead.
-const WINDOW_PER_ROW: i64 = 4;
-
-/// Only the first pending row of its aggregate (or a row without a sequence).
-fn first_of_aggregate(t: &str) -> String {
-    // A correlated `LIMIT 1` subquery rather than `NOT EXISTS`: it is always planned as an
-    // index probe on the aggregate index, even before the table was ever analyzed (an
-    // anti-join may then be planned as a full scan per batch).
-    format!(
-        "AND (o.sequence IS NULL OR o.sequence <= ( \
-             SELECT p.sequence FROM {t} p \
-             WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-               AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
-             ORDER BY p.sequence LIMIT 1))"
-    )
-}
-
-/// The candidates of an ordered claim, `cand (id, unmarked)`, locked.
-///
-/// Only the first pending row of its aggregate: while it is leased (in flight) or backing off
-/// after a failure, the aggregate's later rows wait. Those later rows stay due, so a scan of
-/// the pending rows in `next_attempt_at` order alone would read every one of them, behind
-/// aggregates whose first row is leased, before it reached a row it may hand out: a claim per
-/// whole backlog. The scan is bounded instead:
-///
-/// - `near`: the scan, over the first `WINDOW_PER_ROW * $1` due rows only (`edge` is the
-///   `next_attempt_at` just past them, none when fewer rows are due);
-/// - `far`, only when that window was cut and did not fill the batch: the first row of every
-///   aggregate with pending rows, walked on the aggregate index (one probe per aggregate, not
-///   per row), the due ones in `next_attempt_at` order. Their ids are collected first, in
-///   that order, then each is locked by a lookup of its own, which stops at the batch (no row
-///   is locked that is not handed out). A locking subquery is not merged into a join, and
-///   "pending" is spelled so that no partial index matches it, leaving the primary key: as a
-///   join, or with a partial index on offer, the planner may scan a pending index and test
-///   each row against the list instead, reading the whole backlog again.
-///
-/// So a claim reads at most the window and then one probe per pending aggregate, and it
-/// returns nothing only when no first row is due (or all are locked by other claims), as
-/// before. A first row beyond the window is not kept waiting: either the claim fills its batch
-/// from the window, and those rows leave it (the window only moves forward: a row that becomes
-/// due again, or a new one, is due from now on, behind every row already due), or it walks the
-/// aggregates and finds it.
-fn claim_ordered(t: &str) -> String {
-    let pending = "published_at IS NULL AND dead_lettered_at IS NULL";
-    let head = first_of_aggregate(t);
-    format!(
-        "edge AS ( \
-             SELECT w.next_attempt_at AS at FROM {t} w \
-             WHERE w.published_at IS NULL AND w.dead_lettered_at IS NULL \
-               AND w.next_attempt_at <= now() \
-             ORDER BY w.next_attempt_at OFFSET $1 * {WINDOW_PER_ROW} LIMIT 1), \
-         near AS ( \
-             SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
-               AND o.next_attempt_at <= now() \
-               AND o.next_attempt_at <= COALESCE((SELECT at FROM edge), 'infinity') {head} \
-             ORDER BY o.next_attempt_at \
-             LIMIT $1 \
-             FOR UPDATE OF o SKIP LOCKED), \
-         aggs (aggregate_type, aggregate_id) AS ( \
-             (SELECT a.aggregate_type, a.aggregate_id FROM {t} a \
-              WHERE a.{pending} \
-                AND EXISTS (SELECT 1 FROM edge) AND (SELECT count(*) FROM near) < $1 \
-              ORDER BY a.aggregate_type, a.aggregate_id LIMIT 1) \
-             UNION ALL \
-             SELECT n.aggregate_type, n.aggregate_id FROM aggs g CROSS JOIN LATERAL ( \
-                 SELECT a.aggregate_type, a.aggregate_id FROM {t} a \
-                 WHERE a.{pending} \
-                   AND (a.aggregate_type, a.aggregate_id) > (g.aggregate_type, g.aggregate_id) \
-                 ORDER BY a.aggregate_type, a.aggregate_id LIMIT 1) n), \
-         heads AS ( \
-             SELECT h.id, h.next_attempt_at FROM aggs g CROSS JOIN LATERAL ( \
-                 (SELECT p.id, p.next_attempt_at FROM {t} p \
-                  WHERE p.aggregate_type = g.aggregate_type \
-                    AND p.aggregate_id = g.aggregate_id AND p.{pending} \
-                  ORDER BY p.sequence LIMIT 1) \
-                 UNION ALL \
-                 (SELECT p.id, p.next_attempt_at FROM {t} p \
-                  WHERE p.aggregate_type = g.aggregate_type \
-                    AND p.aggregate_id = g.aggregate_id AND p.{pending} \
-                    AND p.sequence IS NULL AND p.next_attempt_at <= now() \
-                  LIMIT 1)) h \
-             WHERE h.next_attempt_at <= now()), \
-         far AS ( \
-             SELECT l.id, l.unmarked \
-             FROM unnest(ARRAY(SELECT id FROM heads ORDER BY next_attempt_at)) AS f(id) \
-             CROSS JOIN LATERAL ( \
-                 SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-                 WHERE o.id = f.id AND o.id NOT IN (SELECT id FROM near) \
-                   AND COALESCE(o.published_at, o.dead_lettered_at) IS NULL \
-                   AND o.next_attempt_at <= now() {head} \
-                 FOR UPDATE OF o SKIP LOCKED) l \
-             LIMIT $1 - (SELECT count(*) FROM near)), \
-         cand AS (SELECT id, unmarked FROM near UNION ALL SELECT id, unmarked FROM far)"
-    )
-}
-
 fn claim(t: &str, ordered: bool) -> String {
-    let cand = if ordered {
-        format!("RECURSIVE {}", claim_ordered(t))
-    } else {
+    let head = if ordered {
+        // Only the first pending row of its aggregate: while it is leased (in flight) or
+        // backing off after a failure, the aggregate's later rows wait. A correlated
+        // `LIMIT 1` subquery rather than `NOT EXISTS`: it is always planned as an index probe
+        // on the aggregate index, even before the table was ever analyzed (an anti-join may
+        // then be planned as a full scan per batch).
         format!(
-            "cand AS ( \
-                 SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-                 WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
-                   AND o.next_attempt_at <= now() \
-                 ORDER BY o.next_attempt_at \
-                 LIMIT $1 \
-                 FOR UPDATE OF o SKIP LOCKED)"
+            "AND (o.sequence IS NULL OR o.sequence <= ( \
+                 SELECT p.sequence FROM {t} p \
+                 WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
+                   AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
+                 ORDER BY p.sequence LIMIT 1))"
         )
+    } else {
+        String::new()
     };
     // A row already claimed `max-attempts` ($4) times was never marked: its publishes
     // crashed their relay (or outlived the lease). It is dead-lettered instead of handed out
@@ -214,7 +119,13 @@ fn claim(t: &str, ordered: bool) -> String {
     // healthy rows of its batch are not dead-lettered with it. The candidates are taken in
     // index order as before; only the rows handed out change.
     format!(
-        "WITH {cand}, \
+        "WITH cand AS ( \
+             SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
+             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= now() {head} \
+             ORDER BY o.next_attempt_at \
+             LIMIT $1 \
+             FOR UPDATE OF o SKIP LOCKED), \
          due AS ( \
              SELECT id FROM cand WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
              UNION ALL \
