@@ -38,6 +38,10 @@ struct Args {
     /// Events drained by the relay scenario.
     #[arg(long, default_value_t = 20_000)]
     drain_events: usize,
+    /// Aggregates the drained events are spread over (round robin) on PostgreSQL: fewer
+    /// aggregates, deeper backlogs behind each aggregate's first row.
+    #[arg(long, default_value_t = 1000)]
+    drain_aggregates: usize,
     /// Only the middleware scenarios: `IdempotencyLayer` against a handler calling `execute`,
     /// through an axum router in process (first executions, then replays).
     #[arg(long)]
@@ -292,11 +296,21 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
 /// The relay on PostgreSQL: the drain to JetStream, then commit-to-ack under a steady producer.
 async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
     println!();
-    println!("| relay drain to JetStream (acks awaited, 1000 aggregates, ordered) | events/s |");
+    println!(
+        "| relay drain to JetStream (acks awaited, {} aggregates, ordered) | events/s |",
+        args.drain_aggregates
+    );
     println!("|---|---:|");
     for workers in args.drain_workers.iter().copied() {
         let batch = 100;
-        let rate = outbox::relay_drain(setup, args.drain_events, workers, batch).await;
+        let rate = outbox::relay_drain(
+            setup,
+            args.drain_events,
+            args.drain_aggregates,
+            workers,
+            batch,
+        )
+        .await;
         println!(
             "| {workers} worker(s), batch {batch}, {} events | {rate:.0} |",
             args.drain_events

@@ -255,7 +255,7 @@ pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, ba
     let outbox = MysqlOutbox::from_config(setup.pool.clone(), &config)
         .await
         .expect("outbox");
-    for chunk in drain_events(events) {
+    for chunk in drain_events(events, 1000) {
         let mut tx = setup.pool.begin().await.expect("begin");
         outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
         tx.commit().await.expect("commit");

@@ -125,8 +125,10 @@ pub(crate) fn drain_config(table: &str, workers: usize, batch: u32) -> OutboxCon
     config
 }
 
-/// `events` events over 1000 aggregates, in chunks of 500 (one transaction each).
-pub(crate) fn drain_events(events: usize) -> Vec<Vec<NewEvent>> {
+/// `events` events over `aggregates` aggregates (round robin), in chunks of 500 (one
+/// transaction each).
+pub(crate) fn drain_events(events: usize, aggregates: usize) -> Vec<Vec<NewEvent>> {
+    let aggregates = aggregates.max(1);
     (0..events)
         .collect::<Vec<_>>()
         .chunks(500)
@@ -135,7 +137,7 @@ pub(crate) fn drain_events(events: usize) -> Vec<Vec<NewEvent>> {
                 .iter()
                 .map(|n| {
                     NewEvent::new(
-                        format!("agg{}", n % 1000),
+                        format!("agg{}", n % aggregates),
                         format!("{n}"),
                         "Drained",
                         &serde_json::json!({"n": n}),
@@ -304,7 +306,7 @@ impl Cpu {
     }
 }
 
-/// Drains `events` pending events (1000 aggregates, ordered) from the PostgreSQL outbox with a
+/// Drains `events` pending events (over `aggregates` aggregates, ordered) from the PostgreSQL outbox with a
 /// relay of `workers` workers and `batch` rows per claim, publishing to JetStream and awaiting
 /// each ack. Returns events/s.
 ///
@@ -313,13 +315,19 @@ impl Cpu {
 /// `BENCH_CPU=1` prints the CPU time per event of PostgreSQL (this process's backends), the
 /// NATS server and this process during the drain, to stderr: a figure that moves much less
 /// than events/s when other work shares the machine.
-pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, batch: u32) -> f64 {
+pub(crate) async fn relay_drain(
+    setup: &Setup,
+    events: usize,
+    aggregates: usize,
+    workers: usize,
+    batch: u32,
+) -> f64 {
     let table = idempotency_testing::unique_name("drain");
     let config = drain_config(&table, workers, batch);
     let outbox = PgOutbox::from_config(setup.pool.clone(), &config)
         .await
         .expect("outbox");
-    for chunk in drain_events(events) {
+    for chunk in drain_events(events, aggregates) {
         let mut tx = setup.pool.begin().await.expect("begin");
         outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
         tx.commit().await.expect("commit");

@@ -175,6 +175,24 @@ impl fmt::Display for TableName {
     }
 }
 
+/// Whether every relation of `names` (quoted, schema-qualified when the table is) exists.
+///
+/// A catalog lookup only: `to_regclass` takes no lock on the relations, unlike
+/// `CREATE INDEX IF NOT EXISTS`, which waits for a SHARE lock on the table even when the index
+/// exists, behind every open write transaction on it (and holds every new writer behind it).
+pub(crate) async fn all_exist<'e, E>(executor: E, names: &[String]) -> Result<bool, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    let found: Option<bool> = sqlx::query_scalar(
+        "SELECT bool_and(to_regclass(n) IS NOT NULL) FROM unnest($1::text[]) AS n",
+    )
+    .bind(names)
+    .fetch_one(executor)
+    .await?;
+    Ok(found == Some(true))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

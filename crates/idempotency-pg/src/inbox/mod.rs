@@ -116,7 +116,11 @@ impl PgInbox {
 
     /// Runs the canonical DDL ([`inbox_ddl`](crate::inbox_ddl)).
     pub async fn create_schema(&self) -> Result<(), Error> {
-        schema::create(&self.pool, &self.table, inbox_ddl(&self.table)).await
+        let objects = [
+            self.table.quoted().to_owned(),
+            self.table.sibling("received_at_idx").quoted().to_owned(),
+        ];
+        schema::create(&self.pool, &self.table, &objects, inbox_ddl(&self.table)).await
     }
 
     /// Checks the table, failing with [`Error::Schema`] naming every difference.

@@ -153,7 +153,13 @@ impl PgOutbox {
                 problems: vec![problem],
             });
         }
-        schema::create(&self.pool, &self.table, ddl).await?;
+        let mut objects = schema::outbox_objects(&self.table);
+        if self.partitioning.is_some() {
+            objects.push(self.table.sibling("default").quoted().to_owned());
+        }
+        // Over a complete schema only the catalog is read: no lock on the tables, so
+        // enqueuing writers do not wait for it, nor it for them.
+        schema::create(&self.pool, &self.table, &objects, ddl).await?;
         self.prepare_partitions().await?;
         Ok(())
     }
@@ -308,6 +314,25 @@ impl PgOutbox {
     /// when notifications are on.
     pub fn enqueue_statement(&self) -> &str {
         self.sql.enqueue.as_str()
+    }
+
+    /// The SQL text of the relay's claim for `ordering` (one statement per claim), for
+    /// inspection (`EXPLAIN`) and benchmarks. Its parameters: the batch size (`int8`), the lease
+    /// (`interval`), the claim token (`uuid`) and `max-attempts` (`int4`).
+    ///
+    /// ```
+    /// use idempotency_outbox::config::Ordering;
+    ///
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let outbox = idempotency_pg::PgOutbox::new(pool);
+    /// assert!(outbox.claim_statement(Ordering::Ordered).contains("FOR UPDATE OF o SKIP LOCKED"));
+    /// # }
+    /// ```
+    pub fn claim_statement(&self, ordering: Ordering) -> &str {
+        match ordering {
+            Ordering::Ordered => self.sql.claim_ordered.as_str(),
+            Ordering::Unordered => self.sql.claim_unordered.as_str(),
+        }
     }
 
     /// The pool.

@@ -105,11 +105,29 @@ pub(crate) async fn layout_problem(
     }))
 }
 
-pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) -> Result<(), Error> {
+/// Creates what `objects` (the quoted names of the tables and indexes `ddl` creates) finds
+/// missing by running `ddl`; nothing when all exist.
+///
+/// The catalog is read first, without a lock on the tables: `CREATE INDEX IF NOT EXISTS` takes
+/// a SHARE lock on its table even when the index exists, so running the DDL at every start
+/// would make an instance restarting under load wait for the longest open write transaction
+/// on the table, and every writer arriving meanwhile wait behind it.
+pub(crate) async fn create(
+    pool: &PgPool,
+    lock_name: &TableName,
+    objects: &[String],
+    ddl: String,
+) -> Result<(), Error> {
+    if crate::table::all_exist(pool, objects)
+        .await
+        .map_err(outbox_error)?
+    {
+        return Ok(());
+    }
     // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
     let mut tx = pool.begin().await.map_err(outbox_error)?;
-    // No NOTICE per existing table and index ("already exists, skipping") at every start.
+    // No NOTICE per existing table and index ("already exists, skipping").
     sqlx::raw_sql(crate::records::QUIET)
         .execute(&mut *tx)
         .await
@@ -119,12 +137,35 @@ pub(crate) async fn create(pool: &PgPool, lock_name: &TableName, ddl: String) ->
         .execute(&mut *tx)
         .await
         .map_err(outbox_error)?;
-    sqlx::raw_sql(AssertSqlSafe(ddl))
-        .execute(&mut *tx)
+    // An instance starting at the same time may have created everything meanwhile.
+    if !crate::table::all_exist(&mut *tx, objects)
         .await
-        .map_err(outbox_error)?;
+        .map_err(outbox_error)?
+    {
+        sqlx::raw_sql(AssertSqlSafe(ddl))
+            .execute(&mut *tx)
+            .await
+            .map_err(outbox_error)?;
+    }
     tx.commit().await.map_err(outbox_error)?;
     Ok(())
+}
+
+/// The quoted names of the tables and indexes [`outbox_ddl`] creates.
+pub(crate) fn outbox_objects(table: &TableName) -> Vec<String> {
+    let mut objects = vec![
+        table.quoted().to_owned(),
+        table.sibling("sequences").quoted().to_owned(),
+    ];
+    for index in [
+        "pending_idx",
+        "aggregate_idx",
+        "published_idx",
+        "dead_letter_idx",
+    ] {
+        objects.push(table.sibling(index).quoted().to_owned());
+    }
+    objects
 }
 
 pub(crate) struct Column {

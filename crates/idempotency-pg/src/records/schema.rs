@@ -76,20 +76,36 @@ pub fn records_hash_partitioned_ddl(table: &TableName, partitions: std::num::Non
 /// Sent first in the transaction that runs a `create`: no NOTICE for what already exists.
 pub(crate) const QUIET: &str = "SET LOCAL client_min_messages = warning";
 
+/// Runs the DDL when the table or its index is missing; nothing when both exist.
+///
+/// The catalog is read first, without a lock on the table: `CREATE INDEX IF NOT EXISTS` takes a
+/// SHARE lock on the table even when the index exists, so running the DDL at every start would
+/// make an instance restarting under load wait for the longest open write transaction on the
+/// table, and every writer arriving meanwhile wait behind it.
 pub(crate) async fn create(pool: &PgPool, table: &TableName) -> Result<(), Error> {
+    let objects = [
+        table.quoted().to_owned(),
+        table.sibling("expires_at_idx").quoted().to_owned(),
+    ];
+    if crate::table::all_exist(pool, &objects).await? {
+        return Ok(());
+    }
     // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
     let mut tx = pool.begin().await?;
     // Over existing tables every `IF NOT EXISTS` answers a NOTICE ("already exists, skipping"),
-    // which sqlx logs at every start; the transaction keeps warnings and errors only.
+    // which sqlx logs; the transaction keeps warnings and errors only.
     sqlx::raw_sql(QUIET).execute(&mut *tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(table.quoted())
         .execute(&mut *tx)
         .await?;
-    sqlx::raw_sql(AssertSqlSafe(ddl(table)))
-        .execute(&mut *tx)
-        .await?;
+    // An instance starting at the same time may have created both meanwhile.
+    if !crate::table::all_exist(&mut *tx, &objects).await? {
+        sqlx::raw_sql(AssertSqlSafe(ddl(table)))
+            .execute(&mut *tx)
+            .await?;
+    }
     tx.commit().await?;
     Ok(())
 }
