@@ -10,7 +10,8 @@ use idempotency_outbox::{Error, SchemaProblem};
 
 /// The outbox DDL template: `{table}`, `{sequences}`, `{pending_index}`, `{aggregate_index}`,
 /// `{published_index}` and `{dead_letter_index}` are replaced by quoted names.
-pub const OUTBOX_DDL_TEMPLATE: &str = include_str!("ddl.sql");
+pub const OUTBOX_DDL_TEMPLATE: &str =
+    concat!(include_str!("ddl.sql"), include_str!("ddl_shared.sql"));
 
 /// The canonical outbox DDL for `table` (and its `<table>_sequences` counters).
 ///
@@ -33,7 +34,10 @@ pub fn outbox_ddl(table: &TableName) -> String {
 /// The partitioned outbox DDL template (`outbox.partitioning.enabled`): as
 /// [`OUTBOX_DDL_TEMPLATE`], the table partitioned by `RANGE (created_at)` with the primary key
 /// `(id, created_at)`, and `{default_partition}` the `DEFAULT` partition.
-pub const OUTBOX_PARTITIONED_DDL_TEMPLATE: &str = include_str!("ddl_partitioned.sql");
+pub const OUTBOX_PARTITIONED_DDL_TEMPLATE: &str = concat!(
+    include_str!("ddl_partitioned.sql"),
+    include_str!("ddl_shared.sql")
+);
 
 /// The canonical DDL of a time-partitioned outbox `table`: the parent partitioned by
 /// `RANGE (created_at)`, its `<table>_default` partition, the indexes (created on every
