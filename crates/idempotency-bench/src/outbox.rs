@@ -152,13 +152,8 @@ pub(crate) fn drain_events(events: usize, aggregates: usize) -> Vec<Vec<NewEvent
 /// Publishes `events` pending rows of `outbox` to a JetStream stream of their own with a relay
 /// configured by `config`, awaiting each ack. Returns events/s.
 #[allow(clippy::print_stderr)] // the CPU figures asked for with BENCH_CPU, beside the tables
-pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
-    outbox: S,
-    config: &OutboxConfig,
-    events: usize,
-    cpu: Option<&Cpu>,
-) -> f64 {
-    let table = &config.table_name;
+/// A JetStream context and a stream named after `table` (upper case) on its subjects `<table>.>`.
+async fn table_stream(table: &str) -> (async_nats::jetstream::Context, String) {
     let client = async_nats::connect(idempotency_testing::nats_url())
         .await
         .expect("nats");
@@ -172,6 +167,17 @@ pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
         })
         .await
         .expect("stream");
+    (jetstream, stream)
+}
+
+pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
+    outbox: S,
+    config: &OutboxConfig,
+    events: usize,
+    cpu: Option<&Cpu>,
+) -> f64 {
+    let table = &config.table_name;
+    let (jetstream, stream) = table_stream(table).await;
     let publisher = NatsPublisher::from_context(jetstream.clone())
         .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
         .expect("subject");
@@ -407,19 +413,7 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
     let outbox = PgOutbox::from_config(pool.clone(), &config)
         .await
         .expect("outbox");
-    let client = async_nats::connect(idempotency_testing::nats_url())
-        .await
-        .expect("nats");
-    let jetstream = async_nats::jetstream::new(client);
-    let stream = table.to_uppercase();
-    jetstream
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: stream.clone(),
-            subjects: vec![format!("{table}.>")],
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
+    let (jetstream, stream) = table_stream(&table).await;
     let acks = Arc::new(Mutex::new(HashMap::new()));
     let publisher = AckTimes {
         inner: NatsPublisher::from_context(jetstream.clone())
