@@ -151,7 +151,6 @@ pub(crate) fn drain_events(events: usize, aggregates: usize) -> Vec<Vec<NewEvent
 
 /// Publishes `events` pending rows of `outbox` to a JetStream stream of their own with a relay
 /// configured by `config`, awaiting each ack. Returns events/s.
-#[allow(clippy::print_stderr)] // the CPU figures asked for with BENCH_CPU, beside the tables
 /// A JetStream context and a stream named after `table` (upper case) on its subjects `<table>.>`.
 async fn table_stream(table: &str) -> (async_nats::jetstream::Context, String) {
     let client = async_nats::connect(idempotency_testing::nats_url())
@@ -170,6 +169,7 @@ async fn table_stream(table: &str) -> (async_nats::jetstream::Context, String) {
     (jetstream, stream)
 }
 
+#[allow(clippy::print_stderr)] // the CPU figures asked for with BENCH_CPU, beside the tables
 pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
     outbox: S,
     config: &OutboxConfig,
