@@ -315,6 +315,28 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
             "| {workers} worker(s), batch {batch}, {} events | {rate:.0} |",
             args.drain_events
         );
+        // The two halves of the same drain alone, right after it: what the broker and what
+        // the database can do with this pattern on this machine now.
+        let broker =
+            outbox::jetstream_alone(args.drain_events, args.drain_aggregates, workers, 100).await;
+        println!(
+            "| {workers} worker(s): JetStream alone (the same publishes, batches of {batch} in flight, no database) | {broker:.0} |"
+        );
+        let store = outbox::store_alone(
+            setup,
+            args.drain_events,
+            args.drain_aggregates,
+            workers,
+            batch,
+        )
+        .await;
+        println!(
+            "| {workers} worker(s): the store alone (the same claims and marks, a publisher that confirms at once) | {store:.0} |"
+        );
+        println!(
+            "| {workers} worker(s): drain / JetStream alone | {:.2} |",
+            rate / broker
+        );
     }
     if args.latency_seconds == 0 {
         return;

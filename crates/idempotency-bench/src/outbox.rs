@@ -209,6 +209,127 @@ pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
     events as f64 / elapsed.as_secs_f64()
 }
 
+/// The broker's side of a drain alone, the floor the drain is measured against: the same
+/// `events` messages (subjects, headers, payloads) published by the same publisher to a stream
+/// of their own, `workers` tasks each keeping a batch of `batch` publishes in flight and awaiting
+/// all of its acks before the next, as a relay worker does, with no database. Returns events/s.
+pub(crate) async fn jetstream_alone(
+    events: usize,
+    aggregates: usize,
+    workers: usize,
+    batch: usize,
+) -> f64 {
+    let table = idempotency_testing::unique_name("floor");
+    let (jetstream, stream) = table_stream(&table).await;
+    let publisher = Arc::new(
+        NatsPublisher::from_context(jetstream.clone())
+            .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
+            .expect("subject"),
+    );
+    let messages: Arc<Vec<OutboxMessage>> = Arc::new(
+        drain_events(events, aggregates)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(n, event)| {
+                let headers = event.headers().clone();
+                OutboxMessage::new(
+                    Uuid::now_v7(),
+                    event.aggregate_type(),
+                    event.aggregate_id(),
+                    Some(i64::try_from(n).expect("sequence")),
+                    event.event_type(),
+                    event.payload(),
+                    headers,
+                    chrono::Utc::now(),
+                    0,
+                )
+            })
+            .collect(),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (publisher, messages, next) = (
+                Arc::clone(&publisher),
+                Arc::clone(&messages),
+                Arc::clone(&next),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let from = next.fetch_add(batch, AtomicOrdering::Relaxed);
+                    if from >= messages.len() {
+                        break;
+                    }
+                    let to = (from + batch).min(messages.len());
+                    let acks = futures_util::future::join_all(
+                        messages[from..to].iter().map(|m| publisher.publish(m)),
+                    )
+                    .await;
+                    for ack in acks {
+                        ack.expect("publish");
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("publisher task");
+    }
+    let elapsed = started.elapsed();
+    let _ = jetstream.delete_stream(&stream).await;
+    events as f64 / elapsed.as_secs_f64()
+}
+
+/// Confirms every message at once: the database's side of a drain alone.
+struct Confirm;
+
+impl Publisher for Confirm {
+    fn destination(&self) -> &str {
+        "confirm"
+    }
+
+    async fn publish(&self, _message: &OutboxMessage) -> Result<Ack, PublishError> {
+        Ok(Ack::default())
+    }
+}
+
+/// The database's side of a drain alone: the same backlog as [`relay_drain`] claimed and marked
+/// by the same relay with a publisher that confirms at once. Returns events/s.
+pub(crate) async fn store_alone(
+    setup: &Setup,
+    events: usize,
+    aggregates: usize,
+    workers: usize,
+    batch: u32,
+) -> f64 {
+    let table = idempotency_testing::unique_name("drainstore");
+    let config = drain_config(&table, workers, batch);
+    let outbox = PgOutbox::from_config(setup.pool.clone(), &config)
+        .await
+        .expect("outbox");
+    for chunk in drain_events(events, aggregates) {
+        let mut tx = setup.pool.begin().await.expect("begin");
+        outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let relay = Relay::new(outbox, Confirm, &config).expect("relay");
+    let started = Instant::now();
+    let handle = relay.spawn();
+    while relay.totals().published < events as u64 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    handle.shutdown().await;
+    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE \"{table}\", \"{table}_sequences\""
+    )))
+    .execute(&setup.pool)
+    .await;
+    events as f64 / elapsed.as_secs_f64()
+}
+
 /// CPU seconds spent by the relay's side of a drain: this process, the NATS server and the
 /// PostgreSQL backends that ran statements on the drained table (read from `/proc`, so the
 /// servers must run on this machine). Unlike events/s, it hardly moves when other work shares
