@@ -612,3 +612,27 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
         max: at(1.0),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::drain_events;
+
+    #[test]
+    fn drained_events_spread_over_the_asked_number_of_aggregates() {
+        let mut per_aggregate: HashMap<(String, String), usize> = HashMap::new();
+        let chunks = drain_events(1200, 10);
+        assert_eq!(chunks.len(), 3, "chunks of 500");
+        for event in chunks.iter().flatten() {
+            *per_aggregate
+                .entry((
+                    event.aggregate_type().to_owned(),
+                    event.aggregate_id().to_owned(),
+                ))
+                .or_default() += 1;
+        }
+        assert_eq!(per_aggregate.len(), 10);
+        assert!(per_aggregate.values().all(|&n| n == 120));
+    }
+}
