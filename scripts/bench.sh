@@ -152,6 +152,11 @@ drain = re.findall(r"\| (\d) worker\(s\), batch 100, \d+ events \| (\d+) \|", re
 for workers, rate in drain:
     floor = 60000 if workers == "2" else 10000
     print(f"| relay drain to JetStream with acks, batch 100, {workers} worker(s) (target >= {floor:,} events/s) | {int(rate):,} | {'yes' if int(rate) >= floor else '**no**'} |")
+halves = {w: r for w, r in re.findall(r"\| (\d) worker\(s\): drain / JetStream alone \| ([0-9.]+) \|", read("load.txt"))}
+stores = {w: r for w, r in re.findall(r"\| (\d) worker\(s\): the store alone [^|]* \| (\d+) \|", read("load.txt"))}
+for workers, ratio in halves.items():
+    store = f"; the store alone {int(stores[workers]):,} events/s" if workers in stores else ""
+    print(f"| relay drain / JetStream alone (the same publishes without a database), {workers} worker(s){store} | {float(ratio):.2f} | (reported) |")
 ack = re.search(r"\| commit-to-ack at (\d+) events/s \| (\d+) \| (\d+) \| ([0-9.]+) ms \| ([0-9.]+) ms \| ([0-9.]+) ms \|", read("load.txt"))
 if ack:
     rate, reached, p50, p99 = int(ack.group(1)), int(ack.group(3)), float(ack.group(4)), float(ack.group(5))
@@ -162,6 +167,10 @@ if notify:
     print(f"| commit-to-ack p99 with NOTIFY at 200 events/s (target < 50 ms) | {p99:.1f} ms | {'yes' if p99 < 50 else '**no**'} |")
 print(f"| resident memory of the demo under the HTTP bench (target < 100 MiB) | {peak_kib/1024:.1f} MiB | {'yes' if peak_kib < 100*1024 else '**no**'} |")
 print()
+print("The rows comparing with peer libraries (`@node-idempotency/core`, Powertools for AWS Lambda)")
+print("are not measured by this script: the peers are not part of the repository. They are measured")
+print("side by side with `--only-first --clients 4` by whoever installs them, and reported with")
+print("the commands in the change that measured them.\n")
 print("Reading the ratios to the business transaction alone: every statement is a round trip, so")
 print("`execute` (5 statements: `BEGIN`, claim, business insert, complete, `COMMIT`) is set against")
 print("pgbench running the same statements (read from the store, prepared) against its own")

@@ -125,8 +125,9 @@ pub(crate) fn drain_config(table: &str, workers: usize, batch: u32) -> OutboxCon
     config
 }
 
-/// `events` events over `aggregates` aggregates (round robin), in chunks of 500 (one
-/// transaction each).
+/// `events` events over `aggregates` aggregates (round robin: aggregate `agg<n % aggregates>` of
+/// type `drain`, so each aggregate holds `events / aggregates` events in order), in chunks of
+/// 500 (one transaction each).
 pub(crate) fn drain_events(events: usize, aggregates: usize) -> Vec<Vec<NewEvent>> {
     let aggregates = aggregates.max(1);
     (0..events)
@@ -137,8 +138,8 @@ pub(crate) fn drain_events(events: usize, aggregates: usize) -> Vec<Vec<NewEvent
                 .iter()
                 .map(|n| {
                     NewEvent::new(
+                        "drain",
                         format!("agg{}", n % aggregates),
-                        format!("{n}"),
                         "Drained",
                         &serde_json::json!({"n": n}),
                     )
