@@ -301,35 +301,17 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
         args.drain_aggregates
     );
     println!("|---|---:|");
+    let (events, aggregates, batch) = (args.drain_events, args.drain_aggregates, 100);
     for workers in args.drain_workers.iter().copied() {
-        let batch = 100;
-        let rate = outbox::relay_drain(
-            setup,
-            args.drain_events,
-            args.drain_aggregates,
-            workers,
-            batch,
-        )
-        .await;
-        println!(
-            "| {workers} worker(s), batch {batch}, {} events | {rate:.0} |",
-            args.drain_events
-        );
+        let rate = outbox::relay_drain(setup, events, aggregates, workers, batch).await;
+        println!("| {workers} worker(s), batch {batch}, {events} events | {rate:.0} |");
         // The two halves of the same drain alone, right after it: what the broker and what
         // the database can do with this pattern on this machine now.
-        let broker =
-            outbox::jetstream_alone(args.drain_events, args.drain_aggregates, workers, 100).await;
+        let broker = outbox::jetstream_alone(events, aggregates, workers, batch as usize).await;
         println!(
             "| {workers} worker(s): JetStream alone (the same publishes, batches of {batch} in flight, no database) | {broker:.0} |"
         );
-        let store = outbox::store_alone(
-            setup,
-            args.drain_events,
-            args.drain_aggregates,
-            workers,
-            batch,
-        )
-        .await;
+        let store = outbox::store_alone(setup, events, aggregates, workers, batch).await;
         println!(
             "| {workers} worker(s): the store alone (the same claims and marks, a publisher that confirms at once) | {store:.0} |"
         );

@@ -150,8 +150,51 @@ pub(crate) fn drain_events(events: usize, aggregates: usize) -> Vec<Vec<NewEvent
         .collect()
 }
 
-/// Publishes `events` pending rows of `outbox` to a JetStream stream of their own with a relay
-/// configured by `config`, awaiting each ack. Returns events/s.
+/// A PostgreSQL outbox on `config`'s table holding a backlog of `events` pending events over
+/// `aggregates` aggregates ([`drain_events`]), committed 500 to a transaction.
+async fn backlog(
+    setup: &Setup,
+    config: &OutboxConfig,
+    events: usize,
+    aggregates: usize,
+) -> PgOutbox {
+    let outbox = PgOutbox::from_config(setup.pool.clone(), config)
+        .await
+        .expect("outbox");
+    for chunk in drain_events(events, aggregates) {
+        let mut tx = setup.pool.begin().await.expect("begin");
+        outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    outbox
+}
+
+/// Drops an outbox table made by [`backlog`] and its per-aggregate counters.
+async fn drop_outbox(setup: &Setup, table: &str) {
+    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE \"{table}\", \"{table}_sequences\""
+    )))
+    .execute(&setup.pool)
+    .await;
+}
+
+/// Runs `relay` until it has published `events` messages, then shuts it down. Returns the time
+/// from its start to the last publish.
+async fn run_until_published<S, P>(relay: &Relay<S, P>, events: usize) -> Duration
+where
+    S: RelayStore + Housekeeping,
+    P: Publisher,
+{
+    let started = Instant::now();
+    let handle = relay.spawn();
+    while relay.totals().published < events as u64 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    handle.shutdown().await;
+    elapsed
+}
+
 /// A JetStream context and a stream named after `table` (upper case) on its subjects `<table>.>`.
 async fn table_stream(table: &str) -> (async_nats::jetstream::Context, String) {
     let client = async_nats::connect(idempotency_testing::nats_url())
@@ -170,6 +213,8 @@ async fn table_stream(table: &str) -> (async_nats::jetstream::Context, String) {
     (jetstream, stream)
 }
 
+/// Publishes `events` pending rows of `outbox` to a JetStream stream of their own with a relay
+/// configured by `config`, awaiting each ack. Returns events/s.
 #[allow(clippy::print_stderr)] // the CPU figures asked for with BENCH_CPU, beside the tables
 pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
     outbox: S,
@@ -187,12 +232,7 @@ pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
         Some(cpu) => Some(cpu.snapshot(&cpu.backends().await).await),
         None => None,
     };
-    let started = Instant::now();
-    let handle = relay.spawn();
-    while relay.totals().published < events as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let elapsed = started.elapsed();
+    let elapsed = run_until_published(&relay, events).await;
     if let (Some(cpu), Some(before)) = (cpu, before) {
         let backends = cpu.backends().await;
         let after = cpu.snapshot(&backends).await;
@@ -205,7 +245,6 @@ pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
             per(after.process, before.process),
         );
     }
-    handle.shutdown().await;
     let _ = jetstream.delete_stream(&stream).await;
     events as f64 / elapsed.as_secs_f64()
 }
@@ -307,27 +346,10 @@ pub(crate) async fn store_alone(
 ) -> f64 {
     let table = idempotency_testing::unique_name("drainstore");
     let config = drain_config(&table, workers, batch);
-    let outbox = PgOutbox::from_config(setup.pool.clone(), &config)
-        .await
-        .expect("outbox");
-    for chunk in drain_events(events, aggregates) {
-        let mut tx = setup.pool.begin().await.expect("begin");
-        outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
-        tx.commit().await.expect("commit");
-    }
+    let outbox = backlog(setup, &config, events, aggregates).await;
     let relay = Relay::new(outbox, Confirm, &config).expect("relay");
-    let started = Instant::now();
-    let handle = relay.spawn();
-    while relay.totals().published < events as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let elapsed = started.elapsed();
-    handle.shutdown().await;
-    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE \"{table}\", \"{table}_sequences\""
-    )))
-    .execute(&setup.pool)
-    .await;
+    let elapsed = run_until_published(&relay, events).await;
+    drop_outbox(setup, &table).await;
     events as f64 / elapsed.as_secs_f64()
 }
 
@@ -452,14 +474,7 @@ pub(crate) async fn relay_drain(
 ) -> f64 {
     let table = idempotency_testing::unique_name("drain");
     let config = drain_config(&table, workers, batch);
-    let outbox = PgOutbox::from_config(setup.pool.clone(), &config)
-        .await
-        .expect("outbox");
-    for chunk in drain_events(events, aggregates) {
-        let mut tx = setup.pool.begin().await.expect("begin");
-        outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
-        tx.commit().await.expect("commit");
-    }
+    let outbox = backlog(setup, &config, events, aggregates).await;
     if std::env::var_os("BENCH_ANALYZE").is_some() {
         sqlx::raw_sql(AssertSqlSafe(format!("ANALYZE \"{table}\"")))
             .execute(&setup.pool)
@@ -468,11 +483,7 @@ pub(crate) async fn relay_drain(
     }
     let cpu = std::env::var_os("BENCH_CPU").map(|_| Cpu::new(setup.pool.clone()));
     let rate = drain_to_jetstream(outbox, &config, events, cpu.as_ref()).await;
-    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE \"{table}\", \"{table}_sequences\""
-    )))
-    .execute(&setup.pool)
-    .await;
+    drop_outbox(setup, &table).await;
     rate
 }
 
