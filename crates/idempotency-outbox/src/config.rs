@@ -46,6 +46,15 @@ pub struct OutboxConfig {
     /// Channel that enqueue notifies (`pg_notify`, delivered at commit) and relays listen on.
     /// `null` sends no notification. Default `outbox`.
     pub notify_channel: Option<String>,
+    /// PostgreSQL: an enqueue notifies only when no enqueue through the same outbox (and its
+    /// clones) notified within this window; `0s` notifies on every enqueue. A commit that
+    /// notifies holds PostgreSQL's database-wide notification lock until its commit record is
+    /// flushed, so notifying commits run one at a time: with a notification on every enqueue,
+    /// enqueuing transactions cannot commit faster than one disk flush each. The rows an
+    /// enqueue left unnotified are found by the relay's next claim: the next notification's,
+    /// the look-again of [`RelayConfig::linger`], or at the latest `poll-interval`. Default `5ms`.
+    #[serde(with = "humantime_serde")]
+    pub notify_interval: Duration,
     /// The relay workers.
     pub relay: RelayConfig,
     /// Deleting published and dead-lettered rows.
@@ -62,6 +71,7 @@ impl Default for OutboxConfig {
             schema: SchemaConfig::default(),
             ordering: Ordering::Ordered,
             notify_channel: Some("outbox".to_owned()),
+            notify_interval: Duration::from_millis(5),
             relay: RelayConfig::default(),
             retention: RetentionConfig::default(),
             partitioning: PartitioningConfig::default(),
@@ -201,6 +211,13 @@ pub struct RelayConfig {
     /// more wake-up at its end. Default `5ms`.
     #[serde(with = "humantime_serde")]
     pub notify_debounce: Duration,
+    /// A worker whose claim found rows, but fewer than a full batch, claims once more after
+    /// this long before it waits for a notification; it keeps doing so while claims find rows.
+    /// It picks up rows whose enqueue did not notify (see `outbox.notify-interval`) and that
+    /// committed just after the claim that the notification woke. `0s` waits at once.
+    /// Default `20ms`.
+    #[serde(with = "humantime_serde")]
+    pub linger: Duration,
     /// Bound on one publish, broker confirmation included. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub publish_timeout: Duration,
@@ -230,6 +247,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             wake_up: WakeUp::Listen,
             notify_debounce: Duration::from_millis(5),
+            linger: Duration::from_millis(20),
             publish_timeout: Duration::from_secs(5),
             lease_margin: Duration::from_secs(5),
             max_attempts: 10,

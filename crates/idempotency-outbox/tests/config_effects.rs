@@ -482,6 +482,8 @@ async fn notify_debounce_coalesces_wake_ups_within_its_window() {
         config.relay.workers = 1;
         config.relay.poll_interval = Duration::from_secs(3600);
         config.relay.notify_debounce = debounce;
+        // Only the notifications wake the worker: no look-again after a claim that found rows.
+        config.relay.linger = Duration::ZERO;
         let (pool, outbox) = outbox(&config).await;
         let claims = Arc::new(AtomicU64::new(0));
         let store = CountsClaims {
@@ -543,6 +545,67 @@ struct DebounceArm {
     claims: u64,
     burst: Duration,
     all_published: Duration,
+}
+
+// ---------------------------------------------------------------- relay.linger, outbox.notify-interval
+
+/// `linger`: a worker whose claim found rows looks again after `linger`, so a row whose
+/// enqueue did not notify (`notify-interval` let only the first enqueue notify) and that
+/// committed just after the notified claim is still published long before the poll (1 h).
+/// With `0s` the worker waits for the next notification or the poll, and the row stays
+/// pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linger_picks_up_a_row_committed_without_a_notification_after_the_claim() {
+    async fn arm(linger: Duration) -> (i64, Duration) {
+        let mut config = config(Ordering::Unordered);
+        config.relay.workers = 1;
+        config.relay.poll_interval = Duration::from_secs(3600);
+        config.relay.linger = linger;
+        config.notify_interval = Duration::from_secs(3600);
+        let (pool, outbox) = outbox(&config).await;
+        let claims = Arc::new(AtomicU64::new(0));
+        let store = CountsClaims {
+            inner: outbox.clone(),
+            claims: Arc::clone(&claims),
+        };
+        let handle = Relay::new(store, LoggingPublisher::new(), &config)
+            .unwrap()
+            .spawn();
+        until("the claims at start", Instant::now(), WAIT, || async {
+            claims.load(AtomicOrdering::SeqCst) >= 2
+        })
+        .await;
+        // `a` notifies (the first enqueue of the window), `b` does not; `b` commits once the
+        // claim `a` woke has published and marked `a`.
+        let mut a = pool.begin().await.unwrap();
+        outbox.enqueue(&mut a, &event("a", 0)).await.unwrap();
+        let mut b = pool.begin().await.unwrap();
+        outbox.enqueue(&mut b, &event("b", 0)).await.unwrap();
+        a.commit().await.unwrap();
+        until("a published", Instant::now(), WAIT, || async {
+            published(&pool).await == 1
+        })
+        .await;
+        b.commit().await.unwrap();
+        let committed = Instant::now();
+        let deadline = if linger.is_zero() {
+            Duration::from_secs(1)
+        } else {
+            WAIT
+        };
+        while published(&pool).await < 2 && committed.elapsed() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let result = (published(&pool).await, committed.elapsed());
+        handle.shutdown().await;
+        result
+    }
+
+    let linger = Duration::from_millis(500);
+    let ((lingering, after), (waiting, _)) = tokio::join!(arm(linger), arm(Duration::ZERO));
+    assert_eq!(lingering, 2, "500ms: b published by the look-again");
+    assert!(after <= linger + Duration::from_secs(5), "{after:?}");
+    assert_eq!(waiting, 1, "0s: b waits for a notification or the poll");
 }
 
 // ---------------------------------------------------------------- relay.publish-timeout

@@ -111,6 +111,76 @@ async fn rollback_removes_events_and_commit_keeps_them_with_notify_at_commit() {
     assert_eq!(pending, (0, true));
 }
 
+/// The notifications `listener` receives until none arrives for 300 ms.
+async fn notifications(listener: &mut PgListener) -> usize {
+    let mut n = 0;
+    while let Ok(next) = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await {
+        next.unwrap();
+        n += 1;
+    }
+    n
+}
+
+/// `notify-interval`: within the window only the first enqueue notifies, through the outbox
+/// and its clones; a failed notifying enqueue leaves the next one to notify; after the window
+/// an enqueue notifies again; `0s` notifies every commit. Every row is committed either way.
+#[tokio::test]
+async fn enqueues_within_the_notify_interval_send_one_notification() {
+    const WINDOW: Duration = Duration::from_secs(2);
+    let mut config = config(Ordering::Ordered);
+    config.notify_interval = WINDOW;
+    let (pool, outbox) = outbox(&config).await;
+    let channel = config.notify_channel.clone().unwrap();
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+    assert_eq!(outbox.notify_interval(), WINDOW);
+
+    let window = std::time::Instant::now();
+    let clone = outbox.clone();
+    for n in 0..3 {
+        commit(&pool, &outbox, &[event("a", n)]).await;
+        commit(&pool, &clone, &[event("b", n)]).await;
+    }
+    let inside = window.elapsed();
+    assert!(inside < WINDOW, "{inside:?}");
+    assert_eq!(
+        notifications(&mut listener).await,
+        1,
+        "6 commits in one window"
+    );
+    assert_eq!(scalar_i64(&pool, "SELECT count(*) FROM outbox").await, 6);
+
+    // A new window: its notifying enqueue fails (its transaction is already aborted), so the
+    // next one notifies.
+    tokio::time::sleep((WINDOW + Duration::from_millis(100)).saturating_sub(window.elapsed()))
+        .await;
+    let mut aborted = pool.begin().await.unwrap();
+    assert!(
+        sqlx::query("SELECT 1 / 0")
+            .execute(&mut *aborted)
+            .await
+            .is_err()
+    );
+    let failed = outbox.enqueue(&mut aborted, &event("c", 0)).await;
+    assert!(
+        failed.is_err(),
+        "an aborted transaction refuses the enqueue"
+    );
+    aborted.rollback().await.unwrap();
+    commit(&pool, &outbox, &[event("c", 1)]).await;
+    assert_eq!(
+        notifications(&mut listener).await,
+        1,
+        "the enqueue after the failed one"
+    );
+
+    let every = outbox.clone().with_notify_interval(Duration::ZERO);
+    for n in 0..3 {
+        commit(&pool, &every, &[event("d", n)]).await;
+    }
+    assert_eq!(notifications(&mut listener).await, 3, "0s: one per commit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_writer_of_an_aggregate_waits_and_numbers_after_the_first_commit() {
     let config = config(Ordering::Ordered);

@@ -71,7 +71,9 @@ where
                 mark(&shared, previous).await;
             }
         });
-        match outcome {
+        // Whether the claim found rows (but not a full batch): then the worker looks again
+        // after `linger` instead of waiting for a notification or the poll.
+        let found = match outcome {
             Ok(published) => {
                 let report = &published.report;
                 if report.claimed + report.dead_lettered_at_claim == limit {
@@ -79,7 +81,9 @@ where
                     unmarked = Some(published);
                     continue;
                 }
+                let found = report.claimed + report.dead_lettered_at_claim > 0;
                 mark(&shared, published).await;
+                found
             }
             Err(error) => {
                 tracing::warn!(
@@ -87,11 +91,13 @@ where
                     error = &error as &dyn std::error::Error,
                     "outbox claim failed"
                 );
+                false
             }
-        }
+        };
+        let idle = idle_wait(&shared.config, found);
         tokio::select! {
             () = shared.wake.notified() => {}
-            () = tokio::time::sleep(shared.config.poll_interval) => {}
+            () = tokio::time::sleep(idle) => {}
             changed = stop.changed() => {
                 // The handle was dropped: stop as on shutdown.
                 if changed.is_err() {
@@ -101,6 +107,17 @@ where
         }
     }
     tracing::debug!(worker = n, "outbox relay worker stopped");
+}
+
+/// How long a worker waits for a notification before it claims again: `linger` after a claim
+/// that found rows (an enqueue that did not notify may have committed just after it; see
+/// `outbox.notify-interval`), `poll-interval` after an empty one.
+fn idle_wait(config: &crate::config::RelayConfig, found: bool) -> Duration {
+    if found && !config.linger.is_zero() {
+        config.linger.min(config.poll_interval)
+    } else {
+        config.poll_interval
+    }
 }
 
 /// Claims, publishes and marks one batch.
@@ -314,5 +331,36 @@ where
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::idle_wait;
+    use crate::config::RelayConfig;
+
+    #[test]
+    fn a_worker_that_found_rows_looks_again_after_linger_and_otherwise_after_the_poll() {
+        let mut config = RelayConfig {
+            poll_interval: Duration::from_secs(1),
+            linger: Duration::from_millis(20),
+            ..RelayConfig::default()
+        };
+        assert_eq!(idle_wait(&config, true), Duration::from_millis(20));
+        assert_eq!(idle_wait(&config, false), Duration::from_secs(1));
+        config.linger = Duration::ZERO;
+        assert_eq!(
+            idle_wait(&config, true),
+            Duration::from_secs(1),
+            "0s: no look-again"
+        );
+        config.linger = Duration::from_secs(5);
+        assert_eq!(
+            idle_wait(&config, true),
+            Duration::from_secs(1),
+            "never past the poll"
+        );
     }
 }

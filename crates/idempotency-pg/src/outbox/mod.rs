@@ -15,6 +15,7 @@ use idempotency_outbox::{Error, SchemaProblem};
 
 pub(crate) mod error;
 mod listen;
+mod notify;
 pub(crate) mod partitions;
 pub(crate) mod schema;
 pub(crate) mod statements;
@@ -26,6 +27,7 @@ pub use schema::{
     OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE, outbox_ddl, outbox_partitioned_ddl,
 };
 
+use notify::NotifyGate;
 use statements::Statements;
 
 /// The PostgreSQL outbox: enqueue through the caller's connection, and the store the relay
@@ -52,20 +54,23 @@ pub struct PgOutbox {
     table: Arc<TableName>,
     ordering: Ordering,
     channel: Option<Channel>,
+    gate: Arc<NotifyGate>,
     sql: Arc<Statements>,
     partitioning: Option<PartitioningConfig>,
 }
 
 impl PgOutbox {
-    /// An outbox on the default table `outbox`, `ordered`, notifying channel `outbox`; the
-    /// schema is not touched.
+    /// An outbox on the default table `outbox`, `ordered`, notifying channel `outbox` (at most
+    /// once per `5ms`, see [`with_notify_interval`](Self::with_notify_interval)); the schema is
+    /// not touched.
     pub fn new(pool: PgPool) -> Self {
         let channel = Channel::parse("outbox").ok();
         Self::with_options(pool, default_table(), Ordering::Ordered, channel)
     }
 
     /// An outbox on `table` with the given ordering and notification channel (`None`: no
-    /// `NOTIFY`); the schema is not touched.
+    /// `NOTIFY`; with one, at most once per `5ms`, see
+    /// [`with_notify_interval`](Self::with_notify_interval)); the schema is not touched.
     pub fn with_options(
         pool: PgPool,
         table: TableName,
@@ -78,9 +83,40 @@ impl PgOutbox {
             table: Arc::new(table),
             ordering,
             channel,
+            gate: Arc::new(NotifyGate::new(OutboxConfig::default().notify_interval)),
             sql: Arc::new(sql),
             partitioning: None,
         }
+    }
+
+    /// This outbox notifying at most once per `interval` (`outbox.notify-interval`): an enqueue
+    /// notifies only when no enqueue through this outbox or its clones notified within the
+    /// last `interval`. [`Duration::ZERO`](std::time::Duration::ZERO) notifies on every
+    /// enqueue.
+    ///
+    /// PostgreSQL lets one notifying transaction commit at a time (it holds a database-wide
+    /// lock from before its commit record until that record is flushed), so a notification on
+    /// every enqueue limits enqueuing transactions to about one disk flush each, whatever the
+    /// number of connections. The rows of the enqueues that did not notify are claimed by the
+    /// relay's next claim: after the next notification, after its `relay.linger` look-again,
+    /// or at the latest after `relay.poll-interval`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # fn demo(pool: sqlx::PgPool) {
+    /// let outbox = idempotency_pg::PgOutbox::new(pool).with_notify_interval(Duration::ZERO);
+    /// assert_eq!(outbox.notify_interval(), Duration::ZERO); // every enqueue notifies
+    /// # }
+    /// ```
+    pub fn with_notify_interval(mut self, interval: std::time::Duration) -> Self {
+        self.gate = Arc::new(NotifyGate::new(interval));
+        self
+    }
+
+    /// The window within which only one enqueue notifies.
+    pub fn notify_interval(&self) -> std::time::Duration {
+        self.gate.interval()
     }
 
     /// This outbox on the time-partitioned layout configured by `partitioning` (plain again
@@ -111,7 +147,7 @@ impl PgOutbox {
     }
 
     /// An outbox configured by the `outbox` section: validates `table-name`,
-    /// `notify-channel` and `partitioning`, then applies `schema.mode`.
+    /// `notify-channel`, `notify-interval` and `partitioning`, then applies `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &OutboxConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name).map_err(from_crate_error)?;
         let channel = config
@@ -120,6 +156,7 @@ impl PgOutbox {
             .map(Channel::parse)
             .transpose()?;
         let outbox = Self::with_options(pool, table, config.ordering, channel)
+            .with_notify_interval(config.notify_interval)
             .with_partitioning(&config.partitioning)?;
         outbox.apply_schema(config.schema.mode).await?;
         Ok(outbox)
@@ -254,6 +291,9 @@ impl PgOutbox {
     /// `idempotency_pg::PgTx` (both dereference to `PgConnection`). Rolled back with it;
     /// visible to relays, and notified, at commit. A connection outside a transaction is
     /// refused with [`Error::NotInTransaction`] (the event would commit on its own).
+    ///
+    /// With a channel, the enqueue notifies at commit unless another enqueue through this
+    /// outbox (or a clone) notified within [`notify_interval`](Self::notify_interval).
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid, Error> {
         self.enqueue_all(conn, std::slice::from_ref(event))
             .await
@@ -293,25 +333,36 @@ impl PgOutbox {
             payloads.push(event.payload());
             headers.push(serde_json::to_string(event.headers()).map_err(Error::Payload)?);
         }
-        let query = sqlx::query(self.sql.enqueue.clone())
+        let channel = self.channel.as_ref().filter(|_| self.gate.admit());
+        let sql = match channel {
+            Some(_) => &self.sql.enqueue,
+            None => &self.sql.enqueue_quiet,
+        };
+        let query = sqlx::query(sql.clone())
             .bind(&ids)
             .bind(&aggregate_types)
             .bind(&aggregate_ids)
             .bind(&event_types)
             .bind(&payloads)
             .bind(&headers);
-        let query = match &self.channel {
+        let query = match channel {
             Some(channel) => query.bind(channel.as_str()),
             None => query,
         };
-        query.execute(&mut *conn).await.map_err(outbox_error)?;
+        if let Err(error) = query.execute(&mut *conn).await {
+            if channel.is_some() {
+                self.gate.reopen();
+            }
+            return Err(outbox_error(error));
+        }
         Ok(ids)
     }
 
-    /// The SQL text [`enqueue_all`](Self::enqueue_all) issues (one statement per call), for
-    /// inspection (`EXPLAIN`) and benchmarks. Its parameters are six parallel arrays (ids,
-    /// aggregate types, aggregate ids, event types, payloads, headers), then the notify channel
-    /// when notifications are on.
+    /// The SQL text [`enqueue_all`](Self::enqueue_all) issues when it notifies (one statement
+    /// per call), for inspection (`EXPLAIN`) and benchmarks. Its parameters are six parallel
+    /// arrays (ids, aggregate types, aggregate ids, event types, payloads, headers), then the
+    /// notify channel when notifications are on. An enqueue that does not notify issues the
+    /// same statement without the `pg_notify` and its parameter.
     pub fn enqueue_statement(&self) -> &str {
         self.sql.enqueue.as_str()
     }

@@ -20,7 +20,10 @@ const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// The enqueue, notifying when the outbox has a channel.
     pub(crate) enqueue: SqlStr,
+    /// The enqueue without a notification (the same as `enqueue` without a channel).
+    pub(crate) enqueue_quiet: SqlStr,
     pub(crate) claim_ordered: SqlStr,
     pub(crate) claim_unordered: SqlStr,
     pub(crate) mark_published: SqlStr,
@@ -149,6 +152,7 @@ impl Statements {
         let t = table.quoted();
         Self {
             enqueue: sql(enqueue(table, ordering, notify)),
+            enqueue_quiet: sql(enqueue(table, ordering, false)),
             claim_ordered: sql(claim(t, true)),
             claim_unordered: sql(claim(t, false)),
             mark_published: sql(format!(
