@@ -535,6 +535,9 @@ pub(crate) struct Latency {
     pub(crate) max: Duration,
 }
 
+/// Events produced before the sampled ones, at the same rate.
+const WARMUP: Duration = Duration::from_secs(2);
+
 /// Producers committing concurrently: one commit with NOTIFY takes longer than the gap between
 /// two events at thousands of events/s.
 const PRODUCERS: usize = 24;
@@ -545,7 +548,16 @@ const PRODUCERS: usize = 24;
 /// a transaction of its own, while a relay of 2 workers (batch 100) publishes them to
 /// JetStream. Each sample runs from the producer's commit returning to the relay receiving
 /// that message's JetStream publish ack.
-pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
+///
+/// The first [`WARMUP`] of events are produced at the same rate but not sampled: the pool
+/// opens its connections and prepares its statements then, and the fresh table and stream
+/// fill (their commit-to-ack was 5 to 10 times the steady state's on the development
+/// machine).
+///
+/// With `every_commit`, each enqueue notifies and the workers do not look again after a claim
+/// that found rows (`notify-interval` and `relay.linger` 0s: the behaviour before either
+/// existed), for the comparison in the same run.
+pub(crate) async fn commit_to_ack(rate: u64, seconds: u64, every_commit: bool) -> Latency {
     let pool = idempotency_testing::pg_pool_with(PRODUCERS as u32 + 8).await;
     let table = idempotency_testing::unique_name("latency");
     let mut config = OutboxConfig {
@@ -560,6 +572,10 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
     config.relay.batch_size = 100;
     config.relay.stats_interval = Duration::from_secs(3600);
     config.retention.enabled = false;
+    if every_commit {
+        config.notify_interval = Duration::ZERO;
+        config.relay.linger = Duration::ZERO;
+    }
     let outbox = PgOutbox::from_config(pool.clone(), &config)
         .await
         .expect("outbox");
@@ -575,7 +591,8 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
     let handle = relay.spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let total = usize::try_from(rate * seconds).expect("events");
+    let warmup = usize::try_from(rate * WARMUP.as_secs()).expect("events");
+    let total = warmup + usize::try_from(rate * seconds).expect("events");
     let gap = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
     let next = Arc::new(AtomicUsize::new(0));
     let started = tokio::time::Instant::now();
@@ -601,16 +618,20 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
                     let mut tx = pool.begin().await.expect("begin");
                     outbox.enqueue(&mut tx, &event).await.expect("enqueue");
                     tx.commit().await.expect("commit");
-                    commits.push((event.id(), Instant::now()));
+                    if n >= warmup {
+                        commits.push((event.id(), Instant::now()));
+                    }
                 }
             })
         })
         .collect();
-    let mut commits = Vec::with_capacity(total);
+    let mut commits = Vec::with_capacity(total - warmup);
     for producer in producers {
         commits.extend(producer.await.expect("producer"));
     }
     let produced = started.elapsed();
+    // The rate of the sampled events: from the first sampled event's due time to the end.
+    let sampled = produced.saturating_sub(gap * u32::try_from(warmup).expect("warmup"));
     let deadline = Instant::now() + Duration::from_secs(60);
     while relay.totals().published < total as u64 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -635,7 +656,7 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64) -> Latency {
     let at = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
     Latency {
         events: samples.len(),
-        rate: total as f64 / produced.as_secs_f64(),
+        rate: (total - warmup) as f64 / sampled.as_secs_f64(),
         p50: at(0.5),
         p99: at(0.99),
         max: at(1.0),
