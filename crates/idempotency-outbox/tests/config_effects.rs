@@ -18,7 +18,7 @@ use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
 use idempotency_outbox::store::{ClaimRequest, Claimed, Failure, OutboxStats};
 use idempotency_outbox::{
     Ack, Error, Housekeeping, LoggingPublisher, OutboxMessage, PublishError, PublishErrorKind,
-    Publisher, Relay, RelayStore, metrics as names,
+    Publisher, Relay, RelayHandle, RelayStore, metrics as names,
 };
 use idempotency_pg::PgOutbox;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -137,6 +137,30 @@ impl Housekeeping for CountsClaims {
     async fn delete_dead_lettered(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
         self.inner.delete_dead_lettered(older_than, limit).await
     }
+}
+
+/// A relay of one worker that polls once an hour, on `config`'s outbox, counting its claims;
+/// returned once the claims at start are past: the worker's first, and the one the listener
+/// wakes it for once its LISTEN is in place (not counted by the callers).
+async fn one_worker_counting_claims(
+    mut config: OutboxConfig,
+) -> (PgPool, PgOutbox, Arc<AtomicU64>, RelayHandle) {
+    config.relay.workers = 1;
+    config.relay.poll_interval = Duration::from_secs(3600);
+    let (pool, outbox) = outbox(&config).await;
+    let claims = Arc::new(AtomicU64::new(0));
+    let store = CountsClaims {
+        inner: outbox.clone(),
+        claims: Arc::clone(&claims),
+    };
+    let handle = Relay::new(store, LoggingPublisher::new(), &config)
+        .unwrap()
+        .spawn();
+    until("the claims at start", Instant::now(), WAIT, || async {
+        claims.load(AtomicOrdering::SeqCst) >= 2
+    })
+    .await;
+    (pool, outbox, claims, handle)
 }
 
 async fn rows(pool: &PgPool) -> i64 {
@@ -479,26 +503,10 @@ async fn retention_interval_is_the_time_between_purges() {
 async fn notify_debounce_coalesces_wake_ups_within_its_window() {
     async fn arm(debounce: Duration) -> DebounceArm {
         let mut config = config(Ordering::Unordered);
-        config.relay.workers = 1;
-        config.relay.poll_interval = Duration::from_secs(3600);
         config.relay.notify_debounce = debounce;
         // Only the notifications wake the worker: no look-again after a claim that found rows.
         config.relay.linger = Duration::ZERO;
-        let (pool, outbox) = outbox(&config).await;
-        let claims = Arc::new(AtomicU64::new(0));
-        let store = CountsClaims {
-            inner: outbox.clone(),
-            claims: Arc::clone(&claims),
-        };
-        let handle = Relay::new(store, LoggingPublisher::new(), &config)
-            .unwrap()
-            .spawn();
-        // The claims at start are not counted: the worker's first, and the one the listener
-        // wakes it for once its LISTEN is in place.
-        until("the claims at start", Instant::now(), WAIT, || async {
-            claims.load(AtomicOrdering::SeqCst) >= 2
-        })
-        .await;
+        let (pool, outbox, claims, handle) = one_worker_counting_claims(config).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let idle = claims.load(AtomicOrdering::SeqCst);
         let start = Instant::now();
@@ -558,23 +566,9 @@ struct DebounceArm {
 async fn linger_picks_up_a_row_committed_without_a_notification_after_the_claim() {
     async fn arm(linger: Duration) -> (i64, Duration) {
         let mut config = config(Ordering::Unordered);
-        config.relay.workers = 1;
-        config.relay.poll_interval = Duration::from_secs(3600);
         config.relay.linger = linger;
         config.notify_interval = Duration::from_secs(3600);
-        let (pool, outbox) = outbox(&config).await;
-        let claims = Arc::new(AtomicU64::new(0));
-        let store = CountsClaims {
-            inner: outbox.clone(),
-            claims: Arc::clone(&claims),
-        };
-        let handle = Relay::new(store, LoggingPublisher::new(), &config)
-            .unwrap()
-            .spawn();
-        until("the claims at start", Instant::now(), WAIT, || async {
-            claims.load(AtomicOrdering::SeqCst) >= 2
-        })
-        .await;
+        let (pool, outbox, _claims, handle) = one_worker_counting_claims(config).await;
         // `a` notifies (the first enqueue of the window), `b` does not; `b` commits once the
         // claim `a` woke has published and marked `a`.
         let mut a = pool.begin().await.unwrap();
