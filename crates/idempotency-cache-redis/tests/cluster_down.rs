@@ -21,12 +21,13 @@ use idempotency_core::{
 use idempotency_pg::PgStore;
 
 use support::cluster::{OwnCluster, cluster_state};
+use support::timed::Timed;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 const COOL_DOWN: Duration = Duration::from_secs(1);
 const RECOVERY: Duration = Duration::from_secs(15);
 
-type Service = IdempotencyService<PgStore, NoCache, RedisCache>;
+type Service = IdempotencyService<PgStore, NoCache, Timed<RedisCache>>;
 
 async fn cache(url: &str, prefix: &str, policy: FailurePolicy) -> RedisCache {
     let config = DistributedCacheConfig {
@@ -67,11 +68,12 @@ async fn a_cluster_without_a_majority_of_masters_fails_open_or_fast_and_both_rec
     let fast = cache(&cluster.url(), &prefix, FailurePolicy::FailFast).await;
     let store = PgStore::new(idempotency_testing::pg_pool().await);
     store.create_schema().await.unwrap();
+    let timed = Timed::new(open.clone());
     let open_service: Service = IdempotencyService::builder(store.clone())
-        .distributed_cache(open.clone())
+        .distributed_cache(timed.clone())
         .build();
     let fast_service: Service = IdempotencyService::builder(store)
-        .distributed_cache(fast.clone())
+        .distributed_cache(Timed::new(fast.clone()))
         .build();
     let runs = AtomicUsize::new(0);
     for i in 0..10 {
@@ -103,9 +105,16 @@ async fn a_cluster_without_a_majority_of_masters_fails_open_or_fast_and_both_rec
         .await;
     eprintln!("masters {dead:?} killed; cluster_state:fail after {took:?}");
 
-    // fail-open: every request is answered from PostgreSQL, within the timeout.
+    // fail-open: every request is answered from PostgreSQL, each cache call within the
+    // timeout. The whole request also waits for PostgreSQL, which a checkpoint on a shared
+    // machine can stall for half a second: its bound only tells a request that hangs on Redis
+    // from one that does not.
     let bound = TIMEOUT * 2 + Duration::from_millis(100);
+    let call_bound = TIMEOUT + Duration::from_millis(50);
+    let request_bound = TIMEOUT * 2 + Duration::from_secs(2);
     let mut slowest = Duration::ZERO;
+    let mut slowest_call = Duration::ZERO;
+    timed.take_slowest();
     for i in 0..10 {
         let started = Instant::now();
         let replay = pay(&open_service, &format!("before-{i}"), &runs)
@@ -115,6 +124,7 @@ async fn a_cluster_without_a_majority_of_masters_fails_open_or_fast_and_both_rec
             .await
             .unwrap();
         slowest = slowest.max(started.elapsed() / 2);
+        slowest_call = slowest_call.max(timed.take_slowest());
         assert_eq!(
             replay.origin(),
             Origin::Replayed {
@@ -124,8 +134,12 @@ async fn a_cluster_without_a_majority_of_masters_fails_open_or_fast_and_both_rec
         assert!(fresh.is_executed());
     }
     assert!(
-        slowest < bound,
-        "a fail-open request took {slowest:?}; bound {bound:?}"
+        slowest_call < call_bound,
+        "a fail-open cache call took {slowest_call:?}; bound {call_bound:?}"
+    );
+    assert!(
+        slowest < request_bound,
+        "a fail-open request took {slowest:?}; bound {request_bound:?}"
     );
     assert_eq!(
         runs.load(Ordering::SeqCst),

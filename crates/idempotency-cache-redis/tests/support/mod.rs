@@ -143,3 +143,4 @@ pub(crate) async fn wipe_store(pool: &PgPool) {
 }
 
 pub(crate) mod cluster;
+pub(crate) mod timed;
