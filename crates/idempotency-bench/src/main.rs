@@ -201,10 +201,12 @@ async fn main() {
     println!();
     let r = Ratios(&results);
     first_execution_ratios(&r, setup.pgbench.is_some());
-    for (label, direct_too) in outbox::ENQUEUE_LABELS {
-        let library = format!("outbox ({label}): business transaction + enqueue");
+    let library = |label: &str| format!("outbox ({label}): business transaction + enqueue");
+    for case in &outbox::ENQUEUE_CASES {
+        let label = case.label;
         let direct = format!("direct SQL ({label}): business transaction + the enqueue statement");
-        if direct_too {
+        let library = library(label);
+        if case.one_statement() {
             r.throughput(
                 &format!("outbox enqueue ({label}) / the same SQL issued directly"),
                 &library,
@@ -221,14 +223,8 @@ async fn main() {
     }
     r.throughput(
         "outbox enqueue, NOTIFY at most every 5ms / NOTIFY every commit",
-        &format!(
-            "outbox ({}): business transaction + enqueue",
-            outbox::ENQUEUE_LABELS[0].0
-        ),
-        &format!(
-            "outbox ({}): business transaction + enqueue",
-            outbox::ENQUEUE_LABELS[1].0
-        ),
+        &library(outbox::ENQUEUE_CASES[0].label),
+        &library(outbox::ENQUEUE_CASES[1].label),
         "report",
     );
     r.latency(

@@ -28,41 +28,68 @@ fn event(order: &str) -> NewEvent {
     .expect("event")
 }
 
-/// The enqueue configurations the bench compares: the default (ordered, NOTIFY at most once
-/// per `notify-interval`), ordered with a NOTIFY at every commit, and the plainest one
-/// (unordered, no NOTIFY: a single INSERT). Only the last two issue one fixed statement, so
-/// only they are compared with that statement issued directly.
-pub(crate) const ENQUEUE_LABELS: [(&str, bool); 3] = [
-    ("ordered, NOTIFY at most every 5ms (default)", false),
-    ("ordered, NOTIFY every commit", true),
-    ("unordered, no NOTIFY", true),
+/// One enqueue configuration the bench measures.
+pub(crate) struct EnqueueCase {
+    pub(crate) label: &'static str,
+    ordering: Ordering,
+    notify: bool,
+    /// A NOTIFY at every enqueue (`notify-interval` 0s) rather than the default window.
+    every_commit: bool,
+}
+
+impl EnqueueCase {
+    /// Whether the library issues one fixed statement, so that the very same statement can be
+    /// issued directly beside it: without a notification window.
+    pub(crate) fn one_statement(&self) -> bool {
+        !self.notify || self.every_commit
+    }
+}
+
+/// The default (ordered, NOTIFY at most once per `notify-interval`), ordered with a NOTIFY at
+/// every commit, and the plainest one (unordered, no NOTIFY: a single INSERT).
+pub(crate) const ENQUEUE_CASES: [EnqueueCase; 3] = [
+    EnqueueCase {
+        label: "ordered, NOTIFY at most every 5ms (default)",
+        ordering: Ordering::Ordered,
+        notify: true,
+        every_commit: false,
+    },
+    EnqueueCase {
+        label: "ordered, NOTIFY every commit",
+        ordering: Ordering::Ordered,
+        notify: true,
+        every_commit: true,
+    },
+    EnqueueCase {
+        label: "unordered, no NOTIFY",
+        ordering: Ordering::Unordered,
+        notify: false,
+        every_commit: true,
+    },
 ];
 
 /// The business transaction with one outbox event through the library, for each of
-/// [`ENQUEUE_LABELS`], and as the very same statement issued directly with sqlx where the
+/// [`ENQUEUE_CASES`], and as the very same statement issued directly with sqlx where the
 /// library issues one fixed statement.
 pub(crate) async fn enqueue(setup: &Setup, clients: u64) -> Vec<Scenario> {
     let mut scenarios = Vec::new();
-    let every_commit = Duration::ZERO;
-    let default = OutboxConfig::default().notify_interval;
-    for ((label, direct_too), ordering, notify, interval) in [
-        (ENQUEUE_LABELS[0], Ordering::Ordered, true, default),
-        (ENQUEUE_LABELS[1], Ordering::Ordered, true, every_commit),
-        (ENQUEUE_LABELS[2], Ordering::Unordered, false, every_commit),
-    ] {
+    for case in &ENQUEUE_CASES {
+        let label = case.label;
         // A channel per configuration: notifications are database-wide.
         let table = idempotency_testing::unique_name("bench_outbox");
-        let notify = notify.then(|| table.clone());
-        let config = OutboxConfig {
+        let notify = case.notify.then(|| table.clone());
+        let mut config = OutboxConfig {
             table_name: table,
             schema: SchemaConfig {
                 mode: SchemaMode::Create,
             },
-            ordering,
+            ordering: case.ordering,
             notify_channel: notify.clone(),
-            notify_interval: interval,
             ..Default::default()
         };
+        if case.every_commit {
+            config.notify_interval = Duration::ZERO;
+        }
         let outbox = PgOutbox::from_config(setup.pool.clone(), &config)
             .await
             .expect("outbox");
@@ -87,7 +114,7 @@ pub(crate) async fn enqueue(setup: &Setup, clients: u64) -> Vec<Scenario> {
             clients,
             through_library,
         ));
-        if !direct_too {
+        if !case.one_statement() {
             continue;
         }
         let (pool, statement) = (setup.pool.clone(), outbox.enqueue_statement().to_owned());
