@@ -96,8 +96,8 @@ impl Publisher for Refuses {
     }
 }
 
-/// The real outbox, counting `claim` calls (each one is a worker wake-up that reached the
-/// database).
+/// The real outbox, counting finished `claim` calls (each one is a worker wake-up that reached
+/// the database).
 #[derive(Clone)]
 struct CountsClaims {
     inner: PgOutbox,
@@ -108,8 +108,9 @@ impl RelayStore for CountsClaims {
     type Listener = <PgOutbox as RelayStore>::Listener;
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
+        let claimed = self.inner.claim(request).await;
         self.claims.fetch_add(1, AtomicOrdering::SeqCst);
-        self.inner.claim(request).await
+        claimed
     }
 
     async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
@@ -139,11 +140,14 @@ impl Housekeeping for CountsClaims {
     }
 }
 
-/// A relay of one worker that polls once an hour, on `config`'s outbox, counting its claims;
-/// returned once the claims at start are past: the worker's first, and the one the listener
-/// wakes it for once its LISTEN is in place (not counted by the callers).
+/// A relay of one worker that polls once an hour, on `config`'s outbox, publishing through
+/// `publisher` and counting its claims; returned once the claims at start have finished: the
+/// worker's first, and the one the listener wakes it for once its LISTEN is in place (not
+/// counted by the callers). The worker then waits with no wake-up pending, so each later
+/// notification is one claim.
 async fn one_worker_counting_claims(
     mut config: OutboxConfig,
+    publisher: impl Publisher,
 ) -> (PgPool, PgOutbox, Arc<AtomicU64>, RelayHandle) {
     config.relay.workers = 1;
     config.relay.poll_interval = Duration::from_secs(3600);
@@ -153,9 +157,7 @@ async fn one_worker_counting_claims(
         inner: outbox.clone(),
         claims: Arc::clone(&claims),
     };
-    let handle = Relay::new(store, LoggingPublisher::new(), &config)
-        .unwrap()
-        .spawn();
+    let handle = Relay::new(store, publisher, &config).unwrap().spawn();
     until("the claims at start", Instant::now(), WAIT, || async {
         claims.load(AtomicOrdering::SeqCst) >= 2
     })
@@ -506,7 +508,8 @@ async fn notify_debounce_coalesces_wake_ups_within_its_window() {
         config.relay.notify_debounce = debounce;
         // Only the notifications wake the worker: no look-again after a claim that found rows.
         config.relay.linger = Duration::ZERO;
-        let (pool, outbox, claims, handle) = one_worker_counting_claims(config).await;
+        let (pool, outbox, claims, handle) =
+            one_worker_counting_claims(config, LoggingPublisher::new()).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let idle = claims.load(AtomicOrdering::SeqCst);
         let start = Instant::now();
@@ -562,26 +565,40 @@ struct DebounceArm {
 /// committed just after the notified claim is still published long before the poll (1 h).
 /// With `0s` the worker waits for the next notification or the poll, and the row stays
 /// pending.
+///
+/// No step depends on timing: `b` commits while the publish of `a` is held, so after the claim
+/// that found `a` (its snapshot cannot hold `b`) and before the worker chooses how long to
+/// wait; the one notification (`a`'s) is the only wake-up pending after the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn linger_picks_up_a_row_committed_without_a_notification_after_the_claim() {
-    async fn arm(linger: Duration) -> (i64, Duration) {
+    async fn arm(linger: Duration) -> (i64, u64, Duration) {
         let mut config = config(Ordering::Unordered);
         config.relay.linger = linger;
         config.notify_interval = Duration::from_secs(3600);
-        let (pool, outbox, _claims, handle) = one_worker_counting_claims(config).await;
-        // `a` notifies (the first enqueue of the window), `b` does not; `b` commits once the
-        // claim `a` woke has published and marked `a`.
+        let (publisher, held, release) =
+            Held::selected(LoggingPublisher::new(), |m| m.aggregate_id == "a");
+        let (pool, outbox, claims, handle) = one_worker_counting_claims(config, publisher).await;
+        let idle = claims.load(AtomicOrdering::SeqCst);
+        // `a` notifies (the first enqueue of the window), `b` does not.
         let mut a = pool.begin().await.unwrap();
         outbox.enqueue(&mut a, &event("a", 0)).await.unwrap();
         let mut b = pool.begin().await.unwrap();
         outbox.enqueue(&mut b, &event("b", 0)).await.unwrap();
         a.commit().await.unwrap();
-        until("a published", Instant::now(), WAIT, || async {
-            published(&pool).await == 1
-        })
+        until(
+            "a claimed and its publish held",
+            Instant::now(),
+            WAIT,
+            || async { held.load(AtomicOrdering::SeqCst) == 1 },
+        )
         .await;
         b.commit().await.unwrap();
         let committed = Instant::now();
+        release.send(true).unwrap();
+        until("a published", committed, WAIT, || async {
+            published(&pool).await >= 1
+        })
+        .await;
         let deadline = if linger.is_zero() {
             Duration::from_secs(1)
         } else {
@@ -590,16 +607,26 @@ async fn linger_picks_up_a_row_committed_without_a_notification_after_the_claim(
         while published(&pool).await < 2 && committed.elapsed() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let result = (published(&pool).await, committed.elapsed());
+        let result = (
+            published(&pool).await,
+            claims.load(AtomicOrdering::SeqCst) - idle,
+            committed.elapsed(),
+        );
         handle.shutdown().await;
         result
     }
 
     let linger = Duration::from_millis(500);
-    let ((lingering, after), (waiting, _)) = tokio::join!(arm(linger), arm(Duration::ZERO));
+    let ((lingering, looked, after), (waiting, claimed, _)) =
+        tokio::join!(arm(linger), arm(Duration::ZERO));
     assert_eq!(lingering, 2, "500ms: b published by the look-again");
+    assert!(
+        looked >= 2,
+        "500ms: the notified claim and a look-again: {looked}"
+    );
     assert!(after <= linger + Duration::from_secs(5), "{after:?}");
     assert_eq!(waiting, 1, "0s: b waits for a notification or the poll");
+    assert_eq!(claimed, 1, "0s: only the notified claim");
 }
 
 // ---------------------------------------------------------------- relay.publish-timeout
