@@ -150,7 +150,9 @@ async fn record<B: Backend>(store: &B, key: &str) -> Option<RecordStatus> {
 
 const REJECT: InFlightPolicy = InFlightPolicy::Reject;
 const LONG: Duration = Duration::from_secs(60);
-const SHORT: Duration = Duration::from_secs(1);
+/// A lease the tests outlive on purpose; long enough that the steps which must come before it
+/// ends (a commit, an abort, a duplicate's claim) do, even behind a slow fsync.
+const SHORT: Duration = Duration::from_secs(3);
 
 async fn leased_first_run_then_byte_identical_replay<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;

@@ -175,21 +175,33 @@ pub async fn optimistic_failure_after_a_winner_replays_it<S: InsertCompleted + C
 ) {
     let service = IdempotencyService::new(store);
     let (k, request) = (key("optimistic-loser"), json!({"l": 1}));
+    // Set once the winner's `execute_optimistic` has returned: its record is committed.
+    let (committed, winner_committed) = tokio::sync::watch::channel(false);
     let winner = {
         let (service, k, request) = (service.clone(), k.clone(), request.clone());
         tokio::spawn(async move {
-            service
+            let outcome = service
                 .execute_optimistic(Call::new("OP", k, &request), async |_conn| {
                     Ok::<_, SuiteError>(ExecutionResult::success(json!("winner")))
                 })
-                .await
+                .await;
+            committed.send_replace(true);
+            outcome
         })
     };
     if caps.concurrent_writers {
-        // let the winner commit while the loser's action is still running
+        // The loser's action ends only once the winner has committed (it holds no lock the
+        // winner waits for: an optimistic record is written after the action).
         let loser: Outcome<Value> = service
             .execute_optimistic(Call::new("OP", k.clone(), &request), async |_conn| {
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                let mut winner_committed = winner_committed.clone();
+                tokio::time::timeout(
+                    Duration::from_secs(30),
+                    winner_committed.wait_for(|done| *done),
+                )
+                .await
+                .expect("the winner commits")
+                .expect("the winner's task reports");
                 Err(SuiteError::Boom) // e.g. the unique business key the winner just took
             })
             .await

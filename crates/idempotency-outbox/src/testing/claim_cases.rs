@@ -98,7 +98,8 @@ pub async fn a_claim_is_a_lease_and_an_expired_lease_returns_the_row<B: OutboxBa
 ) {
     let outbox = backend.outbox(&suite_config(Ordering::Unordered)).await;
     let sent = commit(&backend, &outbox, &[event("a", 1)]).await;
-    let short = request(Ordering::Unordered, Duration::from_millis(300));
+    // Long enough that the second claim cannot come after it ends, even behind a slow commit.
+    let short = request(Ordering::Unordered, Duration::from_secs(2));
     let first = outbox.claim(&short).await.expect("claim").messages;
     assert_eq!((ids(&first), first[0].attempts), (sent.clone(), 1));
     assert!(
@@ -109,7 +110,7 @@ pub async fn a_claim_is_a_lease_and_an_expired_lease_returns_the_row<B: OutboxBa
             .messages
             .is_empty()
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(2300)).await;
     let again = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
@@ -181,7 +182,9 @@ pub async fn failures_back_off_and_dead_letters_can_be_requeued<B: OutboxBackend
         Failure {
             id: retried,
             error: "broker away".to_owned(),
-            retry_in: Duration::from_millis(400),
+            // Long enough that the next claim cannot come after it ends, even behind a slow
+            // commit.
+            retry_in: Duration::from_secs(2),
             dead_letter: false,
         },
         Failure {
@@ -207,7 +210,7 @@ pub async fn failures_back_off_and_dead_letters_can_be_requeued<B: OutboxBackend
             .is_empty(),
         "backing off, and dead"
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(2300)).await;
     let back = outbox
         .claim(&request(Ordering::Unordered, LEASE))
         .await
