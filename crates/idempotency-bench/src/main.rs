@@ -313,8 +313,20 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
     println!("|---|---:|");
     let (events, aggregates, batch) = (args.drain_events, args.drain_aggregates, 100);
     for workers in args.drain_workers.iter().copied() {
-        let rate = outbox::relay_drain(setup, events, aggregates, workers, batch).await;
+        let (rate, cpu) = outbox::relay_drain(setup, events, aggregates, workers, batch).await;
         println!("| {workers} worker(s), batch {batch}, {events} events | {rate:.0} |");
+        if let Some(cpu) = cpu {
+            // What the drain cost each party: with every core busy, the drain could not go
+            // faster than this on this machine.
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            println!(
+                "| {workers} worker(s): CPU ceiling on {cores} cores (CPU per event: postgres {:.1} us, nats-server {:.1} us, relay {:.1} us) | {:.0} |",
+                cpu.postgres * 1e6,
+                cpu.nats * 1e6,
+                cpu.relay * 1e6,
+                cpu.ceiling(cores),
+            );
+        }
         // The two halves of the same drain alone, right after it: what the broker and what
         // the database can do with this pattern on this machine now.
         let broker = outbox::jetstream_alone(events, aggregates, workers, batch as usize).await;

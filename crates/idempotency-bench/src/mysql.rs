@@ -260,5 +260,5 @@ pub(crate) async fn relay_drain(setup: &Setup, events: usize, workers: usize, ba
         outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
         tx.commit().await.expect("commit");
     }
-    drain_to_jetstream(outbox, &config, events, None).await
+    drain_to_jetstream(outbox, &config, events, None).await.0
 }

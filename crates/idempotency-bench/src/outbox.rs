@@ -257,14 +257,14 @@ async fn table_stream(table: &str) -> (async_nats::jetstream::Context, String) {
 }
 
 /// Publishes `events` pending rows of `outbox` to a JetStream stream of their own with a relay
-/// configured by `config`, awaiting each ack. Returns events/s.
-#[allow(clippy::print_stderr)] // the CPU figures asked for with BENCH_CPU, beside the tables
+/// configured by `config`, awaiting each ack. Returns events/s, and the CPU time per event of
+/// the three parties when `cpu` is given.
 pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
     outbox: S,
     config: &OutboxConfig,
     events: usize,
     cpu: Option<&Cpu>,
-) -> f64 {
+) -> (f64, Option<CpuPerEvent>) {
     let table = &config.table_name;
     let (jetstream, stream) = table_stream(table).await;
     let publisher = NatsPublisher::from_context(jetstream.clone())
@@ -276,20 +276,35 @@ pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
         None => None,
     };
     let elapsed = run_until_published(&relay, events).await;
+    let mut spent = None;
     if let (Some(cpu), Some(before)) = (cpu, before) {
-        let backends = cpu.backends().await;
-        let after = cpu.snapshot(&backends).await;
-        let per = |a: f64, b: f64| (a - b) * 1e6 / events as f64;
-        // Asked for with BENCH_CPU; on stderr, so the tables on stdout stay as they are.
-        eprintln!(
-            "cpu per event: postgres {:.1} us, nats-server {:.1} us, relay process {:.1} us",
-            per(after.postgres, before.postgres),
-            per(after.nats, before.nats),
-            per(after.process, before.process),
-        );
+        let after = cpu.snapshot(&cpu.backends().await).await;
+        let per = |a: f64, b: f64| (a - b) / events as f64;
+        spent = Some(CpuPerEvent {
+            postgres: per(after.postgres, before.postgres),
+            nats: per(after.nats, before.nats),
+            relay: per(after.process, before.process),
+        });
     }
     let _ = jetstream.delete_stream(&stream).await;
-    events as f64 / elapsed.as_secs_f64()
+    (events as f64 / elapsed.as_secs_f64(), spent)
+}
+
+/// CPU seconds per drained event: the PostgreSQL backends of this process, the NATS server,
+/// and this process (the relay).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuPerEvent {
+    pub(crate) postgres: f64,
+    pub(crate) nats: f64,
+    pub(crate) relay: f64,
+}
+
+impl CpuPerEvent {
+    /// The events/s at which `cores` would be fully busy with this work: a drain on this
+    /// machine cannot go faster, whatever the relay does with its time.
+    pub(crate) fn ceiling(&self, cores: usize) -> f64 {
+        cores as f64 / (self.postgres + self.nats + self.relay)
+    }
 }
 
 /// The broker's side of a drain alone, the floor the drain is measured against: the same
@@ -505,16 +520,16 @@ impl Cpu {
 ///
 /// `BENCH_ANALYZE=1` analyzes the table once the backlog is in (as autovacuum would; a server
 /// with autovacuum off otherwise plans the claim on a table it believes empty).
-/// `BENCH_CPU=1` prints the CPU time per event of PostgreSQL (this process's backends), the
-/// NATS server and this process during the drain, to stderr: a figure that moves much less
-/// than events/s when other work shares the machine.
+/// With the rate comes the CPU time per event of PostgreSQL (this process's backends), the NATS
+/// server and this process during the drain: a figure that moves much less than events/s when
+/// other work shares the machine, and that bounds the rate by the cores there are.
 pub(crate) async fn relay_drain(
     setup: &Setup,
     events: usize,
     aggregates: usize,
     workers: usize,
     batch: u32,
-) -> f64 {
+) -> (f64, Option<CpuPerEvent>) {
     let table = idempotency_testing::unique_name("drain");
     let config = drain_config(&table, workers, batch);
     let outbox = backlog(setup, &config, events, aggregates).await;
@@ -524,10 +539,10 @@ pub(crate) async fn relay_drain(
             .await
             .expect("analyze");
     }
-    let cpu = std::env::var_os("BENCH_CPU").map(|_| Cpu::new(setup.pool.clone()));
-    let rate = drain_to_jetstream(outbox, &config, events, cpu.as_ref()).await;
+    let cpu = Cpu::new(setup.pool.clone());
+    let drained = drain_to_jetstream(outbox, &config, events, Some(&cpu)).await;
     drop_outbox(setup, &table).await;
-    rate
+    drained
 }
 
 /// Records when the broker confirmed each message: the publish ack's arrival.
