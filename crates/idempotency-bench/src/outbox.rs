@@ -281,7 +281,7 @@ pub(crate) async fn drain_to_jetstream<S: RelayStore + Housekeeping>(
         let after = cpu.snapshot(&cpu.backends().await).await;
         let per = |a: f64, b: f64| (a - b) / events as f64;
         spent = Some(CpuPerEvent {
-            postgres: per(after.postgres, before.postgres),
+            postgres: after.postgres_since(&before) / events as f64,
             nats: per(after.nats, before.nats),
             relay: per(after.process, before.process),
         });
@@ -420,9 +420,21 @@ pub(crate) struct Cpu {
 }
 
 pub(crate) struct CpuSnapshot {
-    postgres: f64,
+    /// CPU seconds of each backend serving this process, by pid.
+    postgres: HashMap<i32, f64>,
     nats: f64,
     process: f64,
+}
+
+impl CpuSnapshot {
+    /// PostgreSQL's CPU seconds between `before` and `self`: a backend that was not there
+    /// before started since and counts whole; one that ended meanwhile is not counted.
+    fn postgres_since(&self, before: &CpuSnapshot) -> f64 {
+        self.postgres
+            .iter()
+            .map(|(pid, now)| now - before.postgres.get(pid).copied().unwrap_or(0.0))
+            .sum()
+    }
 }
 
 /// Local ports of this process's TCP sockets (`/proc/self/fd` and `/proc/net/tcp{,6}`).
@@ -482,20 +494,23 @@ impl Cpu {
         Self { pool }
     }
 
-    /// The backends serving this process's connections, found by their client ports.
+    /// The backends serving this process's connections, found by their client ports (the one
+    /// answering included: leaving it out would count a backend in one snapshot and not the
+    /// other, with all the CPU it ever spent).
     async fn backends(&self) -> Vec<i32> {
         let ports = own_tcp_ports();
-        sqlx::query_scalar(
-            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1) AND pid <> pg_backend_pid()",
-        )
-        .bind(ports)
-        .fetch_all(&self.pool)
-        .await
-        .unwrap_or_default()
+        sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1)")
+            .bind(ports)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_default()
     }
 
     async fn snapshot(&self, backends: &[i32]) -> CpuSnapshot {
-        let postgres = backends.iter().map(|pid| proc_cpu(&pid.to_string())).sum();
+        let postgres = backends
+            .iter()
+            .map(|pid| (*pid, proc_cpu(&pid.to_string())))
+            .collect();
         let mut nats = 0.0;
         if let Ok(entries) = std::fs::read_dir("/proc") {
             for entry in entries.flatten() {
@@ -570,6 +585,9 @@ impl<P: Publisher> Publisher for AckTimes<P> {
 pub(crate) struct Latency {
     /// Events committed.
     pub(crate) events: usize,
+    /// Committed events the relay had not published when the wait ended (60 s after the
+    /// producer stopped); their latency is not in the percentiles.
+    pub(crate) unacked: usize,
     /// Rate the producer reached, events/s.
     pub(crate) rate: f64,
     pub(crate) p50: Duration,
@@ -674,8 +692,14 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64, every_commit: bool) -
     let produced = started.elapsed();
     // The rate of the sampled events: from the first sampled event's due time to the end.
     let sampled = produced.saturating_sub(gap * u32::try_from(warmup).expect("warmup"));
+    // Until every sampled event was acked (the relay's published count would also count a
+    // message published twice).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while relay.totals().published < total as u64 && Instant::now() < deadline {
+    let all_acked = || {
+        let acks = acks.lock().expect("ack times");
+        commits.iter().all(|(id, _)| acks.contains_key(id))
+    };
+    while !all_acked() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     handle.shutdown().await;
@@ -688,16 +712,21 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64, every_commit: bool) -
     let acks = acks.lock().expect("ack times");
     let mut samples: Vec<Duration> = commits
         .iter()
-        .map(|(id, committed)| {
-            acks.get(id).map_or(Duration::MAX, |acked| {
-                acked.saturating_duration_since(*committed)
-            })
+        .filter_map(|(id, committed)| {
+            acks.get(id)
+                .map(|acked| acked.saturating_duration_since(*committed))
         })
         .collect();
+    let unacked = commits.len() - samples.len();
     samples.sort();
+    if samples.is_empty() {
+        // Nothing acked: the percentiles read 0 beside `unacked`, instead of a panic.
+        samples.push(Duration::ZERO);
+    }
     let at = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
     Latency {
-        events: samples.len(),
+        events: commits.len(),
+        unacked,
         rate: (total - warmup) as f64 / sampled.as_secs_f64(),
         p50: at(0.5),
         p99: at(0.99),
