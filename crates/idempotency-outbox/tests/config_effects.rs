@@ -437,8 +437,16 @@ async fn retention_enabled_lets_the_relay_purge_published_rows_on_its_own() {
             relay_totals() == 5
         })
         .await;
-        // Ten intervals.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        if enabled {
+            // A purge comes every 100 ms; however slow this machine, the rows go.
+            until("the published rows purged", start, WAIT, || async {
+                rows(&pool).await == 0
+            })
+            .await;
+        } else {
+            // Ten intervals, and the rows stay.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         let result = (rows(&pool).await, published(&pool).await, relay_totals());
         handle.shutdown().await;
         result
@@ -451,46 +459,87 @@ async fn retention_enabled_lets_the_relay_purge_published_rows_on_its_own() {
 
 // ---------------------------------------------------------------- retention.interval
 
-/// The housekeeping task purges at start and then every `retention.interval` (800 ms): a row
-/// published before the start goes at once; a row published just after the first purge stays
-/// until the second, one interval later; a row published after that, until the third.
+/// The housekeeping task purges at start and then every `retention.interval` (1.5 s): the
+/// first `delete_published` comes before one interval has passed, each next one no sooner than
+/// an interval after the one before (and not seconds later); a published row is gone after a
+/// purge. The calls are timed where they are made, so a slow commit cannot move them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_interval_is_the_time_between_purges() {
-    let interval = Duration::from_millis(800);
-    let slack = Duration::from_millis(700);
+    let interval = Duration::from_millis(1500);
     let config = purging(true, interval);
     let (pool, outbox) = outbox(&config).await;
-    let relay = Relay::new(outbox.clone(), LoggingPublisher::new(), &config).unwrap();
+    let purges = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = TimesPurges {
+        inner: outbox.clone(),
+        purges: Arc::clone(&purges),
+    };
+    let relay = Relay::new(store, LoggingPublisher::new(), &config).unwrap();
     let before = event("published-before-the-start", 0);
     commit(&pool, &outbox, std::slice::from_ref(&before)).await;
     assert_eq!(relay.run_batch().await.unwrap().published, 1);
 
     let start = Instant::now();
     let handle = relay.spawn();
-    let gone = until("the first purge", start, slack, || async {
-        !row_exists(&pool, before.id()).await
+    until("three purges", start, WAIT, || async {
+        purges.lock().unwrap().len() >= 3
     })
     .await;
-    assert!(gone < interval, "the first purge runs at start: {gone:?}");
-
-    let mut purges = Vec::new();
-    for n in 1..=2 {
-        let row = event("published-between-purges", n);
-        commit(&pool, &outbox, std::slice::from_ref(&row)).await;
-        // Published by the relay at once; only a purge deletes it (it deletes published rows).
-        let gone = until("the next purge", start, WAIT, || async {
-            !row_exists(&pool, row.id()).await
-        })
-        .await;
-        purges.push(gone);
-    }
     handle.shutdown().await;
-    for (n, gone) in (1..).zip(&purges) {
-        let due = interval * n;
+    assert!(
+        !row_exists(&pool, before.id()).await,
+        "the purge deleted it"
+    );
+    let purges = purges.lock().unwrap().clone();
+    let first = purges[0] - start;
+    assert!(first < interval, "the first purge runs at start: {first:?}");
+    for pair in purges.windows(2) {
+        let gap = pair[1] - pair[0];
         assert!(
-            *gone >= due && *gone < due + slack,
-            "purge {n} due {due:?} after the start, ran after {gone:?} ({purges:?})"
+            // (the next purge is scheduled just before a purge's first call: a few ms of play)
+            gap + Duration::from_millis(50) >= interval && gap < interval + Duration::from_secs(3),
+            "purges {interval:?} apart: {gap:?}"
         );
+    }
+}
+
+/// The real outbox, recording when each `delete_published` (one per purge) was called.
+struct TimesPurges {
+    inner: PgOutbox,
+    purges: Arc<std::sync::Mutex<Vec<Instant>>>,
+}
+
+impl RelayStore for TimesPurges {
+    type Listener = <PgOutbox as RelayStore>::Listener;
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
+        self.inner.claim(request).await
+    }
+
+    async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
+        self.inner.mark_published(token, ids).await
+    }
+
+    async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
+        self.inner.mark_failed(token, failures).await
+    }
+
+    async fn listen(&self) -> Result<Option<Self::Listener>, Error> {
+        self.inner.listen().await
+    }
+}
+
+impl Housekeeping for TimesPurges {
+    async fn stats(&self) -> Result<OutboxStats, Error> {
+        self.inner.stats().await
+    }
+
+    async fn delete_published(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        self.purges.lock().unwrap().push(Instant::now());
+        self.inner.delete_published(older_than, limit).await
+    }
+
+    async fn delete_dead_lettered(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        self.inner.delete_dead_lettered(older_than, limit).await
     }
 }
 
@@ -544,9 +593,10 @@ async fn notify_debounce_coalesces_wake_ups_within_its_window() {
         debounced.all_published >= window,
         "the coalesced wake-up comes at the end of the window: {debounced:?}"
     );
+    // (a worker slower than the 25 ms between commits merges some wake-ups: no exact count)
     assert!(
-        immediate.claims >= 8 && immediate.claims > 2 * windows,
-        "0s: about one wake-up per commit: {immediate:?}"
+        immediate.claims > 2 * windows && immediate.claims > debounced.claims,
+        "0s: a wake-up per commit the worker is idle for: {immediate:?}"
     );
 }
 

@@ -15,8 +15,10 @@ use outbox_common::*;
 #[tokio::test]
 async fn a_failing_publisher_leaves_rows_pending_with_the_error_then_loses_nothing() {
     let mut config = config(Ordering::Unordered);
-    config.relay.backoff.base = Duration::from_millis(400);
-    config.relay.backoff.max = Duration::from_secs(1);
+    // Seconds, so that the immediate batch below comes before the backoff ends even behind a
+    // slow commit.
+    config.relay.backoff.base = Duration::from_secs(3);
+    config.relay.backoff.max = Duration::from_secs(6);
     let (_, outbox) = fresh(&config).await;
     let recorder = Recorder::default();
     recorder.fail_when(|_| true);
@@ -41,8 +43,8 @@ async fn a_failing_publisher_leaves_rows_pending_with_the_error_then_loses_nothi
             "{last_error}"
         );
         assert_eq!(published_at, None);
-        // Backoff after the first failure: half to all of `base` (400 ms), on the database clock.
-        assert!(delay >= 200, "next attempt {delay} ms after creation");
+        // Backoff after the first failure: half to all of `base` (3 s), on the database clock.
+        assert!(delay >= 1500, "next attempt {delay} ms after creation");
         assert_eq!(released, 1, "the fencing token is cleared");
     }
     // Backing off: an immediate batch finds nothing due.

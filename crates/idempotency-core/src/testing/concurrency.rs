@@ -222,8 +222,16 @@ pub async fn concurrent_duplicates_reject_policy_run_once<S: IdempotencyStore + 
     }
 }
 
-/// A holder keeps the key for 2 s; a duplicate with a 200 ms budget gets `InFlight` well before
-/// that (or, on a single-writer store, waits at `begin` and replays).
+/// How long a holder keeps a key in the wait-budget cases: longer than [`BUDGET_BOUND`], so a
+/// duplicate that ends before the bound did not wait for the holder.
+pub(crate) const HOLD: Duration = Duration::from_secs(6);
+
+/// The longest a 200 ms wait budget may take, round trips included: MySQL rounds a lock wait up
+/// to whole seconds, and a loaded machine adds seconds more to the statements around it.
+pub(crate) const BUDGET_BOUND: Duration = Duration::from_secs(4);
+
+/// A holder keeps the key for [`HOLD`]; a duplicate with a 200 ms budget gets `InFlight` well
+/// before that (or, on a single-writer store, waits at `begin` and replays).
 pub async fn wait_budget_is_honoured<S: IdempotencyStore + Clone>(store: S, caps: Capabilities) {
     let config = ServiceConfig {
         in_flight: InFlightPolicy::Wait {
@@ -233,14 +241,7 @@ pub async fn wait_budget_is_honoured<S: IdempotencyStore + Clone>(store: S, caps
     };
     let service = service_with(store, config);
     let (k, counter, request) = (key("budget"), CountingAction::default(), json!({"b": 1}));
-    let (started, holder) = hold_key(
-        &service,
-        &k,
-        &request,
-        &counter,
-        Duration::from_secs(2),
-        false,
-    );
+    let (started, holder) = hold_key(&service, &k, &request, &counter, HOLD, false);
     started.await.expect("holder started");
     let began = Instant::now();
     let result: Result<Outcome<Value>, SuiteError> = service
@@ -249,7 +250,7 @@ pub async fn wait_budget_is_honoured<S: IdempotencyStore + Clone>(store: S, caps
             Ok(ExecutionResult::success(json!("late")))
         })
         .await;
-    // (the holder releases after 2 s, so even an ignored budget ends; the timing says which)
+    // (the holder releases after `HOLD`, so even an ignored budget ends; the timing says which)
     let waited = began.elapsed();
     if caps.concurrent_writers {
         assert!(
@@ -257,7 +258,7 @@ pub async fn wait_budget_is_honoured<S: IdempotencyStore + Clone>(store: S, caps
             "{result:?}"
         );
         assert!(
-            waited < Duration::from_millis(1500),
+            waited < BUDGET_BOUND,
             "waited {waited:?} for a 200 ms budget"
         );
         assert!(
@@ -363,12 +364,14 @@ pub async fn store_lock_wait_is_bounded<S: IdempotencyStore + Clone>(store: S, c
         .expect("acquire");
     if caps.concurrent_writers {
         for (wait, min, max) in [
+            // The holder never lets go here: an ignored budget hits the 5 s timeout below.
             (
                 LockWait::Timeout(Duration::from_millis(200)),
                 Duration::from_millis(150),
-                Duration::from_millis(1500),
+                BUDGET_BOUND,
             ),
-            (LockWait::NoWait, Duration::ZERO, Duration::from_millis(500)),
+            // Below MySQL's smallest lock wait (1 s): `NoWait` did not become a 1 s wait.
+            (LockWait::NoWait, Duration::ZERO, Duration::from_millis(900)),
         ] {
             let mut tx = store.begin().await.expect("begin");
             let began = Instant::now();

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
 use super::Capabilities;
+use super::concurrency::{BUDGET_BOUND, HOLD};
 use super::service_cases::service_with;
 use super::support::{CountingAction, SuiteError, key};
 use crate::store::InsertCompleted;
@@ -236,7 +237,7 @@ pub async fn optimistic_wait_budget_is_honoured<S: InsertCompleted + Clone>(
                 .await
                 .expect("holder");
             let _ = started_tx.send(());
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::time::sleep(HOLD).await;
             tx.commit().await.expect("commit");
         })
     };
@@ -250,8 +251,8 @@ pub async fn optimistic_wait_budget_is_honoured<S: InsertCompleted + Clone>(
             "{result:?}"
         );
         assert!(
-            began.elapsed() < Duration::from_millis(1500),
-            "waited {:?}",
+            began.elapsed() < BUDGET_BOUND,
+            "waited {:?} for a 200 ms budget",
             began.elapsed()
         );
     } else {
