@@ -230,8 +230,9 @@ pub(crate) const HOLD: Duration = Duration::from_secs(6);
 /// to whole seconds, and a loaded machine adds seconds more to the statements around it.
 pub(crate) const BUDGET_BOUND: Duration = Duration::from_secs(4);
 
-/// A holder keeps the key for [`HOLD`]; a duplicate with a 200 ms budget gets `InFlight` well
-/// before that (or, on a single-writer store, waits at `begin` and replays).
+/// A holder keeps the key for 6 s; a duplicate with a 200 ms budget gets `InFlight` within 4 s,
+/// MySQL's rounding of the budget to whole seconds included (or, on a single-writer store,
+/// waits at `begin` and replays).
 pub async fn wait_budget_is_honoured<S: IdempotencyStore + Clone>(store: S, caps: Capabilities) {
     let config = ServiceConfig {
         in_flight: InFlightPolicy::Wait {
