@@ -97,14 +97,25 @@ impl Publisher for Refuses {
 }
 
 /// The real outbox, counting finished `claim` calls (each one is a worker wake-up that reached
-/// the database).
+/// the database) and recording when each `delete_published` (one per purge) was called.
 #[derive(Clone)]
-struct CountsClaims {
+struct Observed {
     inner: PgOutbox,
     claims: Arc<AtomicU64>,
+    purges: Arc<std::sync::Mutex<Vec<Instant>>>,
 }
 
-impl RelayStore for CountsClaims {
+impl Observed {
+    fn new(inner: PgOutbox) -> Self {
+        Self {
+            inner,
+            claims: Arc::new(AtomicU64::new(0)),
+            purges: Arc::new(std::sync::Mutex::new(Vec::new())),
+        }
+    }
+}
+
+impl RelayStore for Observed {
     type Listener = <PgOutbox as RelayStore>::Listener;
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
@@ -126,12 +137,13 @@ impl RelayStore for CountsClaims {
     }
 }
 
-impl Housekeeping for CountsClaims {
+impl Housekeeping for Observed {
     async fn stats(&self) -> Result<OutboxStats, Error> {
         self.inner.stats().await
     }
 
     async fn delete_published(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        self.purges.lock().unwrap().push(Instant::now());
         self.inner.delete_published(older_than, limit).await
     }
 
@@ -152,11 +164,8 @@ async fn one_worker_counting_claims(
     config.relay.workers = 1;
     config.relay.poll_interval = Duration::from_secs(3600);
     let (pool, outbox) = outbox(&config).await;
-    let claims = Arc::new(AtomicU64::new(0));
-    let store = CountsClaims {
-        inner: outbox.clone(),
-        claims: Arc::clone(&claims),
-    };
+    let store = Observed::new(outbox.clone());
+    let claims = Arc::clone(&store.claims);
     let handle = Relay::new(store, publisher, &config).unwrap().spawn();
     until("the claims at start", Instant::now(), WAIT, || async {
         claims.load(AtomicOrdering::SeqCst) >= 2
@@ -468,11 +477,8 @@ async fn retention_interval_is_the_time_between_purges() {
     let interval = Duration::from_millis(1500);
     let config = purging(true, interval);
     let (pool, outbox) = outbox(&config).await;
-    let purges = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let store = TimesPurges {
-        inner: outbox.clone(),
-        purges: Arc::clone(&purges),
-    };
+    let store = Observed::new(outbox.clone());
+    let purges = Arc::clone(&store.purges);
     let relay = Relay::new(store, LoggingPublisher::new(), &config).unwrap();
     let before = event("published-before-the-start", 0);
     commit(&pool, &outbox, std::slice::from_ref(&before)).await;
@@ -499,47 +505,6 @@ async fn retention_interval_is_the_time_between_purges() {
             gap + Duration::from_millis(50) >= interval && gap < interval + Duration::from_secs(3),
             "purges {interval:?} apart: {gap:?}"
         );
-    }
-}
-
-/// The real outbox, recording when each `delete_published` (one per purge) was called.
-struct TimesPurges {
-    inner: PgOutbox,
-    purges: Arc<std::sync::Mutex<Vec<Instant>>>,
-}
-
-impl RelayStore for TimesPurges {
-    type Listener = <PgOutbox as RelayStore>::Listener;
-
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
-        self.inner.claim(request).await
-    }
-
-    async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
-        self.inner.mark_published(token, ids).await
-    }
-
-    async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
-        self.inner.mark_failed(token, failures).await
-    }
-
-    async fn listen(&self) -> Result<Option<Self::Listener>, Error> {
-        self.inner.listen().await
-    }
-}
-
-impl Housekeeping for TimesPurges {
-    async fn stats(&self) -> Result<OutboxStats, Error> {
-        self.inner.stats().await
-    }
-
-    async fn delete_published(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
-        self.purges.lock().unwrap().push(Instant::now());
-        self.inner.delete_published(older_than, limit).await
-    }
-
-    async fn delete_dead_lettered(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
-        self.inner.delete_dead_lettered(older_than, limit).await
     }
 }
 
