@@ -206,3 +206,125 @@ async fn expired_lease_of_a_deep_aggregate_is_claimed_again() {
     assert_eq!(sequences.len(), 1);
     assert_eq!(sequences[0].1, Some(1));
 }
+
+/// Index scans the outbox's pending index has counted so far, once the statistics of every
+/// statement `pool` ran before are visible (`pool` holds one connection).
+async fn pending_index_scans(pool: &PgPool, updated_at_least: i64) -> i64 {
+    // PostgreSQL 15+ reports this connection's statistics when it next goes idle; older
+    // servers report within half a second anyway.
+    let _ = sqlx::raw_sql("SELECT pg_stat_force_next_flush()")
+        .execute(pool)
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (updated, scans): (i64, i64) = sqlx::query_as(
+            "SELECT t.n_tup_upd, i.idx_scan FROM pg_stat_user_tables t \
+             JOIN pg_stat_user_indexes i ON i.relid = t.relid \
+             WHERE t.schemaname = current_schema() AND t.relname = 'outbox' \
+               AND i.indexrelname = 'outbox_pending_idx'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if updated >= updated_at_least {
+            return scans;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not report the claims' statistics in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether a generic plan of the ordered claim, made now, finds an aggregate's first row
+/// through the pending index (a scan of every pending row) instead of the aggregate index.
+async fn generic_plan_probes_the_pending_index(pool: &PgPool, outbox: &PgOutbox) -> bool {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) {}",
+        outbox.claim_statement(Ordering::Ordered)
+    )))
+    .bind(i64::from(BATCH))
+    .bind(Duration::from_secs(300))
+    .bind(Uuid::new_v4())
+    .bind(10_i32)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    // `json`, whose wire form is its text.
+    let plan: String = row.try_get_unchecked(0).unwrap();
+    sqlx::raw_sql("RESET plan_cache_mode")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    fn subplans_use(node: &Value, index: &str) -> bool {
+        let own = node.get("Parent Relationship").and_then(Value::as_str) == Some("SubPlan")
+            && node.to_string().contains(index);
+        own || node
+            .get("Plans")
+            .and_then(Value::as_array)
+            .is_some_and(|plans| plans.iter().any(|p| subplans_use(p, index)))
+    }
+    let plan: Value = serde_json::from_str(&plan).unwrap();
+    subplans_use(&plan[0]["Plan"], "outbox_pending_idx")
+}
+
+/// A claim planned once while the outbox was small keeps working when it is not: the first
+/// row of an aggregate is looked up through the aggregate index however large the backlog
+/// grew after the relay's first claims. (A plan cached by the relay's connection while the
+/// table held a few hundred rows used to scan every pending row for every candidate, and a
+/// relay behind a steady producer stalled for a minute until autovacuum analyzed the table.)
+#[tokio::test]
+async fn claim_planned_on_a_small_outbox_stays_an_index_probe_when_it_grows() {
+    let pool = idempotency_testing::pg_pool_with(1).await;
+    let table = TableName::parse("outbox").unwrap();
+    let outbox = PgOutbox::with_options(pool.clone(), table, Ordering::Ordered, None);
+    outbox.create_schema().await.unwrap();
+    // A few hundred rows over 200 aggregates: a size at which a generic plan of the claim
+    // probes the pending index (both indexes are a few pages; the planner's costs tie).
+    let mut rows = 0;
+    while !generic_plan_probes_the_pending_index(&pool, &outbox).await {
+        assert!(
+            rows < 2_000,
+            "no size up to {rows} rows makes a generic plan probe the pending index on this \
+             server: the case this test guards cannot be set up"
+        );
+        backlog(&pool, &outbox, &format!("o{rows}-"), 25, 1).await;
+        rows += 25;
+    }
+    // The relay's connection claims while the outbox is that small, with plans cached as
+    // generic from the first execution (the server's choice after five).
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let first = claim(&outbox, 1).await;
+    assert_eq!(first.len(), 1);
+    // A deep aggregate arrives behind them; its first row is due, the rest wait for it.
+    backlog(&pool, &outbox, "deep", 1, 3_000).await;
+    let before = pending_index_scans(&pool, 1).await;
+    let batch = claim(&outbox, 10_000).await;
+    assert!(
+        batch
+            .iter()
+            .any(|m| m.aggregate_id == "deep0" && m.sequence == Some(1)),
+        "the deep aggregate's first row is handed out"
+    );
+    assert!(
+        batch
+            .iter()
+            .all(|m| m.aggregate_id != "deep0" || m.sequence == Some(1)),
+        "only the deep aggregate's first row"
+    );
+    let claimed = i64::try_from(1 + batch.len()).unwrap();
+    let scans = pending_index_scans(&pool, claimed).await - before;
+    assert!(
+        scans <= 5,
+        "one claim scanned the pending index {scans} times: once per candidate row"
+    );
+}

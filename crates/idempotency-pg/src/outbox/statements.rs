@@ -99,9 +99,11 @@ fn claim(t: &str, ordered: bool) -> String {
     let head = if ordered {
         // Only the first pending row of its aggregate: while it is leased (in flight) or
         // backing off after a failure, the aggregate's later rows wait. A correlated
-        // `LIMIT 1` subquery rather than `NOT EXISTS`: it is always planned as an index probe
-        // on the aggregate index, even before the table was ever analyzed (an anti-join may
-        // then be planned as a full scan per batch).
+        // `LIMIT 1` subquery rather than `NOT EXISTS`: it is planned as one index probe per
+        // candidate even before the table was ever analyzed (an anti-join may then be planned
+        // as a full scan per batch). Which of the two partial indexes it probes depends on the
+        // table's size when it is planned, so the relay plans this claim at every call
+        // (`RelayStore::claim`).
         format!(
             "AND (o.sequence IS NULL OR o.sequence <= ( \
                  SELECT p.sequence FROM {t} p \
