@@ -68,6 +68,8 @@ pub(crate) struct Breaker {
     cool_down: Duration,
     trial_timeout: Duration,
     inner: Mutex<Inner>,
+    /// The clock: `Instant::now`, or a test's own.
+    now: fn() -> Instant,
 }
 
 /// Leave to make one call; report its outcome with [`success`](Self::success) or
@@ -120,6 +122,15 @@ fn later(now: Instant, d: Duration) -> Instant {
 
 impl Breaker {
     pub(crate) fn new(threshold: u32, cool_down: Duration, trial_timeout: Duration) -> Self {
+        Self::with_clock(threshold, cool_down, trial_timeout, Instant::now)
+    }
+
+    fn with_clock(
+        threshold: u32,
+        cool_down: Duration,
+        trial_timeout: Duration,
+        now: fn() -> Instant,
+    ) -> Self {
         Self {
             threshold: threshold.max(1),
             cool_down,
@@ -128,6 +139,7 @@ impl Breaker {
                 state: State::Closed { failures: 0 },
                 generation: 0,
             }),
+            now,
         }
     }
 
@@ -137,7 +149,7 @@ impl Breaker {
             .inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = Instant::now();
+        let now = (self.now)();
         if let State::HalfOpen { deadline } = inner.state
             && now >= deadline
         {
@@ -209,13 +221,34 @@ impl Breaker {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
+
     use super::*;
 
     const TRIAL: Duration = Duration::from_secs(60);
 
+    thread_local! {
+        /// This test's clock: a fixed start plus what the test advanced it by.
+        static CLOCK: (Instant, Cell<Duration>) = (Instant::now(), Cell::new(Duration::ZERO));
+    }
+
+    fn clock() -> Instant {
+        CLOCK.with(|(start, elapsed)| *start + elapsed.get())
+    }
+
+    /// Moves this test's clock forward: no sleep, so a slow machine cannot let more time pass
+    /// between two steps than the test says.
+    fn advance(d: Duration) {
+        CLOCK.with(|(_, elapsed)| elapsed.set(elapsed.get() + d));
+    }
+
+    fn test_breaker(threshold: u32, cool_down: Duration, trial_timeout: Duration) -> Breaker {
+        Breaker::with_clock(threshold, cool_down, trial_timeout, clock)
+    }
+
     #[test]
     fn opens_after_threshold_and_recovers_through_one_trial() {
-        let breaker = Breaker::new(3, Duration::from_millis(50), TRIAL);
+        let breaker = test_breaker(3, Duration::from_millis(50), TRIAL);
         for _ in 0..2 {
             breaker.allow().unwrap().failure();
         }
@@ -223,7 +256,7 @@ mod tests {
         breaker.allow().unwrap().failure();
         assert_eq!(breaker.state(), BreakerState::Open);
         assert!(breaker.allow().is_none());
-        std::thread::sleep(Duration::from_millis(60));
+        advance(Duration::from_millis(60));
         let trial = breaker.allow().expect("one trial after the cool-down");
         assert!(breaker.allow().is_none(), "only one trial at a time");
         trial.failure();
@@ -232,14 +265,14 @@ mod tests {
             BreakerState::Open,
             "a failed trial reopens"
         );
-        std::thread::sleep(Duration::from_millis(60));
+        advance(Duration::from_millis(60));
         breaker.allow().unwrap().success();
         assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
     }
 
     #[test]
     fn success_resets_the_count() {
-        let breaker = Breaker::new(2, Duration::from_secs(60), TRIAL);
+        let breaker = test_breaker(2, Duration::from_secs(60), TRIAL);
         breaker.allow().unwrap().failure();
         breaker.allow().unwrap().success();
         breaker.allow().unwrap().failure();
@@ -248,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_late_success_of_a_call_admitted_before_the_breaker_opened_is_ignored() {
-        let breaker = Breaker::new(1, Duration::from_secs(60), TRIAL);
+        let breaker = test_breaker(1, Duration::from_secs(60), TRIAL);
         let slow = breaker.allow().unwrap();
         breaker.allow().unwrap().failure(); // another call fails and opens the breaker
         slow.success(); // the slow call finally answers
@@ -257,10 +290,10 @@ mod tests {
 
     #[test]
     fn a_late_failure_from_before_the_breaker_closed_does_not_count() {
-        let breaker = Breaker::new(1, Duration::from_millis(10), TRIAL);
+        let breaker = test_breaker(1, Duration::from_millis(10), TRIAL);
         let slow = breaker.allow().unwrap();
         breaker.allow().unwrap().failure();
-        std::thread::sleep(Duration::from_millis(20));
+        advance(Duration::from_millis(20));
         breaker.allow().unwrap().success(); // the trial closes it
         slow.failure();
         assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
@@ -268,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_call_dropped_while_closed_counts_for_nothing() {
-        let breaker = Breaker::new(1, Duration::from_secs(60), Duration::from_secs(1));
+        let breaker = test_breaker(1, Duration::from_secs(60), Duration::from_secs(1));
         for _ in 0..5 {
             drop(breaker.allow().expect("closed"));
         }
@@ -279,31 +312,31 @@ mod tests {
 
     #[test]
     fn durations_too_large_for_the_clock_do_not_panic() {
-        let breaker = Breaker::new(1, Duration::MAX, Duration::MAX);
+        let breaker = test_breaker(1, Duration::MAX, Duration::MAX);
         breaker.allow().expect("closed").failure();
         assert!(breaker.allow().is_none(), "open for a very long time");
     }
 
     #[test]
     fn a_dropped_trial_counts_as_failed() {
-        let breaker = Breaker::new(1, Duration::from_millis(30), TRIAL);
+        let breaker = test_breaker(1, Duration::from_millis(30), TRIAL);
         breaker.allow().unwrap().failure();
-        std::thread::sleep(Duration::from_millis(40));
+        advance(Duration::from_millis(40));
         drop(breaker.allow().unwrap()); // the caller's future was cancelled
         assert_eq!(breaker.state(), BreakerState::Open, "reopened, not stuck");
-        std::thread::sleep(Duration::from_millis(40));
+        advance(Duration::from_millis(40));
         breaker.allow().expect("a new trial").success();
         assert_eq!(breaker.state(), BreakerState::Closed { failures: 0 });
     }
 
     #[test]
     fn a_trial_that_never_reports_expires() {
-        let breaker = Breaker::new(1, Duration::from_millis(30), Duration::from_millis(20));
+        let breaker = test_breaker(1, Duration::from_millis(30), Duration::from_millis(20));
         breaker.allow().unwrap().failure();
-        std::thread::sleep(Duration::from_millis(40));
+        advance(Duration::from_millis(40));
         let lost = breaker.allow().unwrap(); // held by a future that is never polled again
         assert!(breaker.allow().is_none());
-        std::thread::sleep(Duration::from_millis(60));
+        advance(Duration::from_millis(60));
         let trial = breaker.allow().expect("a new trial after the lost one");
         drop(lost); // reports far too late: ignored
         assert_eq!(breaker.state(), BreakerState::HalfOpen);

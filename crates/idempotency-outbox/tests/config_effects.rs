@@ -343,7 +343,8 @@ struct ShutdownArm {
 /// The housekeeping task refreshes the pending / oldest-age / dead-letter gauges every
 /// `stats-interval` without anyone calling `refresh_gauges`: with 100 ms, rows committed after
 /// the start show up in the gauges, again and again (each snapshot resets them to 0); with 1 h
-/// only the refresh at start happens and the gauges never show them.
+/// only the refresh at start happens and the gauges never show them. Each arm takes 30
+/// snapshots 100 ms apart: a slow machine sees fewer refreshes of the 100 ms arm, not none.
 #[test]
 fn stats_interval_is_how_often_the_gauges_are_refreshed() {
     fn arm(stats_interval: Duration) -> StatsArm {
@@ -376,7 +377,7 @@ fn stats_interval_is_how_often_the_gauges_are_refreshed() {
             })
             .await;
             let mut arm = StatsArm::default();
-            for _ in 0..12 {
+            for _ in 0..30 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let snap = snapshot(&snapshotter);
                 if metric(&snap, names::PENDING, &[]) == Some(3.0)
@@ -396,8 +397,8 @@ fn stats_interval_is_how_often_the_gauges_are_refreshed() {
     let rarely = std::thread::spawn(|| arm(Duration::from_secs(3600)));
     let (often, rarely) = (often.join().unwrap(), rarely.join().unwrap());
     assert!(
-        often.refreshes_seen >= 6,
-        "100 ms: most of 12 snapshots 100 ms apart see a fresh refresh: {often:?}"
+        often.refreshes_seen >= 4,
+        "100 ms: snapshots 100 ms apart see fresh refreshes again and again: {often:?}"
     );
     assert!(
         often.ages.windows(2).all(|w| w[1] >= w[0]) && often.ages.last() > often.ages.first(),
