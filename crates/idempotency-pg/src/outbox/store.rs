@@ -88,7 +88,8 @@ impl RelayStore for PgOutbox {
         // keeps a generic plan after five executions of a named statement, until the table is
         // next analyzed) scans every pending row once per candidate when the backlog has
         // grown: a relay behind a steady producer stalled for a minute. Planning costs about
-        // half a millisecond and one round trip per claim, a claim per batch.
+        // half a millisecond per claim (several on a partitioned outbox, which plans every
+        // partition) and one round trip, a claim per batch.
         let (sql, persistent) = match request.ordering {
             Ordering::Ordered => (self.sql.claim_ordered.clone(), false),
             Ordering::Unordered => (self.sql.claim_unordered.clone(), true),
