@@ -13,7 +13,7 @@ use idempotency_outbox::store::{ClaimRequest, RelayStore};
 use idempotency_outbox::{NewEvent, OutboxMessage};
 use idempotency_pg::{PgOutbox, TableName};
 use serde_json::Value;
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 const BATCH: u32 = 10;
@@ -72,12 +72,15 @@ fn rows_read(node: &Value) -> f64 {
     own + children
 }
 
-/// Runs the ordered claim under `EXPLAIN ANALYZE` (rolled back): the rows it claimed and the
-/// rows its scans read.
-async fn explain_claim(pool: &PgPool, outbox: &PgOutbox, limit: u32) -> (f64, f64) {
-    let mut tx = pool.begin().await.unwrap();
+/// The JSON plan of the ordered claim for a batch of `limit`, under `EXPLAIN (<options>)`.
+async fn claim_plan(
+    conn: &mut PgConnection,
+    outbox: &PgOutbox,
+    options: &str,
+    limit: u32,
+) -> Value {
     let sql = format!(
-        "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+        "EXPLAIN ({options}, FORMAT JSON) {}",
         outbox.claim_statement(Ordering::Ordered)
     );
     let request = request(limit);
@@ -86,13 +89,20 @@ async fn explain_claim(pool: &PgPool, outbox: &PgOutbox, limit: u32) -> (f64, f6
         .bind(request.lease)
         .bind(request.token)
         .bind(10_i32)
-        .fetch_one(&mut *tx)
+        .fetch_one(conn)
         .await
         .unwrap();
-    tx.rollback().await.unwrap();
     // `json`, whose wire form is its text.
     let plan: String = row.try_get_unchecked(0).unwrap();
-    let plan: Value = serde_json::from_str(&plan).unwrap();
+    serde_json::from_str(&plan).unwrap()
+}
+
+/// Runs the ordered claim under `EXPLAIN ANALYZE` (rolled back): the rows it claimed and the
+/// rows its scans read.
+async fn explain_claim(pool: &PgPool, outbox: &PgOutbox, limit: u32) -> (f64, f64) {
+    let mut tx = pool.begin().await.unwrap();
+    let plan = claim_plan(&mut tx, outbox, "ANALYZE", limit).await;
+    tx.rollback().await.unwrap();
     if let Some(path) = std::env::var_os("CLAIM_PLAN_DUMP") {
         std::fs::write(path, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
     }
@@ -246,19 +256,7 @@ async fn generic_plan_probes_the_pending_index(pool: &PgPool, outbox: &PgOutbox)
         .execute(&mut *conn)
         .await
         .unwrap();
-    let row = sqlx::query(AssertSqlSafe(format!(
-        "EXPLAIN (FORMAT JSON) {}",
-        outbox.claim_statement(Ordering::Ordered)
-    )))
-    .bind(i64::from(BATCH))
-    .bind(Duration::from_secs(300))
-    .bind(Uuid::new_v4())
-    .bind(10_i32)
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
-    // `json`, whose wire form is its text.
-    let plan: String = row.try_get_unchecked(0).unwrap();
+    let plan = claim_plan(&mut conn, outbox, "COSTS", BATCH).await;
     sqlx::raw_sql("RESET plan_cache_mode")
         .execute(&mut *conn)
         .await
@@ -271,7 +269,6 @@ async fn generic_plan_probes_the_pending_index(pool: &PgPool, outbox: &PgOutbox)
             .and_then(Value::as_array)
             .is_some_and(|plans| plans.iter().any(|p| subplans_use(p, index)))
     }
-    let plan: Value = serde_json::from_str(&plan).unwrap();
     subplans_use(&plan[0]["Plan"], "outbox_pending_idx")
 }
 
