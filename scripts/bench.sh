@@ -74,14 +74,37 @@ rm -f "$out/rss"
 sample() { while kill -0 "$demo_pid" 2>/dev/null; do r=$(rss); [ "${r:-0}" -gt "$peak" ] && peak=$r && echo "$peak" > "$out/rss"; sleep 0.2; done; }
 sample & sampler=$!
 load() { "$target/idempotency-load" --url "http://127.0.0.1:$port" --clients 16 --duration "$http_seconds" --json "$@"; }
+# CPU time (clock ticks, utime + stime) of every PostgreSQL and Redis process and of the demo, one
+# "name pid ticks" line each: a snapshot before and after a scenario gives its CPU per process,
+# per pid, so a backend that starts or ends during the run is counted for its own share only. The
+# load generator's own CPU comes from bash's `times` (its second line: the user and system time
+# of the shell's waited-for children), written by the caller's shell itself, not by a subshell,
+# whose children's times would start from zero.
+cpu_snapshot() {
+  local pid comm stat
+  for pid in $(pgrep -x postgres) $(pgrep -x redis-server) "$demo_pid"; do
+    stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || continue
+    comm="$(cat "/proc/$pid/comm" 2>/dev/null)" || continue
+    [ "$pid" = "$demo_pid" ] && comm=demo
+    # fields after the ")" that ends the command name: utime is the 12th, stime the 13th
+    awk -v name="$comm" -v pid="$pid" '{ sub(/^.*\) /, ""); print name, pid, $12 + $13 }' <<<"$stat"
+  done
+}
+# One scenario: its JSON report, and the CPU snapshots before and after it.
+measure() {
+  local name="$1"; shift
+  cpu_snapshot > "$out/$name.cpu-before"; times > "$out/$name.times-before"
+  load "$@" > "$out/$name.json"
+  cpu_snapshot > "$out/$name.cpu-after"; times > "$out/$name.times-after"
+}
 # Interleaved rounds, like the load bench: each round runs the three scenarios of a ratio back
 # to back, so both sides of it share the same background load and the same table sizes.
-rm -f "$out"/http-*.json
+rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-*
 for round in $(seq 1 "$http_rounds"); do
   echo "   round $round of $http_rounds ($http_seconds per scenario)"
-  load --endpoint unprotected > "$out/http-unprotected-$round.json"
-  load --fresh > "$out/http-first-$round.json"
-  load --replay "bench-replay-key" > "$out/http-replay-$round.json"
+  measure "http-unprotected-$round" --endpoint unprotected
+  measure "http-first-$round" --fresh
+  measure "http-replay-$round" --replay "bench-replay-key"
 done
 load --endpoint health > "$out/http-health.json"
 kill "$sampler" 2>/dev/null || true
@@ -90,7 +113,7 @@ fi
 peak_kib=$(cat "$out/rss" 2>/dev/null || echo 0)
 
 python3 - "$out" "$peak_kib" "$duration" "$rounds" "$http_seconds" > PERFORMANCE.md <<'PY'
-import glob, json, os, platform, statistics, subprocess, sys
+import glob, json, os, platform, re, statistics, subprocess, sys
 out, peak_kib, duration, rounds, http_seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 read = lambda name: open(os.path.join(out, name)).read() if os.path.exists(os.path.join(out, name)) else ""
 def cmd(c):
@@ -113,6 +136,37 @@ rps = lambda report: report.get("ops_per_s", 0) or 1
 def http_ratio(name):
     ratios = [rps(a) / rps(b) for a, b in zip(http[name], http["unprotected"])]
     return statistics.median(ratios), min(ratios), max(ratios)
+# CPU seconds per process group (postgres, redis-server, demo, load) spent during one HTTP
+# scenario: per-pid differences of the snapshots bench.sh takes around it; None without them.
+def http_cpu(scenario):
+    path = lambda when: os.path.join(out, f"{scenario}.{when}")
+    if not all(os.path.exists(path(w)) for w in ("cpu-before", "cpu-after", "times-before", "times-after")):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    snap = lambda when: [line.split() for line in open(path(when)) if len(line.split()) == 3]
+    before = {(n, p): int(t) for n, p, t in snap("cpu-before")}
+    groups = {}
+    for n, p, t in snap("cpu-after"):
+        groups[n] = groups.get(n, 0) + (int(t) - before.get((n, p), 0)) / tick
+    def children(when):
+        lines = open(path(when)).read().split("\n")
+        return sum(int(m) * 60 + float(sec) for m, sec in re.findall(r"(\d+)m([0-9.]+)s", lines[1] if len(lines) > 1 else ""))
+    groups["load"] = children("times-after") - children("times-before")
+    return groups
+CPU_GROUPS = [("postgres", "PostgreSQL"), ("demo", "demo"), ("redis-server", "Redis"), ("load", "load generator")]
+# CPU per request in microseconds per group and in total, and the cores the scenario kept busy.
+def http_cpu_per_request(name, i):
+    groups, report = http_cpu(f"http-{name}-{http_rounds[i]}"), http[name][i]
+    if groups is None or not report.get("requests"):
+        return None
+    per = {g: groups.get(g, 0) * 1e6 / report["requests"] for g, _ in CPU_GROUPS}
+    return per, sum(per.values()), sum(groups.values()) / (report.get("elapsed_s") or 1)
+# The ratio of the unprotected payment's CPU per request to the scenario's (median of the
+# rounds): the throughput ratio that the machine's cores allow when the run keeps them busy.
+def cpu_ratio(name):
+    pairs = [(http_cpu_per_request("unprotected", i), http_cpu_per_request(name, i)) for i in range(len(http_rounds))]
+    pairs = [(a[1], b[1]) for a, b in pairs if a and b]
+    return statistics.median(a / b for a, b in pairs) if pairs else None
 
 print("# Performance\n")
 print("Regenerated by `scripts/bench.sh` (every figure below comes from one run of it). The machine is")
@@ -145,7 +199,6 @@ def ratios():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[1] in ("throughput", "p50 latency"):
             yield cells
-import re
 for what, measure, value, target in ratios():
     try:
         v = float(value)
@@ -162,7 +215,9 @@ for what, measure, value, target in ratios():
     print(f"| {what} ({measure}; target {target}) | {v:.2f} | {met} |")
 for name, what, floor in [("first", "first execution", 0.55), ("replay", "replay", 12)]:
     median, low, high = http_ratio(name)
-    print(f"| HTTP {what} / the same payment without idempotency (throughput, median of {len(http_rounds)} rounds, {low:.2f}-{high:.2f}; target >= {floor}) | {median:.2f} | {'yes' if median >= floor else '**no**'} |")
+    by_cpu = cpu_ratio(name)
+    by_cpu = "" if by_cpu is None else f"; the same ratio of CPU per request {by_cpu:.2f}, see the HTTP bench"
+    print(f"| HTTP {what} / the same payment without idempotency (throughput, median of {len(http_rounds)} rounds, {low:.2f}-{high:.2f}; target >= {floor}{by_cpu}) | {median:.2f} | {'yes' if median >= floor else '**no**'} |")
 drain = re.findall(r"\| (\d) worker\(s\), batch 100, \d+ events \| (\d+) \|", read("load.txt"))
 ceilings = {w: (cores, split, int(c)) for w, cores, split, c in re.findall(r"\| (\d) worker\(s\): CPU ceiling on (\d+) cores \(CPU per event: ([^)]*)\) \| (\d+) \|", read("load.txt"))}
 for workers, rate in drain:
@@ -247,19 +302,31 @@ print(read("mysql.txt").strip())
 print("```\n")
 print("## HTTP bench (the demo, release build)\n")
 print(f"16 clients, {http_seconds} per scenario; each round runs the three payment scenarios back to back.\n")
-print("| round | endpoint | requests/s | p50 | p99 | statuses |")
-print("|---:|---|---:|---:|---:|---|")
+print("CPU per request: the CPU time of every PostgreSQL process, the demo, Redis and the load")
+print("generator during the scenario (from `/proc`), divided by its requests; \"cores busy\" is")
+print(f"their sum over the scenario's wall time, out of the machine's {cores}. When the cores are all")
+print("busy, throughput is the cores divided by the CPU per request, whatever the round trips.\n")
+print("| round | endpoint | requests/s | p50 | p99 | CPU per request: PostgreSQL + demo + Redis + load = total | cores busy | statuses |")
+print("|---:|---|---:|---:|---:|---|---:|---|")
 label = {"unprotected": "`POST /api/payments/unprotected` (no idempotency)", "first": "`POST /api/payments`, fresh key (first execution)", "replay": "`POST /api/payments`, one key (replays)", "health": "`GET /health`"}
-def http_row(round_, name, r):
+def http_row(round_, name, r, cpu=None):
     statuses = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("statuses", {}).items()))
     lat = r.get("latency_ms", {})
-    print(f"| {round_} | {label[name]} | {r.get('ops_per_s', 0):.0f} | {lat.get('p50', 0):.2f} ms | {lat.get('p99', 0):.2f} ms | {statuses} |")
+    split, busy = "", ""
+    if cpu is not None:
+        per, total, cores_busy = cpu
+        split = " + ".join(f"{per[g]:.0f}" for g, _ in CPU_GROUPS) + f" = **{total:.0f} us**"
+        busy = f"{cores_busy:.2f}"
+    print(f"| {round_} | {label[name]} | {r.get('ops_per_s', 0):.0f} | {lat.get('p50', 0):.2f} ms | {lat.get('p99', 0):.2f} ms | {split} | {busy} | {statuses} |")
 for i, round_ in enumerate(http_rounds):
     for name in ["unprotected", "first", "replay"]:
-        http_row(round_, name, http[name][i])
+        http_row(round_, name, http[name][i], http_cpu_per_request(name, i))
 http_row("", "health", health)
 (f, fl, fh), (p, pl, ph) = http_ratio("first"), http_ratio("replay")
 print(f"\nFirst execution / no idempotency: **{f:.2f}** (rounds {fl:.2f}-{fh:.2f}); replay / no idempotency: **{p:.2f}** (rounds {pl:.2f}-{ph:.2f}).")
+cf, cp = cpu_ratio("first"), cpu_ratio("replay")
+if cf is not None and cp is not None:
+    print(f"The same ratios from CPU per request alone (unprotected over the scenario, median of the rounds): first execution **{cf:.2f}**, replay **{cp:.2f}**.")
 print(f"Peak resident memory of the demo during the HTTP bench: **{peak_kib/1024:.1f} MiB** (target: under 100 MiB).\n")
 print("## Replay tiers, one client (criterion)\n")
 print("```")
