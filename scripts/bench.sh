@@ -93,9 +93,11 @@ cpu_snapshot() {
 # One scenario: its JSON report, and the CPU snapshots before and after it.
 measure() {
   local name="$1"; shift
+  # `times` right around the load generator: the snapshots' own helpers (pgrep, cat, awk) are
+  # children of this shell too.
   cpu_snapshot > "$out/$name.cpu-before"; times > "$out/$name.times-before"
   load "$@" > "$out/$name.json"
-  cpu_snapshot > "$out/$name.cpu-after"; times > "$out/$name.times-after"
+  times > "$out/$name.times-after"; cpu_snapshot > "$out/$name.cpu-after"
 }
 # Interleaved rounds, like the load bench: each round runs the three scenarios of a ratio back
 # to back, so both sides of it share the same background load and the same table sizes.
@@ -306,7 +308,7 @@ print("CPU per request: the CPU time of every PostgreSQL process, the demo, Redi
 print("generator during the scenario (from `/proc`), divided by its requests; \"cores busy\" is")
 print(f"their sum over the scenario's wall time, out of the machine's {cores}. When the cores are all")
 print("busy, throughput is the cores divided by the CPU per request, whatever the round trips.\n")
-print("| round | endpoint | requests/s | p50 | p99 | CPU per request: PostgreSQL + demo + Redis + load = total | cores busy | statuses |")
+print(f"| round | endpoint | requests/s | p50 | p99 | CPU per request: {' + '.join(label for _, label in CPU_GROUPS)} = total | cores busy | statuses |")
 print("|---:|---|---:|---:|---:|---|---:|---|")
 label = {"unprotected": "`POST /api/payments/unprotected` (no idempotency)", "first": "`POST /api/payments`, fresh key (first execution)", "replay": "`POST /api/payments`, one key (replays)", "health": "`GET /health`"}
 def http_row(round_, name, r, cpu=None):
