@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::config::DistributedCacheConfig;
+use crate::config::{DistributedCacheConfig, WriteBehindConfig};
 use fred::clients::Client;
 use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
@@ -18,6 +18,7 @@ use idempotency_core::{
 use crate::breaker::{Breaker, BreakerState};
 use crate::codec::{self, Decoded};
 use crate::key::redis_key;
+use crate::write_behind::{self, Entry, Queue};
 
 /// Setting up the cache failed.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +46,12 @@ pub struct RedisCacheStats {
     pub short_circuited: u64,
     /// Corrupt entries found (and deleted).
     pub corrupt: u64,
+    /// Write-behind: entries `put` queued for the background writer. Its failures count in
+    /// `timeouts`, `errors` and `short_circuited`, once per batch.
+    pub queued: u64,
+    /// Write-behind: entries `put` wrote itself, waiting for Redis, because the queue was full
+    /// (or its writer had stopped with its runtime).
+    pub not_queued: u64,
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +60,8 @@ struct Counters {
     errors: AtomicU64,
     short_circuited: AtomicU64,
     corrupt: AtomicU64,
+    queued: AtomicU64,
+    not_queued: AtomicU64,
 }
 
 /// The L2 cache: shared between instances, on Redis through fred.
@@ -61,7 +70,9 @@ struct Counters {
 /// sentinel client: anything that implements `KeysInterface`). Every call is bounded by
 /// `timeout`; after `failure-threshold` consecutive failures a circuit breaker stops calling Redis
 /// for `cool-down`, so a dead or hanging Redis costs at most one timeout per request, then none.
-/// What a read failure means for the request is the `failure-policy` (see the crate docs).
+/// What a read failure means for the request is the `failure-policy` (see the crate docs). With
+/// `write-behind` on, a `put` queues the entry and returns at once; a background task writes the
+/// queue in batches ([`WriteBehindConfig`](crate::WriteBehindConfig)).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -81,6 +92,8 @@ pub struct RedisCache<C = Client> {
     policy: FailurePolicy,
     breaker: Arc<Breaker>,
     counters: Arc<Counters>,
+    /// The write-behind queue; `None` when it is off, and in the writer's own copy.
+    write_behind: Option<Arc<Queue>>,
 }
 
 impl<C> RedisCache<C>
@@ -106,6 +119,10 @@ where
                     .saturating_add(config.timeout),
             )),
             counters: Arc::new(Counters::default()),
+            write_behind: config
+                .write_behind
+                .enabled
+                .then(|| Arc::new(Queue::new(config.write_behind.clone()))),
         }
     }
 
@@ -131,6 +148,8 @@ where
             errors: self.counters.errors.load(Ordering::Relaxed),
             short_circuited: self.counters.short_circuited.load(Ordering::Relaxed),
             corrupt: self.counters.corrupt.load(Ordering::Relaxed),
+            queued: self.counters.queued.load(Ordering::Relaxed),
+            not_queued: self.counters.not_queued.load(Ordering::Relaxed),
         }
     }
 
@@ -164,14 +183,68 @@ where
         }
     }
 
-    /// How long an entry for `record` may live: the TTL, or less if the record expires sooner.
-    fn lifetime(&self, record: &IdempotencyRecord) -> Duration {
-        match record.expires_at {
+    /// How long an entry may live, from now: the TTL, or less if its record expires sooner;
+    /// in milliseconds, `None` when nothing is left of it.
+    fn lifetime_ms(&self, expires_at: Option<SystemTime>) -> Option<i64> {
+        let lifetime = match expires_at {
             Some(at) => at
                 .duration_since(SystemTime::now())
                 .unwrap_or(Duration::ZERO)
                 .min(self.ttl),
             None => self.ttl,
+        };
+        let millis = i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX);
+        (millis > 0).then_some(millis)
+    }
+
+    /// `SET key value PX lifetime`; nothing when the record has expired meanwhile.
+    async fn write(&self, entry: &Entry) -> Result<(), fred::error::Error> {
+        let Some(millis) = self.lifetime_ms(entry.expires_at) else {
+            return Ok(());
+        };
+        self.client
+            .set::<(), _, _>(
+                entry.key.as_str(),
+                entry.value.as_str(),
+                Some(Expiration::PX(millis)),
+                None,
+                false,
+            )
+            .await
+    }
+
+    /// Starts the write-behind writer on `receiver`, in the caller's runtime. Without one the
+    /// receiver is dropped, so every entry comes back to `put`, which writes it itself.
+    fn start_writer(
+        &self,
+        receiver: tokio::sync::mpsc::Receiver<Entry>,
+        config: WriteBehindConfig,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // The writer's copy has no queue: the queue's sender lives in the caller's copies only,
+        // so the writer ends once they are all gone.
+        let writer = Self {
+            write_behind: None,
+            ..self.clone()
+        };
+        runtime.spawn(async move {
+            let mut receiver = receiver;
+            let mut batch = Vec::with_capacity(config.max_batch.get());
+            while write_behind::next_batch(&mut receiver, &config, &mut batch).await {
+                writer.write_batch(&batch).await;
+                batch.clear();
+            }
+        });
+    }
+
+    /// Writes a batch with one call: its `SET`s are sent together, under one timeout and one
+    /// breaker permit.
+    async fn write_batch(&self, batch: &[Entry]) {
+        let sets = batch.iter().map(|entry| self.write(entry));
+        if let Err(error) = self.call(futures_util::future::try_join_all(sets)).await {
+            tracing::warn!(entries = batch.len(), %error, "distributed cache write-behind failed");
         }
     }
 }
@@ -206,24 +279,35 @@ where
     }
 
     async fn put(&self, id: &RecordId, record: &IdempotencyRecord) -> Result<(), CacheError> {
-        let lifetime = self.lifetime(record);
-        let millis = i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX);
-        if millis <= 0 {
+        if self.lifetime_ms(record.expires_at).is_none() {
             return Ok(());
         }
         let Some(value) = codec::encode(record).map_err(|e| CacheError::Corrupt(Box::new(e)))?
         else {
             return Ok(()); // PROCESSING: never cached
         };
-        let key = self.key_for(id);
-        self.call(self.client.set::<(), _, _>(
-            key.as_str(),
+        let entry = Entry {
+            key: self.key_for(id),
             value,
-            Some(Expiration::PX(millis)),
-            None,
-            false,
-        ))
-        .await
+            expires_at: record.expires_at,
+        };
+        let entry = match &self.write_behind {
+            None => entry,
+            Some(queue) => {
+                let start = |receiver| self.start_writer(receiver, queue.config().clone());
+                match queue.offer(entry, start) {
+                    Ok(()) => {
+                        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    Err(entry) => {
+                        self.counters.not_queued.fetch_add(1, Ordering::Relaxed);
+                        entry
+                    }
+                }
+            }
+        };
+        self.call(self.write(&entry)).await
     }
 
     fn failure_policy(&self) -> FailurePolicy {
@@ -259,6 +343,7 @@ impl<C> fmt::Debug for RedisCache<C> {
             .field("timeout", &self.timeout)
             .field("policy", &self.policy)
             .field("breaker", &self.breaker.state())
+            .field("write_behind", &self.write_behind.is_some())
             .finish_non_exhaustive()
     }
 }

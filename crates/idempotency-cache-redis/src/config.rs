@@ -1,6 +1,7 @@
-//! [`DistributedCacheConfig`] and [`CircuitBreakerConfig`]: the `idempotency.distributed-cache`
-//! section.
+//! [`DistributedCacheConfig`], [`CircuitBreakerConfig`] and [`WriteBehindConfig`]: the
+//! `idempotency.distributed-cache` section.
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use idempotency_core::FailurePolicy;
@@ -36,6 +37,8 @@ pub struct DistributedCacheConfig {
     pub timeout: Duration,
     /// The circuit breaker that stops calling a failing cache.
     pub circuit_breaker: CircuitBreakerConfig,
+    /// Writing committed records in the background instead of before the answer.
+    pub write_behind: WriteBehindConfig,
 }
 
 impl Default for DistributedCacheConfig {
@@ -48,6 +51,7 @@ impl Default for DistributedCacheConfig {
             failure_policy: FailurePolicy::FailOpen,
             timeout: Duration::from_millis(50),
             circuit_breaker: CircuitBreakerConfig::default(),
+            write_behind: WriteBehindConfig::default(),
         }
     }
 }
@@ -68,6 +72,57 @@ impl Default for CircuitBreakerConfig {
         Self {
             failure_threshold: 5,
             cool_down: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `idempotency.distributed-cache.write-behind`: the writes of committed records to Redis,
+/// off the request path.
+///
+/// Off (the default), [`RedisCache::put`](crate::RedisCache) sends the `SET` and waits for
+/// Redis before the first execution answers. On, `put` queues the entry and returns; one
+/// background task per cache writes the queue in batches, the `SET`s of a batch sent together
+/// (one write to the socket, one read by Redis). Only the writes move: reads, the timeout, the
+/// breaker and the failure policy are unchanged, and only committed records are ever written
+/// (the service calls `put` after the commit). A queue that is full is not a loss: `put` then
+/// writes that entry itself and waits, as when write-behind is off. Entries still queued when
+/// the process exits are not written; later replays read them from the database instead.
+///
+/// ```
+/// let config: idempotency_cache_redis::DistributedCacheConfig = serde_json::from_str(
+///     r#"{"write-behind": {"enabled": true, "capacity": 4096, "linger": "2ms"}}"#,
+/// )?;
+/// assert!(config.write_behind.enabled);
+/// assert_eq!(config.write_behind.max_batch.get(), 64);
+/// // A queue or a batch of zero entries is refused.
+/// assert!(serde_json::from_str::<idempotency_cache_redis::DistributedCacheConfig>(
+///     r#"{"write-behind": {"capacity": 0}}"#,
+/// ).is_err());
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct WriteBehindConfig {
+    /// Whether `put` queues the write instead of waiting for it. Default `false`.
+    pub enabled: bool,
+    /// Entries the queue holds; a `put` that finds it full writes its entry itself. Default
+    /// `1024`.
+    pub capacity: NonZeroUsize,
+    /// Entries written together at most. Default `64`.
+    pub max_batch: NonZeroUsize,
+    /// How long the writer waits for more entries after the first of a batch, so that writes
+    /// arriving close together share one round trip. Default `1ms`.
+    #[serde(with = "humantime_serde")]
+    pub linger: Duration,
+}
+
+impl Default for WriteBehindConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            capacity: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
+            max_batch: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
+            linger: Duration::from_millis(1),
         }
     }
 }

@@ -8,10 +8,11 @@ mod config;
 mod connect;
 mod key;
 mod url;
+mod write_behind;
 
 pub use breaker::BreakerState;
 pub use cache::{Error, RedisCache, RedisCacheStats, is_connected};
-pub use config::{CircuitBreakerConfig, DistributedCacheConfig};
+pub use config::{CircuitBreakerConfig, DistributedCacheConfig, WriteBehindConfig};
 pub use key::redis_key;
 pub use url::client_config;
 

@@ -1,0 +1,157 @@
+//! Write-behind: the queue of committed records waiting to be written to Redis, and how the
+//! writer takes them in batches. The writer itself is in `cache.rs` (it writes through the
+//! cache's breaker and timeout).
+
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::{Receiver, Sender, channel};
+
+use crate::config::WriteBehindConfig;
+
+/// One record's entry, waiting for the writer.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) key: String,
+    pub(crate) value: String,
+    /// When the record expires: the entry's lifetime is computed when it is written.
+    pub(crate) expires_at: Option<SystemTime>,
+}
+
+/// The queue of one cache, shared by its clones. Its writer starts with the first entry (inside
+/// the runtime that made the call) and ends when every clone of the cache is gone, after writing
+/// what is left.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    config: WriteBehindConfig,
+    sender: OnceLock<Sender<Entry>>,
+}
+
+impl Queue {
+    pub(crate) fn new(config: WriteBehindConfig) -> Self {
+        Self {
+            config,
+            sender: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &WriteBehindConfig {
+        &self.config
+    }
+
+    /// Queues `entry`; the first call starts the writer with `start`. Gives the entry back when
+    /// the queue is full or its writer is gone.
+    pub(crate) fn offer(
+        &self,
+        entry: Entry,
+        start: impl FnOnce(Receiver<Entry>),
+    ) -> Result<(), Entry> {
+        let sender = self.sender.get_or_init(|| {
+            let (sender, receiver) = channel(self.config.capacity.get());
+            start(receiver);
+            sender
+        });
+        sender.try_send(entry).map_err(|error| match error {
+            TrySendError::Full(entry) | TrySendError::Closed(entry) => entry,
+        })
+    }
+}
+
+/// Fills `batch` with the next entries: waits for one, then takes more until `max-batch`, or
+/// until `linger` has passed with the queue empty. `false` when the queue is closed and empty.
+pub(crate) async fn next_batch(
+    receiver: &mut Receiver<Entry>,
+    config: &WriteBehindConfig,
+    batch: &mut Vec<Entry>,
+) -> bool {
+    let Some(first) = receiver.recv().await else {
+        return false;
+    };
+    batch.push(first);
+    let deadline = tokio::time::Instant::now() + config.linger;
+    while batch.len() < config.max_batch.get() {
+        match tokio::time::timeout_at(deadline, receiver.recv()).await {
+            Ok(Some(entry)) => batch.push(entry),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::num::NonZeroUsize;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn entry(n: usize) -> Entry {
+        Entry {
+            key: format!("k{n}"),
+            value: String::new(),
+            expires_at: None,
+        }
+    }
+
+    fn config(capacity: usize, max_batch: usize, linger: Duration) -> WriteBehindConfig {
+        WriteBehindConfig {
+            enabled: true,
+            capacity: NonZeroUsize::new(capacity).unwrap(),
+            max_batch: NonZeroUsize::new(max_batch).unwrap(),
+            linger,
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_hold_at_most_max_batch_and_the_rest_follows_after_the_close() {
+        let (sender, mut receiver) = channel(16);
+        for n in 0..5 {
+            sender.send(entry(n)).await.unwrap();
+        }
+        drop(sender);
+        let config = config(16, 3, Duration::from_secs(60));
+        let mut batch = Vec::new();
+        assert!(next_batch(&mut receiver, &config, &mut batch).await);
+        assert_eq!(
+            batch.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
+            ["k0", "k1", "k2"]
+        );
+        batch.clear();
+        // The queue is closed: the last two come at once, without waiting for the linger.
+        assert!(next_batch(&mut receiver, &config, &mut batch).await);
+        assert_eq!(
+            batch.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
+            ["k3", "k4"]
+        );
+        batch.clear();
+        assert!(!next_batch(&mut receiver, &config, &mut batch).await);
+        assert!(batch.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_gives_the_entry_back_and_the_writer_starts_once() {
+        let queue = Queue::new(config(2, 1, Duration::ZERO));
+        let mut starts = 0;
+        let mut kept = None;
+        for n in 0..3 {
+            let offered = queue.offer(entry(n), |receiver| {
+                starts += 1;
+                kept = Some(receiver);
+            });
+            match n {
+                0 | 1 => assert!(offered.is_ok(), "entry {n} fits"),
+                _ => assert_eq!(offered.unwrap_err().key, "k2", "the queue holds 2"),
+            }
+        }
+        assert_eq!(starts, 1);
+        // A writer that is gone: every entry comes back.
+        drop(kept);
+        assert_eq!(
+            queue.offer(entry(3), |_| unreachable!()).unwrap_err().key,
+            "k3"
+        );
+    }
+}

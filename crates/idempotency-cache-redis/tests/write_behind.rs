@@ -1,0 +1,177 @@
+//! Write-behind on real Redis and on the Redis Cluster: `put` answers before the write, the
+//! queue is bounded (a `put` that finds it full writes its entry itself, nothing is dropped), a
+//! batch closes at `max-batch`, and what is queued is written when the cache is dropped.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant, SystemTime};
+
+use idempotency_cache_redis::fred::prelude::KeysInterface;
+use idempotency_cache_redis::{DistributedCacheConfig, RedisCache, WriteBehindConfig};
+use idempotency_core::{DistributedCache, Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
+
+use support::{Target, id, on_both, redis};
+
+/// Longer than any test takes: a batch that waits for its linger is not written during a test.
+const LONG_LINGER: Duration = Duration::from_secs(120);
+
+/// How long a test waits for an entry the writer should write now.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn record(n: usize) -> IdempotencyRecord {
+    IdempotencyRecord {
+        fingerprint: Fingerprint::new("f".repeat(64)),
+        outcome: Some(StoredOutcome::Completed {
+            payload: format!("{{\"n\":{n}}}"),
+        }),
+        created_at: SystemTime::now(),
+        completed_at: Some(SystemTime::now()),
+        expires_at: None,
+    }
+}
+
+async fn cache(target: Target, capacity: usize, max_batch: usize, linger: Duration) -> RedisCache {
+    let config = DistributedCacheConfig {
+        write_behind: WriteBehindConfig {
+            enabled: true,
+            capacity: NonZeroUsize::new(capacity).unwrap(),
+            max_batch: NonZeroUsize::new(max_batch).unwrap(),
+            linger,
+        },
+        ..Default::default()
+    };
+    redis(target, config).await
+}
+
+/// The entry under `id`, read straight from Redis (not through the write-behind cache).
+async fn in_redis(cache: &RedisCache, id: &RecordId) -> Option<String> {
+    cache.client().get(cache.key_for(id)).await.unwrap()
+}
+
+async fn eventually_in_redis(cache: &RedisCache, id: &RecordId) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = in_redis(cache, id).await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id:?} not written within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ids(n: usize) -> Vec<RecordId> {
+    let run = idempotency_testing::unique_name("wb");
+    (0..n)
+        .map(|i| id("PAY", "", &format!("{run}-{i}")))
+        .collect()
+}
+
+/// `put` returns with the entry queued, not written: the writer waits out the linger for more.
+/// The entry is written once the batch closes, and reads back as the record.
+async fn put_answers_before_the_write_which_follows(target: Target) {
+    // max-batch 2: the second put closes the batch, so the test need not wait for the linger.
+    let cache = cache(target, 16, 2, LONG_LINGER).await;
+    let ids = ids(2);
+    cache.put(&ids[0], &record(0)).await.unwrap();
+    assert_eq!(
+        in_redis(&cache, &ids[0]).await,
+        None,
+        "written before put returned"
+    );
+    assert_eq!(cache.stats().queued, 1);
+    cache.put(&ids[1], &record(1)).await.unwrap();
+    for (n, id) in ids.iter().enumerate() {
+        eventually_in_redis(&cache, id).await;
+        let read = cache.get(id).await.unwrap().unwrap();
+        assert_eq!(read.outcome, record(n).outcome);
+    }
+    assert_eq!((cache.stats().queued, cache.stats().not_queued), (2, 0));
+}
+
+/// A full queue: `put` writes its entry itself, so the entry is in Redis when `put` returns;
+/// nothing is dropped. (`#[tokio::test]` runs on one thread: the writer only runs while the
+/// test awaits something, so the first entry is still in the queue when the second `put` comes.)
+async fn a_full_queue_makes_put_write_its_entry_itself(target: Target) {
+    let cache = cache(target, 1, 64, LONG_LINGER).await;
+    let client = cache.client().clone();
+    let ids = ids(4);
+    let keys: Vec<String> = ids.iter().map(|id| cache.key_for(id)).collect();
+    cache.put(&ids[0], &record(0)).await.unwrap();
+    cache.put(&ids[1], &record(1)).await.unwrap();
+    assert_eq!((cache.stats().queued, cache.stats().not_queued), (1, 1));
+    assert!(
+        in_redis(&cache, &ids[1]).await.is_some(),
+        "written by its own put"
+    );
+    assert_eq!(
+        in_redis(&cache, &ids[0]).await,
+        None,
+        "queued, its batch lingering"
+    );
+    // The writer took the first entry while the second put waited for Redis: room again.
+    cache.put(&ids[2], &record(2)).await.unwrap();
+    cache.put(&ids[3], &record(3)).await.unwrap();
+    let stats = cache.stats();
+    assert_eq!(stats.queued + stats.not_queued, 4, "{stats:?}");
+    // Whatever is still queued is written when the cache goes.
+    drop(cache);
+    let deadline = Instant::now() + PATIENCE;
+    for key in &keys {
+        while client
+            .get::<Option<String>, _>(key)
+            .await
+            .unwrap()
+            .is_none()
+        {
+            assert!(Instant::now() < deadline, "{key} was dropped");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A batch closes at `max-batch` without waiting for the linger; an entry left in a batch that
+/// is still lingering is written when the last clone of the cache is dropped.
+async fn a_batch_closes_at_max_batch_and_the_rest_is_written_on_drop(target: Target) {
+    let cache = cache(target, 16, 3, LONG_LINGER).await;
+    let client = cache.client().clone();
+    let ids = ids(4);
+    let keys: Vec<String> = ids.iter().map(|id| cache.key_for(id)).collect();
+    for (n, id) in ids.iter().take(3).enumerate() {
+        cache.put(id, &record(n)).await.unwrap();
+    }
+    for id in ids.iter().take(3) {
+        eventually_in_redis(&cache, id).await;
+    }
+    cache.put(&ids[3], &record(3)).await.unwrap();
+    assert_eq!(
+        in_redis(&cache, &ids[3]).await,
+        None,
+        "a batch of one waits for its linger"
+    );
+    drop(cache);
+    let deadline = Instant::now() + PATIENCE;
+    while client
+        .get::<Option<String>, _>(&keys[3])
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the lingering entry was not written on drop"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+on_both!(
+    put_answers_before_the_write_which_follows,
+    a_full_queue_makes_put_write_its_entry_itself,
+    a_batch_closes_at_max_batch_and_the_rest_is_written_on_drop,
+);
