@@ -18,7 +18,7 @@ use idempotency_core::{
 use crate::breaker::{Breaker, BreakerState};
 use crate::codec::{self, Decoded};
 use crate::key::redis_key;
-use crate::write_behind::{self, Entry, Queue};
+use crate::write_behind::{self, Entry, Queue, Refused};
 
 /// Setting up the cache failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +46,15 @@ pub struct RedisCacheStats {
     pub short_circuited: u64,
     /// Corrupt entries found (and deleted).
     pub corrupt: u64,
-    /// Write-behind: entries `put` queued for the background writer. Its failures count in
-    /// `timeouts`, `errors` and `short_circuited`, once per batch.
+    /// Write-behind: entries `put` queued for the background writer. A batch that fails counts
+    /// once in `timeouts`, `errors` or `short_circuited`, and its entries in `unwritten`.
     pub queued: u64,
     /// Write-behind: entries `put` wrote itself, waiting for Redis, because the queue was full
     /// (or its writer had stopped with its runtime).
     pub not_queued: u64,
+    /// Write-behind: entries of batches that failed. Some of them may have reached Redis; the
+    /// others are not cached, and replays of them read the database.
+    pub unwritten: u64,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +65,7 @@ struct Counters {
     corrupt: AtomicU64,
     queued: AtomicU64,
     not_queued: AtomicU64,
+    unwritten: AtomicU64,
 }
 
 /// The L2 cache: shared between instances, on Redis through fred.
@@ -150,6 +154,7 @@ where
             corrupt: self.counters.corrupt.load(Ordering::Relaxed),
             queued: self.counters.queued.load(Ordering::Relaxed),
             not_queued: self.counters.not_queued.load(Ordering::Relaxed),
+            unwritten: self.counters.unwritten.load(Ordering::Relaxed),
         }
     }
 
@@ -240,11 +245,16 @@ where
     }
 
     /// Writes a batch with one call: its `SET`s are sent together, under one timeout and one
-    /// breaker permit.
+    /// breaker permit. A failure (the first error ends the call) counts the whole batch as
+    /// unwritten.
     async fn write_batch(&self, batch: &[Entry]) {
         let sets = batch.iter().map(|entry| self.write(entry));
         if let Err(error) = self.call(futures_util::future::try_join_all(sets)).await {
-            tracing::warn!(entries = batch.len(), %error, "distributed cache write-behind failed");
+            let entries = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+            self.counters
+                .unwritten
+                .fetch_add(entries, Ordering::Relaxed);
+            tracing::warn!(entries, %error, "distributed cache write-behind failed");
         }
     }
 }
@@ -300,9 +310,15 @@ where
                         self.counters.queued.fetch_add(1, Ordering::Relaxed);
                         return Ok(());
                     }
-                    Err(entry) => {
+                    Err(refused) => {
+                        if let Refused::Gone(_) = refused {
+                            tracing::warn!(
+                                "distributed cache write-behind writer stopped with its runtime; \
+                                 every put now writes itself"
+                            );
+                        }
                         self.counters.not_queued.fetch_add(1, Ordering::Relaxed);
-                        entry
+                        refused.into_entry()
                     }
                 }
             }

@@ -81,12 +81,16 @@ impl Default for CircuitBreakerConfig {
 ///
 /// Off (the default), [`RedisCache::put`](crate::RedisCache) sends the `SET` and waits for
 /// Redis before the first execution answers. On, `put` queues the entry and returns; one
-/// background task per cache writes the queue in batches, the `SET`s of a batch sent together
-/// (one write to the socket, one read by Redis). Only the writes move: reads, the timeout, the
-/// breaker and the failure policy are unchanged, and only committed records are ever written
-/// (the service calls `put` after the commit). A queue that is full is not a loss: `put` then
-/// writes that entry itself and waits, as when write-behind is off. Entries still queued when
-/// the process exits are not written; later replays read them from the database instead.
+/// background task per cache (started by the first `put`, in its runtime) writes the queue in
+/// batches, the `SET`s of a batch sent together (pipelined; on a cluster, per node) as one call
+/// under the cache's `timeout` and circuit breaker. Only the writes move: reads and the failure
+/// policy are unchanged, and only committed records are ever written (the service calls `put`
+/// after the commit). A queue that is full is not a loss: `put` then writes that entry itself
+/// and waits for it (within `timeout`), as when write-behind is off. A batch that fails is
+/// logged and counted ([`RedisCacheStats`](crate::RedisCacheStats)`::unwritten`), not reported
+/// to the service's metrics, which only see `put`. Entries still queued at shutdown (the
+/// `idempotency` facade's `shutdown` quits the client) or when the writer's runtime stops are
+/// not written; replays of them read the database.
 ///
 /// ```
 /// let config: idempotency_cache_redis::DistributedCacheConfig = serde_json::from_str(

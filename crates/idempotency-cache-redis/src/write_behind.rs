@@ -3,6 +3,7 @@
 //! cache's breaker and timeout).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use tokio::sync::mpsc::error::TrySendError;
@@ -26,6 +27,27 @@ pub(crate) struct Entry {
 pub(crate) struct Queue {
     config: WriteBehindConfig,
     sender: OnceLock<Sender<Entry>>,
+    /// Whether the writer was found gone (so that it is logged once).
+    gone: AtomicBool,
+}
+
+/// Why [`Queue::offer`] gave an entry back.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The queue is full.
+    Full(Entry),
+    /// The writer is gone (its runtime shut down, or there was none), for the first time.
+    Gone(Entry),
+    /// The writer is gone, as found before.
+    StillGone(Entry),
+}
+
+impl Refused {
+    pub(crate) fn into_entry(self) -> Entry {
+        match self {
+            Self::Full(entry) | Self::Gone(entry) | Self::StillGone(entry) => entry,
+        }
+    }
 }
 
 impl Queue {
@@ -33,6 +55,7 @@ impl Queue {
         Self {
             config,
             sender: OnceLock::new(),
+            gone: AtomicBool::new(false),
         }
     }
 
@@ -46,14 +69,18 @@ impl Queue {
         &self,
         entry: Entry,
         start: impl FnOnce(Receiver<Entry>),
-    ) -> Result<(), Entry> {
+    ) -> Result<(), Refused> {
         let sender = self.sender.get_or_init(|| {
             let (sender, receiver) = channel(self.config.capacity.get());
             start(receiver);
             sender
         });
         sender.try_send(entry).map_err(|error| match error {
-            TrySendError::Full(entry) | TrySendError::Closed(entry) => entry,
+            TrySendError::Full(entry) => Refused::Full(entry),
+            TrySendError::Closed(entry) if self.gone.swap(true, Ordering::Relaxed) => {
+                Refused::StillGone(entry)
+            }
+            TrySendError::Closed(entry) => Refused::Gone(entry),
         })
     }
 }
@@ -141,17 +168,19 @@ mod tests {
                 starts += 1;
                 kept = Some(receiver);
             });
-            match n {
-                0 | 1 => assert!(offered.is_ok(), "entry {n} fits"),
-                _ => assert_eq!(offered.unwrap_err().key, "k2", "the queue holds 2"),
+            match (n, offered) {
+                (0 | 1, Ok(())) => {}
+                (2, Err(Refused::Full(entry))) => assert_eq!(entry.key, "k2"),
+                (n, other) => panic!("entry {n}: {other:?}"),
             }
         }
         assert_eq!(starts, 1);
-        // A writer that is gone: every entry comes back.
+        // A writer that is gone: every entry comes back, the first one saying so.
         drop(kept);
-        assert_eq!(
-            queue.offer(entry(3), |_| unreachable!()).unwrap_err().key,
-            "k3"
-        );
+        let refused = queue.offer(entry(3), |_| unreachable!()).unwrap_err();
+        assert!(matches!(refused, Refused::Gone(_)), "{refused:?}");
+        let refused = queue.offer(entry(4), |_| unreachable!()).unwrap_err();
+        assert!(matches!(refused, Refused::StillGone(_)), "{refused:?}");
+        assert_eq!(refused.into_entry().key, "k4");
     }
 }

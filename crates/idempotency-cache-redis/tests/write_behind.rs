@@ -170,8 +170,55 @@ async fn a_batch_closes_at_max_batch_and_the_rest_is_written_on_drop(target: Tar
     }
 }
 
+/// A batch that does not fill up is written once `linger` has passed, while the cache lives.
+async fn a_batch_that_does_not_fill_is_written_after_the_linger(target: Target) {
+    let cache = cache(target, 16, 64, Duration::from_millis(50)).await;
+    let ids = ids(1);
+    cache.put(&ids[0], &record(0)).await.unwrap();
+    eventually_in_redis(&cache, &ids[0]).await;
+    assert_eq!((cache.stats().queued, cache.stats().unwritten), (1, 0));
+}
+
+/// A batch that Redis never answers: both entries were queued (`put` did not wait for Redis);
+/// the batch fails within the timeout, is counted as unwritten, and counts like any failed call.
+#[tokio::test]
+async fn a_failed_batch_is_counted_as_unwritten() {
+    // A server that accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("wb-dead")),
+        timeout: Duration::from_millis(100),
+        write_behind: WriteBehindConfig {
+            enabled: true,
+            linger: Duration::ZERO,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cache = RedisCache::connect(&format!("redis://127.0.0.1:{port}"), &config).unwrap();
+    let ids = ids(2);
+    cache.put(&ids[0], &record(0)).await.unwrap();
+    cache.put(&ids[1], &record(1)).await.unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while cache.stats().unwritten < 2 {
+        assert!(Instant::now() < deadline, "{:?}", cache.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = cache.stats();
+    assert_eq!((stats.queued, stats.unwritten), (2, 2), "{stats:?}");
+    assert!(stats.timeouts + stats.errors >= 1, "{stats:?}");
+}
+
 on_both!(
     put_answers_before_the_write_which_follows,
     a_full_queue_makes_put_write_its_entry_itself,
     a_batch_closes_at_max_batch_and_the_rest_is_written_on_drop,
+    a_batch_that_does_not_fill_is_written_after_the_linger,
 );
