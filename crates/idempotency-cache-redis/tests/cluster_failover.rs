@@ -10,33 +10,19 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use idempotency_cache_redis::fred::prelude::ClientLike;
 use idempotency_cache_redis::{BreakerState, RedisCache, is_connected};
 use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig};
-use idempotency_core::{
-    DistributedCache, FailurePolicy, Fingerprint, IdempotencyRecord, RecordId, StoredOutcome,
-};
+use idempotency_core::{DistributedCache, FailurePolicy, RecordId};
 
 use support::cluster::OwnCluster;
-use support::id;
+use support::{completed as record, id};
 
 const COOL_DOWN: Duration = Duration::from_secs(1);
 /// After `cluster_state:ok` is back, L2 must serve again within this (a few cool-downs).
 const RECOVERY: Duration = Duration::from_secs(10);
-
-fn record(n: usize) -> IdempotencyRecord {
-    IdempotencyRecord {
-        fingerprint: Fingerprint::new("f".repeat(64)),
-        outcome: Some(StoredOutcome::Completed {
-            payload: format!("{{\"n\":{n}}}"),
-        }),
-        created_at: SystemTime::now(),
-        completed_at: None,
-        expires_at: None,
-    }
-}
 
 /// Whether every record reads back from L2.
 async fn all_served(cache: &RedisCache, ids: &[RecordId]) -> Result<(), String> {

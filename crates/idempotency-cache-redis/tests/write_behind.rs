@@ -7,31 +7,19 @@
 mod support;
 
 use std::num::NonZeroUsize;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use idempotency_cache_redis::fred::prelude::KeysInterface;
 use idempotency_cache_redis::{DistributedCacheConfig, RedisCache, WriteBehindConfig};
-use idempotency_core::{DistributedCache, Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
+use idempotency_core::{DistributedCache, RecordId};
 
-use support::{Target, id, on_both, redis};
+use support::{Target, completed as record, id, on_both, redis};
 
 /// Longer than any test takes: a batch that waits for its linger is not written during a test.
 const LONG_LINGER: Duration = Duration::from_secs(120);
 
 /// How long a test waits for an entry the writer should write now.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn record(n: usize) -> IdempotencyRecord {
-    IdempotencyRecord {
-        fingerprint: Fingerprint::new("f".repeat(64)),
-        outcome: Some(StoredOutcome::Completed {
-            payload: format!("{{\"n\":{n}}}"),
-        }),
-        created_at: SystemTime::now(),
-        completed_at: Some(SystemTime::now()),
-        expires_at: None,
-    }
-}
 
 async fn cache(target: Target, capacity: usize, max_batch: usize, linger: Duration) -> RedisCache {
     let config = DistributedCacheConfig {

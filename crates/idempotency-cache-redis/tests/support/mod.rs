@@ -2,7 +2,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses some; tests fail loudly
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use idempotency_cache_moka::LocalCacheConfig;
 use idempotency_cache_moka::MokaCache;
@@ -10,8 +10,8 @@ use idempotency_cache_redis::DistributedCacheConfig;
 use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
 use idempotency_core::{
-    Call, DistributedCache, Error, ExecutionResult, IdempotencyKey, IdempotencyService, LocalCache,
-    Operation, Outcome, RecordId, Scope,
+    Call, DistributedCache, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord,
+    IdempotencyService, LocalCache, Operation, Outcome, RecordId, Scope, StoredOutcome,
 };
 use idempotency_pg::PgStore;
 use sqlx::PgPool;
@@ -92,6 +92,19 @@ pub(crate) async fn store() -> (PgPool, PgStore) {
     let store = PgStore::new(pool.clone());
     store.create_schema().await.unwrap();
     (pool, store)
+}
+
+/// A completed record whose payload is `{"n":n}`.
+pub(crate) fn completed(n: usize) -> IdempotencyRecord {
+    IdempotencyRecord {
+        fingerprint: Fingerprint::new("f".repeat(64)),
+        outcome: Some(StoredOutcome::Completed {
+            payload: format!("{{\"n\":{n}}}"),
+        }),
+        created_at: SystemTime::now(),
+        completed_at: Some(SystemTime::now()),
+        expires_at: None,
+    }
 }
 
 pub(crate) fn id(op: &str, scope: &str, key: &str) -> RecordId {
