@@ -202,15 +202,16 @@ where
         (millis > 0).then_some(millis)
     }
 
-    /// `SET key value PX lifetime`; nothing when the record has expired meanwhile.
-    async fn write(&self, entry: &Entry) -> Result<(), fred::error::Error> {
+    /// `SET key value PX lifetime`; nothing when the record has expired meanwhile. Takes the
+    /// entry, so its key and value move into the command without a copy.
+    async fn write(&self, entry: Entry) -> Result<(), fred::error::Error> {
         let Some(millis) = self.lifetime_ms(entry.expires_at) else {
             return Ok(());
         };
         self.client
             .set::<(), _, _>(
-                entry.key.as_str(),
-                entry.value.as_str(),
+                entry.key,
+                entry.value,
                 Some(Expiration::PX(millis)),
                 None,
                 false,
@@ -238,19 +239,18 @@ where
             let mut receiver = receiver;
             let mut batch = Vec::with_capacity(config.max_batch.get());
             while write_behind::next_batch(&mut receiver, &config, &mut batch).await {
-                writer.write_batch(&batch).await;
-                batch.clear();
+                writer.write_batch(&mut batch).await;
             }
         });
     }
 
-    /// Writes a batch with one call: its `SET`s are sent together, under one timeout and one
-    /// breaker permit. A failure (the first error ends the call) counts the whole batch as
-    /// unwritten.
-    async fn write_batch(&self, batch: &[Entry]) {
-        let sets = batch.iter().map(|entry| self.write(entry));
+    /// Writes (and empties) a batch with one call: its `SET`s are sent together, under one
+    /// timeout and one breaker permit. A failure (the first error ends the call) counts the
+    /// whole batch as unwritten.
+    async fn write_batch(&self, batch: &mut Vec<Entry>) {
+        let entries = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        let sets = batch.drain(..).map(|entry| self.write(entry));
         if let Err(error) = self.call(futures_util::future::try_join_all(sets)).await {
-            let entries = u64::try_from(batch.len()).unwrap_or(u64::MAX);
             self.counters
                 .unwritten
                 .fetch_add(entries, Ordering::Relaxed);
@@ -323,7 +323,7 @@ where
                 }
             }
         };
-        self.call(self.write(&entry)).await
+        self.call(self.write(entry)).await
     }
 
     fn failure_policy(&self) -> FailurePolicy {
