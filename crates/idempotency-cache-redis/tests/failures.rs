@@ -16,6 +16,7 @@ use idempotency_core::{
     IdempotencyService, Level, Operation, Origin, Outcome, RecordId, Scope,
 };
 use idempotency_pg::PgStore;
+use support::hanging_url;
 use support::timed::Timed;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -43,19 +44,6 @@ async fn dead_url() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     drop(listener);
-    format!("redis://127.0.0.1:{port}")
-}
-
-/// A server that accepts connections and never answers.
-async fn hanging_url() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
     format!("redis://127.0.0.1:{port}")
 }
 

@@ -9,11 +9,12 @@ mod support;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
+use idempotency_cache_redis::fred::clients::Client;
 use idempotency_cache_redis::fred::prelude::KeysInterface;
 use idempotency_cache_redis::{DistributedCacheConfig, RedisCache, WriteBehindConfig};
 use idempotency_core::{DistributedCache, RecordId};
 
-use support::{Target, completed as record, id, on_both, redis};
+use support::{Target, completed as record, hanging_url, id, on_both, redis};
 
 /// Longer than any test takes: a batch that waits for its linger is not written during a test.
 const LONG_LINGER: Duration = Duration::from_secs(120);
@@ -39,18 +40,25 @@ async fn in_redis(cache: &RedisCache, id: &RecordId) -> Option<String> {
     cache.client().get(cache.key_for(id)).await.unwrap()
 }
 
-async fn eventually_in_redis(cache: &RedisCache, id: &RecordId) -> String {
+/// Waits (at most [`PATIENCE`]) until `key` is in Redis; `client` may outlive the cache.
+async fn eventually_written(client: &Client, key: &str) {
     let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = in_redis(cache, id).await {
-            return value;
-        }
+    while client
+        .get::<Option<String>, _>(key)
+        .await
+        .unwrap()
+        .is_none()
+    {
         assert!(
             Instant::now() < deadline,
-            "{id:?} not written within {PATIENCE:?}"
+            "{key} not written within {PATIENCE:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+async fn eventually_in_redis(cache: &RedisCache, id: &RecordId) {
+    eventually_written(cache.client(), &cache.key_for(id)).await;
 }
 
 fn ids(n: usize) -> Vec<RecordId> {
@@ -109,17 +117,8 @@ async fn a_full_queue_makes_put_write_its_entry_itself(target: Target) {
     assert_eq!(stats.queued + stats.not_queued, 4, "{stats:?}");
     // Whatever is still queued is written when the cache goes.
     drop(cache);
-    let deadline = Instant::now() + PATIENCE;
     for key in &keys {
-        while client
-            .get::<Option<String>, _>(key)
-            .await
-            .unwrap()
-            .is_none()
-        {
-            assert!(Instant::now() < deadline, "{key} was dropped");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_written(&client, key).await;
     }
 }
 
@@ -142,20 +141,9 @@ async fn a_batch_closes_at_max_batch_and_the_rest_is_written_on_drop(target: Tar
         None,
         "a batch of one waits for its linger"
     );
+    // The lingering entry is written on drop.
     drop(cache);
-    let deadline = Instant::now() + PATIENCE;
-    while client
-        .get::<Option<String>, _>(&keys[3])
-        .await
-        .unwrap()
-        .is_none()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the lingering entry was not written on drop"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_written(&client, &keys[3]).await;
 }
 
 /// A batch that does not fill up is written once `linger` has passed, while the cache lives.
@@ -171,15 +159,6 @@ async fn a_batch_that_does_not_fill_is_written_after_the_linger(target: Target) 
 /// the batch fails within the timeout, is counted as unwritten, and counts like any failed call.
 #[tokio::test]
 async fn a_failed_batch_is_counted_as_unwritten() {
-    // A server that accepts connections and never answers.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
     let config = DistributedCacheConfig {
         key_prefix: format!("{}:", idempotency_testing::unique_name("wb-dead")),
         timeout: Duration::from_millis(100),
@@ -190,7 +169,7 @@ async fn a_failed_batch_is_counted_as_unwritten() {
         },
         ..Default::default()
     };
-    let cache = RedisCache::connect(&format!("redis://127.0.0.1:{port}"), &config).unwrap();
+    let cache = RedisCache::connect(&hanging_url().await, &config).unwrap();
     let ids = ids(2);
     cache.put(&ids[0], &record(0)).await.unwrap();
     cache.put(&ids[1], &record(1)).await.unwrap();

@@ -94,6 +94,19 @@ pub(crate) async fn store() -> (PgPool, PgStore) {
     (pool, store)
 }
 
+/// The URL of a server that accepts connections and never answers (a hanging Redis).
+pub(crate) async fn hanging_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    format!("redis://127.0.0.1:{port}")
+}
+
 /// A completed record whose payload is `{"n":n}`.
 pub(crate) fn completed(n: usize) -> IdempotencyRecord {
     IdempotencyRecord {
