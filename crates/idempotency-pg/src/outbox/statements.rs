@@ -119,6 +119,22 @@ fn first_of_aggregate(t: &str, o: &str) -> String {
     )
 }
 
+/// Locks the row `src` points at (its `tid` and `id`) if it is still pending and due, and
+/// `extra`, skipping it when another claim holds it. By `ctid` (checked against the id, since
+/// the partitions of a partitioned outbox each number their own rows), and with the pending
+/// test in a form neither partial index can match, so no plan reads an index whole to find
+/// one row (a table never analyzed makes such a scan look cheap).
+fn lock(t: &str, src: &str, extra: &str) -> String {
+    format!(
+        "CROSS JOIN LATERAL ( \
+             SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
+             WHERE o.ctid = {src}.tid AND o.id = {src}.id \
+               AND coalesce(o.published_at, o.dead_lettered_at) IS NULL \
+               AND o.next_attempt_at <= now() {extra} \
+             FOR UPDATE OF o SKIP LOCKED) AS l"
+    )
+}
+
 /// The `cand` of an ordered claim of `$1`: due rows that are the first pending row of their
 /// aggregate (while it is leased, in flight, or backing off after a failure, the aggregate's
 /// later rows wait), locked. They are looked for in two places, so that a claim reads a
@@ -130,25 +146,26 @@ fn first_of_aggregate(t: &str, o: &str) -> String {
 /// - **The walk:** only when the window is full and gave fewer than `$1` rows (its due rows
 ///   wait behind first rows that are leased or backing off). It steps from aggregate to
 ///   aggregate through the aggregate index, one probe each, whose first entry is that
-///   aggregate's first pending row, and offers the due ones not in the window until the batch
-///   is full. It reads one row per aggregate that has pending rows, not one per pending row.
-///
-/// A row is locked by `ctid` (checked against its id, since the partitions of a partitioned
-/// outbox each number their own rows), with the pending test in a form neither partial index
-/// can match, so no plan reads an index whole to find one row (a table never analyzed makes
-/// such a scan look cheap); rows another claim holds are skipped.
+///   aggregate's first pending row, and locks the due ones until the batch is full. It reads
+///   one row per aggregate that has pending rows, not one per pending row.
 fn ordered_cand(t: &str) -> String {
     let head = first_of_aggregate(t, "o");
     let (pending_w, pending_p) = (pending("w"), pending("p"));
+    let from_window = lock(t, "win", &format!("AND {head}"));
+    let from_walk = lock(t, "s", "");
     format!(
         "due_window AS ( \
              SELECT w.ctid AS tid, w.id FROM {t} w \
              WHERE {pending_w} AND w.next_attempt_at <= now() \
              ORDER BY w.next_attempt_at LIMIT {WINDOW}), \
+         from_window AS ( \
+             SELECT l.* FROM due_window win {from_window} LIMIT $1), \
          walk (aggregate_type, aggregate_id, tid, id, next_attempt_at) AS ( \
              (SELECT p.aggregate_type, p.aggregate_id, p.ctid, p.id, p.next_attempt_at \
               FROM {t} p \
-              WHERE {pending_p} AND (SELECT count(*) FROM due_window) >= {WINDOW} \
+              WHERE {pending_p} \
+                AND (SELECT count(*) FROM from_window) < $1 \
+                AND (SELECT count(*) FROM due_window) >= {WINDOW} \
               ORDER BY p.aggregate_type, p.aggregate_id, p.sequence LIMIT 1) \
              UNION ALL \
              SELECT n.* FROM walk w CROSS JOIN LATERAL ( \
@@ -157,19 +174,16 @@ fn ordered_cand(t: &str) -> String {
                  WHERE {pending_p} \
                    AND (p.aggregate_type, p.aggregate_id) > (w.aggregate_type, w.aggregate_id) \
                  ORDER BY p.aggregate_type, p.aggregate_id, p.sequence LIMIT 1) AS n), \
-         offered AS ( \
-             SELECT tid, id FROM due_window \
-             UNION ALL \
-             SELECT s.tid, s.id FROM walk s \
-             WHERE s.next_attempt_at <= now() \
-               AND NOT EXISTS (SELECT 1 FROM due_window d WHERE d.id = s.id)), \
+         from_walk AS ( \
+             SELECT l.* FROM ( \
+                 SELECT tid, id FROM walk \
+                 WHERE next_attempt_at <= now() \
+                   AND id <> ALL (ARRAY(SELECT id FROM from_window))) AS s \
+             {from_walk} LIMIT $1), \
          cand AS ( \
-             SELECT l.* FROM offered src CROSS JOIN LATERAL ( \
-                 SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-                 WHERE o.ctid = src.tid AND o.id = src.id \
-                   AND coalesce(o.published_at, o.dead_lettered_at) IS NULL \
-                   AND o.next_attempt_at <= now() AND {head} \
-                 FOR UPDATE OF o SKIP LOCKED) AS l \
+             SELECT * FROM from_window \
+             UNION ALL \
+             SELECT * FROM from_walk \
              LIMIT $1)"
     )
 }
