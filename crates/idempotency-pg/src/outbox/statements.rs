@@ -18,11 +18,6 @@ pub(crate) const MESSAGE_COLUMNS: &str = "o.id, o.aggregate_type::text, o.aggreg
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
-/// [`PENDING`] of the row aliased `alias`.
-fn pending(alias: &str) -> String {
-    format!("{alias}.published_at IS NULL AND {alias}.dead_lettered_at IS NULL")
-}
-
 #[derive(Debug)]
 pub(crate) struct Statements {
     /// The enqueue, notifying when the outbox has a channel.
@@ -100,107 +95,24 @@ fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
     }
 }
 
-/// Rows of the due set, in `next_attempt_at` order, that an ordered claim of `$1` rows reads
-/// before it stops looking there and walks the aggregates instead.
-const WINDOW: &str = "$1 * 10";
-
-/// Whether the row `o` is the first pending row of its aggregate (or has no sequence). A
-/// correlated `LIMIT 1` subquery rather than `NOT EXISTS`: it is planned as one index probe
-/// per row even before the table was ever analyzed (an anti-join may then be planned as a
-/// full scan per batch).
-fn first_of_aggregate(t: &str, o: &str) -> String {
-    let pending_p = pending("p");
-    format!(
-        "({o}.sequence IS NULL OR {o}.sequence <= ( \
-             SELECT p.sequence FROM {t} p \
-             WHERE p.aggregate_type = {o}.aggregate_type AND p.aggregate_id = {o}.aggregate_id \
-               AND {pending_p} \
-             ORDER BY p.sequence LIMIT 1))"
-    )
-}
-
-/// Locks the row `src` points at (its `tid` and `id`) if it is still pending and due, and
-/// `extra`, skipping it when another claim holds it. By `ctid` (checked against the id, since
-/// the partitions of a partitioned outbox each number their own rows), and with the pending
-/// test in a form neither partial index can match, so no plan reads an index whole to find
-/// one row (a table never analyzed makes such a scan look cheap).
-fn lock(t: &str, src: &str, extra: &str) -> String {
-    format!(
-        "CROSS JOIN LATERAL ( \
-             SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-             WHERE o.ctid = {src}.tid AND o.id = {src}.id \
-               AND coalesce(o.published_at, o.dead_lettered_at) IS NULL \
-               AND o.next_attempt_at <= now() {extra} \
-             FOR UPDATE OF o SKIP LOCKED) AS l"
-    )
-}
-
-/// The `cand` of an ordered claim of `$1`: due rows that are the first pending row of their
-/// aggregate (while it is leased, in flight, or backing off after a failure, the aggregate's
-/// later rows wait), locked. They are looked for in two places, so that a claim reads a
-/// bounded number of rows however deep the backlog behind leased first rows is:
-///
-/// - **The window:** the first `$1 * 10` due rows in `next_attempt_at` order, each checked and
-///   locked in turn until `$1` are. This is where a claim finds its rows while the relay keeps
-///   up, reading as many rows as it needs and no more.
-/// - **The walk:** only when the window is full and gave fewer than `$1` rows (its due rows
-///   wait behind first rows that are leased or backing off). It steps from aggregate to
-///   aggregate through the aggregate index, one probe each, whose first entry is that
-///   aggregate's first pending row, and locks the due ones until the batch is full. It reads
-///   one row per aggregate that has pending rows, not one per pending row.
-fn ordered_cand(t: &str) -> String {
-    let head = first_of_aggregate(t, "o");
-    let (pending_w, pending_p) = (pending("w"), pending("p"));
-    let from_window = lock(t, "win", &format!("AND {head}"));
-    let from_walk = lock(t, "s", "");
-    format!(
-        "due_window AS ( \
-             SELECT w.ctid AS tid, w.id FROM {t} w \
-             WHERE {pending_w} AND w.next_attempt_at <= now() \
-             ORDER BY w.next_attempt_at LIMIT {WINDOW}), \
-         from_window AS ( \
-             SELECT l.* FROM due_window win {from_window} LIMIT $1), \
-         walk (aggregate_type, aggregate_id, tid, id, next_attempt_at) AS ( \
-             (SELECT p.aggregate_type, p.aggregate_id, p.ctid, p.id, p.next_attempt_at \
-              FROM {t} p \
-              WHERE {pending_p} \
-                AND (SELECT count(*) FROM from_window) < $1 \
-                AND (SELECT count(*) FROM due_window) >= {WINDOW} \
-              ORDER BY p.aggregate_type, p.aggregate_id, p.sequence LIMIT 1) \
-             UNION ALL \
-             SELECT n.* FROM walk w CROSS JOIN LATERAL ( \
-                 SELECT p.aggregate_type, p.aggregate_id, p.ctid, p.id, p.next_attempt_at \
-                 FROM {t} p \
-                 WHERE {pending_p} \
-                   AND (p.aggregate_type, p.aggregate_id) > (w.aggregate_type, w.aggregate_id) \
-                 ORDER BY p.aggregate_type, p.aggregate_id, p.sequence LIMIT 1) AS n), \
-         from_walk AS ( \
-             SELECT l.* FROM ( \
-                 SELECT tid, id FROM walk \
-                 WHERE next_attempt_at <= now() \
-                   AND id <> ALL (ARRAY(SELECT id FROM from_window))) AS s \
-             {from_walk} LIMIT $1), \
-         cand AS ( \
-             SELECT * FROM from_window \
-             UNION ALL \
-             SELECT * FROM from_walk \
-             LIMIT $1)"
-    )
-}
-
 fn claim(t: &str, ordered: bool) -> String {
-    let cand = if ordered {
-        format!("WITH RECURSIVE {}", ordered_cand(t))
-    } else {
-        let pending_o = pending("o");
+    let head = if ordered {
+        // Only the first pending row of its aggregate: while it is leased (in flight) or
+        // backing off after a failure, the aggregate's later rows wait. A correlated
+        // `LIMIT 1` subquery rather than `NOT EXISTS`: it is planned as one index probe per
+        // candidate even before the table was ever analyzed (an anti-join may then be planned
+        // as a full scan per batch). Which of the two partial indexes it probes depends on the
+        // table's size when it is planned, so the relay plans this claim at every call
+        // (`RelayStore::claim`).
         format!(
-            "WITH cand AS ( \
-                 SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-                 WHERE {pending_o} AND o.next_attempt_at <= now() \
-                 ORDER BY o.next_attempt_at \
-                 LIMIT $1 \
-                 FOR UPDATE OF o SKIP LOCKED)"
+            "AND (o.sequence IS NULL OR o.sequence <= ( \
+                 SELECT p.sequence FROM {t} p \
+                 WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
+                   AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
+                 ORDER BY p.sequence LIMIT 1))"
         )
+    } else {
+        String::new()
     };
     // A row already claimed `max-attempts` ($4) times was never marked: its publishes
     // crashed their relay (or outlived the lease). It is dead-lettered instead of handed out
@@ -212,7 +124,13 @@ fn claim(t: &str, ordered: bool) -> String {
     // healthy rows of its batch are not dead-lettered with it. The candidates are taken in
     // index order as before; only the rows handed out change.
     format!(
-        "{cand}, \
+        "WITH cand AS ( \
+             SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
+             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= now() {head} \
+             ORDER BY o.next_attempt_at \
+             LIMIT $1 \
+             FOR UPDATE OF o SKIP LOCKED), \
          due AS ( \
              SELECT id, created_at FROM cand WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
              UNION ALL \
