@@ -6,6 +6,8 @@
 #   ASSEMBLE_ONLY=1 scripts/bench.sh  # rewrite PERFORMANCE.md from the last run's raw outputs
 #   DURATION=10s ROUNDS=2 RETENTION_EVENTS=1000000 scripts/bench.sh   # a shorter full grid
 #   HTTP_SECONDS=8s HTTP_ROUNDS=3 scripts/bench.sh   # the HTTP bench's rounds (the defaults)
+#   PEERS=0 scripts/bench.sh          # without the peer libraries (installed by scripts/peers.sh
+#                                     # into $PEERS_DIR, default /var/tmp/idempotency-peers)
 #
 # Raw outputs are kept in target/bench/.
 #
@@ -43,8 +45,17 @@ echo "== replay tiers, one client (criterion)"
 cargo bench -q -p idempotency-cache-redis --bench replay_tiers -- "${criterion[@]}" 2>/dev/null \
   | grep -E "^replay/|time:" > "$out/replay.txt" || true
 
+# The peer libraries' first executions join the load bench's (installed outside the repository;
+# without node or python, or offline, the bench runs without them and says so in PERFORMANCE.md).
+peers=()
+if [ "${PEERS:-1}" != 0 ]; then
+  echo "== peer libraries (scripts/peers.sh)"
+  export PEERS_DIR="${PEERS_DIR:-/var/tmp/idempotency-peers}"
+  if scripts/peers.sh; then peers=(--peers "$PEERS_DIR"); else echo "   not installed: the peer rows are left out"; fi
+fi
+
 echo "== load bench ($duration per scenario, $rounds rounds)"
-"$target/idempotency-bench" --clients 4 --duration "$duration" --rounds "$rounds" > "$out/load.txt"
+"$target/idempotency-bench" --clients 4 --duration "$duration" --rounds "$rounds" "${peers[@]}" > "$out/load.txt"
 
 echo "== middleware: IdempotencyLayer against a handler calling execute ($duration per scenario, $rounds rounds)"
 "$target/idempotency-bench" --only-layer --clients 4 --duration "$duration" --rounds "$rounds" > "$out/layer.txt"
@@ -184,7 +195,7 @@ print("| bench | command | what it measures |")
 print("|---|---|---|")
 print("| fingerprint | `cargo bench -p idempotency-core --bench fingerprint` | RFC 8785 canonical JSON + SHA-256/512 of a 200 B, 4 KiB and 64 KiB request |")
 print("| replay tiers | `cargo bench -p idempotency-cache-redis --bench replay_tiers` | one client: `execute` replaying the same record from moka, Redis, PostgreSQL, next to a bare Redis GET and a bare primary-key SELECT |")
-print(f"| load | `cargo run --release -p idempotency-bench -- --clients 4 --duration {duration} --rounds {rounds}` | concurrent clients against PostgreSQL and Redis: the business transaction alone, the same SQL the library issues (read from the store) issued through sqlx and by pgbench (`-M prepared`, same clients, interleaved), `execute` and `execute_optimistic`, replays from each tier, concurrent duplicates, outbox enqueue, relay drain to JetStream, relay commit-to-ack under a steady producer of 2,000 events/s |")
+print(f"| load | `cargo run --release -p idempotency-bench -- --clients 4 --duration {duration} --rounds {rounds} --peers $PEERS_DIR` | concurrent clients against PostgreSQL and Redis: the business transaction alone, the same SQL the library issues (read from the store) issued through sqlx and by pgbench (`-M prepared`, same clients, interleaved), `execute` and `execute_optimistic`, the first executions of two peer libraries (interleaved, see below), replays from each tier, concurrent duplicates, outbox enqueue, relay drain to JetStream, relay commit-to-ack under a steady producer of 2,000 events/s |")
 print(f"| middleware | `cargo run --release -p idempotency-bench -- --only-layer --clients 4 --duration {duration} --rounds {rounds}` | the same payment handler through an axum router in process (`oneshot`, no socket): behind `IdempotencyLayer` (the handler takes `IdempotentTx`) and calling `execute` itself; first executions (fresh keys) and replays of one key (`lookup-before-acquire` on both) |")
 print(f"| MySQL / MariaDB | `cargo run --release -p idempotency-bench -- --backend mysql --clients 4 --duration {duration} --rounds {rounds}` | the load bench's grid on `MYSQL_URL`: `execute` against the same SQL issued directly and against the business transaction alone, a replay against a bare primary-key SELECT, the relay's drain to JetStream (polling) |")
 print("| relay | `cargo bench -p idempotency-outbox --all-features --bench relay` | relay throughput to JetStream with acks, 1 and 2 workers, batches 10/100/500; commit-to-ack latency with NOTIFY versus polling |")
@@ -249,10 +260,24 @@ if notify:
     print(f"| commit-to-ack p99 with NOTIFY at 200 events/s (target < 50 ms) | {p99:.1f} ms | {'yes' if p99 < 50 else '**no**'} |")
 print(f"| resident memory of the demo under the HTTP bench (target < 100 MiB) | {peak_kib/1024:.1f} MiB | {'yes' if peak_kib < 100*1024 else '**no**'} |")
 print()
-print("The rows comparing with peer libraries (`@node-idempotency/core`, Powertools for AWS Lambda)")
-print("are not measured by this script: the peers are not part of the repository. They are measured")
-print("side by side with `--only-first --clients 4` by whoever installs them, and reported with")
-print("the commands in the change that measured them.\n")
+if "peer: " in read("load.txt"):
+    print("The peer rows set both first-execution modes against the faster of two peer libraries, run")
+    print("by the load bench as scenarios of their own, interleaved with the library's, with the same")
+    print("4 clients and the same business insert into the same table: `@node-idempotency/core` 1.0.11")
+    print("with its Redis storage adapter (Node.js, one process, 4 concurrent clients) and Powertools for")
+    print("AWS Lambda 3.37.0 with its Redis persistence layer (Python, one process per client).")
+    print("`scripts/peers.sh` installs them outside the repository at those pinned versions; their")
+    print("harnesses are in `crates/idempotency-bench/peers/`. Neither is transactional: the peer")
+    print("writes its in-progress record to Redis (`SET NX`), autocommits the business insert in")
+    print("PostgreSQL (one statement), then writes the completed record (`SET`), so a crash between")
+    print("the insert and the last write leaves a payment whose retry runs it again. The library does")
+    print("the record and the insert in one PostgreSQL transaction: `execute` in 5 statements,")
+    print("`execute_optimistic` in 4, against the peer's one PostgreSQL statement and two Redis")
+    print("commands.\n")
+else:
+    print("The rows comparing with peer libraries (`@node-idempotency/core`, Powertools for AWS Lambda)")
+    print("were not measured in this run: `scripts/peers.sh` could not install them (it needs node with")
+    print("npm, python3 with venv, and their registries), or the run had `PEERS=0`.\n")
 print("Reading the ratios to the business transaction alone: every statement is a round trip, so")
 print("`execute` (5 statements: `BEGIN`, claim, business insert, complete, `COMMIT`) is set against")
 print("pgbench running the same statements (read from the store, prepared) against its own")

@@ -84,6 +84,8 @@ pub(crate) struct Setup {
     pub(crate) store: PgStore,
     redis: RedisCache,
     pub(crate) run: u64,
+    /// The schema that holds the store's and the business table.
+    pub(crate) schema: String,
     /// pgbench on the same schema, when it is installed.
     pub(crate) pgbench: Option<Pgbench>,
 }
@@ -120,6 +122,7 @@ impl Setup {
             store,
             redis,
             run: u64::from(std::process::id()),
+            schema,
             pgbench,
         }
     }

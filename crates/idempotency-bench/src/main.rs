@@ -13,9 +13,11 @@ mod idempotency;
 mod layer;
 mod mysql;
 mod outbox;
+mod peers;
 mod pgbench;
 mod retention;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -50,6 +52,10 @@ struct Args {
     /// pgbench), with their ratios.
     #[arg(long)]
     only_first: bool,
+    /// Where `scripts/peers.sh` installed the peer libraries: their first executions join the
+    /// first-execution scenarios, with the ratios against the fastest of them.
+    #[arg(long)]
+    peers: Option<PathBuf>,
     /// Only the relay scenarios on PostgreSQL: the drain to JetStream (1 and 2 workers, batch
     /// 100) and the commit-to-ack latency under a steady producer.
     #[arg(long)]
@@ -181,6 +187,9 @@ async fn main() {
     }
 
     let mut scenarios = idempotency::first_executions(&setup, n);
+    if let Some(dir) = &args.peers {
+        scenarios.extend(peers::scenarios(dir, &setup.schema, n, setup.run));
+    }
     if !args.only_first {
         scenarios.extend(outbox::enqueue(&setup, n).await);
     }
@@ -293,6 +302,7 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
         ),
         "report (pgbench: ~0.78)",
     );
+    peer_ratios(r);
     if pgbench {
         r.throughput(
             "the business transaction: the bench's client (sqlx) / pgbench",
@@ -301,6 +311,33 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
             "report",
         );
     }
+}
+
+/// Both first-execution modes against the fastest peer of the run (`--peers`), when any ran.
+fn peer_ratios(r: &Ratios<'_>) {
+    let fastest =
+        r.0.iter()
+            .filter(|m| m.name == peers::NODE || m.name == peers::POWERTOOLS)
+            .max_by(|a, b| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
+    let Some(peer) = fastest else { return };
+    let label = peer
+        .name
+        .trim_start_matches("peer: ")
+        .split(" + ")
+        .next()
+        .unwrap_or(&peer.name);
+    r.throughput(
+        &format!("execute_optimistic / the fastest peer ({label}), first execution"),
+        "execute_optimistic: first execution",
+        &peer.name,
+        ">= 1.0",
+    );
+    r.throughput(
+        &format!("execute / the fastest peer ({label}), first execution"),
+        "execute: first execution",
+        &peer.name,
+        ">= 0.8",
+    );
 }
 
 /// The relay on PostgreSQL: the drain to JetStream, then commit-to-ack under a steady producer.
