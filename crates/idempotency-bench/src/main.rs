@@ -310,6 +310,19 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
             "pgbench: business transaction",
             "report",
         );
+        let pipelined = format!("pgbench: {}", idempotency::PIPELINED);
+        r.throughput(
+            "pgbench: claim-first in 3 round trips (pipelined) / in 5",
+            &pipelined,
+            "pgbench: claim, business, complete",
+            "report",
+        );
+        r.throughput(
+            "pgbench: claim-first in 3 round trips (pipelined) / the business transaction alone",
+            &pipelined,
+            "pgbench: business transaction",
+            "report",
+        );
     }
 }
 
