@@ -18,7 +18,7 @@ use idempotency_core::{
 use crate::breaker::{Breaker, BreakerState};
 use crate::codec::{self, Decoded};
 use crate::key::redis_key;
-use crate::write_behind::{self, Entry, Queue, Refused};
+use crate::write_behind::{self, Entry, Queue};
 
 /// Setting up the cache failed.
 #[derive(Debug, thiserror::Error)]
@@ -311,14 +311,8 @@ where
                         return Ok(());
                     }
                     Err(refused) => {
-                        if let Refused::Gone(_) = refused {
-                            tracing::warn!(
-                                "distributed cache write-behind writer stopped with its runtime; \
-                                 every put now writes itself"
-                            );
-                        }
                         self.counters.not_queued.fetch_add(1, Ordering::Relaxed);
-                        refused.into_entry()
+                        refused
                     }
                 }
             }

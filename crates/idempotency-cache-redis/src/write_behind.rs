@@ -31,25 +31,6 @@ pub(crate) struct Queue {
     gone: AtomicBool,
 }
 
-/// Why [`Queue::offer`] gave an entry back.
-#[derive(Debug)]
-pub(crate) enum Refused {
-    /// The queue is full.
-    Full(Entry),
-    /// The writer is gone (its runtime shut down, or there was none), for the first time.
-    Gone(Entry),
-    /// The writer is gone, as found before.
-    StillGone(Entry),
-}
-
-impl Refused {
-    pub(crate) fn into_entry(self) -> Entry {
-        match self {
-            Self::Full(entry) | Self::Gone(entry) | Self::StillGone(entry) => entry,
-        }
-    }
-}
-
 impl Queue {
     pub(crate) fn new(config: WriteBehindConfig) -> Self {
         Self {
@@ -64,23 +45,28 @@ impl Queue {
     }
 
     /// Queues `entry`; the first call starts the writer with `start`. Gives the entry back when
-    /// the queue is full or its writer is gone.
+    /// the queue is full or its writer is gone (logged the first time it is found gone).
     pub(crate) fn offer(
         &self,
         entry: Entry,
         start: impl FnOnce(Receiver<Entry>),
-    ) -> Result<(), Refused> {
+    ) -> Result<(), Entry> {
         let sender = self.sender.get_or_init(|| {
             let (sender, receiver) = channel(self.config.capacity.get());
             start(receiver);
             sender
         });
         sender.try_send(entry).map_err(|error| match error {
-            TrySendError::Full(entry) => Refused::Full(entry),
-            TrySendError::Closed(entry) if self.gone.swap(true, Ordering::Relaxed) => {
-                Refused::StillGone(entry)
+            TrySendError::Full(entry) => entry,
+            TrySendError::Closed(entry) => {
+                if !self.gone.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "distributed cache write-behind writer stopped with its runtime; \
+                         every put now writes itself"
+                    );
+                }
+                entry
             }
-            TrySendError::Closed(entry) => Refused::Gone(entry),
         })
     }
 }
@@ -170,17 +156,22 @@ mod tests {
             });
             match (n, offered) {
                 (0 | 1, Ok(())) => {}
-                (2, Err(Refused::Full(entry))) => assert_eq!(entry.key, "k2"),
+                (2, Err(entry)) => assert_eq!(entry.key, "k2"),
                 (n, other) => panic!("entry {n}: {other:?}"),
             }
         }
         assert_eq!(starts, 1);
-        // A writer that is gone: every entry comes back, the first one saying so.
+        assert!(
+            !queue.gone.load(Ordering::Relaxed),
+            "a full queue is not a gone writer"
+        );
+        // A writer that is gone: every entry comes back, and the queue remembers it (so that it
+        // is logged once).
         drop(kept);
         let refused = queue.offer(entry(3), |_| unreachable!()).unwrap_err();
-        assert!(matches!(refused, Refused::Gone(_)), "{refused:?}");
+        assert_eq!(refused.key, "k3");
+        assert!(queue.gone.load(Ordering::Relaxed));
         let refused = queue.offer(entry(4), |_| unreachable!()).unwrap_err();
-        assert!(matches!(refused, Refused::StillGone(_)), "{refused:?}");
-        assert_eq!(refused.into_entry().key, "k4");
+        assert_eq!(refused.key, "k4");
     }
 }
