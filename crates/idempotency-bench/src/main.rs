@@ -351,6 +351,19 @@ fn peer_ratios(r: &Ratios<'_>) {
         &peer.name,
         ">= 0.8",
     );
+    // The same transactional claim-first statements from a client that pipelines: what the
+    // design gets against the peer when the client is not the limit.
+    let pipelined = format!("pgbench: {}", idempotency::PIPELINED);
+    if r.0.iter().any(|m| m.name == pipelined) {
+        r.throughput(
+            &format!(
+                "pgbench: claim-first in 3 round trips (pipelined) / the fastest peer ({label})"
+            ),
+            &pipelined,
+            &peer.name,
+            "report",
+        );
+    }
 }
 
 /// The relay on PostgreSQL: the drain to JetStream, then commit-to-ack under a steady producer.
