@@ -215,7 +215,7 @@ async fn backlog(
         outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
         tx.commit().await.expect("commit");
     }
-    sqlx::raw_sql(AssertSqlSafe(format!("ANALYZE \"{}\"", config.table_name)))
+    sqlx::raw_sql(AssertSqlSafe(format!("ANALYZE {}", outbox.table().quoted())))
         .execute(&setup.pool)
         .await
         .expect("analyze");
