@@ -330,15 +330,9 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
 fn peer_ratios(r: &Ratios<'_>) {
     let fastest =
         r.0.iter()
-            .filter(|m| m.name == peers::NODE || m.name == peers::POWERTOOLS)
-            .max_by(|a, b| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
-    let Some(peer) = fastest else { return };
-    let label = peer
-        .name
-        .trim_start_matches("peer: ")
-        .split(" + ")
-        .next()
-        .unwrap_or(&peer.name);
+            .filter_map(|m| Some((m, peers::label(&m.name)?)))
+            .max_by(|(a, _), (b, _)| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
+    let Some((peer, label)) = fastest else { return };
     r.throughput(
         &format!("execute_optimistic / the fastest peer ({label}), first execution"),
         "execute_optimistic: first execution",

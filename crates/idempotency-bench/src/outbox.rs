@@ -215,10 +215,13 @@ async fn backlog(
         outbox.enqueue_all(&mut tx, &chunk).await.expect("enqueue");
         tx.commit().await.expect("commit");
     }
-    sqlx::raw_sql(AssertSqlSafe(format!("ANALYZE {}", outbox.table().quoted())))
-        .execute(&setup.pool)
-        .await
-        .expect("analyze");
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "ANALYZE {}",
+        outbox.table().quoted()
+    )))
+    .execute(&setup.pool)
+    .await
+    .expect("analyze");
     outbox
 }
 

@@ -17,11 +17,19 @@ use std::time::Duration;
 use crate::harness::{ExternalRun, Scenario};
 
 /// The scenario name of the Node.js peer's first executions.
-pub(crate) const NODE: &str =
-    "peer: @node-idempotency/core + Redis (not transactional): first execution";
+const NODE: &str = "peer: @node-idempotency/core + Redis (not transactional): first execution";
 /// The scenario name of the Python peer's first executions.
-pub(crate) const POWERTOOLS: &str =
+const POWERTOOLS: &str =
     "peer: Powertools for AWS Lambda (Python) + Redis (not transactional): first execution";
+
+/// The peer's short name when `scenario` is one of the peer scenarios.
+pub(crate) fn label(scenario: &str) -> Option<&'static str> {
+    match scenario {
+        NODE => Some("@node-idempotency/core"),
+        POWERTOOLS => Some("Powertools for AWS Lambda"),
+        _ => None,
+    }
+}
 
 /// One peer: the interpreter, its harness, and what the harness needs to find its modules.
 #[derive(Clone)]
@@ -127,7 +135,14 @@ fn parse(stdout: &[u8]) -> ExternalRun {
 mod tests {
     use std::time::Duration;
 
-    use super::parse;
+    use super::{NODE, POWERTOOLS, label, parse};
+
+    #[test]
+    fn only_the_peer_scenarios_have_a_label() {
+        assert_eq!(label(NODE), Some("@node-idempotency/core"));
+        assert_eq!(label(POWERTOOLS), Some("Powertools for AWS Lambda"));
+        assert_eq!(label("execute: first execution"), None);
+    }
 
     #[test]
     fn a_report_gives_latencies_and_the_measured_window() {
