@@ -261,11 +261,15 @@ if notify:
 print(f"| resident memory of the demo under the HTTP bench (target < 100 MiB) | {peak_kib/1024:.1f} MiB | {'yes' if peak_kib < 100*1024 else '**no**'} |")
 print()
 if "peer: " in read("load.txt"):
+    # The versions scripts/peers.sh installed: the pins of the peers' manifests.
+    peers_dir = "crates/idempotency-bench/peers"
+    node_pin = json.load(open(f"{peers_dir}/package.json"))["dependencies"]["@node-idempotency/core"]
+    powertools_pin = re.search(r"^aws-lambda-powertools\S*==(\S+)", open(f"{peers_dir}/requirements.txt").read(), re.M).group(1)
     print("The peer rows set both first-execution modes against the faster of two peer libraries, run")
     print("by the load bench as scenarios of their own, interleaved with the library's, with the same")
-    print("4 clients and the same business insert into the same table: `@node-idempotency/core` 1.0.11")
+    print(f"4 clients and the same business insert into the same table: `@node-idempotency/core` {node_pin}")
     print("with its Redis storage adapter (Node.js, one process, 4 concurrent clients) and Powertools for")
-    print("AWS Lambda 3.37.0 with its Redis persistence layer (Python, one process per client).")
+    print(f"AWS Lambda {powertools_pin} with its Redis persistence layer (Python, one process per client).")
     print("`scripts/peers.sh` installs them outside the repository at those pinned versions; their")
     print("harnesses are in `crates/idempotency-bench/peers/`. Neither is transactional: the peer")
     print("writes its in-progress record to Redis (`SET NX`), autocommits the business insert in")
