@@ -25,7 +25,7 @@ mod mysql;
 mod servers;
 
 #[cfg(feature = "mysql")]
-pub use mysql::{mysql_pool, mysql_pool_with, mysql_url};
+pub use mysql::{mysql_pool, mysql_pool_with, mysql_pool_with_options, mysql_url};
 
 /// `DATABASE_URL`, or the local PostgreSQL; with the `testcontainers` feature, a PostgreSQL
 /// container when neither is there and Docker is (chosen once per process).
@@ -99,6 +99,14 @@ pub async fn pg_pool() -> PgPool {
 
 /// [`pg_pool`] with an explicit pool size.
 pub async fn pg_pool_with(max_connections: u32) -> PgPool {
+    pg_pool_with_options(max_connections, |options| options).await
+}
+
+/// [`pg_pool_with`], with pool options of the caller's on top (a bench's own pool settings).
+pub async fn pg_pool_with_options(
+    max_connections: u32,
+    configure: impl FnOnce(PgPoolOptions) -> PgPoolOptions,
+) -> PgPool {
     let schema = unique_name("it");
     let mut admin = admin_connection().await;
     drop_stale_schemas(&mut admin).await;
@@ -107,9 +115,10 @@ pub async fn pg_pool_with(max_connections: u32) -> PgPool {
         .await
         .unwrap_or_else(|e| panic!("cannot create test schema {schema}: {e}"));
     let _ = admin.close().await;
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(60))
+        .acquire_timeout(Duration::from_secs(60));
+    configure(pool)
         .connect_with(options().options([("search_path", schema.as_str())]))
         .await
         .unwrap_or_else(|e| panic!("cannot open a pool on {}: {e}", database_url()))

@@ -48,6 +48,14 @@ pub async fn mysql_pool() -> MySqlPool {
 
 /// [`mysql_pool`] with an explicit pool size.
 pub async fn mysql_pool_with(max_connections: u32) -> MySqlPool {
+    mysql_pool_with_options(max_connections, |options| options).await
+}
+
+/// [`mysql_pool_with`], with pool options of the caller's on top (a bench's own pool settings).
+pub async fn mysql_pool_with_options(
+    max_connections: u32,
+    configure: impl FnOnce(MySqlPoolOptions) -> MySqlPoolOptions,
+) -> MySqlPool {
     let database = unique_name("it");
     let mut admin = admin_connection().await;
     drop_stale_databases(&mut admin).await;
@@ -58,9 +66,10 @@ pub async fn mysql_pool_with(max_connections: u32) -> MySqlPool {
     .await
     .unwrap_or_else(|e| panic!("cannot create test database {database}: {e}"));
     let _ = admin.close().await;
-    MySqlPoolOptions::new()
+    let pool = MySqlPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(60))
+        .acquire_timeout(Duration::from_secs(60));
+    configure(pool)
         .connect_with(options().database(&database))
         .await
         .unwrap_or_else(|e| panic!("cannot open a pool on {}: {e}", mysql_url()))
