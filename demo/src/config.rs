@@ -55,6 +55,11 @@ pub struct DatabaseConfig {
     /// Default 5 s.
     #[serde(with = "humantime_serde")]
     pub acquire_timeout: Duration,
+    /// A pooled connection is tested (pinged) before a request gets it only when it sat idle
+    /// this long; one in steady use is not, which spares a round trip per transaction
+    /// (`idempotency::pool::TestWhenIdle`). `0s` tests every checkout. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub test_after_idle: Duration,
 }
 
 impl Default for DatabaseConfig {
@@ -62,6 +67,7 @@ impl Default for DatabaseConfig {
         Self {
             max_connections: NonZeroU32::MIN.saturating_add(19),
             acquire_timeout: Duration::from_secs(5),
+            test_after_idle: Duration::from_secs(10),
         }
     }
 }
@@ -149,14 +155,19 @@ mod tests {
         let config = DemoConfig::load(&file).unwrap();
         assert_eq!(config.database.max_connections.get(), 20);
         assert_eq!(config.database.acquire_timeout, Duration::from_secs(5));
+        assert_eq!(config.database.test_after_idle, Duration::from_secs(10));
         assert_eq!(config.demo.available_balance, Decimal::new(100_000, 2));
     }
 
     #[test]
     fn the_pool_is_configurable() {
-        let config = load("database:\n  max-connections: 7\n  acquire-timeout: 750ms\n").unwrap();
+        let config = load(
+            "database:\n  max-connections: 7\n  acquire-timeout: 750ms\n  test-after-idle: 0s\n",
+        )
+        .unwrap();
         assert_eq!(config.database.max_connections.get(), 7);
         assert_eq!(config.database.acquire_timeout, Duration::from_millis(750));
+        assert_eq!(config.database.test_after_idle, Duration::ZERO);
         assert_eq!(
             config.server.port, 8080,
             "other sections keep their defaults"

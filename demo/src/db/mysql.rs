@@ -1,6 +1,7 @@
 //! The MySQL / MariaDB database of the demo.
 
 use chrono::{NaiveDateTime, SecondsFormat};
+use idempotency::pool::TestWhenIdle;
 use idempotency_core::StoreError;
 use idempotency_mysql::sqlx::{self, MySqlConnection, MySqlPool};
 use idempotency_mysql::{MysqlOutbox, MysqlStore};
@@ -48,6 +49,7 @@ impl Mysql {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(config.database.max_connections.get())
             .acquire_timeout(config.database.acquire_timeout)
+            .test_when_idle(config.database.test_after_idle)
             .connect(url)
             .await?;
         Ok(pool)

@@ -1,6 +1,7 @@
 //! The PostgreSQL database of the demo.
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use idempotency::pool::TestWhenIdle;
 use idempotency_core::StoreError;
 use idempotency_pg::PgOutbox;
 use idempotency_pg::PgStore;
@@ -49,6 +50,7 @@ impl Postgres {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(config.database.max_connections.get())
             .acquire_timeout(config.database.acquire_timeout)
+            .test_when_idle(config.database.test_after_idle)
             .connect(url)
             .await?;
         Ok(pool)
