@@ -15,6 +15,7 @@ mod mysql;
 mod outbox;
 mod peers;
 mod pgbench;
+mod pool;
 mod retention;
 
 use std::path::PathBuf;

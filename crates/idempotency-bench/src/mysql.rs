@@ -50,8 +50,7 @@ pub(crate) struct Setup {
 
 impl Setup {
     pub(crate) async fn new(clients: u64) -> Self {
-        let pool =
-            idempotency_testing::mysql_pool_with(u32::try_from(clients).unwrap_or(64) + 8).await;
+        let pool = crate::pool::mysql(u32::try_from(clients).unwrap_or(64) + 8).await;
         let store = MysqlStore::new(pool.clone());
         store.create_schema().await.expect("schema");
         sqlx::raw_sql(

@@ -631,7 +631,7 @@ const PRODUCERS: usize = 24;
 /// that found rows (`notify-interval` and `relay.linger` 0s: the behaviour before either
 /// existed), for the comparison in the same run.
 pub(crate) async fn commit_to_ack(rate: u64, seconds: u64, every_commit: bool) -> Latency {
-    let pool = idempotency_testing::pg_pool_with(PRODUCERS as u32 + 8).await;
+    let pool = crate::pool::postgres(PRODUCERS as u32 + 8).await;
     let table = idempotency_testing::unique_name("latency");
     let mut config = OutboxConfig {
         table_name: table.clone(),
