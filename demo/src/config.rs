@@ -67,7 +67,7 @@ impl Default for DatabaseConfig {
         Self {
             max_connections: NonZeroU32::MIN.saturating_add(19),
             acquire_timeout: Duration::from_secs(5),
-            test_after_idle: Duration::from_secs(10),
+            test_after_idle: idempotency::pool::TEST_AFTER_IDLE,
         }
     }
 }

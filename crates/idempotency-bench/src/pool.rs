@@ -2,15 +2,9 @@
 //! starter recommends ([`idempotency::pool::TestWhenIdle`]), so every scenario that shares a pool
 //! pays the same per-transaction round trips as a service configured that way.
 
-use std::time::Duration;
-
-use ::idempotency::pool::TestWhenIdle;
+use ::idempotency::pool::{TEST_AFTER_IDLE, TestWhenIdle};
 use idempotency_mysql::sqlx::MySqlPool;
 use sqlx::PgPool;
-
-/// A pooled connection is pinged before a checkout only after this long idle (the demo's
-/// `database.test-after-idle` default).
-const TEST_AFTER_IDLE: Duration = Duration::from_secs(10);
 
 /// A PostgreSQL pool of `max_connections` on a schema of its own.
 pub(crate) async fn postgres(max_connections: u32) -> PgPool {

@@ -8,11 +8,9 @@
 //! The same request again answers the stored response with `Idempotent-Replayed: true`.
 
 use axum::{Json, Router, routing::post};
-use std::time::Duration;
-
+use idempotency::pool::{TEST_AFTER_IDLE, TestWhenIdle};
 use idempotency::{
-    Idempotency, Settings, axum::Error, axum::IdempotentTx, pool::TestWhenIdle, postgres::PgStore,
-    sqlx,
+    Idempotency, Settings, axum::Error, axum::IdempotentTx, postgres::PgStore, sqlx,
 };
 use serde_json::Value;
 
@@ -30,7 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::load(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/orders.yaml"))?;
     // A connection is pinged before use only after 10 s idle: a round trip less per request.
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .test_when_idle(Duration::from_secs(10))
+        .test_when_idle(TEST_AFTER_IDLE)
         .connect(&std::env::var("DATABASE_URL")?)
         .await?;
     sqlx::raw_sql("CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, body text)")

@@ -23,6 +23,11 @@ use std::time::Duration;
 use sqlx::Connection;
 use sqlx::pool::PoolOptions;
 
+/// A threshold for [`TestWhenIdle::test_when_idle`] that suits most services, and the one the
+/// demo (`database.test-after-idle`) and the load bench use: 10 s. A connection in steady use
+/// is never idle that long; one a firewall or a restart may have dropped usually is.
+pub const TEST_AFTER_IDLE: Duration = Duration::from_secs(10);
+
 /// Tests pooled connections on checkout only after they sat idle for a while.
 ///
 /// Implemented for sqlx's [`PoolOptions`] of every database (`PgPoolOptions`,
