@@ -265,6 +265,7 @@ async fn main() {
 fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
     println!("| ratio | measure | measured | target |");
     println!("|---|---|---:|---|");
+    let pipelined = format!("pgbench: {}", idempotency::PIPELINED);
     r.throughput(
         "execute / the same SQL issued directly",
         "execute: first execution",
@@ -303,7 +304,7 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
         ),
         "report (pgbench: ~0.78)",
     );
-    peer_ratios(r);
+    peer_ratios(r, pgbench.then_some(pipelined.as_str()));
     if pgbench {
         r.throughput(
             "the business transaction: the bench's client (sqlx) / pgbench",
@@ -311,7 +312,6 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
             "pgbench: business transaction",
             "report",
         );
-        let pipelined = format!("pgbench: {}", idempotency::PIPELINED);
         r.throughput(
             "pgbench: claim-first in 3 round trips (pipelined) / in 5",
             &pipelined,
@@ -327,8 +327,9 @@ fn first_execution_ratios(r: &Ratios<'_>, pgbench: bool) {
     }
 }
 
-/// Both first-execution modes against the fastest peer of the run (`--peers`), when any ran.
-fn peer_ratios(r: &Ratios<'_>) {
+/// Both first-execution modes against the fastest peer of the run (`--peers`), when any ran;
+/// with pgbench, its pipelined scenario (named `pipelined`) too.
+fn peer_ratios(r: &Ratios<'_>, pipelined: Option<&str>) {
     let fastest =
         r.0.iter()
             .filter_map(|m| Some((m, peers::label(&m.name)?)))
@@ -348,13 +349,12 @@ fn peer_ratios(r: &Ratios<'_>) {
     );
     // The same transactional claim-first statements from a client that pipelines: what the
     // design gets against the peer when the client is not the limit.
-    let pipelined = format!("pgbench: {}", idempotency::PIPELINED);
-    if r.0.iter().any(|m| m.name == pipelined) {
+    if let Some(pipelined) = pipelined {
         r.throughput(
             &format!(
                 "pgbench: claim-first in 3 round trips (pipelined) / the fastest peer ({label})"
             ),
-            &pipelined,
+            pipelined,
             &peer.name,
             "report",
         );
