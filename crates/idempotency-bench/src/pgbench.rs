@@ -4,7 +4,8 @@
 //! same clients, on the same tables.
 //!
 //! Each slice of a pgbench scenario is one `pgbench -M prepared -T <seconds>` run (prepared
-//! statements, as sqlx uses them); the latencies come from its per-transaction log.
+//! statements, as sqlx uses them; unencrypted, as the bench's sqlx client connects); the
+//! latencies come from its per-transaction log.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,6 +103,10 @@ impl Pgbench {
         let mut command = Command::new("pgbench");
         command
             .env("PGOPTIONS", format!("-c search_path={}", self.schema))
+            // The bench's sqlx client has no TLS; libpq would encrypt on a server with
+            // `ssl = on` (its default is `sslmode=prefer`), and pgbench's figures would carry a
+            // cost the library's do not. An `sslmode` in the URL still wins.
+            .env("PGSSLMODE", "disable")
             .args(["-n", "-M", "prepared", "-l", "--log-prefix"])
             .arg(&prefix)
             .args([
@@ -175,7 +180,9 @@ pub(crate) fn bind(sql: &str, params: &[Param]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Param, bind};
+    use std::time::Duration;
+
+    use super::{Param, Pgbench, bind};
 
     #[test]
     fn parameters_become_variables_or_null() {
@@ -188,5 +195,24 @@ mod tests {
             bind(sql, &params),
             "UPDATE t SET a = NULL, b = :ten::json, c = :one WHERE d = :x"
         );
+    }
+
+    /// The bench's sqlx client is built without TLS, so pgbench must not encrypt either: on a
+    /// server with `ssl = on` libpq's default (`sslmode=prefer`) would, and every pgbench
+    /// figure would carry the cost of TLS that the library's figures do not. The script divides
+    /// by zero when its own connection is encrypted, which fails the run.
+    #[test]
+    fn pgbench_connects_without_tls_like_the_bench_client() {
+        let pgbench = Pgbench::find(&idempotency_testing::database_url(), "public")
+            .expect("pgbench is installed with the PostgreSQL server");
+        let script = pgbench.dir.0.join("tls.sql");
+        std::fs::write(
+            &script,
+            "SELECT 1 / (SELECT CASE WHEN ssl THEN 0 ELSE 1 END FROM pg_stat_ssl \
+             WHERE pid = pg_backend_pid());\n",
+        )
+        .expect("script written");
+        let run = pgbench.run(&script, 1, Duration::from_secs(1), &[]);
+        assert!(!run.latencies.is_empty(), "pgbench ran the script");
     }
 }
