@@ -101,9 +101,7 @@ impl Peer {
             .args(["--seconds", &slice.as_secs_f64().to_string()])
             .args(["--schema", schema, "--prefix", prefix])
             .env("DATABASE_URL", idempotency_testing::database_url())
-            // Unencrypted, as the library's own scenarios connect (see `pgbench.rs`): libpq,
-            // under the Python peer, would otherwise encrypt on a server with `ssl = on`.
-            .env("PGSSLMODE", "disable")
+            .envs(crate::pgbench::UNENCRYPTED)
             .env("REDIS_URL", idempotency_testing::redis_url())
             .envs(self.env.iter().map(|(k, v)| (k, v.as_os_str())))
             .output()

@@ -14,6 +14,12 @@ use std::time::Duration;
 
 use crate::harness::{ExternalRun, Scenario};
 
+/// The environment of every libpq client the bench starts (pgbench, the Python peer): no TLS,
+/// as the bench's own sqlx client, built without a TLS feature, connects. libpq's default
+/// (`sslmode=prefer`) would encrypt on a server with `ssl = on`, and those clients' figures would
+/// carry a cost the library's do not. An `sslmode` in the URL still wins.
+pub(crate) const UNENCRYPTED: [(&str, &str); 1] = [("PGSSLMODE", "disable")];
+
 /// Where and how pgbench connects: the bench's database and schema.
 #[derive(Clone)]
 pub(crate) struct Pgbench {
@@ -103,10 +109,7 @@ impl Pgbench {
         let mut command = Command::new("pgbench");
         command
             .env("PGOPTIONS", format!("-c search_path={}", self.schema))
-            // The bench's sqlx client has no TLS; libpq would encrypt on a server with
-            // `ssl = on` (its default is `sslmode=prefer`), and pgbench's figures would carry a
-            // cost the library's do not. An `sslmode` in the URL still wins.
-            .env("PGSSLMODE", "disable")
+            .envs(UNENCRYPTED)
             .args(["-n", "-M", "prepared", "-l", "--log-prefix"])
             .arg(&prefix)
             .args([
@@ -197,9 +200,7 @@ mod tests {
         );
     }
 
-    /// The bench's sqlx client is built without TLS, so pgbench must not encrypt either: on a
-    /// server with `ssl = on` libpq's default (`sslmode=prefer`) would, and every pgbench
-    /// figure would carry the cost of TLS that the library's figures do not. The script divides
+    /// pgbench, run the bench's way, connects without TLS (`UNENCRYPTED`): the script divides
     /// by zero when its own connection is encrypted, which fails the run (on a server with
     /// `ssl = off` nothing can be encrypted, and it passes either way).
     #[test]
