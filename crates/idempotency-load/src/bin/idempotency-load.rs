@@ -8,7 +8,7 @@
 //! idempotency-load --url http://127.0.0.1:8081,http://127.0.0.1:8082 --keys 20   # round-robin
 //! ```
 
-#![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool: the report is its output
+#![allow(clippy::print_stderr)] // a command-line tool: its errors go to standard error
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -132,15 +132,27 @@ async fn main_inner(args: Args) -> Result<(), Error> {
     if let Some(path) = &args.key_log {
         write_key_log(path, &report)?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+    let text = if args.json {
+        let mut json = serde_json::to_string(&report)?;
+        json.push('\n');
+        json
+    } else if args.timeline {
+        format!("{report}{}", report.timeline_text())
     } else {
-        print!("{report}");
-        if args.timeline {
-            print!("{}", report.timeline_text());
-        }
+        report.to_string()
+    };
+    print_report(&text)
+}
+
+/// Writes the report to standard output. A reader that stopped reading (`| head -1`) ends the
+/// run quietly, as it ends `cat`: Rust ignores `SIGPIPE`, so the write fails with
+/// `BrokenPipe`, where `print!` would panic.
+fn print_report(text: &str) -> Result<(), Error> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => Ok(result?),
     }
-    Ok(())
 }
 
 #[tokio::main]
