@@ -30,6 +30,15 @@ http_rounds="${HTTP_ROUNDS:-$http_rounds}"
 retention_events="${RETENTION_EVENTS:-$retention_events}"
 out="$(cd "${CARGO_TARGET_DIR:-target}" 2>/dev/null && pwd || echo "$PWD/target")/bench"
 mkdir -p "$out"
+# A run records its parameters beside its raw outputs, so that ASSEMBLE_ONLY describes the
+# commands that produced them, whatever this shell's environment says.
+if [ -n "${ASSEMBLE_ONLY:-}" ]; then
+  # shellcheck source=/dev/null
+  [ -f "$out/params" ] && source "$out/params"
+else
+  printf 'duration=%q rounds=%q http_seconds=%q http_rounds=%q\n' \
+    "$duration" "$rounds" "$http_seconds" "$http_rounds" > "$out/params"
+fi
 trap '[ -n "${demo_pid:-}" ] && kill "$demo_pid" 2>/dev/null || true' EXIT
 if [ -z "${ASSEMBLE_ONLY:-}" ]; then
 
@@ -373,7 +382,11 @@ cf, cp = cpu_ratio("first"), cpu_ratio("replay")
 if cf is not None and cp is not None:
     print(f"The same ratios from CPU per request alone (unprotected over the scenario, median of the rounds): first execution **{cf:.2f}**, replay **{cp:.2f}**.")
     sf, sp = cpu_ratio("first", servers_only=True), cpu_ratio("replay", servers_only=True)
-    print(f"Without the load generator's share (PostgreSQL + demo + Redis only: the ratios the servers' cores allow when the clients run on another machine): first execution **{sf:.2f}**, replay **{sp:.2f}**. The load generator shares the machine's cores: its CPU per request weighs little beside a payment's and about as much as a replay's, so it holds the replay ratio down.")
+    # The load generator's share of each scenario's CPU per request (median of the rounds).
+    def load_share(name):
+        cpus = [http_cpu_per_request(name, i) for i in range(len(http_rounds))]
+        return statistics.median(c[0]["load"] / c[1] for c in cpus if c and c[1])
+    print(f"Without the load generator's share (PostgreSQL + demo + Redis only: the ratios the servers' cores allow when the clients run on another machine): first execution **{sf:.2f}**, replay **{sp:.2f}**. The load generator shares the machine's cores: it spent {load_share('unprotected'):.0%} of the CPU per request of the payment without idempotency, {load_share('first'):.0%} of a first execution's and {load_share('replay'):.0%} of a replay's.")
 print(f"Peak resident memory of the demo during the HTTP bench: **{peak_kib/1024:.1f} MiB** (target: under 100 MiB).\n")
 print("## Replay tiers, one client (criterion)\n")
 print("```")
