@@ -88,12 +88,14 @@ pub(crate) fn fnv1a_bytes(bytes: &[u8]) -> u64 {
 /// under the demo's balance (1000.00) so that no payment is rejected.
 pub fn payment_body(key: &str) -> String {
     let cents = 100 + fnv1a(key) % 99_800;
-    serde_json::json!({
-        "orderId": key,
-        "recipient": "load",
-        "amount": format!("{}.{:02}", cents / 100, cents % 100),
-    })
-    .to_string()
+    // The bytes `serde_json::json!` gave (keys in order), written without building a `Value`
+    // map for every request; the key is escaped as a JSON string by its `Value`'s `Display`.
+    let order = serde_json::Value::from(key);
+    format!(
+        "{{\"amount\":\"{}.{:02}\",\"orderId\":{order},\"recipient\":\"load\"}}",
+        cents / 100,
+        cents % 100
+    )
 }
 
 /// The `Idempotency-Key` sent for `key` to `POST /charges`, which takes UUID keys only: a
@@ -147,6 +149,25 @@ mod tests {
         assert_eq!(body["orderId"], "a-1");
         let amount: f64 = body["amount"].as_str().unwrap().parse().unwrap();
         assert!((1.0..1000.0).contains(&amount), "{amount}");
+    }
+
+    #[test]
+    fn the_body_is_the_bytes_a_json_value_gives() {
+        for key in [
+            "a-1",
+            "quote\" back\\slash",
+            "tab\tnewline\n",
+            "unicode é ✓",
+        ] {
+            let cents = 100 + fnv1a(key) % 99_800;
+            let expected = serde_json::json!({
+                "orderId": key,
+                "recipient": "load",
+                "amount": format!("{}.{:02}", cents / 100, cents % 100),
+            })
+            .to_string();
+            assert_eq!(payment_body(key), expected, "{key:?}");
+        }
     }
 
     #[test]

@@ -73,7 +73,6 @@ pub async fn run(config: &LoadConfig) -> Result<Report, Error> {
         config.endpoint,
         config.tenant.clone(),
         config.timeout,
-        config.clients,
     )?;
     let limit = match (config.requests, config.keys.limit()) {
         (Some(a), Some(b)) => a.min(b),
@@ -99,7 +98,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report, Error> {
 
     let mut clients = Vec::with_capacity(config.clients);
     for _ in 0..config.clients.max(1) {
-        let (client, issued, keys) = (client.clone(), Arc::clone(&issued), Arc::clone(&keys));
+        let (mut session, issued, keys) =
+            (client.session(), Arc::clone(&issued), Arc::clone(&keys));
         clients.push(tokio::spawn(async move {
             let mut tally = Tally::new(track_keys);
             loop {
@@ -112,7 +112,7 @@ pub async fn run(config: &LoadConfig) -> Result<Report, Error> {
                 }
                 let Some(key) = keys.key(n) else { break };
                 let sent = Instant::now();
-                let reply = client.send(&key, instance_of(n, pool, instances)).await;
+                let reply = session.send(&key, instance_of(n, pool, instances)).await;
                 tally.record(&key, sent - start, sent.elapsed(), reply);
             }
             tally
