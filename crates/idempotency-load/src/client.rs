@@ -131,6 +131,25 @@ impl Reply {
     }
 }
 
+/// The fields of an answer's JSON body that a reply keeps; the rest is skipped unparsed.
+#[derive(Deserialize)]
+struct PaymentFields<'a> {
+    #[serde(rename = "paymentId", borrow)]
+    payment_id: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ChargeFields<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ProblemFields<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+}
+
 /// What every request of a run shares: the instances, the endpoint, the tenant and the bound on
 /// one request. Each concurrent client sends through a [`Session`] of its own.
 #[derive(Debug, Clone)]
@@ -262,6 +281,40 @@ impl HttpClient {
                 .body(Full::new(Bytes::from(payment_body(key)))),
         }
     }
+
+    /// What an answer from instance `instance` says.
+    fn reply(&self, instance: usize, parts: &http::response::Parts, body: &Bytes) -> Reply {
+        let header = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
+        let problem_json =
+            header(CONTENT_TYPE.as_str()).is_some_and(|v| v.starts_with(PROBLEM_JSON));
+        let mut reply = Reply {
+            status: Status::Http(parts.status.as_u16()),
+            replayed: header(REPLAYED).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")),
+            payment_id: None,
+            body_digest: None,
+            instance,
+            problem_json,
+            problem_type: None,
+        };
+        if problem_json {
+            reply.problem_type = serde_json::from_slice::<ProblemFields<'_>>(body)
+                .ok()
+                .and_then(|p| p.kind)
+                .map(|t| t.rsplit('/').next().unwrap_or_default().to_owned());
+        } else if self.endpoint.keyed() && parts.status.as_u16() == 201 {
+            reply.payment_id = match self.endpoint {
+                Endpoint::Charges => serde_json::from_slice::<ChargeFields<'_>>(body)
+                    .ok()
+                    .and_then(|b| b.id),
+                _ => serde_json::from_slice::<PaymentFields<'_>>(body)
+                    .ok()
+                    .and_then(|b| b.payment_id),
+            }
+            .map(Cow::into_owned);
+            reply.body_digest = Some(crate::keys::fnv1a_bytes(body));
+        }
+        reply
+    }
 }
 
 /// The connections of one concurrent client: HTTP/1.1 with keep-alive, one per instance, each
@@ -374,71 +427,19 @@ impl Session {
         let answer = tokio::time::timeout(client.timeout, exchange).await;
         let (parts, body) = match answer {
             Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => {
+            failed => {
+                // Failed, or timed out with its answer perhaps still to come: either way the
+                // connection cannot carry another request.
                 self.connections[instance] = None;
-                return Reply::without_answer(Status::Failed, instance);
-            }
-            Err(_) => {
-                // The answer may still arrive on this connection: it cannot carry another.
-                self.connections[instance] = None;
-                return Reply::without_answer(Status::Timeout, instance);
+                let status = if failed.is_err() {
+                    Status::Timeout
+                } else {
+                    Status::Failed
+                };
+                return Reply::without_answer(status, instance);
             }
         };
         client.reply(instance, &parts, &body)
-    }
-}
-
-/// The fields of an answer's JSON body that a reply keeps; the rest is skipped unparsed.
-#[derive(Deserialize)]
-struct PaymentFields<'a> {
-    #[serde(rename = "paymentId", borrow)]
-    payment_id: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct ChargeFields<'a> {
-    #[serde(borrow)]
-    id: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct ProblemFields<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Option<Cow<'a, str>>,
-}
-
-impl HttpClient {
-    fn reply(&self, instance: usize, parts: &http::response::Parts, body: &Bytes) -> Reply {
-        let header = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
-        let problem_json =
-            header(CONTENT_TYPE.as_str()).is_some_and(|v| v.starts_with(PROBLEM_JSON));
-        let mut reply = Reply {
-            status: Status::Http(parts.status.as_u16()),
-            replayed: header(REPLAYED).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")),
-            payment_id: None,
-            body_digest: None,
-            instance,
-            problem_json,
-            problem_type: None,
-        };
-        if problem_json {
-            reply.problem_type = serde_json::from_slice::<ProblemFields<'_>>(body)
-                .ok()
-                .and_then(|p| p.kind)
-                .map(|t| t.rsplit('/').next().unwrap_or_default().to_owned());
-        } else if self.endpoint.keyed() && parts.status.as_u16() == 201 {
-            reply.payment_id = match self.endpoint {
-                Endpoint::Charges => serde_json::from_slice::<ChargeFields<'_>>(body)
-                    .ok()
-                    .and_then(|b| b.id),
-                _ => serde_json::from_slice::<PaymentFields<'_>>(body)
-                    .ok()
-                    .and_then(|b| b.payment_id),
-            }
-            .map(Cow::into_owned);
-            reply.body_digest = Some(crate::keys::fnv1a_bytes(body));
-        }
-        reply
     }
 }
 
@@ -464,6 +465,18 @@ mod tests {
         Hang,
     }
 
+    /// Appends what the peer sent next to `buffer`; `false` once it closed or failed.
+    async fn read_more(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> bool {
+        let mut chunk = [0u8; 1024];
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                buffer.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+
     /// A one-route HTTP/1.1 server on loopback: every request gets a 201 replay of a payment.
     /// Returns its base URL and the number of connections it accepted so far.
     async fn server(after: After) -> (String, Arc<AtomicUsize>) {
@@ -483,10 +496,8 @@ mod tests {
                             if let Some(i) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
                                 break i + 4;
                             }
-                            let mut chunk = [0u8; 1024];
-                            match socket.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            if !read_more(&mut socket, &mut buffer).await {
+                                return;
                             }
                         };
                         let head = String::from_utf8_lossy(&buffer[..head_end]).to_lowercase();
@@ -495,10 +506,8 @@ mod tests {
                             .find_map(|l| l.strip_prefix("content-length:"))
                             .map_or(0, |v| v.trim().parse().unwrap());
                         while buffer.len() < head_end + length {
-                            let mut chunk = [0u8; 1024];
-                            match socket.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            if !read_more(&mut socket, &mut buffer).await {
+                                return;
                             }
                         }
                         assert!(head.contains("\r\nhost: 127.0.0.1:"), "{head}");
