@@ -405,9 +405,9 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
     }
     println!();
     println!(
-        "| relay commit-to-ack (steady producer, ordered, NOTIFY, 2 workers, batch 100) | events | events/s | p50 | p99 | max | not acked after 60 s |"
+        "| relay commit-to-ack (steady producer, ordered, NOTIFY, 2 workers, batch 100) | events | events/s | p50 | p99 | max | not acked after 60 s | p99 commit to claimed | p99 claimed to acked |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (every_commit, label) in [
         (false, ""),
         (true, ", NOTIFY every commit and no look-again (0s, 0s)"),
@@ -415,7 +415,7 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
         let latency =
             outbox::commit_to_ack(args.latency_rate, args.latency_seconds, every_commit).await;
         println!(
-            "| commit-to-ack at {} events/s{label} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {} |",
+            "| commit-to-ack at {} events/s{label} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {} | {:.2} ms | {:.2} ms |",
             args.latency_rate,
             latency.events,
             latency.rate,
@@ -423,6 +423,8 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
             latency.p99.as_secs_f64() * 1e3,
             latency.max.as_secs_f64() * 1e3,
             latency.unacked,
+            latency.claimed_p99.as_secs_f64() * 1e3,
+            latency.acked_p99.as_secs_f64() * 1e3,
         );
     }
 }

@@ -576,7 +576,9 @@ pub(crate) async fn relay_drain(
 /// Records when the broker confirmed each message: the publish ack's arrival.
 struct AckTimes<P> {
     inner: P,
-    acks: Arc<Mutex<HashMap<Uuid, Instant>>>,
+    /// Per message: when its publish started (right after the claim that handed it out
+    /// returned: the relay publishes a batch's messages at once) and when it was acked.
+    acks: Arc<Mutex<HashMap<Uuid, (Instant, Instant)>>>,
 }
 
 impl<P: Publisher> Publisher for AckTimes<P> {
@@ -585,11 +587,12 @@ impl<P: Publisher> Publisher for AckTimes<P> {
     }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        let started = Instant::now();
         let ack = self.inner.publish(message).await?;
         self.acks
             .lock()
             .expect("ack times")
-            .insert(message.id, Instant::now());
+            .insert(message.id, (started, Instant::now()));
         Ok(ack)
     }
 }
@@ -606,6 +609,11 @@ pub(crate) struct Latency {
     pub(crate) p50: Duration,
     pub(crate) p99: Duration,
     pub(crate) max: Duration,
+    /// p99 of the first part of each sample: from the commit to the start of its publish
+    /// (waiting for a worker's claim, and the claim itself).
+    pub(crate) claimed_p99: Duration,
+    /// p99 of the second part: from the start of its publish to the broker's ack.
+    pub(crate) acked_p99: Duration,
 }
 
 /// Events produced before the sampled ones, at the same rate.
@@ -620,7 +628,9 @@ const PRODUCERS: usize = 24;
 /// 20 ms look-again; 200 aggregates), each in
 /// a transaction of its own, while a relay of 2 workers (batch 100) publishes them to
 /// JetStream. Each sample runs from the producer's commit returning to the relay receiving
-/// that message's JetStream publish ack.
+/// that message's JetStream publish ack; it is also split at the start of the message's
+/// publish (the relay publishes a claimed batch at once), so that the p99 of each part shows
+/// whether a slow message waited to be claimed or waited for the broker.
 ///
 /// The first [`WARMUP`] of events are produced at the same rate but not sampled: the pool
 /// opens its connections and prepares its statements then, and the fresh table and stream
@@ -723,35 +733,65 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64, every_commit: bool) -
     .execute(&pool)
     .await;
     let acks = acks.lock().expect("ack times");
-    let mut samples: Vec<Duration> = commits
+    // Per acked sample: (commit to ack, commit to publish start, publish start to ack).
+    let parts: Vec<(Duration, Duration, Duration)> = commits
         .iter()
         .filter_map(|(id, committed)| {
-            acks.get(id)
-                .map(|acked| acked.saturating_duration_since(*committed))
+            acks.get(id).map(|(started, acked)| {
+                (
+                    acked.saturating_duration_since(*committed),
+                    started.saturating_duration_since(*committed),
+                    acked.saturating_duration_since(*started),
+                )
+            })
         })
         .collect();
-    let unacked = commits.len() - samples.len();
-    samples.sort();
-    if samples.is_empty() {
-        // Nothing acked: the percentiles read 0 beside `unacked`, instead of a panic.
-        samples.push(Duration::ZERO);
-    }
-    let at = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
+    let unacked = commits.len() - parts.len();
+    let total_of = sorted(parts.iter().map(|p| p.0));
+    let p99_of = |part: Vec<Duration>| quantile(&part, 0.99);
     Latency {
         events: commits.len(),
         unacked,
         rate: (total - warmup) as f64 / sampled.as_secs_f64(),
-        p50: at(0.5),
-        p99: at(0.99),
-        max: at(1.0),
+        p50: quantile(&total_of, 0.5),
+        p99: quantile(&total_of, 0.99),
+        max: quantile(&total_of, 1.0),
+        claimed_p99: p99_of(sorted(parts.iter().map(|p| p.1))),
+        acked_p99: p99_of(sorted(parts.iter().map(|p| p.2))),
     }
+}
+
+fn sorted(samples: impl Iterator<Item = Duration>) -> Vec<Duration> {
+    let mut samples: Vec<Duration> = samples.collect();
+    samples.sort();
+    samples
+}
+
+/// The `p` quantile (nearest rank) of sorted `samples`; 0 when there is none (nothing acked:
+/// the percentiles read 0 beside `unacked`, instead of a panic).
+fn quantile(samples: &[Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
+    use std::time::Duration;
 
-    use super::drain_events;
+    use super::{drain_events, quantile, sorted};
+
+    #[test]
+    fn quantiles_are_nearest_rank_and_zero_without_samples() {
+        let ms = Duration::from_millis;
+        assert_eq!(quantile(&[], 0.99), Duration::ZERO);
+        let samples = sorted((1..=100).rev().map(ms));
+        assert_eq!(quantile(&samples, 0.5), ms(51));
+        assert_eq!(quantile(&samples, 0.99), ms(99));
+        assert_eq!(quantile(&samples, 1.0), ms(100));
+    }
 
     #[test]
     fn drained_events_spread_over_the_asked_number_of_aggregates() {
