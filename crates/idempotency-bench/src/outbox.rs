@@ -747,20 +747,20 @@ pub(crate) async fn commit_to_ack(rate: u64, seconds: u64, every_commit: bool) -
         })
         .collect();
     let unacked = commits.len() - parts.len();
-    let total_of = sorted(parts.iter().map(|p| p.0));
-    let p99_of = |part: Vec<Duration>| quantile(&part, 0.99);
+    let totals = sorted(parts.iter().map(|p| p.0));
     Latency {
         events: commits.len(),
         unacked,
         rate: (total - warmup) as f64 / sampled.as_secs_f64(),
-        p50: quantile(&total_of, 0.5),
-        p99: quantile(&total_of, 0.99),
-        max: quantile(&total_of, 1.0),
-        claimed_p99: p99_of(sorted(parts.iter().map(|p| p.1))),
-        acked_p99: p99_of(sorted(parts.iter().map(|p| p.2))),
+        p50: quantile(&totals, 0.5),
+        p99: quantile(&totals, 0.99),
+        max: quantile(&totals, 1.0),
+        claimed_p99: quantile(&sorted(parts.iter().map(|p| p.1)), 0.99),
+        acked_p99: quantile(&sorted(parts.iter().map(|p| p.2)), 0.99),
     }
 }
 
+/// The samples, in ascending order.
 fn sorted(samples: impl Iterator<Item = Duration>) -> Vec<Duration> {
     let mut samples: Vec<Duration> = samples.collect();
     samples.sort();
