@@ -230,7 +230,9 @@ expect_status 200; expect_json "b['status']" UP; expect_json "b['database']" UP;
 step "metrics: idempotency meters are exposed"
 req GET /metrics
 expect_status 200
-printf '%s\n' "$BODY" | grep -q '^idempotency_replays_total{' || fail "idempotency_replays_total missing"
-printf '%s\n' "$BODY" | grep -q '^idempotency_persisted_total{' || fail "idempotency_persisted_total missing"; ok
+# A here-string, not printf | grep -q: under pipefail, grep leaving at the first match fails the
+# pipeline with printf's SIGPIPE (141) when the body is still being written.
+grep -q '^idempotency_replays_total{' <<<"$BODY" || fail "idempotency_replays_total missing"
+grep -q '^idempotency_persisted_total{' <<<"$BODY" || fail "idempotency_persisted_total missing"; ok
 
 echo "all scenarios passed"
