@@ -9,7 +9,8 @@
 #   PEERS=0 scripts/bench.sh          # without the peer libraries (installed by scripts/peers.sh
 #                                     # into $PEERS_DIR, default /var/tmp/idempotency-peers)
 #
-# Raw outputs are kept in target/bench/.
+# Raw outputs are kept in target/bench/. With strace installed (Debian's `strace`), the HTTP
+# bench also counts the demo's system calls per request.
 #
 # Figures that are compared are measured in the same run (ratios), because the machine is
 # shared and noisy; absolute numbers move from run to run, ratios much less.
@@ -116,7 +117,7 @@ measure() {
 }
 # Interleaved rounds, like the load bench: each round runs the three scenarios of a ratio back
 # to back, so both sides of it share the same background load and the same table sizes.
-rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-*
+rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-* "$out"/syscalls-*
 for round in $(seq 1 "$http_rounds"); do
   echo "   round $round of $http_rounds ($http_seconds per scenario)"
   measure "http-unprotected-$round" --endpoint unprotected
@@ -124,6 +125,25 @@ for round in $(seq 1 "$http_rounds"); do
   measure "http-replay-$round" --replay "bench-replay-key"
 done
 load --endpoint health > "$out/http-health.json"
+# System calls per request of each scenario, counted by strace on the demo over 2,000 requests
+# after the timed rounds (tracing slows the demo, so it is never on while the rounds are timed).
+# Unlike the timings, these counts hardly move with the machine's load: a statement more per
+# request shows up here as one more `sendto`.
+# Without strace, or where it may not attach, the section is left out.
+if command -v strace >/dev/null; then
+  for name in unprotected first replay; do
+    case "$name" in
+      unprotected) args=(--endpoint unprotected) ;;
+      first) args=(--fresh) ;;
+      replay) args=(--replay "bench-replay-key") ;;
+    esac
+    strace -f -c -q -p "$demo_pid" -o "$out/syscalls-$name.txt" 2>/dev/null & tracer=$!
+    sleep 1
+    "$target/idempotency-load" --url "http://127.0.0.1:$port" --clients 16 --requests 2000 --json \
+      "${args[@]}" > "$out/syscalls-$name.json"
+    kill -INT "$tracer" 2>/dev/null || true; wait "$tracer" 2>/dev/null || true
+  done
+fi
 kill "$sampler" 2>/dev/null || true
 kill "$demo_pid"; wait "$demo_pid" 2>/dev/null || true; demo_pid=
 else
@@ -394,6 +414,41 @@ if cf is not None and cp is not None:
     sf, sp = cpu_ratio("first", servers_only=True), cpu_ratio("replay", servers_only=True)
     print(f"Without the load generator's share (PostgreSQL + demo + Redis only: the ratios the servers' cores allow when the clients run on another machine): first execution **{sf:.2f}**, replay **{sp:.2f}**. The load generator shares the machine's cores: it spent {load_share('unprotected'):.0%} of the CPU per request of the payment without idempotency, {load_share('first'):.0%} of a first execution's and {load_share('replay'):.0%} of a replay's.")
 print(f"Peak resident memory of the demo during the HTTP bench: **{peak_kib/1024:.1f} MiB** (target: under 100 MiB).\n")
+# strace -c's summary: "% time, seconds, usecs/call, calls, [errors,] syscall" per line.
+def syscalls(name):
+    text, report = read(f"syscalls-{name}.txt"), read(f"syscalls-{name}.json")
+    try:
+        requests = json.loads(report).get("requests", 0)
+    except ValueError:
+        return None
+    calls = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
+            calls[fields[-1]] = int(fields[3])
+    return {k: v / requests for k, v in calls.items()} if requests and calls else None
+SYSCALLS = ["sendto", "writev", "recvfrom", "futex", "write", "epoll_wait"]
+counted = {name: syscalls(name) for name in ["unprotected", "first", "replay"]}
+if all(counted.values()):
+    print("System calls of the demo per request (`strace -f -c` attached to the demo for 2,000 requests")
+    print("of each scenario, after the timed rounds). `sendto` is exact; the others move a little with")
+    print("timing (a read that finds nothing yet, a thread that was already awake), far less than the")
+    print("timings do:\n")
+    print(f"| endpoint | {' | '.join(f'`{c}`' for c in SYSCALLS)} | all |")
+    print("|---|" + "---:|" * (len(SYSCALLS) + 1))
+    for name, per in counted.items():
+        print(f"| {label[name]} | {' | '.join(f'{per.get(c, 0):.2f}' for c in SYSCALLS)} | {sum(per.values()):.2f} |")
+    print()
+    print("`sendto` is a message sqlx sends to PostgreSQL: one per statement (`BEGIN` and `COMMIT` included)")
+    print("and one for the ping with which sqlx 0.9 takes back every connection. `writev` is the answer")
+    print("to the client, plus fred's writes to Redis (several requests' commands share a write).")
+    print("`futex` and `write` (to tokio's eventfd) wake another thread. On a virtual machine each message")
+    print("to a local server also wakes that server's process on the other core, which is most of the")
+    print("kernel's share of the demo's CPU in a profile (`perf record -e cpu-clock -g`): the difference")
+    print("in PostgreSQL messages between a payment without idempotency and a first execution is the")
+    print("claim and the completion, a round trip each.\n")
+else:
+    print("System calls per request were not counted in this run (strace is not installed or could not attach).\n")
 print("## Replay tiers, one client (criterion)\n")
 print("```")
 print(read("replay.txt").strip())
