@@ -89,7 +89,16 @@ peak=0
 rm -f "$out/rss"
 sample() { while kill -0 "$demo_pid" 2>/dev/null; do r=$(rss); [ "${r:-0}" -gt "$peak" ] && peak=$r && echo "$peak" > "$out/rss"; sleep 0.2; done; }
 sample & sampler=$!
-load() { "$target/idempotency-load" --url "http://127.0.0.1:$port" --clients 16 --duration "$http_seconds" --json "$@"; }
+client() { "$target/idempotency-load" --url "http://127.0.0.1:$port" --clients 16 --json "$@"; }
+load() { client --duration "$http_seconds" "$@"; }
+# The load generator's arguments for each payment scenario, into `args`.
+scenario_args() {
+  case "$1" in
+    unprotected) args=(--endpoint unprotected) ;;
+    first) args=(--fresh) ;;
+    replay) args=(--replay "bench-replay-key") ;;
+  esac
+}
 # CPU time (clock ticks, utime + stime) of every PostgreSQL and Redis process and of the demo, one
 # "name pid ticks" line each: a snapshot before and after a scenario gives its CPU per process,
 # per pid, so a backend that starts or ends during the run is counted for its own share only. The
@@ -120,9 +129,10 @@ measure() {
 rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-* "$out"/syscalls-*
 for round in $(seq 1 "$http_rounds"); do
   echo "   round $round of $http_rounds ($http_seconds per scenario)"
-  measure "http-unprotected-$round" --endpoint unprotected
-  measure "http-first-$round" --fresh
-  measure "http-replay-$round" --replay "bench-replay-key"
+  for name in unprotected first replay; do
+    scenario_args "$name"
+    measure "http-$name-$round" "${args[@]}"
+  done
 done
 load --endpoint health > "$out/http-health.json"
 # System calls per request of each scenario, counted by strace on the demo over 2,000 requests
@@ -132,15 +142,10 @@ load --endpoint health > "$out/http-health.json"
 # Without strace, or where it may not attach, the section is left out.
 if command -v strace >/dev/null; then
   for name in unprotected first replay; do
-    case "$name" in
-      unprotected) args=(--endpoint unprotected) ;;
-      first) args=(--fresh) ;;
-      replay) args=(--replay "bench-replay-key") ;;
-    esac
+    scenario_args "$name"
     strace -f -c -q -p "$demo_pid" -o "$out/syscalls-$name.txt" 2>/dev/null & tracer=$!
     sleep 1
-    "$target/idempotency-load" --url "http://127.0.0.1:$port" --clients 16 --requests 2000 --json \
-      "${args[@]}" > "$out/syscalls-$name.json"
+    client --requests 2000 "${args[@]}" > "$out/syscalls-$name.json"
     kill -INT "$tracer" 2>/dev/null || true; wait "$tracer" 2>/dev/null || true
   done
 fi
