@@ -158,11 +158,16 @@ where
         }
     }
 
-    /// Runs one Redis call through the breaker and the timeout.
-    async fn call<T>(
-        &self,
-        call: impl Future<Output = Result<T, fred::error::Error>>,
-    ) -> Result<T, CacheError> {
+    /// Runs one Redis call, made by `make`, through the breaker and the timeout.
+    ///
+    /// The call is made only once the breaker lets it through, and lives on the heap: a fred
+    /// command future is about 5 KiB, and held inline it would make every future that awaits a
+    /// cache (up to the HTTP handler's, which the server moves into a box per request) that much
+    /// larger, cache hit or not.
+    async fn call<T, F>(&self, make: impl FnOnce() -> F) -> Result<T, CacheError>
+    where
+        F: Future<Output = Result<T, fred::error::Error>>,
+    {
         let Some(permit) = self.breaker.allow() else {
             self.counters
                 .short_circuited
@@ -170,7 +175,7 @@ where
             return Err(CacheError::CircuitOpen);
         };
         // Cancelled at this `.await`, the permit is dropped unreported: a failure.
-        match tokio::time::timeout(self.timeout, call).await {
+        match tokio::time::timeout(self.timeout, Box::pin(make())).await {
             Ok(Ok(value)) => {
                 permit.success();
                 Ok(value)
@@ -250,7 +255,7 @@ where
     async fn write_batch(&self, batch: &mut Vec<Entry>) {
         let entries = u64::try_from(batch.len()).unwrap_or(u64::MAX);
         let sets = batch.drain(..).map(|entry| self.write(entry));
-        if let Err(error) = self.call(futures_util::future::try_join_all(sets)).await {
+        if let Err(error) = self.call(|| futures_util::future::try_join_all(sets)).await {
             self.counters
                 .unwritten
                 .fetch_add(entries, Ordering::Relaxed);
@@ -265,7 +270,7 @@ where
 {
     async fn get(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, CacheError> {
         let key = self.key_for(id);
-        let found = self.call(read(&self.client, &key)).await?;
+        let found = self.call(|| read(&self.client, &key)).await?;
         let corrupt: BoxError = match found {
             Found::Nothing => return Ok(None),
             Found::OtherType(error) => Box::new(error),
@@ -284,7 +289,7 @@ where
             error = %corrupt,
             "corrupt idempotency cache entry; deleting it"
         );
-        let _: Result<i64, _> = self.call(self.client.del(key.as_str())).await;
+        let _: Result<i64, _> = self.call(|| self.client.del(key.as_str())).await;
         Err(CacheError::Corrupt(corrupt))
     }
 
@@ -317,7 +322,7 @@ where
                 }
             }
         };
-        self.call(self.write(entry)).await
+        self.call(|| self.write(entry)).await
     }
 
     fn failure_policy(&self) -> FailurePolicy {

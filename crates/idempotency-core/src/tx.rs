@@ -74,7 +74,10 @@ impl<S: IdempotencyStore> Tx<S> {
 
     /// Begins a transaction on `store`.
     pub async fn begin(store: &S) -> Result<Self, StoreError> {
-        Ok(Self::new(store.begin().await?))
+        // On the heap: a pool's `begin` may open a connection, and its future is large (sqlx's
+        // PostgreSQL pool: about 8.5 KiB). Inline, it would make every future that may begin a
+        // transaction that much larger, including a replay's, which never does.
+        Ok(Self::new(Box::pin(store.begin()).await?))
     }
 
     /// The connection, for the application's own statements.

@@ -81,7 +81,11 @@ where
         if !service.config().lookup_before_acquire {
             return Ok(None);
         }
-        let Some(record) = service.store().lookup(id).await.map_err(Core::Store)? else {
+        // Boxed: the lookup acquires a pooled connection, a large future (see `Tx::begin`).
+        let Some(record) = Box::pin(service.store().lookup(id))
+            .await
+            .map_err(Core::Store)?
+        else {
             return Ok(None);
         };
         let record = Arc::new(record);

@@ -203,7 +203,8 @@ where
         if let Some(outcome) = inner.replay_cached(id, fingerprint).await? {
             return Ok(Some(outcome));
         }
-        let Some(record) = inner.store.lookup(id).await? else {
+        // Boxed like `Tx::begin`: the lookup acquires a pooled connection, a large future.
+        let Some(record) = Box::pin(inner.store.lookup(id)).await? else {
             return Ok(None);
         };
         if !record.is_terminal() {
