@@ -4,7 +4,12 @@
 use std::time::Duration;
 
 use idempotency_core::{CacheError, IdempotencyMetrics, Level, RecordStatus};
-use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use metrics::{Unit, counter, describe_counter, describe_histogram};
+
+mod cached;
+mod handles;
+
+pub use cached::CachedMetrics;
 
 /// Metric names, one scheme for both halves of the workspace (the outbox's `outbox_*` too):
 /// Prometheus names, `_total` on counters, `_seconds` on durations.
@@ -141,50 +146,42 @@ impl FacadeMetrics {
 
 impl IdempotencyMetrics for FacadeMetrics {
     fn lookup_hit(&self, operation: &str, level: Level) {
-        counter!(names::LOOKUP_HITS, "operation" => operation.to_owned(), "level" => level.as_str()).increment(1);
+        handles::lookup_hits(operation, level).increment(1);
     }
 
     fn replayed(&self, operation: &str, status: RecordStatus) {
-        counter!(names::REPLAYS, "operation" => operation.to_owned(), "status" => status.as_str())
-            .increment(1);
+        handles::replays(operation, status).increment(1);
     }
 
     fn payload_conflict(&self, operation: &str) {
-        counter!(names::CONFLICTS, "operation" => operation.to_owned()).increment(1);
+        handles::conflicts(operation).increment(1);
     }
 
     fn acquired(&self, operation: &str) {
-        counter!(names::ACQUIRED, "operation" => operation.to_owned()).increment(1);
+        handles::acquired(operation).increment(1);
     }
 
     fn acquire_conflict(&self, operation: &str) {
-        counter!(names::ACQUIRE_CONFLICTS, "operation" => operation.to_owned()).increment(1);
+        handles::acquire_conflicts(operation).increment(1);
     }
 
     fn acquire_wait(&self, operation: &str, waited: Duration) {
-        histogram!(names::ACQUIRE_WAIT, "operation" => operation.to_owned())
-            .record(waited.as_secs_f64());
+        handles::acquire_wait(operation).record(waited.as_secs_f64());
     }
 
     fn persisted(&self, operation: &str, status: RecordStatus) {
-        counter!(names::PERSISTED, "operation" => operation.to_owned(), "status" => status.as_str()).increment(1);
+        handles::persisted(operation, status).increment(1);
     }
 
     fn cache_error(&self, operation: &str, level: Level, error: &CacheError) {
-        counter!(
-            names::CACHE_ERRORS,
-            "operation" => operation.to_owned(),
-            "level" => level.as_str(),
-            "kind" => error.kind()
-        )
-        .increment(1);
+        handles::cache_errors(operation, level, error).increment(1);
     }
 
     fn in_flight(&self, operation: &str) {
-        counter!(names::IN_FLIGHT, "operation" => operation.to_owned()).increment(1);
+        handles::in_flight(operation).increment(1);
     }
 
     fn cleanup_deleted(&self, count: u64) {
-        counter!(names::CLEANUP_DELETED).increment(count);
+        handles::cleanup_deleted().increment(count);
     }
 }

@@ -1,5 +1,6 @@
 //! Every meter, with its labels, through the real service on PostgreSQL, read back with
-//! `metrics_util::debugging::DebuggingRecorder`.
+//! `metrics_util::debugging::DebuggingRecorder`: once with `FacadeMetrics`, once with
+//! `CachedMetrics`.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
@@ -12,9 +13,10 @@ use idempotency_core::config::CleanupConfig;
 use idempotency_core::testing::RecordingCache;
 use idempotency_core::{
     CacheError, Call, DistributedCache, Error, ExecutionResult, FailurePolicy, IdempotencyKey,
-    IdempotencyRecord, IdempotencyService, InFlightPolicy, Outcome, RecordId, ServiceConfig,
+    IdempotencyMetrics, IdempotencyRecord, IdempotencyService, InFlightPolicy, Outcome, RecordId,
+    ServiceConfig,
 };
-use idempotency_metrics::{FacadeMetrics, names};
+use idempotency_metrics::{CachedMetrics, FacadeMetrics, names};
 use idempotency_pg::PgStore;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -89,14 +91,15 @@ fn counter(
     }
 }
 
-async fn run<L, D>(
-    service: &IdempotencyService<PgStore, L, D, FacadeMetrics>,
+async fn run<L, D, M>(
+    service: &IdempotencyService<PgStore, L, D, M>,
     key: &str,
     body: i32,
 ) -> Result<Outcome<i32>, Error>
 where
     L: idempotency_core::LocalCache,
     D: DistributedCache,
+    M: IdempotencyMetrics,
 {
     service
         .execute(
@@ -113,6 +116,16 @@ where
 
 #[tokio::test]
 async fn every_meter_with_its_labels() {
+    every_meter(FacadeMetrics).await;
+}
+
+#[tokio::test]
+async fn every_meter_with_its_labels_from_kept_handles() {
+    every_meter(CachedMetrics::default()).await;
+}
+
+/// Drives every meter through services sharing `meters` and checks each one's value.
+async fn every_meter<M: IdempotencyMetrics + Clone>(meters: M) {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
@@ -126,7 +139,7 @@ async fn every_meter_with_its_labels() {
     };
     let plain = IdempotencyService::builder(store.clone())
         .config(config.clone())
-        .metrics(FacadeMetrics)
+        .metrics(meters.clone())
         .build();
 
     run(&plain, "k1", 1).await.unwrap(); // acquired, persisted COMPLETED
@@ -139,7 +152,7 @@ async fn every_meter_with_its_labels() {
     run(&plain, "k2", -1).await.unwrap(); // replay REJECTED
 
     let cached = IdempotencyService::builder(store.clone())
-        .metrics(FacadeMetrics)
+        .metrics(meters.clone())
         .local_cache(RecordingCache::default())
         .distributed_cache(MemoryL2::default())
         .build();
@@ -147,14 +160,14 @@ async fn every_meter_with_its_labels() {
     run(&cached, "k3", 3).await.unwrap(); // lookup local
     let l2 = MemoryL2::default();
     let second_instance = IdempotencyService::builder(store.clone())
-        .metrics(FacadeMetrics)
+        .metrics(meters.clone())
         .distributed_cache(l2.clone())
         .build();
     run(&second_instance, "k4", 4).await.unwrap();
     run(&second_instance, "k4", 4).await.unwrap(); // lookup distributed
 
     let broken = IdempotencyService::builder(store.clone())
-        .metrics(FacadeMetrics)
+        .metrics(meters.clone())
         .distributed_cache(MemoryL2 {
             broken: true,
             ..Default::default()
@@ -167,7 +180,7 @@ async fn every_meter_with_its_labels() {
             in_flight: InFlightPolicy::Reject,
             ..Default::default()
         })
-        .metrics(FacadeMetrics)
+        .metrics(meters.clone())
         .build();
     let mut holder = reject.begin().await.unwrap();
     let _: Outcome<i32> = reject
@@ -186,8 +199,7 @@ async fn every_meter_with_its_labels() {
     holder.rollback().await.unwrap();
 
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let job =
-        CleanupJob::from_config(store.clone(), &CleanupConfig::default(), FacadeMetrics).unwrap();
+    let job = CleanupJob::from_config(store.clone(), &CleanupConfig::default(), meters).unwrap();
     let deleted = job.run_once().await.unwrap().deleted;
     assert_eq!(deleted, 2, "k1 and k2 expired");
 

@@ -22,9 +22,11 @@ pub type DistributedTier = Option<idempotency_cache_redis::RedisCache>;
 #[cfg(not(feature = "redis"))]
 pub type DistributedTier = idempotency_core::NoCache;
 
-/// The metrics of the assembled service: the `metrics` facade (feature `metrics`).
+/// The metrics of the assembled service: the `metrics` facade, each handle registered once
+/// with the global recorder that [`metrics::install`](crate::metrics::install) sets up
+/// (feature `metrics`).
 #[cfg(feature = "metrics")]
-pub type Meters = idempotency_metrics::FacadeMetrics;
+pub type Meters = idempotency_metrics::CachedMetrics;
 /// The metrics of the assembled service: none (feature `metrics` is off).
 #[cfg(not(feature = "metrics"))]
 pub type Meters = idempotency_core::NoopMetrics;

@@ -6,7 +6,7 @@ use idempotency_core::IdempotencyStore;
 pub use idempotency_metrics::prometheus::{
     BuildError, PrometheusBuilder, PrometheusHandle, SECONDS_BUCKETS, builder,
 };
-pub use idempotency_metrics::{FacadeMetrics, names};
+pub use idempotency_metrics::{CachedMetrics, FacadeMetrics, names};
 
 use crate::assemble::Service;
 

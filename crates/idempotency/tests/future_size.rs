@@ -11,12 +11,11 @@
 
 use std::mem::size_of_val;
 
-use idempotency::metrics::FacadeMetrics;
 use idempotency::moka::{LocalCacheConfig, MokaCache};
 use idempotency::postgres::PgStore;
 use idempotency::redis::fred::prelude::Builder as RedisBuilder;
 use idempotency::redis::{DistributedCacheConfig, RedisCache};
-use idempotency::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Service};
+use idempotency::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Meters, Service};
 use sqlx::postgres::PgPoolOptions;
 
 /// Above this, a future is copying kilobytes per call that its path never uses.
@@ -33,7 +32,7 @@ fn service() -> Service<PgStore> {
             client,
             &DistributedCacheConfig::default(),
         )))
-        .metrics(FacadeMetrics)
+        .metrics(Meters::default())
         .build()
 }
 
