@@ -111,12 +111,38 @@ pub(crate) fn attempts(destination: &str, n: usize) {
     metrics::counter!(ATTEMPTS, "destination" => destination.to_owned()).increment(n as u64);
 }
 
-pub(crate) fn published(destination: &str, latency_seconds: f64, duplicate: bool) {
-    let label = destination.to_owned();
-    metrics::counter!(PUBLISHED, "destination" => label.clone()).increment(1);
-    metrics::histogram!(LATENCY, "destination" => label.clone()).record(latency_seconds);
-    if duplicate {
-        metrics::counter!(BROKER_DUPLICATES, "destination" => label).increment(1);
+/// The meters of one batch's confirmed messages. The published counter and the latency
+/// histogram are registered with the recorder at the batch's first confirmation, not at each:
+/// a registration builds the key and looks it up in the recorder's registry, which costs more
+/// than the increment itself.
+pub(crate) struct Confirmed<'a> {
+    destination: &'a str,
+    handles: Option<(metrics::Counter, metrics::Histogram)>,
+}
+
+impl<'a> Confirmed<'a> {
+    pub(crate) fn new(destination: &'a str) -> Self {
+        Self {
+            destination,
+            handles: None,
+        }
+    }
+
+    /// One message confirmed by the broker, `latency_seconds` after its commit.
+    pub(crate) fn record(&mut self, latency_seconds: f64, duplicate: bool) {
+        let destination = self.destination;
+        let (published, latency) = self.handles.get_or_insert_with(|| {
+            (
+                metrics::counter!(PUBLISHED, "destination" => destination.to_owned()),
+                metrics::histogram!(LATENCY, "destination" => destination.to_owned()),
+            )
+        });
+        published.increment(1);
+        latency.record(latency_seconds);
+        if duplicate {
+            metrics::counter!(BROKER_DUPLICATES, "destination" => destination.to_owned())
+                .increment(1);
+        }
     }
 }
 

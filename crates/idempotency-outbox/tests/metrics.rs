@@ -84,6 +84,20 @@ fn the_relay_reports_counts_latency_and_gauges() {
         let mut events: Vec<NewEvent> = (0..5).map(|n| event(&format!("m{n}"), n)).collect();
         events.push(NewEvent::new("payment", "p", "PaymentFailed", &0).unwrap());
         commit(&pool, &outbox, &events).await;
+        // m0 is in the stream already under its outbox id: JetStream acks the relay's publish
+        // of it as a duplicate.
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            events[0].id().to_string().as_str(),
+        );
+        stream
+            .js
+            .publish_with_headers(format!("{}.order.m0", stream.prefix), headers, "{}".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
 
         let relay = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
@@ -113,6 +127,7 @@ fn the_relay_reports_counts_latency_and_gauges() {
     let snapshotter = snap(&snapshotter);
     let nats = [("destination", "nats")];
     assert_eq!(counter(&snapshotter, names::PUBLISHED, &nats), 5);
+    assert_eq!(counter(&snapshotter, names::BROKER_DUPLICATES, &nats), 1);
     assert_eq!(counter(&snapshotter, names::ATTEMPTS, &nats), 7);
     assert_eq!(
         counter(

@@ -231,6 +231,7 @@ where
     }))
     .await;
 
+    let mut confirmed = metrics::Confirmed::new(destination);
     for (message, (result, elapsed)) in batch.iter().zip(results) {
         match result {
             Ok(Ack { duplicate }) => {
@@ -238,7 +239,7 @@ where
                 report.published += 1;
                 report.duplicates += u64::from(duplicate);
                 let latency = message.age_at_claim.max(0.0) + elapsed.as_secs_f64();
-                metrics::published(destination, latency, duplicate);
+                confirmed.record(latency, duplicate);
             }
             Err(error) => {
                 let failure = failure(shared, message, &error);
