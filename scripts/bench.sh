@@ -46,6 +46,10 @@ echo "== fingerprint (criterion)"
 cargo bench -q -p idempotency-core --bench fingerprint -- "${criterion[@]}" 2>/dev/null \
   | grep -E "^fingerprint/|time:|thrpt:" > "$out/fingerprint.txt" || true
 
+echo "== one request's meters through the Prometheus recorder (criterion)"
+cargo bench -q -p idempotency-metrics --features prometheus --bench meters -- "${criterion[@]}" 2>/dev/null \
+  | grep -E "^(replay|first_execution)/|time:" > "$out/meters.txt" || true
+
 echo "== replay tiers, one client (criterion)"
 cargo bench -q -p idempotency-cache-redis --bench replay_tiers -- "${criterion[@]}" 2>/dev/null \
   | grep -E "^replay/|time:" > "$out/replay.txt" || true
@@ -178,6 +182,19 @@ http = {name: [json.load(open(os.path.join(out, f"http-{name}-{r}.json"))) for r
 health = json.load(open(os.path.join(out, "http-health.json")))
 rps = lambda report: report.get("ops_per_s", 0) or 1
 # The ratio of each round (both sides measured back to back), then their median and range.
+def criterion_estimates(name):
+    """Each bench id of a criterion output to its middle time estimate, in nanoseconds."""
+    scale = {"ps": 1e-3, "ns": 1.0, "µs": 1e3, "us": 1e3, "ms": 1e6, "s": 1e9}
+    out, current = {}, None
+    for line in read(name).splitlines():
+        ident = re.match(r"^(\S+/\S+)", line)
+        if ident:
+            current = ident.group(1)
+        time = re.search(r"time:\s+\[\S+ \S+ (\S+) (\S+) ", line)
+        if time and current and time.group(2) in scale:
+            out[current] = float(time.group(1)) * scale[time.group(2)]
+    return out
+
 def http_ratio(name):
     ratios = [rps(a) / rps(b) for a, b in zip(http[name], http["unprotected"])]
     return statistics.median(ratios), min(ratios), max(ratios)
@@ -458,6 +475,20 @@ print("## Replay tiers, one client (criterion)\n")
 print("```")
 print(read("replay.txt").strip())
 print("```\n")
+print("## Metrics: one request's meters through the Prometheus recorder (criterion)\n")
+print("What a replay (`lookup_hit`, `replayed`) and a first execution (`acquire_wait`, `acquired`,")
+print("`persisted`) record, with `FacadeMetrics` (each meter registered with the recorder on every")
+print("call), `CachedMetrics` (each operation's handles registered once and kept; the starter's and")
+print("the demo's) and `NoopMetrics` (nothing recorded):\n")
+print("```")
+print(read("meters.txt").strip())
+print("```\n")
+meters = criterion_estimates("meters.txt")
+for scenario in ("replay", "first_execution"):
+    facade, cached = meters.get(f"{scenario}/facade"), meters.get(f"{scenario}/cached")
+    if facade and cached:
+        print(f"- {scenario.replace('_', ' ')}: `CachedMetrics` {cached:.0f} ns, `FacadeMetrics` {facade:.0f} ns, {facade / cached:.1f} times cheaper")
+print()
 print("## Fingerprint (criterion)\n")
 print("```")
 print(read("fingerprint.txt").strip())
