@@ -51,6 +51,10 @@ async fn the_assembled_service_exports_prometheus_meters_and_l1_statistics() {
     for line in [
         "# TYPE idempotency_acquired_total counter",
         "# TYPE idempotency_replays_total counter",
+        // the starter's meters keep their handles; every call still counts
+        "idempotency_replays_total{operation=\"METERED\",status=\"COMPLETED\"} 2",
+        "idempotency_lookup_hits_total{operation=\"METERED\",level=\"local\"} 2",
+        "idempotency_acquired_total{operation=\"METERED\"} 1",
         "# TYPE idempotency_acquire_wait_seconds histogram",
         "idempotency_acquire_wait_seconds_bucket{operation=\"METERED\",le=\"0.005\"}",
         "idempotency_local_cache_hits_total 2",
