@@ -55,6 +55,10 @@ pub mod prometheus;
 /// Labels are the operation name, the cache level, the record status and the cache error kind.
 /// Keys, scopes and fingerprints are never labels: the SPI does not even receive them.
 ///
+/// Each call registers its meter with the recorder in effect, which suits recorders that come
+/// and go (`metrics::with_local_recorder`). With one recorder for the life of the process,
+/// [`CachedMetrics`] records the same and keeps the handles, several times cheaper per call.
+///
 /// ```
 /// use idempotency_metrics::FacadeMetrics;
 /// FacadeMetrics::describe(); // optional: units and help texts for exporters
