@@ -11,28 +11,12 @@ use std::time::Duration;
 
 use idempotency_core::{CacheError, IdempotencyMetrics, Level, RecordStatus};
 use idempotency_metrics::{CachedMetrics, FacadeMetrics, names};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-type Series = BTreeMap<(String, Vec<(String, String)>), DebugValue>;
+mod common;
+use common::{Labels, series};
 
-/// Every series of the recorder: name and sorted labels to its value. A snapshot resets the
-/// recorder's values, so each test takes one.
-fn series(snapshotter: &Snapshotter) -> Series {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
-            let key = key.key();
-            let mut labels: Vec<_> = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort();
-            ((key.name().to_owned(), labels), value)
-        })
-        .collect()
-}
+type Series = BTreeMap<(String, Labels), DebugValue>;
 
 /// The sum of the counter `name` over its label sets.
 fn count(series: &Series, name: &str) -> u64 {

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +18,10 @@ use idempotency_core::{
 };
 use idempotency_metrics::{CachedMetrics, FacadeMetrics, names};
 use idempotency_pg::PgStore;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+mod common;
+use common::{Labels, series};
 
 /// An L2 double: serves what was put, or fails every call when `broken`.
 #[derive(Debug, Clone, Default)]
@@ -49,25 +52,6 @@ impl DistributedCache for MemoryL2 {
     }
 }
 
-type Labels = Vec<(String, String)>;
-
-fn read(snapshotter: &Snapshotter) -> HashMap<(String, Labels), DebugValue> {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
-            let key = key.key();
-            let mut labels: Labels = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort();
-            ((key.name().to_owned(), labels), value)
-        })
-        .collect()
-}
-
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     let mut out: Labels = pairs
         .iter()
@@ -78,7 +62,7 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 fn counter(
-    values: &HashMap<(String, Labels), DebugValue>,
+    values: &BTreeMap<(String, Labels), DebugValue>,
     name: &str,
     pairs: &[(&str, &str)],
 ) -> u64 {
@@ -203,7 +187,7 @@ async fn every_meter<M: IdempotencyMetrics + Clone>(meters: M) {
     let deleted = job.run_once().await.unwrap().deleted;
     assert_eq!(deleted, 2, "k1 and k2 expired");
 
-    let values = read(&snapshotter);
+    let values = series(&snapshotter);
     let op = ("operation", "PAY");
     // k1..k5, and k6 by the holder that later rolled back
     assert_eq!(counter(&values, names::ACQUIRED, &[op]), 6);
