@@ -6,29 +6,12 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idempotency_core::{CacheError, IdempotencyMetrics, Level, RecordStatus};
 use idempotency_metrics::{CachedMetrics, FacadeMetrics, names};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-mod common;
-use common::{Labels, series};
-
-type Series = BTreeMap<(String, Labels), DebugValue>;
-
-/// The sum of the counter `name` over its label sets.
-fn count(series: &Series, name: &str) -> u64 {
-    series
-        .iter()
-        .filter(|((series_name, _), _)| series_name == name)
-        .map(|(_, value)| match value {
-            DebugValue::Counter(n) => *n,
-            other => panic!("{name}: {other:?}"),
-        })
-        .sum()
-}
+use idempotency_testing::recorded::Recorded;
+use metrics_util::debugging::DebuggingRecorder;
 
 /// Every method, with every label value, some of them twice.
 fn record_everything(meters: &impl IdempotencyMetrics) {
@@ -68,11 +51,11 @@ fn records_exactly_what_the_facade_records() {
     });
     metrics::with_local_recorder(&facade, || record_everything(&FacadeMetrics));
 
-    let expected = series(&facade.snapshotter());
-    assert_eq!(series(&cached.snapshotter()), expected);
+    let expected = Recorded::take(&facade.snapshotter());
+    assert_eq!(Recorded::take(&cached.snapshotter()), expected);
     // 2 operations: 3 levels, 3 statuses twice, 5 meters without a second label, 6 cache
     // error series; and the cleanup counter
-    assert_eq!(expected.len(), 2 * (3 + 3 + 3 + 5 + 6) + 1);
+    assert_eq!(expected.series().len(), 2 * (3 + 3 + 3 + 5 + 6) + 1);
 }
 
 #[test]
@@ -90,8 +73,14 @@ fn registers_again_when_another_recorder_is_in_effect() {
     });
     meters.acquired("PAY");
 
-    assert_eq!(count(&series(&first.snapshotter()), names::ACQUIRED), 3);
-    assert_eq!(count(&series(&second.snapshotter()), names::ACQUIRED), 1);
+    assert_eq!(
+        Recorded::take(&first.snapshotter()).total(names::ACQUIRED),
+        3
+    );
+    assert_eq!(
+        Recorded::take(&second.snapshotter()).total(names::ACQUIRED),
+        1
+    );
 }
 
 #[test]
@@ -115,8 +104,8 @@ fn threads_racing_to_register_count_every_call() {
             });
         }
     });
-    let series = series(&recorder.snapshotter());
-    assert_eq!(count(&series, names::REPLAYS), THREADS * ROUNDS);
-    assert_eq!(count(&series, names::LOOKUP_HITS), THREADS * ROUNDS);
-    assert_eq!(series.len(), 2 * 4);
+    let recorded = Recorded::take(&recorder.snapshotter());
+    assert_eq!(recorded.total(names::REPLAYS), THREADS * ROUNDS);
+    assert_eq!(recorded.total(names::LOOKUP_HITS), THREADS * ROUNDS);
+    assert_eq!(recorded.series().len(), 2 * 4);
 }

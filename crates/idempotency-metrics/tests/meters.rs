@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,10 +18,8 @@ use idempotency_core::{
 };
 use idempotency_metrics::{CachedMetrics, FacadeMetrics, names};
 use idempotency_pg::PgStore;
+use idempotency_testing::recorded::Recorded;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-mod common;
-use common::{Labels, series};
 
 /// An L2 double: serves what was put, or fails every call when `broken`.
 #[derive(Debug, Clone, Default)]
@@ -49,29 +47,6 @@ impl DistributedCache for MemoryL2 {
     }
     fn failure_policy(&self) -> FailurePolicy {
         FailurePolicy::FailOpen
-    }
-}
-
-fn labels(pairs: &[(&str, &str)]) -> Labels {
-    let mut out: Labels = pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    out.sort();
-    out
-}
-
-fn counter(
-    values: &BTreeMap<(String, Labels), DebugValue>,
-    name: &str,
-    pairs: &[(&str, &str)],
-) -> u64 {
-    match values.get(&(name.to_owned(), labels(pairs))) {
-        Some(DebugValue::Counter(n)) => *n,
-        other => panic!(
-            "{name} {pairs:?}: {other:?}; have {:?}",
-            values.keys().collect::<Vec<_>>()
-        ),
     }
 }
 
@@ -187,61 +162,59 @@ async fn every_meter<M: IdempotencyMetrics + Clone>(meters: M) {
     let deleted = job.run_once().await.unwrap().deleted;
     assert_eq!(deleted, 2, "k1 and k2 expired");
 
-    let values = series(&snapshotter);
+    let values = Recorded::take(&snapshotter);
     let op = ("operation", "PAY");
     // k1..k5, and k6 by the holder that later rolled back
-    assert_eq!(counter(&values, names::ACQUIRED, &[op]), 6);
+    assert_eq!(values.counter(names::ACQUIRED, &[op]), 6);
     // the k1 replay, the k1 payload conflict, the k2 replay (k6's refusal is a lock timeout)
-    assert_eq!(counter(&values, names::ACQUIRE_CONFLICTS, &[op]), 3);
+    assert_eq!(values.counter(names::ACQUIRE_CONFLICTS, &[op]), 3);
     assert_eq!(
-        counter(&values, names::LOOKUP_HITS, &[op, ("level", "persistence")]),
+        values.counter(names::LOOKUP_HITS, &[op, ("level", "persistence")]),
         3
     );
     assert_eq!(
-        counter(&values, names::LOOKUP_HITS, &[op, ("level", "local")]),
+        values.counter(names::LOOKUP_HITS, &[op, ("level", "local")]),
         1
     );
     assert_eq!(
-        counter(&values, names::LOOKUP_HITS, &[op, ("level", "distributed")]),
+        values.counter(names::LOOKUP_HITS, &[op, ("level", "distributed")]),
         1
     );
     assert_eq!(
-        counter(&values, names::REPLAYS, &[op, ("status", "COMPLETED")]),
+        values.counter(names::REPLAYS, &[op, ("status", "COMPLETED")]),
         3
     );
     assert_eq!(
-        counter(&values, names::REPLAYS, &[op, ("status", "REJECTED")]),
+        values.counter(names::REPLAYS, &[op, ("status", "REJECTED")]),
         1
     );
-    assert_eq!(counter(&values, names::CONFLICTS, &[op]), 1);
+    assert_eq!(values.counter(names::CONFLICTS, &[op]), 1);
     // k1 k3 k4 k5: the rolled-back k6 never counts, because `persisted` runs after the commit
     assert_eq!(
-        counter(&values, names::PERSISTED, &[op, ("status", "COMPLETED")]),
+        values.counter(names::PERSISTED, &[op, ("status", "COMPLETED")]),
         4
     );
     assert_eq!(
-        counter(&values, names::PERSISTED, &[op, ("status", "REJECTED")]),
+        values.counter(names::PERSISTED, &[op, ("status", "REJECTED")]),
         1
     );
-    assert_eq!(counter(&values, names::IN_FLIGHT, &[op]), 1);
+    assert_eq!(values.counter(names::IN_FLIGHT, &[op]), 1);
     assert_eq!(
-        counter(
-            &values,
+        values.counter(
             names::CACHE_ERRORS,
             &[op, ("level", "distributed"), ("kind", "timeout")]
         ),
         1
     );
     assert_eq!(
-        counter(
-            &values,
+        values.counter(
             names::CACHE_ERRORS,
             &[op, ("level", "distributed"), ("kind", "backend")]
         ),
         1
     );
-    assert_eq!(counter(&values, names::CLEANUP_DELETED, &[]), 2);
-    match values.get(&(names::ACQUIRE_WAIT.to_owned(), labels(&[op]))) {
+    assert_eq!(values.counter(names::CLEANUP_DELETED, &[]), 2);
+    match values.get(names::ACQUIRE_WAIT, &[op]) {
         Some(DebugValue::Histogram(samples)) => {
             assert_eq!(
                 samples.len(),
@@ -268,7 +241,7 @@ async fn every_meter<M: IdempotencyMetrics + Clone>(meters: M) {
         "timeout",
         "backend",
     ];
-    for (_, label_set) in values.keys() {
+    for (_, label_set) in values.series().keys() {
         for (_, value) in label_set {
             assert!(
                 allowed.contains(&value.as_str()),

@@ -21,7 +21,8 @@ use idempotency_outbox::{
     Publisher, Relay, RelayHandle, RelayStore, metrics as names,
 };
 use idempotency_pg::PgOutbox;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use idempotency_testing::recorded::Recorded;
+use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
 use sqlx::PgPool;
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -215,42 +216,6 @@ where
     }
 }
 
-/// A `DebuggingRecorder` snapshot: name, labels, value.
-type Snap = Vec<(String, Vec<(String, String)>, DebugValue)>;
-
-/// A gauge or counter in a snapshot (taking one resets them to 0).
-fn metric(snapshot: &Snap, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    snapshot
-        .iter()
-        .find(|(key, key_labels, _)| {
-            key == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| key_labels.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .and_then(|(_, _, value)| match value {
-            DebugValue::Gauge(g) => Some(g.into_inner()),
-            DebugValue::Counter(n) => Some(*n as f64),
-            DebugValue::Histogram(_) => None,
-        })
-}
-
-fn snapshot(snapshotter: &Snapshotter) -> Snap {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
-            let key = key.key();
-            let labels = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            (key.name().to_owned(), labels, value)
-        })
-        .collect()
-}
-
 /// Runs `body` on a current-thread runtime with a `DebuggingRecorder` as this thread's
 /// recorder: the relay's tasks run on this thread and record into it, and tests on other
 /// threads record elsewhere.
@@ -362,7 +327,7 @@ fn stats_interval_is_how_often_the_gauges_are_refreshed() {
                 .spawn();
             // The refresh at start (nothing pending), then a clean slate.
             tokio::time::sleep(Duration::from_millis(200)).await;
-            snapshot(&snapshotter);
+            Recorded::take(&snapshotter);
             let mut events = vec![event("poison", 0)];
             events.extend((1..=3).map(|n| event(&format!("refused-{n}"), n)));
             commit(&pool, &outbox, &events).await;
@@ -379,13 +344,13 @@ fn stats_interval_is_how_often_the_gauges_are_refreshed() {
             let mut arm = StatsArm::default();
             for _ in 0..30 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                let snap = snapshot(&snapshotter);
-                if metric(&snap, names::PENDING, &[]) == Some(3.0)
-                    && metric(&snap, names::DEAD_LETTERED, &[]) == Some(1.0)
+                let snap = Recorded::take(&snapshotter);
+                if snap.number(names::PENDING, &[]) == Some(3.0)
+                    && snap.number(names::DEAD_LETTERED, &[]) == Some(1.0)
                 {
                     arm.refreshes_seen += 1;
                     arm.ages
-                        .push(metric(&snap, names::OLDEST_PENDING_AGE, &[]).unwrap());
+                        .push(snap.number(names::OLDEST_PENDING_AGE, &[]).unwrap());
                 }
             }
             handle.shutdown().await;
@@ -705,9 +670,9 @@ fn publish_timeout_cuts_a_hanging_publish_and_records_a_timeout() {
             "only the other message reached NATS"
         );
 
-        let snap = snapshot(&snapshotter);
+        let snap = Recorded::take(&snapshotter);
         let timeouts = [("destination", "nats"), ("kind", "timeout")];
-        assert_eq!(metric(&snap, names::FAILED, &timeouts), Some(1.0));
+        assert_eq!(snap.counter(names::FAILED, &timeouts), 1);
         stream.delete().await;
     });
 }

@@ -12,49 +12,8 @@ use common::nats::TestStream;
 use common::*;
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::{NewEvent, Relay, metrics as names};
+use idempotency_testing::recorded::Recorded;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use metrics_util::{CompositeKey, debugging::Snapshotter};
-
-/// One snapshot (taking it resets counters and gauges).
-struct Snap(Vec<(CompositeKey, DebugValue)>);
-
-fn snap(snapshotter: &Snapshotter) -> Snap {
-    Snap(
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(k, _, _, v)| (k, v))
-            .collect(),
-    )
-}
-
-fn value<'a>(snap: &'a Snap, name: &str, labels: &[(&str, &str)]) -> Option<&'a DebugValue> {
-    snap.0
-        .iter()
-        .find(|(key, _)| {
-            let key = key.key();
-            key.name() == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
-        })
-        .map(|(_, value)| value)
-}
-
-fn counter(s: &Snap, name: &str, labels: &[(&str, &str)]) -> u64 {
-    match value(s, name, labels) {
-        Some(DebugValue::Counter(n)) => *n,
-        other => panic!("{name} {labels:?}: {other:?}"),
-    }
-}
-
-fn gauge(s: &Snap, name: &str) -> f64 {
-    match value(s, name, &[]) {
-        Some(DebugValue::Gauge(g)) => g.into_inner(),
-        other => panic!("{name}: {other:?}"),
-    }
-}
 
 #[test]
 fn the_relay_reports_counts_latency_and_gauges() {
@@ -102,11 +61,11 @@ fn the_relay_reports_counts_latency_and_gauges() {
 
         let relay = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
         relay.refresh_gauges().await.unwrap();
-        let before = snap(&snapshotter);
-        assert_eq!(gauge(&before, names::PENDING), 6.0);
-        let age = gauge(&before, names::OLDEST_PENDING_AGE);
+        let before = Recorded::take(&snapshotter);
+        assert_eq!(before.gauge(names::PENDING, &[]), 6.0);
+        let age = before.gauge(names::OLDEST_PENDING_AGE, &[]);
         assert!(age >= 0.1, "{age}");
-        assert_eq!(gauge(&before, names::DEAD_LETTERED), 0.0);
+        assert_eq!(before.gauge(names::DEAD_LETTERED, &[]), 0.0);
 
         let handle = relay.spawn();
         eventually("5 published and 1 dead letter", || async {
@@ -124,21 +83,20 @@ fn the_relay_reports_counts_latency_and_gauges() {
         stream.delete().await;
     });
 
-    let snapshotter = snap(&snapshotter);
+    let recorded = Recorded::take(&snapshotter);
     let nats = [("destination", "nats")];
-    assert_eq!(counter(&snapshotter, names::PUBLISHED, &nats), 5);
-    assert_eq!(counter(&snapshotter, names::BROKER_DUPLICATES, &nats), 1);
-    assert_eq!(counter(&snapshotter, names::ATTEMPTS, &nats), 7);
+    assert_eq!(recorded.counter(names::PUBLISHED, &nats), 5);
+    assert_eq!(recorded.counter(names::BROKER_DUPLICATES, &nats), 1);
+    assert_eq!(recorded.counter(names::ATTEMPTS, &nats), 7);
     assert_eq!(
-        counter(
-            &snapshotter,
+        recorded.counter(
             names::FAILED,
             &[("destination", "nats"), ("kind", "unavailable")]
         ),
         2
     );
-    assert_eq!(counter(&snapshotter, names::DEAD_LETTERED_TOTAL, &nats), 1);
-    match value(&snapshotter, names::LATENCY, &nats) {
+    assert_eq!(recorded.counter(names::DEAD_LETTERED_TOTAL, &nats), 1);
+    match recorded.get(names::LATENCY, &nats) {
         Some(DebugValue::Histogram(samples)) => {
             assert_eq!(samples.len(), 5);
             assert!(
@@ -150,7 +108,7 @@ fn the_relay_reports_counts_latency_and_gauges() {
         }
         other => panic!("latency: {other:?}"),
     }
-    assert_eq!(gauge(&snapshotter, names::PENDING), 0.0);
-    assert_eq!(gauge(&snapshotter, names::OLDEST_PENDING_AGE), 0.0);
-    assert_eq!(gauge(&snapshotter, names::DEAD_LETTERED), 1.0);
+    assert_eq!(recorded.gauge(names::PENDING, &[]), 0.0);
+    assert_eq!(recorded.gauge(names::OLDEST_PENDING_AGE, &[]), 0.0);
+    assert_eq!(recorded.gauge(names::DEAD_LETTERED, &[]), 1.0);
 }

@@ -22,6 +22,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 mod containers;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(feature = "metrics")]
+pub mod recorded;
 mod servers;
 
 #[cfg(feature = "mysql")]
