@@ -12,8 +12,8 @@ pub type Labels = Vec<(String, String)>;
 
 /// Every series of one snapshot of a recorder: its name and sorted labels, to its value.
 ///
-/// Taking a snapshot resets the recorder's counters and gauges, so a test takes one and asks
-/// it everything. Two snapshots compare equal when they hold the same series with the same
+/// Taking a snapshot sets the recorder's counters and gauges to 0 and empties its histograms,
+/// so a test takes one and asks it everything. Two snapshots compare equal when they hold the same series with the same
 /// values.
 ///
 /// ```
@@ -34,11 +34,12 @@ pub type Labels = Vec<(String, String)>;
 /// assert_eq!(recorded.number("pending", &[]), Some(7.0));
 /// assert!(recorded.get("missing_total", &[]).is_none());
 /// ```
-#[derive(PartialEq)]
+#[derive(PartialEq, Eq)]
 pub struct Recorded(BTreeMap<(String, Labels), DebugValue>);
 
 impl Recorded {
-    /// Takes a snapshot of the recorder behind `snapshotter`.
+    /// Takes a snapshot of the recorder behind `snapshotter` (which resets its values, as
+    /// above).
     pub fn take(snapshotter: &Snapshotter) -> Self {
         let series = snapshotter
             .snapshot()
