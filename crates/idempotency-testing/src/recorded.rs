@@ -13,8 +13,8 @@ pub type Labels = Vec<(String, String)>;
 /// Every series of one snapshot of a recorder: its name and sorted labels, to its value.
 ///
 /// Taking a snapshot sets the recorder's counters and gauges to 0 and empties its histograms,
-/// so a test takes one and asks it everything. Two snapshots compare equal when they hold the same series with the same
-/// values.
+/// so a test takes one and asks it everything. Two snapshots compare equal when they hold the
+/// same series with the same values.
 ///
 /// ```
 /// use idempotency_testing::recorded::Recorded;
