@@ -22,7 +22,6 @@ use idempotency_outbox::{
 };
 use idempotency_pg::PgOutbox;
 use idempotency_testing::recorded::Recorded;
-use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
 use sqlx::PgPool;
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -214,20 +213,6 @@ where
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-/// Runs `body` on a current-thread runtime with a `DebuggingRecorder` as this thread's
-/// recorder: the relay's tasks run on this thread and record into it, and tests on other
-/// threads record elsewhere.
-fn with_recorder<T>(body: impl AsyncFnOnce(Snapshotter) -> T) -> T {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let _local = metrics::set_default_local_recorder(&recorder);
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(body(snapshotter))
 }
 
 // ---------------------------------------------------------------- relay.shutdown-timeout

@@ -1,5 +1,5 @@
 //! The relay's metrics through the `metrics` facade, asserted with a local
-//! `DebuggingRecorder` on a current-thread runtime.
+//! `DebuggingRecorder` on a current-thread runtime (`common::with_recorder`).
 
 #![cfg(feature = "nats")]
 #![allow(clippy::unwrap_used)]
@@ -13,18 +13,11 @@ use common::*;
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::{NewEvent, Relay, metrics as names};
 use idempotency_testing::recorded::Recorded;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 
 #[test]
 fn the_relay_reports_counts_latency_and_gauges() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let _local = metrics::set_default_local_recorder(&recorder);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    let recorded = with_recorder(async |snapshotter| {
         let mut config = config(Ordering::Ordered);
         config.relay.max_attempts = 2;
         let (pool, outbox) = outbox(&config).await;
@@ -81,9 +74,9 @@ fn the_relay_reports_counts_latency_and_gauges() {
         handle.shutdown().await;
         relay.refresh_gauges().await.unwrap();
         stream.delete().await;
+        Recorded::take(&snapshotter)
     });
 
-    let recorded = Recorded::take(&snapshotter);
     let nats = [("destination", "nats")];
     assert_eq!(recorded.counter(names::PUBLISHED, &nats), 5);
     assert_eq!(recorded.counter(names::BROKER_DUPLICATES, &nats), 1);

@@ -13,9 +13,24 @@ use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::{BackoffConfig, Ordering, OutboxConfig};
 use idempotency_outbox::{Ack, NewEvent, OutboxMessage, PublishError, PublishErrorKind, Publisher};
 use idempotency_pg::PgOutbox;
+use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
 use sqlx::PgPool;
 
 pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Runs `body` on a current-thread runtime with a `DebuggingRecorder` as this thread's
+/// recorder: the relay's tasks run on this thread and record into it, and tests on other
+/// threads record elsewhere.
+pub fn with_recorder<T>(body: impl AsyncFnOnce(Snapshotter) -> T) -> T {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(body(snapshotter))
+}
 
 /// An outbox config for tests: a channel of its own, short timeouts and backoff.
 pub fn config(ordering: Ordering) -> OutboxConfig {
