@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::harness::{Scenario, op};
 use crate::idempotency::{Setup, insert_payment};
+use crate::pgbench::{Param, Pgbench, bind};
 
 fn event(order: &str) -> NewEvent {
     NewEvent::new(
@@ -118,6 +119,7 @@ pub(crate) async fn enqueue(setup: &Setup, clients: u64) -> Vec<Scenario> {
             continue;
         }
         let (pool, statement) = (setup.pool.clone(), outbox.enqueue_statement().to_owned());
+        let channel = notify.clone();
         let direct = op(move |c, i| {
             let (pool, statement, notify) = (pool.clone(), statement.clone(), notify.clone());
             async move {
@@ -145,8 +147,67 @@ pub(crate) async fn enqueue(setup: &Setup, clients: u64) -> Vec<Scenario> {
             clients,
             direct,
         ));
+        if let Some(pgbench) = &setup.pgbench {
+            scenarios.push(pgbench_enqueue(
+                pgbench,
+                label,
+                outbox.enqueue_statement(),
+                channel,
+                clients,
+            ));
+        }
     }
     scenarios
+}
+
+/// The name of the pgbench scenario of an enqueue configuration, without its `pgbench: `
+/// prefix.
+pub(crate) fn pgbench_enqueue_name(label: &str) -> String {
+    format!("business transaction + the enqueue statement ({label})")
+}
+
+/// The direct-SQL scenario of an enqueue configuration run by pgbench: the business insert and
+/// the library's enqueue statement of one event in one transaction, so that the enqueue's
+/// ratio to the business transaction alone has a floor measured in the same run.
+fn pgbench_enqueue(
+    pgbench: &Pgbench,
+    label: &str,
+    statement: &str,
+    channel: Option<String>,
+    clients: u64,
+) -> Scenario {
+    let defines = channel
+        .map(|channel| vec![("channel", channel)])
+        .unwrap_or_default();
+    pgbench.scenario(
+        &pgbench_enqueue_name(label),
+        clients,
+        enqueue_script(statement),
+        defines,
+    )
+}
+
+/// pgbench's script of [`pgbench_enqueue`]: one event bound as the library binds it
+/// (one-element arrays), with a fresh id and aggregate per transaction as the library
+/// scenario's order, and the payload of [`event`]; the channel is the variable `channel`.
+fn enqueue_script(statement: &str) -> String {
+    use Param::{Sql, Var};
+    let business =
+        "INSERT INTO bench_payments (order_id, amount) VALUES (:key, 100.00) RETURNING id;";
+    let enqueue = bind(
+        statement,
+        &[
+            Sql("ARRAY[gen_random_uuid()]"),
+            Sql("ARRAY['payment']"),
+            Sql("ARRAY[:key::text]"),
+            Sql("ARRAY['PaymentCreated']"),
+            Sql(r#"ARRAY['{"orderId":"pgbench","amount":"100.00"}']"#),
+            Sql("ARRAY['{}']"),
+            Var("channel"),
+        ],
+    );
+    let key = "\\set key random(1, 1000000000000000)";
+    format!("{key}\nBEGIN;\n{business}\n{enqueue};\nCOMMIT;\n")
 }
 
 /// The drain's configuration: an ordered outbox on `table`, polled every 20 ms (no NOTIFY, so
@@ -781,7 +842,7 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    use super::{drain_events, quantile, sorted};
+    use super::{drain_events, enqueue_script, quantile, sorted};
 
     #[test]
     fn quantiles_are_nearest_rank_and_zero_without_samples() {
@@ -791,6 +852,20 @@ mod tests {
         assert_eq!(quantile(&samples, 0.5), ms(51));
         assert_eq!(quantile(&samples, 0.99), ms(99));
         assert_eq!(quantile(&samples, 1.0), ms(100));
+    }
+
+    #[test]
+    fn the_pgbench_enqueue_script_binds_every_parameter_as_the_library_does() {
+        let script =
+            enqueue_script("WITH x AS (SELECT $1, $2, $3, $4, $5, $6) SELECT pg_notify($7, '')");
+        assert_eq!(
+            script,
+            "\\set key random(1, 1000000000000000)\nBEGIN;\n\
+             INSERT INTO bench_payments (order_id, amount) VALUES (:key, 100.00) RETURNING id;\n\
+             WITH x AS (SELECT ARRAY[gen_random_uuid()], ARRAY['payment'], ARRAY[:key::text], \
+             ARRAY['PaymentCreated'], ARRAY['{\"orderId\":\"pgbench\",\"amount\":\"100.00\"}'], \
+             ARRAY['{}']) SELECT pg_notify(:channel, '');\nCOMMIT;\n"
+        );
     }
 
     #[test]
