@@ -244,6 +244,13 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
     scenarios
 }
 
+/// pgbench's fresh `key` per transaction (it binds the integer as text).
+pub(crate) const PGBENCH_KEY: &str = "\\set key random(1, 1000000000000000)";
+
+/// pgbench's business insert, the statement of [`insert_payment`] with the variable `key`.
+pub(crate) const PGBENCH_BUSINESS: &str =
+    "INSERT INTO bench_payments (order_id, amount) VALUES (:key, 100.00) RETURNING id;";
+
 /// The pgbench scenario of the claim-first transaction in 3 round trips (pipelined), named
 /// without its `pgbench: ` prefix.
 pub(crate) const PIPELINED: &str = "claim, business, complete, pipelined in 3 round trips";
@@ -254,8 +261,7 @@ fn pgbench_first_executions(setup: &Setup, pgbench: &Pgbench, clients: u64) -> V
     use Param::{Sql, Var};
     const NULL: Param = Sql("NULL");
     const EMPTY: Param = Sql("''");
-    let business =
-        "INSERT INTO bench_payments (order_id, amount) VALUES (:key, 100.00) RETURNING id;";
+    let (key, business) = (PGBENCH_KEY, PGBENCH_BUSINESS);
     let acquire = bind(
         &setup.statement("acquire_bounded").0,
         &[
@@ -292,8 +298,6 @@ fn pgbench_first_executions(setup: &Setup, pgbench: &Pgbench, clients: u64) -> V
             Var("budget"),
         ],
     );
-    // A fresh key per transaction (pgbench binds the integer as text).
-    let key = "\\set key random(1, 1000000000000000)";
     let defines = || {
         vec![
             ("op", "PAY".to_owned()),

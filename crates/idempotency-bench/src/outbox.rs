@@ -16,7 +16,7 @@ use sqlx::{self, AssertSqlSafe};
 use uuid::Uuid;
 
 use crate::harness::{Scenario, op};
-use crate::idempotency::{Setup, insert_payment};
+use crate::idempotency::{PGBENCH_BUSINESS, PGBENCH_KEY, Setup, insert_payment};
 use crate::pgbench::{Param, Pgbench, bind};
 
 fn event(order: &str) -> NewEvent {
@@ -189,11 +189,9 @@ fn pgbench_enqueue(
 
 /// pgbench's script of [`pgbench_enqueue`]: one event bound as the library binds it
 /// (one-element arrays), with a fresh id and aggregate per transaction as the library
-/// scenario's order, and the payload of [`event`]; the channel is the variable `channel`.
+/// scenario's order, and a payload of [`event`]'s shape; the channel is the variable `channel`.
 fn enqueue_script(statement: &str) -> String {
     use Param::{Sql, Var};
-    let business =
-        "INSERT INTO bench_payments (order_id, amount) VALUES (:key, 100.00) RETURNING id;";
     let enqueue = bind(
         statement,
         &[
@@ -206,8 +204,7 @@ fn enqueue_script(statement: &str) -> String {
             Var("channel"),
         ],
     );
-    let key = "\\set key random(1, 1000000000000000)";
-    format!("{key}\nBEGIN;\n{business}\n{enqueue};\nCOMMIT;\n")
+    format!("{PGBENCH_KEY}\nBEGIN;\n{PGBENCH_BUSINESS}\n{enqueue};\nCOMMIT;\n")
 }
 
 /// The drain's configuration: an ordered outbox on `table`, polled every 20 ms (no NOTIFY, so
