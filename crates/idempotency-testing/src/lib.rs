@@ -20,12 +20,14 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 #[cfg(feature = "testcontainers")]
 mod containers;
+mod holding_proxy;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "metrics")]
 pub mod recorded;
 mod servers;
 
+pub use holding_proxy::HoldingProxy;
 #[cfg(feature = "mysql")]
 pub use mysql::{mysql_pool, mysql_pool_with, mysql_pool_with_options, mysql_url};
 

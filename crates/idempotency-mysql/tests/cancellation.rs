@@ -1,0 +1,82 @@
+//! A request dropped while its `BEGIN` is on the wire (a client that hangs up, a timeout) must
+//! not hand the next user of the pool a connection inside a transaction nobody owns.
+//!
+//! The answers from the server go through a proxy that can hold them, so the drop lands
+//! deterministically after the server ran `BEGIN` and before the client read its answer.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+use std::time::Duration;
+
+use idempotency_core::store::IdempotencyStore;
+use idempotency_mysql::MysqlStore;
+use idempotency_testing::HoldingProxy;
+use sqlx::MySqlPool;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+
+/// A direct pool on a fresh database, and a one-connection pool on the same database through a
+/// holding proxy (its connection already open, no ping before it is handed out).
+async fn pools() -> (MySqlPool, MySqlPool, HoldingProxy) {
+    let direct = idempotency_testing::mysql_pool().await;
+    let database: String = sqlx::query_scalar("SELECT DATABASE()")
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    sqlx::raw_sql("CREATE TABLE written (n int NOT NULL) ENGINE = InnoDB")
+        .execute(&direct)
+        .await
+        .unwrap();
+    let options: MySqlConnectOptions = idempotency_testing::mysql_url().parse().unwrap();
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let proxy = HoldingProxy::start(upstream).await;
+    let proxied = MySqlPoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .test_before_acquire(false)
+        .connect_with(
+            options
+                .host("127.0.0.1")
+                .port(proxy.port())
+                .database(&database),
+        )
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&proxied).await.unwrap();
+    settle(&proxied).await;
+    (direct, proxied, proxy)
+}
+
+/// Waits until the pool's connection is back, after its release ping: that answer must not be
+/// the one held.
+async fn settle(pool: &MySqlPool) {
+    while pool.num_idle() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
+    let (direct, proxied, proxy) = pools().await;
+    let store = MysqlStore::new(proxied.clone());
+    proxy.hold();
+    let begun = tokio::time::timeout(Duration::from_millis(300), store.begin()).await;
+    assert!(
+        begun.is_err(),
+        "the begin must still be waiting for its answer"
+    );
+    proxy.release();
+    // An autocommit write through the proxied pool is visible to everyone at once, which it is
+    // not when it ran inside a transaction left open on the pooled connection.
+    sqlx::query("INSERT INTO written (n) VALUES (1)")
+        .execute(&proxied)
+        .await
+        .unwrap();
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM written")
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen, 1,
+        "an autocommit write ran inside a transaction left open on the pooled connection"
+    );
+}

@@ -1,0 +1,140 @@
+//! A request dropped while its `BEGIN` is on the wire (a client that hangs up, a timeout) must
+//! not hand the next user of the pool a connection inside a transaction nobody owns.
+//!
+//! The answers from PostgreSQL go through a proxy that can hold them, so the drop lands
+//! deterministically after the server ran `BEGIN` and before the client read its answer.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+use std::time::Duration;
+
+use idempotency_core::store::IdempotencyStore;
+use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome};
+use idempotency_pg::PgStore;
+use idempotency_testing::HoldingProxy;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// A direct pool on a fresh schema, and a one-connection pool on the same schema through a
+/// holding proxy (its connection already open). The proxied pool does not ping before handing
+/// out its connection, so the first message a test sends is the one whose answer is held; with
+/// the ping on, the same window opens right after the ping's answer.
+async fn pools() -> (PgPool, PgPool, HoldingProxy) {
+    let direct = idempotency_testing::pg_pool().await;
+    let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    sqlx::raw_sql("CREATE TABLE written (n int NOT NULL)")
+        .execute(&direct)
+        .await
+        .unwrap();
+    let options: PgConnectOptions = idempotency_testing::database_url().parse().unwrap();
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let proxy = HoldingProxy::start(upstream).await;
+    let proxied = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .test_before_acquire(false)
+        .connect_with(
+            options
+                .host("127.0.0.1")
+                .port(proxy.port())
+                .options([("search_path", schema.as_str())]),
+        )
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&proxied).await.unwrap();
+    settle(&proxied).await;
+    (direct, proxied, proxy)
+}
+
+/// Waits until the pool's connection is back, after its release ping: that answer must not be
+/// the one held.
+async fn settle(pool: &PgPool) {
+    while pool.num_idle() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// After the drop: an autocommit write through the proxied pool is visible to everyone at once,
+/// which it is not when it ran inside a transaction left open on the pooled connection; and the
+/// connection's backend is idle, not idle in a transaction.
+async fn assert_pool_is_clean(direct: &PgPool, proxied: &PgPool) {
+    let pid: i32 =
+        sqlx::query_scalar("INSERT INTO written (n) VALUES (1) RETURNING pg_backend_pid()")
+            .fetch_one(proxied)
+            .await
+            .unwrap();
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM written")
+        .fetch_one(direct)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen, 1,
+        "an autocommit write ran inside a transaction left open on the pooled connection"
+    );
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(direct)
+            .await
+            .unwrap();
+    assert_eq!(
+        state.as_deref(),
+        Some("idle"),
+        "the pooled connection's backend"
+    );
+}
+
+#[tokio::test]
+async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
+    let (direct, proxied, proxy) = pools().await;
+    let store = PgStore::new(proxied.clone());
+    proxy.hold();
+    let begun = tokio::time::timeout(Duration::from_millis(300), store.begin()).await;
+    assert!(
+        begun.is_err(),
+        "the begin must still be waiting for its answer"
+    );
+    proxy.release();
+    assert_pool_is_clean(&direct, &proxied).await;
+}
+
+#[tokio::test]
+async fn an_execute_dropped_during_its_begin_leaves_no_transaction_open_in_the_pool() {
+    let (direct, proxied, proxy) = pools().await;
+    let store = PgStore::new(proxied.clone());
+    store.create_schema().await.unwrap();
+    settle(&proxied).await;
+    let service = IdempotencyService::new(store);
+    let key = IdempotencyKey::new("dropped-during-begin").unwrap();
+    proxy.hold();
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        service.execute(
+            Call::new("PAY", key.clone(), &"{}"),
+            async |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
+            },
+        ),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the execute must still be waiting for its BEGIN"
+    );
+    proxy.release();
+    assert_pool_is_clean(&direct, &proxied).await;
+    // The key was never taken: the same request runs now.
+    let outcome: Outcome<i32> = service
+        .execute(
+            Call::new("PAY", key, &"{}"),
+            async |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(2))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(outcome.is_executed());
+}
