@@ -15,7 +15,34 @@ pub(crate) const BEGIN_READ_COMMITTED: &str =
 pub(crate) async fn begin_read_committed(
     pool: &MySqlPool,
 ) -> Result<MySqlTransaction<'static>, sqlx::Error> {
-    pool.begin_with(BEGIN_READ_COMMITTED).await
+    begin(pool, Some(BEGIN_READ_COMMITTED)).await
+}
+
+/// `pool.begin()` (or `begin_with(statement)`), safe to cancel.
+///
+/// sqlx counts a transaction only once its `BEGIN` is answered. If the future is dropped while
+/// the answer is on the wire (a client hung up, a timeout fired), the connection goes back to the
+/// pool inside a transaction that nobody owns: the next user's autocommit statements then run in
+/// it, invisible to others and lost when the connection closes. The begin runs in a task of its
+/// own instead: dropped by the caller, the task still reads the answer, and the transaction that
+/// nobody takes is rolled back before the connection returns to the pool.
+pub(crate) async fn begin(
+    pool: &MySqlPool,
+    statement: Option<&'static str>,
+) -> Result<MySqlTransaction<'static>, sqlx::Error> {
+    let pool = pool.clone();
+    let begun = tokio::spawn(async move {
+        match statement {
+            Some(statement) => pool.begin_with(statement).await,
+            None => pool.begin().await,
+        }
+    });
+    match begun.await {
+        Ok(begun) => begun,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        // The runtime is shutting down: no transaction was handed out.
+        Err(join) => Err(sqlx::Error::Io(std::io::Error::other(join))),
+    }
 }
 
 /// The server flavour and version, from `SELECT VERSION()`.

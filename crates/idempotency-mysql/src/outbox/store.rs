@@ -16,7 +16,7 @@ use super::error::outbox_error;
 use super::row::{self, ClaimRow, DeadLetterRow, MessageRow};
 use super::statements::CHUNK;
 use crate::clock::micros;
-use crate::connect::{BEGIN_READ_COMMITTED, begin_read_committed};
+use crate::connect::{self, BEGIN_READ_COMMITTED, begin_read_committed};
 
 impl Enqueue for MysqlOutbox {
     type Connection = MySqlConnection;
@@ -183,7 +183,9 @@ impl RelayStore for MysqlOutbox {
         if failures.is_empty() {
             return Ok(0);
         }
-        let mut tx = self.pool.begin().await.map_err(outbox_error)?;
+        let mut tx = connect::begin(&self.pool, None)
+            .await
+            .map_err(outbox_error)?;
         let mut updated = 0;
         for failure in failures {
             updated += sqlx::query(self.sql.mark_failed.clone())

@@ -191,8 +191,10 @@ impl IdempotencyStore for MysqlStore {
     type Connection = MySqlConnection;
     type Transaction = sqlx::Transaction<'static, MySql>;
 
+    /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
+    /// returns to the pool.
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.pool.begin().await.map_err(store_error)
+        connect::begin(&self.pool, None).await.map_err(store_error)
     }
 
     async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {

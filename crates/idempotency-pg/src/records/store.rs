@@ -147,8 +147,10 @@ impl IdempotencyStore for PgStore {
     type Connection = PgConnection;
     type Transaction = sqlx::Transaction<'static, Postgres>;
 
+    /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
+    /// returns to the pool.
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.pool.begin().await.map_err(store_error)
+        crate::begin::begin(&self.pool).await.map_err(store_error)
     }
 
     async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
