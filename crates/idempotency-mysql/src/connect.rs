@@ -2,6 +2,7 @@
 //! transactions for the relay and cleanup, and a per-statement lock wait budget.
 
 use sqlx::{MySqlConnection, MySqlPool, MySqlTransaction};
+use tracing::Instrument as _;
 
 use crate::error::Error;
 
@@ -31,12 +32,16 @@ pub(crate) async fn begin(
     statement: Option<&'static str>,
 ) -> Result<MySqlTransaction<'static>, sqlx::Error> {
     let pool = pool.clone();
-    let begun = tokio::spawn(async move {
-        match statement {
-            Some(statement) => pool.begin_with(statement).await,
-            None => pool.begin().await,
+    // In the caller's span, so that what the pool logs stays attached to the request.
+    let begun = tokio::spawn(
+        async move {
+            match statement {
+                Some(statement) => pool.begin_with(statement).await,
+                None => pool.begin().await,
+            }
         }
-    });
+        .in_current_span(),
+    );
     match begun.await {
         Ok(begun) => begun,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),

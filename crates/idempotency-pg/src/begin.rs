@@ -1,6 +1,7 @@
 //! `BEGIN` that survives the caller being dropped.
 
 use sqlx::{PgPool, Postgres, Transaction};
+use tracing::Instrument as _;
 
 /// `pool.begin()`, safe to cancel.
 ///
@@ -12,7 +13,9 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// nobody takes is rolled back before the connection returns to the pool.
 pub(crate) async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
     let pool = pool.clone();
-    match tokio::spawn(async move { pool.begin().await }).await {
+    // In the caller's span, so that what the pool logs stays attached to the request.
+    let begun = tokio::spawn(async move { pool.begin().await }.in_current_span());
+    match begun.await {
         Ok(begun) => begun,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         // The runtime is shutting down: no transaction was handed out.
