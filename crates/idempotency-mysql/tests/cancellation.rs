@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idempotency_core::store::IdempotencyStore;
 use idempotency_mysql::MysqlStore;
-use idempotency_testing::HoldingProxy;
+use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
@@ -42,16 +42,8 @@ async fn pools() -> (MySqlPool, MySqlPool, HoldingProxy) {
         .await
         .unwrap();
     sqlx::query("SELECT 1").execute(&proxied).await.unwrap();
-    settle(&proxied).await;
+    until_idle(&proxied).await;
     (direct, proxied, proxy)
-}
-
-/// Waits until the pool's connection is back, after its release ping: that answer must not be
-/// the one held.
-async fn settle(pool: &MySqlPool) {
-    while pool.num_idle() < 1 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use idempotency_core::store::IdempotencyStore;
 use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome};
 use idempotency_pg::PgStore;
-use idempotency_testing::HoldingProxy;
+use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -45,16 +45,8 @@ async fn pools() -> (PgPool, PgPool, HoldingProxy) {
         .await
         .unwrap();
     sqlx::query("SELECT 1").execute(&proxied).await.unwrap();
-    settle(&proxied).await;
+    until_idle(&proxied).await;
     (direct, proxied, proxy)
-}
-
-/// Waits until the pool's connection is back, after its release ping: that answer must not be
-/// the one held.
-async fn settle(pool: &PgPool) {
-    while pool.num_idle() < 1 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// After the drop: an autocommit write through the proxied pool is visible to everyone at once,
@@ -106,7 +98,7 @@ async fn an_execute_dropped_during_its_begin_leaves_no_transaction_open_in_the_p
     let (direct, proxied, proxy) = pools().await;
     let store = PgStore::new(proxied.clone());
     store.create_schema().await.unwrap();
-    settle(&proxied).await;
+    until_idle(&proxied).await;
     let service = IdempotencyService::new(store);
     let key = IdempotencyKey::new("dropped-during-begin").unwrap();
     proxy.hold();

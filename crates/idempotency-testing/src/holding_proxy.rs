@@ -84,3 +84,12 @@ impl HoldingProxy {
         self.held.send_replace(false);
     }
 }
+
+/// Waits until every connection of `pool` is back in it. A connection returns only after its
+/// release ping is answered: a test that is about to [`hold`](HoldingProxy::hold) the answers
+/// waits here first, so that the ping's answer is not the one held.
+pub async fn until_idle<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) {
+    while pool.num_idle() < pool.size() as usize {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

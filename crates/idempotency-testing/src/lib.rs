@@ -27,7 +27,7 @@ mod mysql;
 pub mod recorded;
 mod servers;
 
-pub use holding_proxy::HoldingProxy;
+pub use holding_proxy::{HoldingProxy, until_idle};
 #[cfg(feature = "mysql")]
 pub use mysql::{mysql_pool, mysql_pool_with, mysql_pool_with_options, mysql_url};
 
