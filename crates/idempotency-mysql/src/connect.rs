@@ -1,5 +1,6 @@
-//! What the stores ask of the server: a version with `SKIP LOCKED`, short READ COMMITTED
-//! transactions for the relay and cleanup, and a per-statement lock wait budget.
+//! What the stores ask of the server: a begin safe to cancel, a version with `SKIP LOCKED`,
+//! short READ COMMITTED transactions for the relay and cleanup, and a per-statement lock wait
+//! budget.
 
 use sqlx::{MySqlConnection, MySqlPool, MySqlTransaction};
 use tracing::Instrument as _;
@@ -16,18 +17,45 @@ pub(crate) const BEGIN_READ_COMMITTED: &str =
 pub(crate) async fn begin_read_committed(
     pool: &MySqlPool,
 ) -> Result<MySqlTransaction<'static>, sqlx::Error> {
-    begin(pool, Some(BEGIN_READ_COMMITTED)).await
+    begin_with(pool, Some(BEGIN_READ_COMMITTED)).await
 }
 
-/// `pool.begin()` (or `begin_with(statement)`), safe to cancel.
+/// Begins a transaction on a connection of `pool`: `pool.begin()`, safe to cancel.
 ///
-/// sqlx counts a transaction only once its `BEGIN` is answered. If the future is dropped while
-/// the answer is on the wire (a client hung up, a timeout fired), the connection goes back to the
-/// pool inside a transaction that nobody owns: the next user's autocommit statements then run in
-/// it, invisible to others and lost when the connection closes. The begin runs in a task of its
-/// own instead: dropped by the caller, the task still reads the answer, and the transaction that
-/// nobody takes is rolled back before the connection returns to the pool.
-pub(crate) async fn begin(
+/// sqlx 0.9 counts a transaction only once its `START TRANSACTION` is answered. If the future of
+/// `pool.begin()` is dropped while that answer is on the wire (a client hung up, a timeout
+/// fired), the connection goes back to the pool inside a transaction that nobody owns: the next
+/// user's autocommit statements then run in it, invisible to others and lost when the connection
+/// closes. Here the begin runs in a task of its own: dropped by the caller, the task still reads
+/// the answer, and the transaction that nobody takes is rolled back before the connection
+/// returns to the pool.
+///
+/// Use it wherever a request begins a transaction of its own: for the outbox's
+/// `MysqlOutbox::enqueue` (feature `outbox`), the inbox, or
+/// [`MysqlTx::new`](crate::MysqlTx). [`MysqlStore`](crate::MysqlStore) and the idempotency
+/// service already begin this way. The returned transaction is sqlx's own: commit it, or drop it
+/// to roll back.
+///
+/// It needs a Tokio runtime (sqlx's `runtime-tokio`), as the rest of this crate does. The error
+/// is sqlx's, as from `pool.begin()`; if the runtime is shutting down it is
+/// [`sqlx::Error::Io`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1/test").await?;
+/// let mut tx = idempotency_mysql::begin(&pool).await?;
+/// sqlx::query("INSERT INTO charges (amount_cents) VALUES (4900)")
+///     .execute(&mut *tx)
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn begin(pool: &MySqlPool) -> Result<MySqlTransaction<'static>, sqlx::Error> {
+    begin_with(pool, None).await
+}
+
+/// [`begin`], with `statement` in place of sqlx's `BEGIN` when given (`pool.begin_with`).
+pub(crate) async fn begin_with(
     pool: &MySqlPool,
     statement: Option<&'static str>,
 ) -> Result<MySqlTransaction<'static>, sqlx::Error> {

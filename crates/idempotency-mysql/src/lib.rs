@@ -12,6 +12,7 @@ mod outbox;
 mod records;
 mod table;
 
+pub use connect::begin;
 pub use error::{Error, SchemaProblem, store_error};
 #[cfg(feature = "outbox")]
 pub use inbox::{INBOX_DDL_TEMPLATE, MysqlInbox, inbox_ddl};

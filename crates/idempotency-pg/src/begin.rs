@@ -3,15 +3,36 @@
 use sqlx::{PgPool, Postgres, Transaction};
 use tracing::Instrument as _;
 
-/// `pool.begin()`, safe to cancel.
+/// Begins a transaction on a connection of `pool`: `pool.begin()`, safe to cancel.
 ///
-/// sqlx counts a transaction only once its `BEGIN` is answered. If the future is dropped while
-/// the answer is on the wire (a client hung up, a timeout fired), the connection goes back to the
-/// pool inside a transaction that nobody owns: the next user's autocommit statements then run in
-/// it, invisible to others and lost when the connection closes. The begin runs in a task of its
-/// own instead: dropped by the caller, the task still reads the answer, and the transaction that
-/// nobody takes is rolled back before the connection returns to the pool.
-pub(crate) async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+/// sqlx 0.9 counts a transaction only once its `BEGIN` is answered. If the future of
+/// `pool.begin()` is dropped while that answer is on the wire (a client hung up, a timeout
+/// fired), the connection goes back to the pool inside a transaction that nobody owns: the next
+/// user's autocommit statements then run in it, invisible to others and lost when the connection
+/// closes. Here the begin runs in a task of its own: dropped by the caller, the task still reads
+/// the answer, and the transaction that nobody takes is rolled back before the connection
+/// returns to the pool.
+///
+/// Use it wherever a request begins a transaction of its own: for the outbox's
+/// `PgOutbox::enqueue` (feature `outbox`), the inbox, or [`PgTx::new`](crate::PgTx).
+/// [`PgStore`](crate::PgStore) and the idempotency service already begin this way. The returned
+/// transaction is sqlx's own: commit it, or drop it to roll back.
+///
+/// It needs a Tokio runtime (sqlx's `runtime-tokio`), as the rest of this crate does. The error
+/// is sqlx's, as from `pool.begin()`; if the runtime is shutting down it is
+/// [`sqlx::Error::Io`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
+/// let mut tx = idempotency_pg::begin(&pool).await?;
+/// sqlx::query("INSERT INTO charges (amount_cents) VALUES (4900)")
+///     .execute(&mut *tx)
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
     let pool = pool.clone();
     // In the caller's span, so that what the pool logs stays attached to the request.
     let begun = tokio::spawn(async move { pool.begin().await }.in_current_span());

@@ -12,6 +12,7 @@ mod outbox;
 mod records;
 mod table;
 
+pub use begin::begin;
 pub use error::{Error, SchemaProblem, store_error};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]

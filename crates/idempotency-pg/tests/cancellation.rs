@@ -94,6 +94,47 @@ async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
 }
 
 #[tokio::test]
+async fn the_public_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
+    let (direct, proxied, proxy) = pools().await;
+    proxy.hold();
+    let begun =
+        tokio::time::timeout(Duration::from_millis(300), idempotency_pg::begin(&proxied)).await;
+    assert!(
+        begun.is_err(),
+        "the begin must still be waiting for its answer"
+    );
+    proxy.release();
+    assert_pool_is_clean(&direct, &proxied).await;
+}
+
+#[tokio::test]
+async fn the_public_begin_hands_out_a_transaction_that_commits_or_rolls_back() {
+    let (direct, proxied, _proxy) = pools().await;
+    let count = async || -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM written")
+            .fetch_one(&direct)
+            .await
+            .unwrap()
+    };
+    let mut tx = idempotency_pg::begin(&proxied).await.unwrap();
+    sqlx::query("INSERT INTO written (n) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(count().await, 0, "visible before the commit");
+    tx.commit().await.unwrap();
+    assert_eq!(count().await, 1, "the commit");
+    let mut tx = idempotency_pg::begin(&proxied).await.unwrap();
+    sqlx::query("INSERT INTO written (n) VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    drop(tx);
+    until_idle(&proxied).await;
+    assert_eq!(count().await, 1, "a dropped transaction rolls back");
+}
+
+#[tokio::test]
 async fn an_execute_dropped_during_its_begin_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
     let store = PgStore::new(proxied.clone());

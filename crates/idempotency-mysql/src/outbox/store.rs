@@ -183,9 +183,7 @@ impl RelayStore for MysqlOutbox {
         if failures.is_empty() {
             return Ok(0);
         }
-        let mut tx = connect::begin(&self.pool, None)
-            .await
-            .map_err(outbox_error)?;
+        let mut tx = connect::begin(&self.pool).await.map_err(outbox_error)?;
         let mut updated = 0;
         for failure in failures {
             updated += sqlx::query(self.sql.mark_failed.clone())

@@ -194,7 +194,7 @@ impl IdempotencyStore for MysqlStore {
     /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
     /// returns to the pool.
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        connect::begin(&self.pool, None).await.map_err(store_error)
+        connect::begin(&self.pool).await.map_err(store_error)
     }
 
     async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {

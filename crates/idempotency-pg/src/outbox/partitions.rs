@@ -161,7 +161,7 @@ pub(crate) async fn prepare(
             name.quoted(),
             table.quoted()
         );
-        let mut tx = crate::begin::begin(pool).await.map_err(outbox_error)?;
+        let mut tx = crate::begin(pool).await.map_err(outbox_error)?;
         sqlx::raw_sql(crate::records::QUIET)
             .execute(&mut *tx)
             .await
@@ -294,7 +294,7 @@ pub(crate) async fn drop_expired(
         if keeps {
             continue;
         }
-        let mut tx = crate::begin::begin(pool).await.map_err(outbox_error)?;
+        let mut tx = crate::begin(pool).await.map_err(outbox_error)?;
         sqlx::raw_sql(DDL_LOCK_TIMEOUT)
             .execute(&mut *tx)
             .await

@@ -130,7 +130,7 @@ pub(crate) async fn create(
     }
     // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
-    let mut tx = crate::begin::begin(pool).await.map_err(outbox_error)?;
+    let mut tx = crate::begin(pool).await.map_err(outbox_error)?;
     // No NOTICE per existing table and index ("already exists, skipping").
     sqlx::raw_sql(crate::records::QUIET)
         .execute(&mut *tx)

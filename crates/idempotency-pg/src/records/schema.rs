@@ -92,7 +92,7 @@ pub(crate) async fn create(pool: &PgPool, table: &TableName) -> Result<(), Error
     }
     // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the catalog; serialize
     // instances starting at once on an advisory lock named after the table.
-    let mut tx = crate::begin::begin(pool).await?;
+    let mut tx = crate::begin(pool).await?;
     // Over existing tables every `IF NOT EXISTS` answers a NOTICE ("already exists, skipping"),
     // which sqlx logs; the transaction keeps warnings and errors only.
     sqlx::raw_sql(QUIET).execute(&mut *tx).await?;

@@ -150,7 +150,7 @@ impl IdempotencyStore for PgStore {
     /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
     /// returns to the pool.
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        crate::begin::begin(&self.pool).await.map_err(store_error)
+        crate::begin(&self.pool).await.map_err(store_error)
     }
 
     async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
