@@ -69,7 +69,7 @@ struct Statements {
 /// use idempotency_outbox::config::InboxConfig;
 ///
 /// let inbox = MysqlInbox::from_config(pool.clone(), &InboxConfig::default()).await?;
-/// let mut tx = pool.begin().await?;
+/// let mut tx = idempotency_mysql::begin(&pool).await?; // pool.begin(), safe to cancel
 /// if inbox.record_id(&mut tx, "billing-projector", message_id).await? {
 ///     // first time: apply the message's effects on &mut *tx
 /// }

@@ -71,7 +71,7 @@ impl Drop for SingleRelay {
 /// config.schema.mode = SchemaMode::Create;
 /// let outbox = MysqlOutbox::from_config(pool.clone(), &config).await?;
 ///
-/// let mut tx = pool.begin().await?;
+/// let mut tx = idempotency_mysql::begin(&pool).await?; // pool.begin(), safe to cancel
 /// // ... business statements on &mut *tx ...
 /// let event = NewEvent::new("charge", "ch_1", "ChargeCreated", &serde_json::json!({"amountCents": 4900}))?;
 /// outbox.enqueue(&mut tx, &event).await?;

@@ -42,7 +42,7 @@ use statements::Statements;
 /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
 /// let outbox = PgOutbox::from_config(pool.clone(), &OutboxConfig::default()).await?;
 ///
-/// let mut tx = pool.begin().await?;
+/// let mut tx = idempotency_pg::begin(&pool).await?; // pool.begin(), safe to cancel
 /// // ... business statements on &mut *tx ...
 /// outbox.enqueue(&mut tx, &NewEvent::new("charge", "ch_1", "ChargeCreated", &42)?).await?;
 /// tx.commit().await?; // the event becomes visible to relays, and NOTIFY wakes them
