@@ -14,6 +14,9 @@ use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
+/// How long a call is polled while the server's answers are held, before it is dropped.
+const WINDOW: Duration = Duration::from_millis(300);
+
 /// A direct pool on a fresh database, and a one-connection pool on the same database through a
 /// holding proxy (its connection already open, no ping before it is handed out).
 async fn pools() -> (MySqlPool, MySqlPool, HoldingProxy) {
@@ -67,30 +70,16 @@ async fn assert_pool_is_clean(direct: &MySqlPool, proxied: &MySqlPool) {
 async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
     let store = MysqlStore::new(proxied.clone());
-    proxy.hold();
-    let begun = tokio::time::timeout(Duration::from_millis(300), store.begin()).await;
-    assert!(
-        begun.is_err(),
-        "the begin must still be waiting for its answer"
-    );
-    proxy.release();
+    proxy.drop_while_held(store.begin(), WINDOW).await;
     assert_pool_is_clean(&direct, &proxied).await;
 }
 
 #[tokio::test]
 async fn the_public_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
-    proxy.hold();
-    let begun = tokio::time::timeout(
-        Duration::from_millis(300),
-        idempotency_mysql::begin(&proxied),
-    )
-    .await;
-    assert!(
-        begun.is_err(),
-        "the begin must still be waiting for its answer"
-    );
-    proxy.release();
+    proxy
+        .drop_while_held(idempotency_mysql::begin(&proxied), WINDOW)
+        .await;
     assert_pool_is_clean(&direct, &proxied).await;
 }
 

@@ -15,6 +15,9 @@ use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// How long a call is polled while the server's answers are held, before it is dropped.
+const WINDOW: Duration = Duration::from_millis(300);
+
 /// A direct pool on a fresh schema, and a one-connection pool on the same schema through a
 /// holding proxy (its connection already open). The proxied pool does not ping before handing
 /// out its connection, so the first message a test sends is the one whose answer is held; with
@@ -83,27 +86,16 @@ async fn assert_pool_is_clean(direct: &PgPool, proxied: &PgPool) {
 async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
     let store = PgStore::new(proxied.clone());
-    proxy.hold();
-    let begun = tokio::time::timeout(Duration::from_millis(300), store.begin()).await;
-    assert!(
-        begun.is_err(),
-        "the begin must still be waiting for its answer"
-    );
-    proxy.release();
+    proxy.drop_while_held(store.begin(), WINDOW).await;
     assert_pool_is_clean(&direct, &proxied).await;
 }
 
 #[tokio::test]
 async fn the_public_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
-    proxy.hold();
-    let begun =
-        tokio::time::timeout(Duration::from_millis(300), idempotency_pg::begin(&proxied)).await;
-    assert!(
-        begun.is_err(),
-        "the begin must still be waiting for its answer"
-    );
-    proxy.release();
+    proxy
+        .drop_while_held(idempotency_pg::begin(&proxied), WINDOW)
+        .await;
     assert_pool_is_clean(&direct, &proxied).await;
 }
 
@@ -142,22 +134,13 @@ async fn an_execute_dropped_during_its_begin_leaves_no_transaction_open_in_the_p
     until_idle(&proxied).await;
     let service = IdempotencyService::new(store);
     let key = IdempotencyKey::new("dropped-during-begin").unwrap();
-    proxy.hold();
-    let dropped = tokio::time::timeout(
-        Duration::from_millis(300),
-        service.execute(
-            Call::new("PAY", key.clone(), &"{}"),
-            async |_conn: &mut sqlx::PgConnection| {
-                Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
-            },
-        ),
-    )
-    .await;
-    assert!(
-        dropped.is_err(),
-        "the execute must still be waiting for its BEGIN"
+    let execute = service.execute(
+        Call::new("PAY", key.clone(), &"{}"),
+        async |_conn: &mut sqlx::PgConnection| {
+            Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
+        },
     );
-    proxy.release();
+    proxy.drop_while_held(execute, WINDOW).await;
     assert_pool_is_clean(&direct, &proxied).await;
     // The key was never taken: the same request runs now.
     let outcome: Outcome<i32> = service

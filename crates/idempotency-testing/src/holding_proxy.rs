@@ -83,6 +83,23 @@ impl HoldingProxy {
     pub fn release(&self) {
         self.held.send_replace(false);
     }
+
+    /// Holds the answers, polls `call` for `window`, drops it, then releases the answers: the
+    /// drop lands while `call` waits for an answer the server already sent.
+    ///
+    /// # Panics
+    ///
+    /// When `call` finished inside `window`: it was not waiting for an answer, so the test would
+    /// not exercise a drop on the wire.
+    pub async fn drop_while_held<F: Future>(&self, call: F, window: std::time::Duration) {
+        self.hold();
+        let finished = tokio::time::timeout(window, call).await.is_ok();
+        self.release();
+        assert!(
+            !finished,
+            "the call finished while the server's answers were held"
+        );
+    }
 }
 
 /// Waits until every connection of `pool` is back in it. A connection returns only after its
