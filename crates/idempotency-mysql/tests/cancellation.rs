@@ -6,16 +6,11 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
-use std::time::Duration;
-
 use idempotency_core::store::IdempotencyStore;
 use idempotency_mysql::MysqlStore;
 use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-
-/// How long a call is polled while the server's answers are held, before it is dropped.
-const WINDOW: Duration = Duration::from_millis(300);
 
 /// A direct pool on a fresh database, and a one-connection pool on the same database through a
 /// holding proxy (its connection already open, no ping before it is handed out).
@@ -70,7 +65,7 @@ async fn assert_pool_is_clean(direct: &MySqlPool, proxied: &MySqlPool) {
 async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
     let store = MysqlStore::new(proxied.clone());
-    proxy.drop_while_held(store.begin(), WINDOW).await;
+    proxy.drop_while_held(store.begin()).await;
     assert_pool_is_clean(&direct, &proxied).await;
 }
 
@@ -78,7 +73,7 @@ async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
 async fn the_public_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
     proxy
-        .drop_while_held(idempotency_mysql::begin(&proxied), WINDOW)
+        .drop_while_held(idempotency_mysql::begin(&proxied))
         .await;
     assert_pool_is_clean(&direct, &proxied).await;
 }

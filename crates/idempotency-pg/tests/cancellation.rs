@@ -6,17 +6,12 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
-use std::time::Duration;
-
 use idempotency_core::store::IdempotencyStore;
 use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome};
 use idempotency_pg::PgStore;
 use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-/// How long a call is polled while the server's answers are held, before it is dropped.
-const WINDOW: Duration = Duration::from_millis(300);
 
 /// A direct pool on a fresh schema, and a one-connection pool on the same schema through a
 /// holding proxy (its connection already open). The proxied pool does not ping before handing
@@ -86,16 +81,14 @@ async fn assert_pool_is_clean(direct: &PgPool, proxied: &PgPool) {
 async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
     let store = PgStore::new(proxied.clone());
-    proxy.drop_while_held(store.begin(), WINDOW).await;
+    proxy.drop_while_held(store.begin()).await;
     assert_pool_is_clean(&direct, &proxied).await;
 }
 
 #[tokio::test]
 async fn the_public_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
-    proxy
-        .drop_while_held(idempotency_pg::begin(&proxied), WINDOW)
-        .await;
+    proxy.drop_while_held(idempotency_pg::begin(&proxied)).await;
     assert_pool_is_clean(&direct, &proxied).await;
 }
 
@@ -140,7 +133,7 @@ async fn an_execute_dropped_during_its_begin_leaves_no_transaction_open_in_the_p
             Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
         },
     );
-    proxy.drop_while_held(execute, WINDOW).await;
+    proxy.drop_while_held(execute).await;
     assert_pool_is_clean(&direct, &proxied).await;
     // The key was never taken: the same request runs now.
     let outcome: Outcome<i32> = service

@@ -84,16 +84,17 @@ impl HoldingProxy {
         self.held.send_replace(false);
     }
 
-    /// Holds the answers, polls `call` for `window`, drops it, then releases the answers: the
+    /// Holds the answers, polls `call` for 300 ms, drops it, then releases the answers: the
     /// drop lands while `call` waits for an answer the server already sent.
     ///
     /// # Panics
     ///
-    /// When `call` finished inside `window`: it was not waiting for an answer, so the test would
-    /// not exercise a drop on the wire.
-    pub async fn drop_while_held<F: Future>(&self, call: F, window: std::time::Duration) {
+    /// When `call` finished inside those 300 ms: it was not waiting for an answer, so the test
+    /// would not exercise a drop on the wire.
+    pub async fn drop_while_held<F: Future>(&self, call: F) {
+        const WINDOW: std::time::Duration = std::time::Duration::from_millis(300);
         self.hold();
-        let finished = tokio::time::timeout(window, call).await.is_ok();
+        let finished = tokio::time::timeout(WINDOW, call).await.is_ok();
         self.release();
         assert!(
             !finished,
