@@ -5,7 +5,10 @@
 use sqlx::{MySqlConnection, MySqlPool, MySqlTransaction};
 use tracing::Instrument as _;
 
-use crate::error::Error;
+use crate::error::{
+    ER_LOCK_DEADLOCK, ER_SP_DOES_NOT_EXIST, Error, InTransaction, TransactionRolledBack,
+    error_number,
+};
 
 /// Begins a READ COMMITTED transaction. The relay's claims and the cleanup batches use it:
 /// under InnoDB's default REPEATABLE READ a locking range read also takes gap (next-key)
@@ -76,6 +79,54 @@ pub(crate) async fn begin_with(
         // The runtime is shutting down: no transaction was handed out.
         Err(join) => Err(sqlx::Error::Io(std::io::Error::other(join))),
     }
+}
+
+/// Asks whether the session is still in a transaction: outside one, a savepoint is not kept and
+/// releasing it fails with 1305.
+const PROBE: &str = "SAVEPOINT idempotency_probe; RELEASE SAVEPOINT idempotency_probe";
+
+/// Ends this connection's session on the server: every later statement through it fails, and
+/// the pool closes it when it comes back.
+const END_SESSION: &str = "KILL CONNECTION_ID()";
+
+/// Passes through the result of a statement this crate ran in the caller's transaction. When it
+/// failed, finds out whether the server ended the transaction with it (a deadlock always does;
+/// for any other error the server is asked); if so, ends the session too, so that nothing the
+/// caller runs next commits on its own, and reports [`TransactionRolledBack`].
+pub(crate) async fn in_transaction<T>(
+    conn: &mut MySqlConnection,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, InTransaction> {
+    let error = match result {
+        Ok(value) => return Ok(value),
+        Err(error) => error,
+    };
+    // No answer from the server: the connection itself failed, and fails whatever comes next.
+    let ended = error.as_database_error().is_some()
+        && (error_number(&error) == Some(ER_LOCK_DEADLOCK) || !in_transaction_now(conn).await);
+    if !ended {
+        return Err(InTransaction::Statement(error));
+    }
+    end_session(conn).await;
+    Err(InTransaction::RolledBack(TransactionRolledBack::new(error)))
+}
+
+/// Whether the session is in a transaction; `true` when that cannot be told.
+async fn in_transaction_now(conn: &mut MySqlConnection) -> bool {
+    match sqlx::raw_sql(PROBE).execute(&mut *conn).await {
+        Ok(_) => true,
+        Err(error) => error_number(&error) != Some(ER_SP_DOES_NOT_EXIST),
+    }
+}
+
+/// Ends the session (see [`END_SESSION`]); the server's answer is an error by design.
+pub(crate) async fn end_session(conn: &mut MySqlConnection) {
+    let ended = sqlx::raw_sql(END_SESSION).execute(&mut *conn).await;
+    tracing::warn!(
+        answer = ?ended.err(),
+        "the server rolled back the caller's transaction: its connection is closed so that \
+         nothing runs outside it"
+    );
 }
 
 /// The server flavour and version, from `SELECT VERSION()`.

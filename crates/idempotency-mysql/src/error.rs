@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use idempotency_core::StoreError;
+use idempotency_core::{BoxError, StoreError};
 use sqlx::mysql::MySqlDatabaseError;
 
 /// Setting up the store failed.
@@ -140,10 +140,69 @@ impl fmt::Display for SchemaProblems<'_> {
     }
 }
 
+/// The server ended the caller's whole transaction while one of this crate's statements ran in
+/// it: InnoDB rolled it back (a deadlock, 1213; a lock wait timeout under
+/// `innodb_rollback_on_timeout`; ...) and the session went back to autocommit, while sqlx still
+/// counts the transaction as open.
+///
+/// Whatever ran after that would commit on its own, so the connection is closed (the server
+/// ends the session): every later statement through that transaction, its commit included,
+/// fails, and the pool replaces the connection. Retry the whole transaction, from its `BEGIN`,
+/// not the call. It is the source of [`StoreError::Conflict`] (records store) and of the
+/// outbox's `Error::Conflict` (outbox, inbox); find it with `downcast_ref`.
+///
+/// ```
+/// use idempotency_mysql::TransactionRolledBack;
+///
+/// fn whole_transaction_lost(error: &idempotency_core::StoreError) -> bool {
+///     std::error::Error::source(error)
+///         .is_some_and(|source| source.downcast_ref::<TransactionRolledBack>().is_some())
+/// }
+/// # assert!(!whole_transaction_lost(&idempotency_core::StoreError::Poisoned));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the server rolled back the whole transaction and the connection was closed so that \
+     nothing runs outside it: retry the whole transaction, not the call"
+)]
+pub struct TransactionRolledBack {
+    #[source]
+    source: BoxError,
+}
+
+impl TransactionRolledBack {
+    /// `source`: the error with which the server ended the transaction.
+    pub(crate) fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+}
+
+/// A statement of this crate that failed in the caller's transaction.
+#[derive(Debug)]
+pub(crate) enum InTransaction {
+    /// The statement failed; the transaction is still open.
+    Statement(sqlx::Error),
+    /// The server ended the transaction.
+    RolledBack(TransactionRolledBack),
+}
+
+impl From<InTransaction> for StoreError {
+    fn from(error: InTransaction) -> Self {
+        match error {
+            InTransaction::Statement(error) => store_error(error),
+            InTransaction::RolledBack(error) => StoreError::Conflict(Box::new(error)),
+        }
+    }
+}
+
 /// `ER_LOCK_WAIT_TIMEOUT`: `innodb_lock_wait_timeout` ran out (also MariaDB's `NOWAIT`).
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// `ER_LOCK_DEADLOCK`: InnoDB chose this transaction as the deadlock victim and rolled it back.
-const ER_LOCK_DEADLOCK: u16 = 1213;
+pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
+/// `ER_SP_DOES_NOT_EXIST`: no such savepoint (also: no transaction to hold one).
+pub(crate) const ER_SP_DOES_NOT_EXIST: u16 = 1305;
 /// `ER_LOCK_NOWAIT` (MySQL 8): a `NOWAIT` locking read found the row locked.
 const ER_LOCK_NOWAIT: u16 = 3572;
 /// Too many connections, server shutdown, connection killed, out of memory, disk full, and

@@ -11,9 +11,9 @@ use sqlx::{Connection, MySqlConnection, MySqlPool, SqlStr};
 use uuid::Uuid;
 
 use crate::clock::{NOW, micros};
-use crate::connect::{self, begin_read_committed};
+use crate::connect::{self, begin_read_committed, in_transaction};
 use crate::outbox::schema::{self, Index, Shape, name_col, time_col};
-use crate::outbox::{from_crate_error, outbox_error};
+use crate::outbox::{from_crate_error, in_transaction_error, outbox_error};
 use crate::records::sql;
 use crate::table::TableName;
 
@@ -167,8 +167,10 @@ impl MysqlInbox {
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
+            .await;
+        let result = in_transaction(conn, result)
             .await
-            .map_err(outbox_error)?;
+            .map_err(in_transaction_error)?;
         Ok(result.last_insert_id() != 1)
     }
 

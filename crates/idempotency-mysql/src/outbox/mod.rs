@@ -16,18 +16,22 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
-pub(crate) use error::{from_crate_error, outbox_error};
+pub(crate) use error::{from_crate_error, in_transaction_error, outbox_error};
 pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
 
-use crate::connect;
+use crate::connect::{self, in_transaction};
+use crate::error::{InTransaction, TransactionRolledBack};
 use crate::table::TableName;
 use schema::Names;
 use statements::{CHUNK, Statements};
 
 /// Wraps an ordered enqueue: a failure undoes the counters it bumped, and the caller's
 /// transaction goes on as if the call had not happened (MySQL undoes only the failed statement
-/// otherwise).
-const SAVEPOINT: &str = "SAVEPOINT idempotency_outbox_enqueue";
+/// otherwise). The rollback to it right away fails (1305) when the session is not in a
+/// transaction any more (the server rolled it back, e.g. after a deadlock), in the same round
+/// trip.
+const SAVEPOINT: &str = "SAVEPOINT idempotency_outbox_enqueue; \
+     ROLLBACK TO SAVEPOINT idempotency_outbox_enqueue";
 const RELEASE: &str = "RELEASE SAVEPOINT idempotency_outbox_enqueue";
 const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT idempotency_outbox_enqueue";
 
@@ -216,10 +220,10 @@ impl MysqlOutbox {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        sqlx::raw_sql(SAVEPOINT)
-            .execute(&mut *conn)
+        let saved = sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await;
+        in_transaction(conn, saved)
             .await
-            .map_err(outbox_error)?;
+            .map_err(in_transaction_error)?;
         match self.insert_events(conn, events).await {
             Ok(()) => {
                 sqlx::raw_sql(RELEASE)
@@ -228,9 +232,13 @@ impl MysqlOutbox {
                     .map_err(outbox_error)?;
             }
             Err(error) => {
-                // Undo what this call wrote; the caller's transaction stays usable. The first
+                // Undo what this call wrote; the caller's transaction stays usable, unless the
+                // server ended it (a deadlock): then nothing may run in it any more. The first
                 // error is the one reported.
-                let _ = sqlx::raw_sql(ROLLBACK_TO).execute(&mut *conn).await;
+                let undone = sqlx::raw_sql(ROLLBACK_TO).execute(&mut *conn).await;
+                if let Err(InTransaction::RolledBack(_)) = in_transaction(conn, undone).await {
+                    return Err(Error::Conflict(Box::new(TransactionRolledBack::new(error))));
+                }
                 return Err(error);
             }
         }

@@ -16,7 +16,9 @@ use super::row::{
 use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_micros;
-use crate::connect::{self, begin_read_committed, restore_lock_wait, set_lock_wait};
+use crate::connect::{
+    self, begin_read_committed, in_transaction, restore_lock_wait, set_lock_wait,
+};
 use crate::error::{Error, SchemaProblem, store_error};
 use crate::table::TableName;
 
@@ -162,7 +164,7 @@ impl MysqlStore {
                 restored.map_err(store_error)?;
             }
         }
-        result.map_err(store_error)
+        Ok(in_transaction(conn, result).await?)
     }
 
     async fn read(
@@ -170,14 +172,21 @@ impl MysqlStore {
         conn: impl sqlx::Executor<'_, Database = MySql>,
         id: &RecordId,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+        let row = self.read_row(conn, id).await.map_err(store_error)?;
+        row.map(record_from_row).transpose()
+    }
+
+    async fn read_row(
+        &self,
+        conn: impl sqlx::Executor<'_, Database = MySql>,
+        id: &RecordId,
+    ) -> Result<Option<FindRow>, sqlx::Error> {
+        sqlx::query_as(self.sql.find.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
             .fetch_optional(conn)
             .await
-            .map_err(store_error)?;
-        row.map(record_from_row).transpose()
     }
 }
 
@@ -241,8 +250,9 @@ impl IdempotencyStore for MysqlStore {
         conn: &mut MySqlConnection,
         id: &RecordId,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        match self.read(&mut *conn, id).await? {
-            Some(record) => Ok(Some(record)),
+        let row = self.read_row(&mut *conn, id).await;
+        match in_transaction(conn, row).await? {
+            Some(row) => record_from_row(row).map(Some),
             None => self.read(&self.pool, id).await,
         }
     }
@@ -268,9 +278,8 @@ impl IdempotencyStore for MysqlStore {
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
             .execute(&mut *conn)
-            .await
-            .map_err(store_error)?
-            .rows_affected();
+            .await;
+        let updated = in_transaction(conn, updated).await?.rows_affected();
         if updated == 0 {
             let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
                 .bind(id.operation.as_str())
