@@ -1,13 +1,14 @@
 //! [`MysqlStore`]: the `IdempotencyStore` on MySQL and MariaDB.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
     Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
 };
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
-use sqlx::mysql::MySqlQueryResult;
+use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
+use sqlx::query::Query;
 use sqlx::{MySql, MySqlConnection, MySqlPool, SqlStr};
 
 use super::row::{
@@ -45,6 +46,9 @@ pub struct MysqlStore {
     pool: MySqlPool,
     table: Arc<TableName>,
     sql: Arc<Statements>,
+    /// Whether the server is MariaDB: known after `from_config`, else asked at the first
+    /// bounded wait.
+    mariadb: Arc<OnceLock<bool>>,
 }
 
 /// The wait budget as `innodb_lock_wait_timeout`: whole seconds, rounded up; `0` for
@@ -72,6 +76,7 @@ impl MysqlStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table: Arc::new(table),
+            mariadb: Arc::new(OnceLock::new()),
         }
     }
 
@@ -82,8 +87,9 @@ impl MysqlStore {
     pub async fn from_config(pool: MySqlPool, config: &PersistenceConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name)?;
         schema::check_room(&table)?;
-        connect::check_server(&pool).await?;
+        let version = connect::check_server(&pool).await?;
         let store = Self::with_table(pool, table);
+        let _ = store.mariadb.set(version.mariadb);
         store.apply_schema(config.schema.mode).await?;
         Ok(store)
     }
@@ -145,26 +151,43 @@ impl MysqlStore {
         })
     }
 
-    /// Runs an insert that may wait for a concurrent holder of the key, with the claim's wait
-    /// budget in force for that statement only.
-    async fn insert_waiting(
+    /// Runs the insert `sql` (its arguments bound by `bind`), which may wait for a concurrent
+    /// holder of the key, with the claim's wait budget in force for that statement only: on
+    /// MariaDB within the statement (`SET STATEMENT ... FOR`), so that a dropped future leaves
+    /// nothing on the connection; on MySQL 8 set and restored around it (see
+    /// `connect::set_lock_wait` for how a restore that never ran is made up for).
+    async fn insert_waiting<'q>(
         &self,
         conn: &mut MySqlConnection,
         wait: LockWait,
-        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+        sql: &SqlStr,
+        bind: impl FnOnce(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
     ) -> Result<MySqlQueryResult, StoreError> {
-        let budget = lock_wait_seconds(wait);
-        if let Some(seconds) = budget {
-            set_lock_wait(conn, seconds).await.map_err(store_error)?;
+        let Some(seconds) = lock_wait_seconds(wait) else {
+            let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
+            return Ok(in_transaction(conn, result).await?);
+        };
+        if self.is_mariadb(conn).await? {
+            let scoped = connect::with_statement_lock_wait(sql.as_str(), seconds);
+            let result = bind(sqlx::query(scoped)).execute(&mut *conn).await;
+            return Ok(in_transaction(conn, result).await?);
         }
-        let result = query.execute(&mut *conn).await;
-        if budget.is_some() {
-            let restored = restore_lock_wait(conn).await;
-            if result.is_ok() {
-                restored.map_err(store_error)?;
-            }
+        set_lock_wait(conn, seconds).await.map_err(store_error)?;
+        let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
+        let restored = restore_lock_wait(conn).await;
+        if result.is_ok() {
+            restored.map_err(store_error)?;
         }
         Ok(in_transaction(conn, result).await?)
+    }
+
+    /// Whether the server is MariaDB, asked once on `conn` when `from_config` did not.
+    async fn is_mariadb(&self, conn: &mut MySqlConnection) -> Result<bool, StoreError> {
+        if let Some(mariadb) = self.mariadb.get() {
+            return Ok(*mariadb);
+        }
+        let mariadb = connect::is_mariadb(conn).await.map_err(store_error)?;
+        Ok(*self.mariadb.get_or_init(|| mariadb))
     }
 
     async fn read(
@@ -224,13 +247,16 @@ impl IdempotencyStore for MysqlStore {
         claim: &Claim<'_>,
     ) -> Result<Acquire, StoreError> {
         let id = claim.id;
-        let query = sqlx::query(self.sql.acquire.clone())
-            .bind(id.operation.as_str())
-            .bind(id.scope.as_str())
-            .bind(id.key.as_str())
-            .bind(claim.fingerprint.as_str())
-            .bind(ttl_micros(claim.ttl));
-        let result = self.insert_waiting(conn, claim.wait, query).await?;
+        let result = self
+            .insert_waiting(conn, claim.wait, &self.sql.acquire, |query| {
+                query
+                    .bind(id.operation.as_str())
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind(claim.fingerprint.as_str())
+                    .bind(ttl_micros(claim.ttl))
+            })
+            .await?;
         Ok(if was_duplicate(&result) {
             Acquire::Exists
         } else {
@@ -314,16 +340,19 @@ impl InsertCompleted for MysqlStore {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
-        let query = sqlx::query(self.sql.insert_completed.clone())
-            .bind(id.operation.as_str())
-            .bind(id.scope.as_str())
-            .bind(id.key.as_str())
-            .bind(claim.fingerprint.as_str())
-            .bind(outcome.status().as_str())
-            .bind(payload)
-            .bind(code)
-            .bind(ttl_micros(claim.ttl));
-        let result = self.insert_waiting(conn, claim.wait, query).await?;
+        let result = self
+            .insert_waiting(conn, claim.wait, &self.sql.insert_completed, |query| {
+                query
+                    .bind(id.operation.as_str())
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind(claim.fingerprint.as_str())
+                    .bind(outcome.status().as_str())
+                    .bind(payload)
+                    .bind(code)
+                    .bind(ttl_micros(claim.ttl))
+            })
+            .await?;
         if was_duplicate(&result) {
             return Ok(None);
         }
