@@ -198,3 +198,36 @@ async fn cleanup_skips_rows_a_transaction_holds() {
     holder.rollback().await.unwrap();
     assert_eq!(store.delete_expired_batch(10).await.unwrap(), 1);
 }
+
+/// `lookup_before_acquire` with `execute_in` on a one-connection pool: the lookup of a new key
+/// must not need a second connection while the transaction holds the only one.
+#[tokio::test]
+async fn lookup_before_acquire_needs_no_second_connection() {
+    let pool = idempotency_testing::mysql_pool_with_options(1, |options| {
+        options.acquire_timeout(Duration::from_secs(2))
+    })
+    .await;
+    let store = support::store_on(pool).await;
+    let config = idempotency_core::ServiceConfig {
+        lookup_before_acquire: true,
+        ..idempotency_core::ServiceConfig::default()
+    };
+    let service = IdempotencyService::builder(store).config(config).build();
+    let started = std::time::Instant::now();
+    let mut tx = service.begin().await.unwrap();
+    let outcome: Outcome<Value> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", key("lookup-first"), &json!({"n": 1})),
+            async |_conn| Ok::<_, AppError>(ExecutionResult::success(json!("done"))),
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(outcome.is_executed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+}

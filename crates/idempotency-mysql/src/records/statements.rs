@@ -14,6 +14,7 @@ pub(super) struct Statements {
     pub(super) insert_completed: SqlStr,
     pub(super) inserted_times: SqlStr,
     pub(super) find: SqlStr,
+    pub(super) find_locking: SqlStr,
     pub(super) complete: SqlStr,
     pub(super) completed_row: SqlStr,
     pub(super) status: SqlStr,
@@ -59,6 +60,11 @@ impl Statements {
             find: sql(format!(
                 "SELECT request_hash, status, result_payload, error_code, created_at, \
                         completed_at, expires_at FROM {t} WHERE {key}"
+            )),
+            // The latest committed version, whatever the transaction's snapshot.
+            find_locking: sql(format!(
+                "SELECT request_hash, status, result_payload, error_code, created_at, \
+                        completed_at, expires_at FROM {t} WHERE {key} LOCK IN SHARE MODE"
             )),
             // Never before created_at, even when the clock steps back.
             complete: sql(format!(

@@ -1,6 +1,7 @@
 //! [`MysqlStore`]: the `IdempotencyStore` on MySQL and MariaDB.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
@@ -49,6 +50,33 @@ pub struct MysqlStore {
     /// Whether the server is MariaDB: known after `from_config`, else asked at the first
     /// bounded wait.
     mariadb: Arc<OnceLock<bool>>,
+    /// Keys `acquire` reported `Exists` for, until `find` reads them.
+    existing: Arc<Existing>,
+}
+
+/// The keys `acquire` just reported `Exists` for, in any of the store's transactions: `find`
+/// may read those with a locking read (see `find`). A key another transaction's `find` takes
+/// first only costs this one more acquire round; entries of requests dropped in between are
+/// dropped once there are [`Existing::MAX`].
+#[derive(Debug, Default)]
+struct Existing(Mutex<HashSet<RecordId>>);
+
+impl Existing {
+    const MAX: usize = 4096;
+
+    fn remember(&self, id: &RecordId) {
+        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if ids.len() >= Self::MAX {
+            ids.clear();
+        }
+        ids.insert(id.clone());
+    }
+
+    /// Whether `id` was remembered; forgets it.
+    fn forget(&self, id: &RecordId) -> bool {
+        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        !ids.is_empty() && ids.remove(id)
+    }
 }
 
 /// The wait budget as `innodb_lock_wait_timeout`: whole seconds, rounded up; `0` for
@@ -77,6 +105,7 @@ impl MysqlStore {
             sql: Arc::new(Statements::new(&table)),
             table: Arc::new(table),
             mariadb: Arc::new(OnceLock::new()),
+            existing: Arc::default(),
         }
     }
 
@@ -133,8 +162,9 @@ impl MysqlStore {
 
     /// The SQL text of one of the statements this store issues, for inspection (`EXPLAIN`) and
     /// benchmarks: `acquire`, `insert_completed`, `inserted_times` (read after an optimistic
-    /// insert), `find`, `complete`, `completed_row` (read after `complete`), `set_lock_wait` and
-    /// `restore_lock_wait` (around a bounded wait), `expired` (a cleanup batch's keys).
+    /// insert), `find`, `find_locking` (`find` after `acquire` reported `Exists`), `complete`,
+    /// `completed_row` (read after `complete`), `set_lock_wait` and `restore_lock_wait` (around
+    /// a bounded wait on MySQL 8), `expired` (a cleanup batch's keys).
     pub fn statement(&self, name: &str) -> Option<&str> {
         let sql = &self.sql;
         Some(match name {
@@ -142,6 +172,7 @@ impl MysqlStore {
             "insert_completed" => sql.insert_completed.as_str(),
             "inserted_times" => sql.inserted_times.as_str(),
             "find" => sql.find.as_str(),
+            "find_locking" => sql.find_locking.as_str(),
             "complete" => sql.complete.as_str(),
             "completed_row" => sql.completed_row.as_str(),
             "set_lock_wait" => connect::SET_LOCK_WAIT,
@@ -195,16 +226,21 @@ impl MysqlStore {
         conn: impl sqlx::Executor<'_, Database = MySql>,
         id: &RecordId,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let row = self.read_row(conn, id).await.map_err(store_error)?;
+        let row = self
+            .read_row(conn, id, &self.sql.find)
+            .await
+            .map_err(store_error)?;
         row.map(record_from_row).transpose()
     }
 
+    /// `find` or `find_locking`.
     async fn read_row(
         &self,
         conn: impl sqlx::Executor<'_, Database = MySql>,
         id: &RecordId,
+        sql: &SqlStr,
     ) -> Result<Option<FindRow>, sqlx::Error> {
-        sqlx::query_as(self.sql.find.clone())
+        sqlx::query_as(sql.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -258,29 +294,43 @@ impl IdempotencyStore for MysqlStore {
             })
             .await?;
         Ok(if was_duplicate(&result) {
+            self.existing.remember(id);
             Acquire::Exists
         } else {
             Acquire::Acquired
         })
     }
 
-    /// A read in the caller's transaction; when it finds nothing, one more read on the pool.
+    /// A read in the caller's transaction; when it finds nothing right after `acquire`
+    /// reported `Exists` for the key, a locking read in the same transaction.
     ///
     /// Under REPEATABLE READ the transaction's snapshot is taken at its first read: a caller
     /// that read anything before the key's holder committed would not see the record that
-    /// `acquire` just reported (`Exists`), and would retry forever. A fresh autocommit read
-    /// sees every committed record; it takes no lock (a locking read of a missing key would
-    /// take a gap lock, and two such transactions inserting into the gap deadlock).
+    /// `acquire` just reported (`Exists`), and would retry forever. A locking read sees the
+    /// latest committed version; after `Exists` it takes no new lock (the insert locked the
+    /// row already) and no gap lock (the row exists). A locking read of a missing key would
+    /// take a gap lock, and two transactions inserting into that gap deadlock: so a miss that
+    /// does not follow `Exists` (`lookup_before_acquire` of a new key) answers `None`, what a
+    /// new key gets anyway, without a second connection (N callers on an N-connection pool
+    /// would each wait for another one until `acquire_timeout`).
     async fn find(
         &self,
         conn: &mut MySqlConnection,
         id: &RecordId,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let row = self.read_row(&mut *conn, id).await;
-        match in_transaction(conn, row).await? {
-            Some(row) => record_from_row(row).map(Some),
-            None => self.read(&self.pool, id).await,
+        let row = self.read_row(&mut *conn, id, &self.sql.find).await;
+        if let Some(row) = in_transaction(conn, row).await? {
+            self.existing.forget(id);
+            return record_from_row(row).map(Some);
         }
+        if !self.existing.forget(id) {
+            return Ok(None);
+        }
+        let row = self.read_row(&mut *conn, id, &self.sql.find_locking).await;
+        in_transaction(conn, row)
+            .await?
+            .map(record_from_row)
+            .transpose()
     }
 
     /// One autocommit `SELECT` on the pool: a consistent read of the last committed state,
