@@ -106,18 +106,25 @@ pub(crate) async fn in_transaction<T>(
     conn: &mut MySqlConnection,
     result: Result<T, sqlx::Error>,
 ) -> Result<T, InTransaction> {
-    let error = match result {
-        Ok(value) => return Ok(value),
-        Err(error) => error,
-    };
+    match result {
+        Ok(value) => Ok(value),
+        Err(error) => Err(failed_in_transaction(conn, error).await),
+    }
+}
+
+/// [`in_transaction`] for a statement that failed with `error`.
+pub(crate) async fn failed_in_transaction(
+    conn: &mut MySqlConnection,
+    error: sqlx::Error,
+) -> InTransaction {
     // No answer from the server: the connection itself failed, and fails whatever comes next.
     let ended = error.as_database_error().is_some()
         && (error_number(&error) == Some(ER_LOCK_DEADLOCK) || !in_transaction_now(conn).await);
     if !ended {
-        return Err(InTransaction::Statement(error));
+        return InTransaction::Statement(error);
     }
     end_session(conn).await;
-    Err(InTransaction::RolledBack(TransactionRolledBack::new(error)))
+    InTransaction::RolledBack(TransactionRolledBack::new(error))
 }
 
 /// Whether the session is in a transaction; `true` when that cannot be told.
@@ -176,24 +183,39 @@ impl ServerVersion {
     }
 }
 
-/// Refuses servers without `SKIP LOCKED` with [`Error::UnsupportedServer`]; returns the
-/// server's version.
-pub(crate) async fn check_server(pool: &MySqlPool) -> Result<ServerVersion, Error> {
+/// Refuses servers without `SKIP LOCKED` with [`Error::UnsupportedServer`].
+pub(crate) async fn check_server(pool: &MySqlPool) -> Result<(), Error> {
     let version: String = sqlx::query_scalar("SELECT VERSION()")
         .fetch_one(pool)
         .await?;
     match ServerVersion::parse(&version) {
-        Some(v) if v.has_skip_locked() => Ok(v),
+        Some(v) if v.has_skip_locked() => Ok(()),
         _ => Err(Error::UnsupportedServer { version }),
     }
 }
 
-/// Whether the server behind `conn` is MariaDB.
-pub(crate) async fn is_mariadb(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
-    let version: String = sqlx::query_scalar("SELECT VERSION()")
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(ServerVersion::parse(&version).is_some_and(|v| v.mariadb))
+/// What the records store needs to know of the server.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Server {
+    /// MariaDB (statement-scoped settings, lock waits of 0 s) rather than MySQL.
+    pub(crate) mariadb: bool,
+    /// `innodb_rollback_on_timeout`: a lock wait timeout (1205) rolls back the whole
+    /// transaction.
+    pub(crate) rollback_on_timeout: bool,
+}
+
+impl Server {
+    /// Asks the server behind `conn`.
+    pub(crate) async fn ask(conn: &mut MySqlConnection) -> Result<Self, sqlx::Error> {
+        let (version, rollback_on_timeout): (String, i64) =
+            sqlx::query_as("SELECT VERSION(), @@GLOBAL.innodb_rollback_on_timeout + 0")
+                .fetch_one(&mut *conn)
+                .await?;
+        Ok(Self {
+            mariadb: ServerVersion::parse(&version).is_some_and(|v| v.mariadb),
+            rollback_on_timeout: rollback_on_timeout != 0,
+        })
+    }
 }
 
 /// `statement` with `innodb_lock_wait_timeout = seconds` for its own run only (MariaDB's

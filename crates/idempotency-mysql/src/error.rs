@@ -80,7 +80,7 @@ pub enum SchemaProblem {
         nullable: bool,
     },
     /// No primary key or unique index on exactly `(operation, scope, idempotency_key)` (whole
-    /// columns, no prefix), which `INSERT ... ON DUPLICATE KEY UPDATE` relies on.
+    /// columns, no prefix), which the acquire's duplicate check relies on.
     MissingPrimaryKey,
     /// No index leading with `expires_at`, which cleanup relies on.
     MissingExpiryIndex,
@@ -197,8 +197,10 @@ impl From<InTransaction> for StoreError {
     }
 }
 
+/// `ER_DUP_ENTRY`: the key exists.
+pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 /// `ER_LOCK_WAIT_TIMEOUT`: `innodb_lock_wait_timeout` ran out (also MariaDB's `NOWAIT`).
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// `ER_LOCK_DEADLOCK`: InnoDB chose this transaction as the deadlock victim and rolled it back.
 pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
 /// `ER_SP_DOES_NOT_EXIST`: no such savepoint (also: no transaction to hold one).

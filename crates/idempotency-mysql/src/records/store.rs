@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
@@ -19,17 +20,21 @@ use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_micros;
 use crate::connect::{
-    self, begin_read_committed, in_transaction, restore_lock_wait, set_lock_wait,
+    self, Server, begin_read_committed, failed_in_transaction, in_transaction, restore_lock_wait,
+    set_lock_wait,
 };
-use crate::error::{Error, SchemaProblem, store_error};
+use crate::error::{
+    ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, Error, SchemaProblem, error_number, store_error,
+};
 use crate::table::TableName;
 
 /// The MySQL / MariaDB idempotency store.
 ///
 /// Records live in one InnoDB table (default `idempotency_records`, see [`ddl`](crate::ddl)),
-/// written through the caller's transaction. A concurrent duplicate waits in `acquire` on the
-/// holder's row lock, for at most the call's wait budget (`innodb_lock_wait_timeout`, whole
-/// seconds), then replays the committed outcome or takes the key if the holder rolled back.
+/// written through the caller's transaction. A concurrent duplicate waits in `acquire` for the
+/// holder, for at most the call's wait budget (on MariaDB to the millisecond, on MySQL 8 in
+/// whole seconds of `innodb_lock_wait_timeout`), then replays the committed outcome or takes
+/// the key if the holder rolled back.
 /// Cheap to clone: the pool and the statements are shared.
 ///
 /// ```no_run
@@ -47,9 +52,8 @@ pub struct MysqlStore {
     pool: MySqlPool,
     table: Arc<TableName>,
     sql: Arc<Statements>,
-    /// Whether the server is MariaDB: known after `from_config`, else asked at the first
-    /// bounded wait.
-    mariadb: Arc<OnceLock<bool>>,
+    /// What the server is, asked at the first insert.
+    server: Arc<OnceLock<Server>>,
     /// Keys `acquire` reported `Exists` for, until `find` reads them.
     existing: Arc<Existing>,
 }
@@ -104,7 +108,7 @@ impl MysqlStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table: Arc::new(table),
-            mariadb: Arc::new(OnceLock::new()),
+            server: Arc::default(),
             existing: Arc::default(),
         }
     }
@@ -116,9 +120,8 @@ impl MysqlStore {
     pub async fn from_config(pool: MySqlPool, config: &PersistenceConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name)?;
         schema::check_room(&table)?;
-        let version = connect::check_server(&pool).await?;
+        connect::check_server(&pool).await?;
         let store = Self::with_table(pool, table);
-        let _ = store.mariadb.set(version.mariadb);
         store.apply_schema(config.schema.mode).await?;
         Ok(store)
     }
@@ -138,7 +141,7 @@ impl MysqlStore {
         schema::create(&self.pool, &self.table).await
     }
 
-    /// Checks columns, types, lengths, nullability, the key `ON DUPLICATE KEY` relies on, the
+    /// Checks columns, types, lengths, nullability, the key the duplicate check relies on, the
     /// key columns' collations (binary or case-sensitive) and the expiry index, failing with
     /// [`Error::Schema`] naming every difference.
     pub async fn validate_schema(&self) -> Result<(), Error> {
@@ -183,42 +186,57 @@ impl MysqlStore {
     }
 
     /// Runs the insert `sql` (its arguments bound by `bind`), which may wait for a concurrent
-    /// holder of the key, with the claim's wait budget in force for that statement only: on
-    /// MariaDB within the statement (`SET STATEMENT ... FOR`), so that a dropped future leaves
-    /// nothing on the connection; on MySQL 8 set and restored around it (see
+    /// holder of the key within the claim's wait budget; `true` when it inserted, `false` when
+    /// the key exists (committed; the failed insert holds a shared lock on it, which other
+    /// replays share).
+    ///
+    /// On MariaDB the insert does not wait inside the server: it runs with
+    /// `innodb_lock_wait_timeout = 0` for that statement only (`SET STATEMENT ... FOR`) and is
+    /// tried again after a short sleep while the holder is in flight, until the budget runs
+    /// out. A waiter that waited inside the server would hold a lock request on the holder's
+    /// row; when the holder rolls back, two such waiters are left with gap locks that block
+    /// each other's insert, and InnoDB kills one of them (1213). Nothing is left on the
+    /// session either, so a dropped future leaves no budget behind.
+    ///
+    /// MySQL 8 has no statement-scoped `innodb_lock_wait_timeout` and no wait below one
+    /// second: the insert waits in the server, the budget set and restored around it (see
     /// `connect::set_lock_wait` for how a restore that never ran is made up for).
     async fn insert_waiting<'q>(
         &self,
         conn: &mut MySqlConnection,
         wait: LockWait,
         sql: &SqlStr,
-        bind: impl FnOnce(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
-    ) -> Result<MySqlQueryResult, StoreError> {
+        bind: impl Fn(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
+    ) -> Result<bool, StoreError> {
+        let server = self.server(conn).await?;
+        if server.mariadb {
+            let deadline = match wait {
+                LockWait::Unbounded => None,
+                LockWait::NoWait => Some(Instant::now()),
+                LockWait::Timeout(timeout) => Instant::now().checked_add(timeout),
+            };
+            return insert_polling(conn, deadline, server, sql, bind).await;
+        }
         let Some(seconds) = lock_wait_seconds(wait) else {
             let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
-            return Ok(in_transaction(conn, result).await?);
+            return inserted(conn, result).await;
         };
-        if self.is_mariadb(conn).await? {
-            let scoped = connect::with_statement_lock_wait(sql.as_str(), seconds);
-            let result = bind(sqlx::query(scoped)).execute(&mut *conn).await;
-            return Ok(in_transaction(conn, result).await?);
-        }
         set_lock_wait(conn, seconds).await.map_err(store_error)?;
         let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
         let restored = restore_lock_wait(conn).await;
         if result.is_ok() {
             restored.map_err(store_error)?;
         }
-        Ok(in_transaction(conn, result).await?)
+        inserted(conn, result).await
     }
 
-    /// Whether the server is MariaDB, asked once on `conn` when `from_config` did not.
-    async fn is_mariadb(&self, conn: &mut MySqlConnection) -> Result<bool, StoreError> {
-        if let Some(mariadb) = self.mariadb.get() {
-            return Ok(*mariadb);
+    /// What the server is, asked once on `conn`.
+    async fn server(&self, conn: &mut MySqlConnection) -> Result<Server, StoreError> {
+        if let Some(server) = self.server.get() {
+            return Ok(*server);
         }
-        let mariadb = connect::is_mariadb(conn).await.map_err(store_error)?;
-        Ok(*self.mariadb.get_or_init(|| mariadb))
+        let server = Server::ask(conn).await.map_err(store_error)?;
+        Ok(*self.server.get_or_init(|| server))
     }
 
     async fn read(
@@ -249,10 +267,53 @@ impl MysqlStore {
     }
 }
 
-/// `true` when an `INSERT ... ON DUPLICATE KEY UPDATE` met an existing key (see
-/// `ON_DUPLICATE_KEEP`).
-fn was_duplicate(result: &MySqlQueryResult) -> bool {
-    result.last_insert_id() == 1
+/// The first pause of MariaDB's wait for a holder; it doubles up to [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_millis(2);
+/// The longest pause of MariaDB's wait for a holder.
+const POLL_MAX: Duration = Duration::from_millis(50);
+
+/// An insert's result: `true` inserted, `false` the key exists (1062, the statement alone is
+/// undone), an error otherwise (see `connect::in_transaction`).
+async fn inserted(
+    conn: &mut MySqlConnection,
+    result: Result<MySqlQueryResult, sqlx::Error>,
+) -> Result<bool, StoreError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(false),
+        Err(error) => Err(failed_in_transaction(conn, error).await.into()),
+    }
+}
+
+/// MariaDB's wait (see `MysqlStore::insert_waiting`): the insert without a server-side wait,
+/// again every few milliseconds while a holder has the key, until `deadline` (`None`: until
+/// the holder ends).
+async fn insert_polling<'q>(
+    conn: &mut MySqlConnection,
+    deadline: Option<Instant>,
+    server: Server,
+    sql: &SqlStr,
+    bind: impl Fn(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
+) -> Result<bool, StoreError> {
+    let nowait = connect::with_statement_lock_wait(sql.as_str(), 0);
+    let mut pause = POLL_FIRST;
+    loop {
+        let result = bind(sqlx::query(nowait.clone())).execute(&mut *conn).await;
+        let in_flight = result
+            .as_ref()
+            .is_err_and(|error| error_number(error) == Some(ER_LOCK_WAIT_TIMEOUT));
+        // Under `innodb_rollback_on_timeout` the timeout ended the transaction: reported as
+        // such.
+        if !in_flight || server.rollback_on_timeout {
+            return inserted(conn, result).await;
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|left| left.is_zero()) {
+            return inserted(conn, result).await;
+        }
+        tokio::time::sleep(left.map_or(pause, |left| left.min(pause))).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
 }
 
 impl IdempotencyStore for MysqlStore {
@@ -273,10 +334,10 @@ impl IdempotencyStore for MysqlStore {
         tx.rollback().await.map_err(store_error)
     }
 
-    /// `INSERT ... ON DUPLICATE KEY UPDATE` (a no-op on the existing row). A holder's
-    /// uncommitted insert of the key makes it wait on the row lock, for `claim.wait` (as
-    /// `innodb_lock_wait_timeout`, 1205 is [`StoreError::LockTimeout`]); it then reports
-    /// `Exists` when the holder committed, and inserts when the holder rolled back.
+    /// A plain `INSERT`; an existing key (1062) is `Exists`. A holder's uncommitted insert of
+    /// the key makes it wait, for `claim.wait` (see `insert_waiting`; out of budget it is
+    /// [`StoreError::LockTimeout`]); it then reports `Exists` when the holder committed, and
+    /// inserts when the holder rolled back.
     async fn acquire(
         &self,
         conn: &mut MySqlConnection,
@@ -293,11 +354,11 @@ impl IdempotencyStore for MysqlStore {
                     .bind(ttl_micros(claim.ttl))
             })
             .await?;
-        Ok(if was_duplicate(&result) {
+        Ok(if result {
+            Acquire::Acquired
+        } else {
             self.existing.remember(id);
             Acquire::Exists
-        } else {
-            Acquire::Acquired
         })
     }
 
@@ -380,8 +441,8 @@ impl IdempotencyStore for MysqlStore {
 }
 
 impl InsertCompleted for MysqlStore {
-    /// The same `INSERT ... ON DUPLICATE KEY UPDATE` as `acquire`, with the outcome, and the
-    /// same wait; then a read of the new row's times.
+    /// The same plain `INSERT` as `acquire`, with the outcome, and the same wait; then a read
+    /// of the new row's times.
     async fn insert_completed(
         &self,
         conn: &mut MySqlConnection,
@@ -403,7 +464,7 @@ impl InsertCompleted for MysqlStore {
                     .bind(ttl_micros(claim.ttl))
             })
             .await?;
-        if was_duplicate(&result) {
+        if !result {
             return Ok(None);
         }
         let (created_at, completed_at, expires_at): TimesRow =
