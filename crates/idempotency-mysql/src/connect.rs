@@ -172,24 +172,26 @@ impl ServerVersion {
         })
     }
 
-    /// `FOR UPDATE SKIP LOCKED`: MySQL 8.0.1, MariaDB 10.6.
-    pub(crate) fn has_skip_locked(self) -> bool {
+    /// `FOR UPDATE SKIP LOCKED` (MySQL 8.0.1, MariaDB 10.6) and enforced `CHECK` constraints
+    /// (MySQL 8.0.16; MariaDB 10.2): MySQL 8.0.16, MariaDB 10.6.
+    pub(crate) fn is_supported(self) -> bool {
         let v = (self.major, self.minor, self.patch);
         if self.mariadb {
             v >= (10, 6, 0)
         } else {
-            v >= (8, 0, 1)
+            v >= (8, 0, 16)
         }
     }
 }
 
-/// Refuses servers without `SKIP LOCKED` with [`Error::UnsupportedServer`].
+/// Refuses servers without `SKIP LOCKED` or enforced `CHECK` constraints with
+/// [`Error::UnsupportedServer`].
 pub(crate) async fn check_server(pool: &MySqlPool) -> Result<(), Error> {
     let version: String = sqlx::query_scalar("SELECT VERSION()")
         .fetch_one(pool)
         .await?;
     match ServerVersion::parse(&version) {
-        Some(v) if v.has_skip_locked() => Ok(()),
+        Some(v) if v.is_supported() => Ok(()),
         _ => Err(Error::UnsupportedServer { version }),
     }
 }
@@ -299,9 +301,13 @@ mod tests {
     }
 
     #[test]
-    fn versions_with_skip_locked_are_recognized() {
+    fn versions_with_skip_locked_and_enforced_checks_are_recognized() {
         for (version, ok) in [
             ("8.0.36", true),
+            // CHECK constraints are parsed and ignored before MySQL 8.0.16.
+            ("8.0.16", true),
+            ("8.0.15", false),
+            ("8.0.1", false),
             ("8.4.3-log", true),
             ("8.0.0-dmr", false),
             ("5.7.44", false),
@@ -312,7 +318,7 @@ mod tests {
             ("11.4.2-MariaDB", true),
         ] {
             let parsed = ServerVersion::parse(version).unwrap();
-            assert_eq!(parsed.has_skip_locked(), ok, "{version}");
+            assert_eq!(parsed.is_supported(), ok, "{version}");
         }
         assert!(ServerVersion::parse("garbage").is_none());
     }

@@ -28,9 +28,11 @@ pub enum Error {
         /// Everything that differs.
         problems: Vec<SchemaProblem>,
     },
-    /// The server is older than MySQL 8.0.1 or MariaDB 10.6, which lack `SKIP LOCKED`.
+    /// The server is older than MySQL 8.0.16 or MariaDB 10.6: MariaDB before 10.6 and MySQL
+    /// before 8.0.1 lack `SKIP LOCKED`, and MySQL before 8.0.16 parses the tables' `CHECK`
+    /// constraints and ignores them.
     #[error(
-        "unsupported server {version:?}: MySQL 8.0.1+ or MariaDB 10.6+ is needed (FOR UPDATE SKIP LOCKED)"
+        "unsupported server {version:?}: MySQL 8.0.16+ or MariaDB 10.6+ is needed (FOR UPDATE SKIP LOCKED, enforced CHECK constraints)"
     )]
     UnsupportedServer {
         /// What `SELECT VERSION()` answered.

@@ -110,7 +110,7 @@ impl MysqlInbox {
     }
 
     /// An inbox configured by the `inbox` section: validates `table-name`, refuses servers
-    /// without `SKIP LOCKED`, applies `schema.mode`.
+    /// older than MySQL 8.0.16 or MariaDB 10.6, applies `schema.mode`.
     pub async fn from_config(pool: MySqlPool, config: &InboxConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name).map_err(from_crate_error)?;
         let inbox = Self::with_table(pool, table)?;

@@ -111,8 +111,8 @@ impl MysqlOutbox {
     }
 
     /// An outbox configured by the `outbox` section: validates `table-name` (`name` or
-    /// `database.name`), refuses servers without `SKIP LOCKED` (older than MySQL 8.0.1 or
-    /// MariaDB 10.6) with [`Error::InvalidConfig`], takes `ordering`, then applies
+    /// `database.name`), refuses servers older than MySQL 8.0.16 or MariaDB 10.6 (no
+    /// `SKIP LOCKED`, or `CHECK` constraints not enforced) with [`Error::InvalidConfig`], takes `ordering`, then applies
     /// `schema.mode`. `notify-channel` has no meaning on MySQL and is ignored; the relay
     /// settings are read by the [`Relay`](idempotency_outbox::Relay).
     pub async fn from_config(pool: MySqlPool, config: &OutboxConfig) -> Result<Self, Error> {

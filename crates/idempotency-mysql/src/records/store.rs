@@ -115,7 +115,7 @@ impl MysqlStore {
 
     /// A store configured by `idempotency.persistence`: validates `table-name` (at most
     /// [`MAX_RECORDS_TABLE_LEN`](crate::MAX_RECORDS_TABLE_LEN) bytes), refuses servers older
-    /// than MySQL 8.0.1 / MariaDB 10.6 ([`Error::UnsupportedServer`]), then applies
+    /// than MySQL 8.0.16 / MariaDB 10.6 ([`Error::UnsupportedServer`]), then applies
     /// `schema.mode`.
     pub async fn from_config(pool: MySqlPool, config: &PersistenceConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name)?;
