@@ -171,3 +171,31 @@ async fn an_acquire_dropped_while_waiting_leaves_no_lock_wait_budget_on_the_conn
     tx.rollback().await.unwrap();
     assert_eq!(lock_wait().await, before);
 }
+
+/// A relay worker aborted (the shutdown deadline) while its claim's `START TRANSACTION` is on
+/// the wire must not hand the pool a connection inside a transaction nobody owns.
+#[cfg(feature = "outbox")]
+#[tokio::test]
+async fn a_claim_dropped_during_its_begin_leaves_no_transaction_open_in_the_pool() {
+    use idempotency_mysql::{MysqlOutbox, TableName};
+    use idempotency_outbox::config::Ordering;
+    use idempotency_outbox::store::{ClaimRequest, RelayStore};
+
+    let (direct, proxied, proxy) = pools().await;
+    let table = TableName::parse("outbox").unwrap();
+    MysqlOutbox::with_options(direct.clone(), table.clone(), Ordering::Ordered)
+        .unwrap()
+        .create_schema()
+        .await
+        .unwrap();
+    let outbox = MysqlOutbox::with_options(proxied.clone(), table, Ordering::Ordered).unwrap();
+    let request = ClaimRequest {
+        limit: 10,
+        lease: Duration::from_secs(30),
+        token: uuid::Uuid::now_v7(),
+        ordering: Ordering::Ordered,
+        max_attempts: 5,
+    };
+    proxy.drop_while_held(outbox.claim(&request)).await;
+    assert_pool_is_clean(&direct, &proxied).await;
+}
