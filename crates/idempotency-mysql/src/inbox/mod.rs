@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::clock::{NOW, micros};
 use crate::connect::{self, begin_read_committed, in_transaction};
 use crate::outbox::schema::{self, Index, Shape, name_col, time_col};
-use crate::outbox::{from_crate_error, in_transaction_error, outbox_error};
+use crate::outbox::{from_crate_error, in_transaction_error, outbox_error, refuse_trailing_space};
 use crate::records::sql;
 use crate::table::TableName;
 
@@ -141,7 +141,9 @@ impl MysqlInbox {
     }
 
     /// Records `(consumer, message_id)` in the caller's transaction; `true` when new (process
-    /// the message), `false` for a redelivery (skip it). Both must have 1 to 255 characters.
+    /// the message), `false` for a redelivery (skip it). Both must have 1 to 255 characters
+    /// and must not end with a space ([`Error::InvalidEvent`]: the PAD SPACE collation of
+    /// `utf8mb4_bin` would merge `m-1 ` with `m-1`).
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx: the entry would commit without the consumer's effects.
@@ -162,6 +164,7 @@ impl MysqlInbox {
                     reason: format!("the {what} must have 1..={MAX_LEN} characters"),
                 });
             }
+            refuse_trailing_space(what, value)?;
         }
         let result = sqlx::query(self.sql.record.clone())
             .bind(consumer)

@@ -35,6 +35,21 @@ const SAVEPOINT: &str = "SAVEPOINT idempotency_outbox_enqueue; \
 const RELEASE: &str = "RELEASE SAVEPOINT idempotency_outbox_enqueue";
 const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT idempotency_outbox_enqueue";
 
+/// Refuses a value that ends with a space. The key columns' collation, `utf8mb4_bin`, is
+/// PAD SPACE: `m-1` and `m-1 ` compare equal, so an inbox entry or an aggregate's sequence
+/// counter would be shared by two values the caller tells apart.
+pub(crate) fn refuse_trailing_space(what: &str, value: &str) -> Result<(), Error> {
+    if value.ends_with(' ') {
+        return Err(Error::InvalidEvent {
+            reason: format!(
+                "the {what} {value:?} ends with a space, which MySQL's PAD SPACE collation \
+                 (utf8mb4_bin) ignores: it would be the same {what} as without the space"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The lock name of the single-relay mode, as in the outbox pattern's MySQL recipe.
 pub const DEFAULT_RELAY_LOCK: &str = "outbox-relay";
 
@@ -195,8 +210,9 @@ impl MysqlOutbox {
 
     /// Writes `events` in the caller's transaction; returns their ids, in order.
     ///
-    /// Every event is checked first (names, headers, JSON payload): nothing is written when
-    /// one is invalid. In `ordered` mode each aggregate's events take the next numbers of its
+    /// Every event is checked first (names, headers, JSON payload; on MySQL also no aggregate
+    /// type or id ending with a space, which the PAD SPACE collation of `utf8mb4_bin` would
+    /// merge with the value without it): nothing is written when one is invalid. In `ordered` mode each aggregate's events take the next numbers of its
     /// counter row, bumped (and locked until the caller's transaction ends) in a stable order
     /// of aggregates, so two writers of an aggregate are serialized and sequence order is
     /// commit order.
@@ -216,6 +232,8 @@ impl MysqlOutbox {
         }
         for event in events {
             event.validate()?;
+            refuse_trailing_space("aggregate type", event.aggregate_type())?;
+            refuse_trailing_space("aggregate id", event.aggregate_id())?;
         }
         if events.is_empty() {
             return Ok(Vec::new());
