@@ -345,3 +345,37 @@ async fn replays_of_a_committed_key_do_not_block_each_other() {
     );
     open.commit().await.unwrap();
 }
+
+/// An outcome nested deeper than `MAX_JSON_DEPTH` is refused before the statement, with an
+/// error that names the limit; the transaction stays usable (31 levels are stored).
+#[tokio::test]
+async fn outcomes_nested_deeper_than_the_limit_are_refused_before_the_statement() {
+    let store = fresh_store().await;
+    let service = IdempotencyService::new(store.clone());
+    let nested = |depth: usize| -> Value {
+        serde_json::from_str(&format!("{}{}", "[".repeat(depth), "]".repeat(depth))).unwrap()
+    };
+    let deepest = idempotency_mysql::MAX_JSON_DEPTH;
+    let ok: Outcome<Value> = service
+        .execute(Call::new("OP", key("deep-ok"), &json!({})), async |_conn| {
+            Ok::<_, AppError>(ExecutionResult::success(nested(deepest)))
+        })
+        .await
+        .unwrap();
+    assert!(ok.is_executed());
+    let refused: Result<Outcome<Value>, AppError> = service
+        .execute(Call::new("OP", key("deep"), &json!({})), async |_conn| {
+            Ok::<_, AppError>(ExecutionResult::success(nested(deepest + 1)))
+        })
+        .await;
+    let Err(AppError::Idempotency(Error::Store(error))) = refused else {
+        panic!("{refused:?}");
+    };
+    let source = std::error::Error::source(&error).unwrap();
+    assert!(
+        source
+            .downcast_ref::<idempotency_mysql::JsonTooDeep>()
+            .is_some(),
+        "{source:?}"
+    );
+}

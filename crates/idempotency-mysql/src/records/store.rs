@@ -24,7 +24,8 @@ use crate::connect::{
     set_lock_wait,
 };
 use crate::error::{
-    ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, Error, SchemaProblem, error_number, store_error,
+    ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, Error, SchemaProblem, check_json_depth, error_number,
+    store_error,
 };
 use crate::table::TableName;
 
@@ -267,6 +268,13 @@ impl MysqlStore {
     }
 }
 
+/// Refuses an outcome payload nested deeper than `MAX_JSON_DEPTH`, before its statement.
+fn check_outcome(payload: Option<&str>) -> Result<(), StoreError> {
+    payload
+        .map_or(Ok(()), check_json_depth)
+        .map_err(|too_deep| StoreError::Database(Box::new(too_deep)))
+}
+
 /// The first pause of MariaDB's wait for a holder; it doubles up to [`POLL_MAX`].
 const POLL_FIRST: Duration = Duration::from_millis(2);
 /// The longest pause of MariaDB's wait for a holder.
@@ -407,6 +415,7 @@ impl IdempotencyStore for MysqlStore {
         outcome: &StoredOutcome,
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
+        check_outcome(payload)?;
         let updated = sqlx::query(self.sql.complete.clone())
             .bind(outcome.status().as_str())
             .bind(payload)
@@ -451,6 +460,7 @@ impl InsertCompleted for MysqlStore {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
+        check_outcome(payload)?;
         let result = self
             .insert_waiting(conn, claim.wait, &self.sql.insert_completed, |query| {
                 query
