@@ -197,7 +197,6 @@ pub const MAX_JSON_DEPTH: usize = 31;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the JSON nests {depth} levels deep; MySQL / MariaDB store at most {MAX_JSON_DEPTH}")]
-#[non_exhaustive]
 pub struct JsonTooDeep {
     /// How deep the value nests.
     pub depth: usize,
