@@ -224,7 +224,7 @@ impl Server {
 /// `SET STATEMENT ... FOR`): the session's value is never changed, so a caller that drops the
 /// statement's future leaves nothing behind.
 pub(crate) fn with_statement_lock_wait(statement: &str, seconds: u64) -> SqlStr {
-    crate::records::sql(format!(
+    crate::records::statements::sql(format!(
         "SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR {statement}"
     ))
 }
