@@ -23,9 +23,10 @@ macro_rules! heal_lock_wait {
 }
 
 /// Begins a READ COMMITTED transaction (healed, see [`heal_lock_wait`]). The relay's claims
-/// and the cleanup batches use it: under InnoDB's default REPEATABLE READ a locking range read also takes gap (next-key)
-/// locks, which would block request transactions inserting next to the scanned rows; READ
-/// COMMITTED locks only the rows it returns, and `SKIP LOCKED` passes over rows others hold.
+/// and the cleanup batches use it: under InnoDB's default REPEATABLE READ a locking range read
+/// also takes gap (next-key) locks, which would block request transactions inserting next to
+/// the scanned rows; READ COMMITTED locks only the rows it returns, and `SKIP LOCKED` passes
+/// over rows others hold.
 pub(crate) const BEGIN_READ_COMMITTED: &str = concat!(
     heal_lock_wait!(),
     "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
@@ -136,7 +137,7 @@ async fn in_transaction_now(conn: &mut MySqlConnection) -> bool {
 }
 
 /// Ends the session (see [`END_SESSION`]); the server's answer is an error by design.
-pub(crate) async fn end_session(conn: &mut MySqlConnection) {
+async fn end_session(conn: &mut MySqlConnection) {
     let ended = sqlx::raw_sql(END_SESSION).execute(&mut *conn).await;
     tracing::warn!(
         answer = ?ended.err(),
