@@ -226,13 +226,16 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
         ..record(1)
     };
     cache.put(&ids[1], &short_lived).await.unwrap();
-    until_stats(&cache, |s| s.expired_in_queue == 1).await;
+    // The writer takes it, lingers 200 ms for more, and finds it expired.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         cache.write_behind_breaker_state(),
         BreakerState::HalfOpen,
         "a batch that never reached Redis changed the breaker; {:?}",
         cache.stats()
     );
+    let stats = cache.stats();
+    assert_eq!((stats.expired_in_queue, stats.unwritten), (1, 1), "{stats:?}");
 }
 
 /// Writes fail (Redis out of memory: `OOM` replies to every `SET`) while reads work: the
