@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::{DistributedCacheConfig, WriteBehindConfig};
 use fred::clients::Client;
+use fred::clients::WithOptions;
 use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
-use fred::clients::WithOptions;
 use fred::prelude::{Expiration, Options};
 use idempotency_core::{
     BoxError, CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId,
@@ -306,7 +306,9 @@ where
     /// an entry outlive its record.
     fn expiry_ms(&self, expires_at: Option<SystemTime>) -> Option<i64> {
         let now = SystemTime::now();
-        let by_ttl = now.checked_add(self.ttl).unwrap_or(now + Duration::from_secs(1 << 32));
+        let by_ttl = now
+            .checked_add(self.ttl)
+            .unwrap_or(now + Duration::from_secs(1 << 32));
         let at = expires_at.map_or(by_ttl, |at| at.min(by_ttl));
         (at > now).then(|| unix_millis(at))
     }
@@ -423,9 +425,10 @@ where
             "corrupt idempotency cache entry; deleting it"
         );
         let _: Result<i64, _> = self
-            .call(&self.breaker, |commands| async move {
-                commands.del(key).await
-            })
+            .call(
+                &self.breaker,
+                |commands| async move { commands.del(key).await },
+            )
             .await;
         Err(CacheError::Corrupt(corrupt))
     }

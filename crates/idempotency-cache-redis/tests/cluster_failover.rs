@@ -177,7 +177,11 @@ async fn failover(seeds: Seeds, write_behind: bool) {
         is_connected(cache.client()),
     );
     assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
-    assert!(healthy, "the cache reports itself unhealthy; stats {:?}", cache.stats());
+    assert!(
+        healthy,
+        "the cache reports itself unhealthy; stats {:?}",
+        cache.stats()
+    );
     if write_behind {
         // The writer writes again: its breaker, opened by the failover, closes after a trial
         // (one per cool-down, so records put while it is open are not cached), and the

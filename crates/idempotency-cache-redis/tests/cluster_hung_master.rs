@@ -73,9 +73,13 @@ async fn after_a_hung_master_is_replaced_l2_serves_its_keys_again() {
     cluster.pause(victim);
     // Steady traffic while the master hangs and its replica takes over.
     let promoted = cluster
-        .wait("the replica is promoted", |c| c.ok() && !c.masters().contains(&victim))
+        .wait("the replica is promoted", |c| {
+            c.ok() && !c.masters().contains(&victim)
+        })
         .await;
-    eprintln!("master {victim} (SIGSTOP, {on_victim} of the keys): replica promoted after {promoted:?}");
+    eprintln!(
+        "master {victim} (SIGSTOP, {on_victim} of the keys): replica promoted after {promoted:?}"
+    );
     let started = Instant::now();
     let mut last = 0;
     while started.elapsed() < RECOVERY {

@@ -49,7 +49,12 @@ fn bulk(text: &str) -> String {
 
 fn reply(args: &[String], port: u16, asked: &AtomicBool) -> String {
     let words: Vec<String> = args.iter().map(|a| a.to_ascii_uppercase()).collect();
-    match words.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match words
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["PING", ..] => "+PONG\r\n".to_owned(),
         ["CLUSTER", "SLOTS"] => format!(
             "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n{}:{port}\r\n{}",
@@ -59,9 +64,7 @@ fn reply(args: &[String], port: u16, asked: &AtomicBool) -> String {
         ["CLUSTER", "INFO"] => bulk("cluster_state:ok\r\n"),
         ["CLIENT", "ID"] => ":1\r\n".to_owned(),
         ["INFO", ..] => bulk("# Server\r\nredis_version:7.0.15\r\n"),
-        ["GET", ..] if !asked.swap(true, Ordering::SeqCst) => {
-            "-ASK 866 127.0.0.1:1\r\n".to_owned()
-        }
+        ["GET", ..] if !asked.swap(true, Ordering::SeqCst) => "-ASK 866 127.0.0.1:1\r\n".to_owned(),
         ["GET", ..] => "$-1\r\n".to_owned(),
         _ => "+OK\r\n".to_owned(),
     }

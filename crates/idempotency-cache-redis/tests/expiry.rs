@@ -73,7 +73,11 @@ async fn an_entry_read_after_its_records_expiry_is_a_miss() {
     cache.put(&id, &record).await.unwrap();
     let kept: bool = cache.client().persist(cache.key_for(&id)).await.unwrap();
     assert!(kept, "the entry was written");
-    let read = cache.get(&id).await.unwrap().expect("the entry, while its record lives");
+    let read = cache
+        .get(&id)
+        .await
+        .unwrap()
+        .expect("the entry, while its record lives");
     assert_eq!(read.outcome, record.outcome);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
@@ -110,7 +114,10 @@ async fn a_write_given_up_after_the_timeout_is_never_sent_later() {
     // Once the client serves again, whatever it kept queued has been sent.
     let started = Instant::now();
     while cache.get(&id("PAY", "", "probe")).await.is_err() {
-        assert!(started.elapsed() < Duration::from_secs(20), "no reconnection");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no reconnection"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -187,7 +187,10 @@ async fn a_failed_batch_is_counted_as_unwritten() {
 }
 
 /// Waits (at most [`PATIENCE`]) until `done` holds for the cache's stats.
-async fn until_stats(cache: &RedisCache, done: impl Fn(idempotency_cache_redis::RedisCacheStats) -> bool) {
+async fn until_stats(
+    cache: &RedisCache,
+    done: impl Fn(idempotency_cache_redis::RedisCacheStats) -> bool,
+) {
     let deadline = Instant::now() + PATIENCE;
     while !done(cache.stats()) {
         assert!(Instant::now() < deadline, "{:?}", cache.stats());
@@ -235,7 +238,11 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
         cache.stats()
     );
     let stats = cache.stats();
-    assert_eq!((stats.expired_in_queue, stats.unwritten), (1, 1), "{stats:?}");
+    assert_eq!(
+        (stats.expired_in_queue, stats.unwritten),
+        (1, 1),
+        "{stats:?}"
+    );
 }
 
 /// Writes fail (Redis out of memory: `OOM` replies to every `SET`) while reads work: the
