@@ -7,11 +7,12 @@ mod codec;
 mod config;
 mod connect;
 mod key;
+mod refresh;
 mod url;
 mod write_behind;
 
 pub use breaker::BreakerState;
-pub use cache::{Error, RedisCache, RedisCacheStats, is_connected};
+pub use cache::{Error, RedisCache, RedisCacheStats, WRITE_BEHIND_METRIC, is_connected};
 pub use config::{CircuitBreakerConfig, DistributedCacheConfig, WriteBehindConfig};
 pub use key::redis_key;
 pub use url::client_config;

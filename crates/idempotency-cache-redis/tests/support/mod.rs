@@ -169,4 +169,5 @@ pub(crate) async fn wipe_store(pool: &PgPool) {
 }
 
 pub(crate) mod cluster;
+pub(crate) mod server;
 pub(crate) mod timed;
