@@ -244,6 +244,27 @@ async fn in_flight_policy_and_timeout_are_refused_on_sqlite() {
         .unwrap();
 }
 
+#[tokio::test]
+async fn the_orders_examples_configuration_starts_on_sqlite() {
+    let settings =
+        Settings::load(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/orders.yaml")).unwrap();
+    let settings = Settings {
+        idempotency: idempotency::IdempotencyProperties {
+            distributed_cache: idempotency::redis::DistributedCacheConfig {
+                enabled: false,
+                ..Default::default()
+            },
+            ..settings.idempotency
+        },
+        ..settings
+    };
+    Idempotency::from_config(&settings, sqlite().await)
+        .await
+        .unwrap()
+        .shutdown()
+        .await;
+}
+
 // ---- item 12: the L2 key prefix depends on the deployment ----
 
 fn redis_url() -> String {
