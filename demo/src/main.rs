@@ -93,8 +93,11 @@ async fn run() -> Result<(), StartupError> {
             serve::<Postgres>(pool, config, nats).await
         }
         (None, None) => {
-            // No server at all: the embedded default, which has no notifications either.
+            // No server at all: the embedded default, which has no notifications either, nor a
+            // per-key in-flight wait (a duplicate waits for the write lock, up to the busy
+            // timeout): the facade refuses those keys on SQLite.
             config.outbox.notify_channel = None;
+            config.idempotency.in_flight = Default::default();
             let pool = Sqlite::open(&config.demo.sqlite_path).await?;
             serve::<Sqlite>(pool, config, nats).await
         }

@@ -377,8 +377,20 @@ async fn distributed_cache_url_key_prefix_and_ttl_take_effect() {
         None,
     );
     client.init().await.unwrap();
-    let stored = idempotency::redis::redis_key(&prefix, &id("OP", "k"));
-    assert!(stored.starts_with(&prefix), "{stored}");
+    // Under the configured prefix, then the deployment's digest (16 hex digits and `:`).
+    let stored = redis.key_for(&id("OP", "k"));
+    let deployment = stored
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{stored}"));
+    assert_eq!(
+        deployment,
+        idempotency::redis::redis_key(&deployment[..17], &id("OP", "k")),
+        "{stored}"
+    );
+    assert!(
+        deployment[..16].bytes().all(|b| b.is_ascii_hexdigit()),
+        "{stored}"
+    );
     let ttl: i64 = client.ttl(&stored).await.unwrap();
     assert!(
         (60..=90).contains(&ttl),
