@@ -512,3 +512,151 @@ async fn concurrent_relays_publish_every_event_once_while_retention_drops_partit
         0
     );
 }
+
+/// Waits until `waiters` sessions wait for a lock on a relation of `pool`'s schema.
+async fn until_waiting_on_lock(pool: &PgPool, waiters: i64) {
+    for _ in 0..500 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(DISTINCT l.pid) FROM pg_locks l \
+             JOIN pg_class c ON c.oid = l.relation \
+             WHERE NOT l.granted AND c.relnamespace = current_schema()::regnamespace",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if n >= waiters {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("fewer than {waiters} sessions waited on a lock");
+}
+
+/// A pool whose sessions default to `REPEATABLE READ` (as `ALTER DATABASE ... SET
+/// default_transaction_isolation` would make them), on a schema of its own.
+async fn repeatable_read_pool() -> PgPool {
+    idempotency_testing::pg_pool_with_options(10, |options| {
+        options.after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET default_transaction_isolation = 'repeatable read'")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+    })
+    .await
+}
+
+/// The drop's re-check runs in READ COMMITTED whatever the session default: a row requeued by
+/// a transaction that commits while `DETACH` waits for its lock keeps its partition. Under a
+/// `repeatable read` default the re-check's snapshot was taken before the requeue committed,
+/// and the partition was dropped with the pending row in it.
+#[tokio::test]
+async fn a_row_requeued_while_the_drop_waits_keeps_its_partition_under_a_repeatable_read_default() {
+    let pool = repeatable_read_pool().await;
+    let isolation: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(isolation, "repeatable read");
+    let outbox = partitioned(&pool).await;
+    old_partition(&pool, "outbox_requeued", 20, 19).await;
+    rows(&pool, 1, 19.5, "dead", 15.0).await;
+    let id: Uuid = sqlx::query_scalar("SELECT id FROM outbox_requeued")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    // The requeue holds its row (and a lock on the partition) while the drop starts.
+    let mut requeue = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = now() \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *requeue)
+    .await
+    .unwrap();
+    let drop = tokio::spawn({
+        let outbox = outbox.clone();
+        async move {
+            outbox
+                .drop_expired_partitions(
+                    Duration::from_secs(7 * 86_400),
+                    Some(Duration::from_secs(10 * 86_400)),
+                )
+                .await
+        }
+    });
+    until_waiting_on_lock(&pool, 1).await;
+    requeue.commit().await.unwrap();
+
+    assert_eq!(drop.await.unwrap().unwrap(), 0, "the partition is kept");
+    assert!(exists(&pool, "outbox_requeued").await);
+    let pending = scalar(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+    )
+    .await;
+    assert_eq!(pending, 1, "the requeued row is still there, pending");
+}
+
+/// Two retention passes that race for one partition: the one that finds it already detached
+/// or dropped by the other counts it as done and goes on with its pass (the next partition,
+/// the deletes), instead of failing with "relation does not exist".
+#[tokio::test]
+async fn concurrent_retention_passes_treat_a_partition_the_other_dropped_as_done() {
+    let pool = idempotency_testing::pg_pool().await;
+    let outbox = partitioned(&pool).await;
+    old_partition(&pool, "outbox_raced", 20, 19).await;
+    old_partition(&pool, "outbox_next", 18, 17).await;
+    rows(&pool, 10, 19.5, "published", 19.0).await;
+    rows(&pool, 10, 17.5, "published", 17.0).await;
+    rows(&pool, 3, 40.0, "published", 39.0).await; // in the default: deleted row by row
+
+    // A reader holds the first partition: one pass queues its DETACH, the other queues
+    // behind it (its check or its own DETACH).
+    let mut reader = pool.begin().await.unwrap();
+    exec_in(&mut reader, "SELECT count(*) FROM outbox_raced").await;
+    let passes: Vec<_> = (0..2)
+        .map(|_| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { relay_purge_result(&outbox).await })
+        })
+        .collect();
+    until_waiting_on_lock(&pool, 2).await;
+    reader.commit().await.unwrap();
+
+    let mut dropped = 0;
+    let mut deleted = 0;
+    for pass in passes {
+        let report = pass.await.unwrap().unwrap();
+        dropped += report.partitions_dropped;
+        deleted += report.published;
+    }
+    assert_eq!(
+        dropped, 2,
+        "each partition dropped once, by one of the passes"
+    );
+    assert_eq!(deleted, 3, "the default's rows deleted");
+    assert!(!exists(&pool, "outbox_raced").await && !exists(&pool, "outbox_next").await);
+}
+
+async fn exec_in(conn: &mut sqlx::PgConnection, sql: &str) {
+    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+        .execute(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn relay_purge_result(
+    outbox: &PgOutbox,
+) -> Result<idempotency_outbox::relay::PurgeReport, Error> {
+    let mut config = config(true, SchemaMode::None);
+    config.retention.batch_size = 20;
+    Relay::new(outbox.clone(), CollectingPublisher::default(), &config)
+        .unwrap()
+        .purge()
+        .await
+}

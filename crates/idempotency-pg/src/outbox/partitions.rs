@@ -21,6 +21,12 @@ use idempotency_outbox::config::PartitioningConfig;
 /// behind a long transaction.
 const DDL_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 
+/// The drop's transaction: READ COMMITTED whatever `default_transaction_isolation` says, so
+/// the re-check after `DETACH` sees every row committed while `DETACH` waited for its lock.
+/// Under REPEATABLE READ its snapshot would date from before that wait (`DETACH` takes it),
+/// and a row requeued meanwhile would be dropped with its partition.
+const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
 /// SQLSTATE of a lock timeout (`lock_not_available`).
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// SQLSTATE of a relation that does not exist (any more).
@@ -61,7 +67,8 @@ impl Bounds {
 /// The partitions of `table` with their bounds.
 async fn bounds(pool: &PgPool, table: &TableName) -> Result<Vec<Bounds>, Error> {
     // Bounds are printed by `pg_get_expr` as timestamptz literals in the session's settings
-    // and read back with the same settings.
+    // and read back with the same settings. A partition dropped by a concurrent retention
+    // pass while this waited for its lock has no bound (null) any more: left out.
     let rows: Vec<(String, bool, Option<i64>, Option<i64>)> = sqlx::query_as(
         "WITH parts AS ( \
              SELECT format('%I.%I', n.nspname, c.relname) AS name, \
@@ -73,7 +80,7 @@ async fn bounds(pool: &PgPool, table: &TableName) -> Result<Vec<Bounds>, Error> 
          parsed AS ( \
              SELECT name, bound = 'DEFAULT' AS is_default, \
                     regexp_match(bound, '^FOR VALUES FROM \\((.*)\\) TO \\((.*)\\)$') AS m \
-             FROM parts) \
+             FROM parts WHERE bound IS NOT NULL) \
          SELECT name, is_default, \
                 CASE WHEN m[1] LIKE '''%''' \
                      THEN floor(extract(epoch FROM btrim(m[1], '''')::timestamptz))::int8 END, \
@@ -246,16 +253,13 @@ pub(crate) async fn delete_expired_rows(
              DELETE FROM {p} AS o USING doomed \
              WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
         );
-        match sqlx::query(AssertSqlSafe(statement))
+        let done = sqlx::query(AssertSqlSafe(statement))
             .bind(older_than)
             .bind(i64::try_from(left).unwrap_or(i64::MAX))
             .execute(pool)
-            .await
-        {
-            Ok(done) => deleted += done.rows_affected(),
-            // Dropped (detached) by a concurrent retention pass since it was listed.
-            Err(error) if is_code(&error, UNDEFINED_TABLE) => {}
-            Err(error) => return Err(outbox_error(error)),
+            .await;
+        if let Some(done) = gone_if_undefined(done)? {
+            deleted += done.rows_affected();
         }
     }
     Ok(deleted)
@@ -263,8 +267,9 @@ pub(crate) async fn delete_expired_rows(
 
 /// Detaches and drops every partition (never the default one) whose range ended more than
 /// `published` ago and every row of which retention would delete; returns how many. The check
-/// runs once without locks, then again on the detached partition, in the transaction that
-/// drops it, so a row requeued meanwhile keeps its partition.
+/// runs once without locks, then again on the detached partition, in the READ COMMITTED
+/// transaction that drops it, so a row requeued meanwhile keeps its partition. A partition a
+/// concurrent pass detached or dropped first is done, not an error.
 pub(crate) async fn drop_expired(
     pool: &PgPool,
     table: &TableName,
@@ -285,20 +290,23 @@ pub(crate) async fn drop_expired(
             continue;
         }
         let check = keeps_rows(&partition.name);
-        let keeps: bool = sqlx::query_scalar(AssertSqlSafe(check.clone()))
+        let keeps = sqlx::query_scalar(AssertSqlSafe(check.clone()))
             .bind(published)
             .bind(dead_lettered)
             .fetch_one(pool)
-            .await
-            .map_err(outbox_error)?;
-        if keeps {
-            continue;
+            .await;
+        match gone_if_undefined(keeps)? {
+            Some(false) => {}
+            // Kept, or dropped by a concurrent pass since it was listed.
+            Some(true) | None => continue,
         }
         let mut tx = crate::begin(pool).await.map_err(outbox_error)?;
-        sqlx::raw_sql(DDL_LOCK_TIMEOUT)
-            .execute(&mut *tx)
-            .await
-            .map_err(outbox_error)?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "{READ_COMMITTED}; {DDL_LOCK_TIMEOUT}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(outbox_error)?;
         let detach = format!(
             "ALTER TABLE {} DETACH PARTITION {}",
             table.quoted(),
@@ -313,6 +321,8 @@ pub(crate) async fn drop_expired(
                 );
                 continue;
             }
+            // Detached (or dropped) by a concurrent pass while this one waited: done.
+            Err(error) if is_code(&error, UNDEFINED_TABLE) => continue,
             Err(error) => return Err(outbox_error(error)),
         }
         let keeps: bool = sqlx::query_scalar(AssertSqlSafe(check))
@@ -333,6 +343,16 @@ pub(crate) async fn drop_expired(
         dropped += 1;
     }
     Ok(dropped)
+}
+
+/// `Ok(None)` for a statement that failed because its partition is gone (42P01: dropped or
+/// detached by a concurrent retention pass since it was listed).
+fn gone_if_undefined<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, Error> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(error) if is_code(&error, UNDEFINED_TABLE) => Ok(None),
+        Err(error) => Err(outbox_error(error)),
+    }
 }
 
 #[cfg(test)]
