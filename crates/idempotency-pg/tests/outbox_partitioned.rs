@@ -660,3 +660,32 @@ async fn relay_purge_result(
         .purge()
         .await
 }
+
+/// A 60-byte table name: `<name>_default` and `<name>_dead_letter_idx` cut to 63 bytes are one
+/// name (`<name>_de`), so `CREATE INDEX IF NOT EXISTS` skipped the dead-letter index without a
+/// word. Every name the layout derives is distinct: create makes every object, validate
+/// accepts the result.
+#[tokio::test]
+async fn a_sixty_byte_table_name_gets_every_object_of_the_partitioned_layout() {
+    let pool = idempotency_testing::pg_pool().await;
+    let name = format!("outbox_{}", "x".repeat(53));
+    assert_eq!(name.len(), 60);
+    let mut config = config(true, SchemaMode::Create);
+    config.table_name = name.clone();
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    assert_eq!(
+        outbox.schema_problems().await.unwrap(),
+        Vec::<SchemaProblem>::new()
+    );
+    let indexes = scalar(
+        &pool,
+        &format!(
+            "SELECT count(*) FROM pg_index WHERE indrelid = '{name}'::regclass \
+             AND indpred IS NOT NULL"
+        ),
+    )
+    .await;
+    assert_eq!(indexes, 4, "pending, aggregate, published, dead letters");
+    config.schema.mode = SchemaMode::Validate;
+    PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+}

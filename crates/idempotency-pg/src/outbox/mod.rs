@@ -190,10 +190,8 @@ impl PgOutbox {
                 problems: vec![problem],
             });
         }
-        let mut objects = schema::outbox_objects(&self.table);
-        if self.partitioning.is_some() {
-            objects.push(self.table.sibling("default").quoted().to_owned());
-        }
+        let objects =
+            schema::OutboxNames::new(&self.table, self.partitioning.is_some()).objects(&self.table);
         // Over a complete schema only the catalog is read: no lock on the tables, so
         // enqueuing writers do not wait for it, nor it for them.
         schema::create(&self.pool, &self.table, &objects, ddl).await?;
