@@ -689,3 +689,44 @@ async fn a_sixty_byte_table_name_gets_every_object_of_the_partitioned_layout() {
     config.schema.mode = SchemaMode::Validate;
     PgOutbox::from_config(pool.clone(), &config).await.unwrap();
 }
+
+/// A range the default partition holds rows of cannot be created while they are there. A pass
+/// that tried anyway queued for ACCESS EXCLUSIVE on the outbox behind its open transactions,
+/// held every enqueue behind it for up to its 1 s lock timeout, then failed (or scanned the
+/// default and failed with 23514), and every retention pass of every relay did it again until
+/// the interval ended. The default is now looked at first, without a lock, and the range
+/// skipped: neither the pass nor an enqueue waits.
+#[tokio::test]
+async fn a_range_the_default_holds_rows_of_is_skipped_without_blocking_enqueues() {
+    let pool = idempotency_testing::pg_pool().await;
+    let mut config = config(true, SchemaMode::Create);
+    config.partitioning.ahead = 1;
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    rows(&pool, 1, -3.0, "pending", 0.0).await; // day +3: in the default
+    config.partitioning.ahead = 5;
+    let outbox = outbox.with_partitioning(&config.partitioning).unwrap();
+    assert_eq!(outbox.prepare_partitions().await.unwrap(), 3, "+2, +4, +5");
+
+    // An enqueue in an open transaction holds its lock on the outbox.
+    let mut open = pool.begin().await.unwrap();
+    outbox.enqueue(&mut open, &event("open", 1)).await.unwrap();
+    let started = std::time::Instant::now();
+    let pass = tokio::spawn({
+        let outbox = outbox.clone();
+        async move { outbox.prepare_partitions().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let enqueue_started = std::time::Instant::now();
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue(&mut tx, &event("other", 1)).await.unwrap();
+    tx.commit().await.unwrap();
+    let enqueue = enqueue_started.elapsed();
+    assert_eq!(pass.await.unwrap().unwrap(), 0);
+    let pass = started.elapsed();
+    open.commit().await.unwrap();
+    assert!(
+        enqueue < Duration::from_millis(300) && pass < Duration::from_millis(300),
+        "enqueue blocked {enqueue:?}, pass took {pass:?}"
+    );
+    assert_eq!(count_in(&pool, "outbox_default").await, 1, "the row stays");
+}

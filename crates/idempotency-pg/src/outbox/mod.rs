@@ -203,7 +203,10 @@ impl PgOutbox {
     /// not exist yet, and returns how many it created (0 on a plain table). The relay's
     /// retention pass calls it ([`Housekeeping::prepare_storage`]); call it from a scheduler
     /// when no relay runs against this table. A range the default partition already holds
-    /// rows of, or whose lock is not granted within a second, is left for the next call.
+    /// rows of is not created (that would fail): it is skipped after a look at the default
+    /// partition that takes no lock, so no enqueue waits for it, and its rows stay in the
+    /// default partition. A range whose lock is not granted within a second is left for the
+    /// next call.
     ///
     /// [`Housekeeping::prepare_storage`]: idempotency_outbox::Housekeeping::prepare_storage
     pub async fn prepare_partitions(&self) -> Result<u32, Error> {
