@@ -730,3 +730,33 @@ async fn a_range_the_default_holds_rows_of_is_skipped_without_blocking_enqueues(
     );
     assert_eq!(count_in(&pool, "outbox_default").await, 1, "the row stays");
 }
+
+/// Two passes that create the same partition at once: the one that finds it created by the
+/// other meanwhile counts it as done (the pass goes on, its retention included), instead of
+/// failing on "relation already exists".
+#[tokio::test]
+async fn concurrent_passes_treat_a_partition_the_other_created_as_done() {
+    let pool = idempotency_testing::pg_pool().await;
+    let mut config = config(true, SchemaMode::Create);
+    config.partitioning.ahead = 1;
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    config.partitioning.ahead = 2;
+    let outbox = outbox.with_partitioning(&config.partitioning).unwrap();
+    // A reader holds the outbox: both passes find day +2 missing and queue their CREATE.
+    let mut reader = pool.begin().await.unwrap();
+    exec_in(&mut reader, "SELECT count(*) FROM outbox").await;
+    let passes: Vec<_> = (0..2)
+        .map(|_| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { outbox.prepare_partitions().await })
+        })
+        .collect();
+    until_waiting_on_lock(&pool, 2).await;
+    reader.commit().await.unwrap();
+    let mut created = 0;
+    for pass in passes {
+        created += pass.await.unwrap().unwrap();
+    }
+    assert_eq!(created, 1, "created once, by one of the passes");
+    assert_eq!(outbox.partitions().await.unwrap().len(), 1 + 3);
+}

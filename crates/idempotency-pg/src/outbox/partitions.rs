@@ -31,6 +31,10 @@ const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// SQLSTATE of a relation that does not exist (any more).
 const UNDEFINED_TABLE: &str = "42P01";
+/// SQLSTATEs of a partition another pass created while this one waited for its lock: the name
+/// exists (`duplicate_table`; `unique_violation` when both reached the catalog at once), or
+/// another name over the range does ("would overlap", `invalid_object_definition`).
+const CREATED_MEANWHILE: [&str; 3] = ["42P07", "23505", "42P17"];
 /// SQLSTATE of "updated partition constraint for default partition would be violated":
 /// the default partition holds rows of the range.
 const CHECK_VIOLATION: &str = "23514";
@@ -166,7 +170,7 @@ async fn default_holds_rows(
 /// exist yet; returns how many it created. A range that overlaps an existing partition or
 /// that the default partition holds rows of is skipped without taking a lock; one whose lock
 /// is not granted within a second, or that the default partition got rows of meanwhile, is
-/// skipped (and retried by the next pass).
+/// skipped (and retried by the next pass); one a concurrent pass created meanwhile is done.
 pub(crate) async fn prepare(
     pool: &PgPool,
     table: &TableName,
@@ -228,6 +232,8 @@ pub(crate) async fn prepare(
                      partition meanwhile)"
                 );
             }
+            // Done by a concurrent pass: not counted here.
+            Err(error) if CREATED_MEANWHILE.iter().any(|code| is_code(&error, code)) => {}
             Err(error) => return Err(outbox_error(error)),
         }
     }
