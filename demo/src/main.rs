@@ -130,7 +130,7 @@ async fn serve<DB: Database>(
     app.prometheus = Some(prometheus);
     app.relay = idempotency.relay();
 
-    let address = SocketAddr::from(([0, 0, 0, 0], config.server.port));
+    let address = SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(
         "idempotency demo listening on http://{}",

@@ -341,6 +341,9 @@ async fn redis_unreachable_changes_nothing() {
     let mut config = config();
     config.idempotency.distributed_cache.enabled = true;
     config.idempotency.distributed_cache.url = Some(dead);
+    config.idempotency.distributed_cache.secret = Some(
+        idempotency_cache_redis::CacheSecret::new("tests-only-secret-0123456789abcdef").unwrap(),
+    );
     let (app, pool) = demo_with(config).await;
     let body = json!({"orderId": "o-5", "recipient": "bob", "amount": 10});
     let first = pay(&app, "demo-5", body.clone()).await;

@@ -105,6 +105,9 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exposed() {
     config.idempotency.persistence.schema.mode = SchemaMode::Create;
     config.idempotency.local_cache.statistics = true;
     config.idempotency.distributed_cache.url = Some(dead_redis);
+    config.idempotency.distributed_cache.secret = Some(
+        idempotency_cache_redis::CacheSecret::new("tests-only-secret-0123456789abcdef").unwrap(),
+    );
     config.idempotency.distributed_cache.timeout = Duration::from_millis(20);
     config.idempotency.in_flight.policy = InFlightPolicyKind::Reject;
     config.outbox.schema.mode = SchemaMode::Create;

@@ -20,6 +20,7 @@ use crate::breaker::{Breaker, BreakerState};
 use crate::codec::{self, Decoded};
 use crate::key::redis_key;
 use crate::refresh::Refresh;
+use crate::sign::Signer;
 use crate::write_behind::{self, Entry, Queue};
 
 /// Setting up the cache failed.
@@ -61,8 +62,11 @@ pub struct RedisCacheStats {
     pub errors: u64,
     /// Calls refused because the breaker was open.
     pub short_circuited: u64,
-    /// Corrupt entries found (and deleted).
+    /// Corrupt entries found (and deleted), forged ones included.
     pub corrupt: u64,
+    /// Entries whose HMAC tag did not verify (written without the secret, or copied from
+    /// another key), found and deleted; each is also counted in `corrupt`.
+    pub forged: u64,
     /// Write-behind: entries `put` queued for the background writer. A batch that fails counts
     /// once in `timeouts`, `errors` or `short_circuited`, and its entries in `unwritten`.
     pub queued: u64,
@@ -83,6 +87,7 @@ struct Counters {
     errors: AtomicU64,
     short_circuited: AtomicU64,
     corrupt: AtomicU64,
+    forged: AtomicU64,
     queued: AtomicU64,
     not_queued: AtomicU64,
     unwritten: AtomicU64,
@@ -123,6 +128,8 @@ pub struct RedisCache<C = Client> {
     /// `READONLY` replies) never opens the breaker that guards reads.
     write_breaker: Arc<Breaker>,
     counters: Arc<Counters>,
+    /// Tags entries with `secret` (see [`DistributedCacheConfig::secret`]).
+    signer: Signer,
     /// The write-behind queue; `None` when it is off, and in the writer's own copy.
     write_behind: Option<Arc<Queue>>,
     /// On a cluster client made by [`connect`](RedisCache::connect): the slot map refresh
@@ -161,8 +168,21 @@ where
     C: KeysInterface + Clone + Send + Sync + 'static,
 {
     /// A cache over an existing fred client, configured by `idempotency.distributed-cache`.
+    ///
+    /// Without [`secret`](DistributedCacheConfig::secret) the entries' tags have no key: they
+    /// detect damage, not forgery, and whoever can write to the Redis can make the service
+    /// replay a response of their choosing; a warning says so. The `idempotency` facade
+    /// refuses an enabled cache without a secret.
     pub fn new(client: C, config: &DistributedCacheConfig) -> Self {
+        if config.secret.is_none() {
+            tracing::warn!(
+                "distributed cache without a secret: its entries are not authenticated, and \
+                 whoever can write to this Redis can forge replays; set \
+                 idempotency.distributed-cache.secret"
+            );
+        }
         Self {
+            signer: Signer::new(config.secret.as_ref()),
             client,
             prefix: Arc::from(config.key_prefix.as_str()),
             ttl: config.ttl,
@@ -246,6 +266,7 @@ where
             errors: self.counters.errors.load(Ordering::Relaxed),
             short_circuited: self.counters.short_circuited.load(Ordering::Relaxed),
             corrupt: self.counters.corrupt.load(Ordering::Relaxed),
+            forged: self.counters.forged.load(Ordering::Relaxed),
             queued: self.counters.queued.load(Ordering::Relaxed),
             not_queued: self.counters.not_queued.load(Ordering::Relaxed),
             unwritten: self.counters.unwritten.load(Ordering::Relaxed),
@@ -411,10 +432,14 @@ where
             Found::OtherType(error) => Box::new(error),
             Found::Value(bytes) => match String::from_utf8(bytes) {
                 Err(error) => Box::new(error),
-                Ok(value) => match codec::decode(&value) {
+                Ok(value) => match codec::decode(id, &value, &self.signer) {
                     Decoded::Record(record) => return Ok(live(record)),
                     Decoded::OtherVersion => return Ok(None),
                     Decoded::Corrupt(error) => Box::new(error),
+                    Decoded::Forged => {
+                        self.counters.forged.fetch_add(1, Ordering::Relaxed);
+                        Box::new(Forged)
+                    }
                 },
             },
         };
@@ -437,7 +462,8 @@ where
         if self.expiry_ms(record.expires_at).is_none() {
             return Ok(());
         }
-        let Some(value) = codec::encode(record).map_err(|e| CacheError::Corrupt(Box::new(e)))?
+        let Some(value) = codec::encode(id, record, &self.signer)
+            .map_err(|e| CacheError::Corrupt(Box::new(e)))?
         else {
             return Ok(()); // PROCESSING: never cached
         };
@@ -488,6 +514,11 @@ fn live(record: IdempotencyRecord) -> Option<IdempotencyRecord> {
 fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
+
+/// An entry whose tag does not verify.
+#[derive(Debug, thiserror::Error)]
+#[error("the entry's tag does not verify (written without the secret, or for another record)")]
+struct Forged;
 
 /// What a `GET` found at a key.
 enum Found {

@@ -7,6 +7,8 @@ use std::time::Duration;
 use idempotency_core::FailurePolicy;
 use serde::{Deserialize, Serialize};
 
+use crate::sign::CacheSecret;
+
 /// `idempotency.distributed-cache`: the settings of [`RedisCache`](crate::RedisCache).
 ///
 /// ```
@@ -39,6 +41,12 @@ pub struct DistributedCacheConfig {
     pub circuit_breaker: CircuitBreakerConfig,
     /// Writing committed records in the background instead of before the answer.
     pub write_behind: WriteBehindConfig,
+    /// The key of the HMAC that authenticates every entry (at least 32 bytes; the same in
+    /// every instance sharing the Redis). An entry whose tag does not verify is a miss, deleted
+    /// and counted (`RedisCacheStats::forged`), never a replay. Default `null`: entries are
+    /// not authenticated (see [`RedisCache::new`](crate::RedisCache::new)); the `idempotency`
+    /// facade refuses an enabled cache without one.
+    pub secret: Option<CacheSecret>,
 }
 
 impl Default for DistributedCacheConfig {
@@ -52,6 +60,7 @@ impl Default for DistributedCacheConfig {
             timeout: Duration::from_millis(50),
             circuit_breaker: CircuitBreakerConfig::default(),
             write_behind: WriteBehindConfig::default(),
+            secret: None,
         }
     }
 }

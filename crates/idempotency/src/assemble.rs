@@ -188,7 +188,9 @@ impl<D: Database> Idempotency<D> {
 
     /// The tower middleware over the assembled service ([`idempotency_axum::IdempotencyLayer`]);
     /// it fingerprints with the service's strategy (`fingerprint.*`), as any layer over the
-    /// service does.
+    /// service does. Choose its scope before adding it to a router, from the authenticated
+    /// principal: `idempotency.layer().scope::<PrincipalScope<Scope>>()` (a layer without a
+    /// scope does not compile; see SECURITY.md).
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn layer(
@@ -331,6 +333,17 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
     }
     check_caches(properties)?;
     check_in_flight::<D>(&properties.in_flight)?;
+    // The entries' HMAC secret (SECURITY.md): without it, whoever can write to the Redis can
+    // make every instance replay a response of their choosing.
+    #[cfg(feature = "redis")]
+    if properties.distributed_cache.enabled && properties.distributed_cache.secret.is_none() {
+        return Err(Error::property(
+            "idempotency.distributed-cache.secret",
+            "is not set, but distributed-cache.enabled is true: give the secret that \
+             authenticates the cache's entries (at least 32 bytes, the same in every instance, \
+             e.g. IDEMPOTENCY__DISTRIBUTED_CACHE__SECRET), or set enabled to false",
+        ));
+    }
     let cleanup = &properties.persistence.cleanup;
     let schedule = CleanupSchedule::parse(&cleanup.cron)?.in_zone(&cleanup.zone)?;
     if schedule.next_run().is_none() {
