@@ -358,3 +358,112 @@ async fn names_too_long_for_amqp_are_dead_lettered_at_once_and_the_connection_li
         .await;
     queue.delete().await;
 }
+
+/// A batch mixing routable and unroutable messages (1 in 3), published concurrently as the relay does
+/// (lapin hands a returned message to whichever confirm it completes first): every unroutable
+/// one fails as unroutable, every routable one is confirmed, and the queue holds exactly the
+/// routable ones, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_batch_of_routable_and_unroutable_messages_is_told_apart_under_concurrency() {
+    use futures_util::future::join_all;
+    use idempotency_outbox::{OutboxMessage, PublishErrorKind, Publisher};
+
+    let queue = TestQueue::new().await;
+    let exchange = idempotency_testing::unique_name("outbox_mixed");
+    queue
+        .channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Direct,
+            lapin::options::ExchangeDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    // Only `routed` reaches the queue; `nowhere` has no binding.
+    queue
+        .channel
+        .queue_bind(
+            queue.name.as_str().into(),
+            exchange.as_str().into(),
+            "routed".into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let publisher = RabbitMqPublisher::new(idempotency_testing::amqp_url())
+        .with_exchange(&exchange)
+        .with_routing_key("{aggregate_type}")
+        .unwrap();
+    publisher.connect().await.unwrap();
+
+    // 16,000 publishes: 40 rounds of 4 batches of 100 at once, as 4 relay workers publish.
+    let (mut wrong, mut routed) = (Vec::new(), 0u32);
+    for round in 0..40 {
+        let batch: Vec<OutboxMessage> = (0..400)
+            .map(|n| {
+                let target = if (round * 400 + n) % 3 == 0 {
+                    "nowhere"
+                } else {
+                    "routed"
+                };
+                OutboxMessage::new(
+                    uuid::Uuid::now_v7(),
+                    target,
+                    format!("a{n}"),
+                    None,
+                    "Mixed",
+                    "{}",
+                    Default::default(),
+                    chrono::Utc::now(),
+                    1,
+                )
+            })
+            .collect();
+        let results = join_all(batch.iter().map(|m| publisher.publish(m))).await;
+        for (message, result) in batch.iter().zip(results) {
+            let routable = message.aggregate_type == "routed";
+            routed += u32::from(routable);
+            match (routable, &result) {
+                (true, Ok(_)) => {}
+                (false, Err(e)) if e.kind() == PublishErrorKind::Rejected => {}
+                _ => wrong.push(format!(
+                    "{} {}: {result:?}",
+                    message.aggregate_type, message.id
+                )),
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} misreported: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    let declared = queue
+        .channel
+        .queue_declare(
+            queue.name.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        declared.message_count(),
+        routed,
+        "each routable message once, nothing else"
+    );
+    let _ = queue
+        .channel
+        .exchange_delete(
+            exchange.as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await;
+    queue.delete().await;
+}
