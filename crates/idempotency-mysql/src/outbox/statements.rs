@@ -85,7 +85,8 @@ impl Statements {
             mark_failed: sql(format!(
                 "UPDATE {t} SET last_error = LEFT(?, 1000), \
                         next_attempt_at = {NOW} + INTERVAL ? MICROSECOND, \
-                        dead_lettered_at = IF(?, {NOW}, NULL), claim_token = NULL \
+                        dead_lettered_at = IF(?, {NOW}, NULL), \
+                        attempts = IF(?, GREATEST(attempts - 1, 0), attempts), claim_token = NULL \
                  WHERE id = ? AND claim_token = ?"
             )),
             stats: sql(format!(

@@ -190,6 +190,7 @@ impl RelayStore for MysqlOutbox {
                 .bind(&failure.error)
                 .bind(micros(failure.retry_in))
                 .bind(failure.dead_letter)
+                .bind(failure.transient)
                 .bind(failure.id)
                 .bind(token)
                 .execute(&mut *tx)

@@ -166,9 +166,11 @@ impl Statements {
                  SET last_error = f.error, \
                      next_attempt_at = clock_timestamp() + f.delay_us * interval '1 microsecond', \
                      dead_lettered_at = CASE WHEN f.dead THEN clock_timestamp() END, \
+                     attempts = CASE WHEN f.transient THEN greatest(o.attempts - 1, 0) \
+                                     ELSE o.attempts END, \
                      claim_token = NULL \
-                 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[]) \
-                      AS f(id, error, delay_us, dead) \
+                 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[], $6::bool[]) \
+                      AS f(id, error, delay_us, dead, transient) \
                  WHERE o.id = f.id AND o.claim_token = $5"
             )),
             stats: sql(format!(

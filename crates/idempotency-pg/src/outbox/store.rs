@@ -128,12 +128,14 @@ impl RelayStore for PgOutbox {
             .map(|f| i64::try_from(f.retry_in.as_micros()).unwrap_or(i64::MAX))
             .collect();
         let dead: Vec<bool> = failures.iter().map(|f| f.dead_letter).collect();
+        let transient: Vec<bool> = failures.iter().map(|f| f.transient).collect();
         Ok(sqlx::query(self.sql.mark_failed.clone())
             .bind(&ids)
             .bind(&errors)
             .bind(&delays)
             .bind(&dead)
             .bind(token)
+            .bind(&transient)
             .execute(&self.pool)
             .await
             .map_err(outbox_error)?

@@ -30,7 +30,8 @@ const INPUT: &str = "input AS ( \
 /// The failures of one `mark_failed`, from the JSON array in `?1`.
 const FAILURES: &str = "(SELECT json_extract(value, '$.id') AS id, \
             json_extract(value, '$.error') AS error, json_extract(value, '$.delay') AS delay, \
-            json_extract(value, '$.dead') AS dead FROM json_each(?1))";
+            json_extract(value, '$.dead') AS dead, \
+            json_extract(value, '$.transient') AS transient FROM json_each(?1))";
 
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -152,6 +153,8 @@ impl Statements {
                  SET last_error = substr(f.error, 1, 1000), \
                      next_attempt_at = {NOW_MS} + f.delay, \
                      dead_lettered_at = CASE WHEN f.dead THEN {NOW_MS} END, \
+                     attempts = CASE WHEN f.transient THEN max(o.attempts - 1, 0) \
+                                     ELSE o.attempts END, \
                      claim_token = NULL \
                  FROM {FAILURES} AS f \
                  WHERE o.id = f.id AND o.claim_token = ?2"
