@@ -55,7 +55,7 @@ where
     // stop still waits for the marks.
     let mut unmarked: Option<Published> = None;
     loop {
-        if *stop.borrow() {
+        if stopping(&stop) {
             if let Some(previous) = unmarked.take() {
                 mark(&shared, previous).await;
             }
@@ -107,6 +107,13 @@ where
         }
     }
     tracing::debug!(worker = n, "outbox relay worker stopped");
+}
+
+/// Whether the relay is stopping: [`shutdown`](super::RelayHandle::shutdown) said so, or the
+/// handle was dropped (the sender is gone). Checked before every claim, so that a worker whose
+/// batches are all full (it never waits) stops too.
+fn stopping(stop: &watch::Receiver<bool>) -> bool {
+    *stop.borrow() || stop.has_changed().is_err()
 }
 
 /// How long a worker waits for a notification before it claims again: `linger` after a claim
