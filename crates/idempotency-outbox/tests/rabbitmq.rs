@@ -470,3 +470,75 @@ async fn a_mixed_batch_of_routable_and_unroutable_messages_is_told_apart_under_c
         .await;
     queue.delete().await;
 }
+
+/// A broker outage much longer than `max-attempts` backoffs (scaled down: 3 attempts, backoff
+/// 20..200 ms, a 3 s outage) dead-letters nothing: an unavailable broker is not a bad message.
+/// When it is back, every event goes out, each aggregate in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_every_attempt_dead_letters_nothing_and_keeps_order() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 3;
+    config.relay.backoff = idempotency_outbox::config::BackoffConfig {
+        base: std::time::Duration::from_millis(20),
+        max: std::time::Duration::from_millis(200),
+    };
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    let url = idempotency_testing::amqp_url();
+    let proxy = Proxy::start(host_port(&url), false).await; // down
+    let events: Vec<NewEvent> = (1..=4)
+        .map(|n| event("o-1", n))
+        .chain((1..=2).map(|n| event("o-2", n)))
+        .collect();
+    commit(&pool, &outbox, &events).await;
+    let handle = Relay::new(
+        outbox.clone(),
+        publisher(&via_port(&url, proxy.port), &queue),
+        &config,
+    )
+    .unwrap()
+    .spawn();
+    eventually("both heads failed", || async {
+        scalar_i64(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE last_error LIKE 'broker unavailable%'",
+        )
+        .await
+            == 2
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let dead = scalar_i64(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
+    )
+    .await;
+    assert_eq!(dead, 0, "an outage dead-letters nothing");
+    let attempts = scalar_i64(&pool, "SELECT max(attempts)::int8 FROM outbox").await;
+    assert!(attempts <= 1, "outage failures are not counted: {attempts}");
+
+    proxy.enable();
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, events.len()).await;
+    eventually("all marked", || async { published(&pool).await == 6 }).await;
+    let report = handle.shutdown().await;
+    assert_eq!(report.totals.dead_lettered, 0);
+    let seen: Vec<String> = deliveries
+        .iter()
+        .map(|d| {
+            format!(
+                "{}#{}",
+                header(d, headers::AGGREGATE_ID).unwrap(),
+                header(d, headers::SEQUENCE).unwrap()
+            )
+        })
+        .collect();
+    for aggregate in ["o-1", "o-2"] {
+        let order: Vec<&String> = seen.iter().filter(|s| s.starts_with(aggregate)).collect();
+        let want: Vec<String> = (1..=if aggregate == "o-1" { 4 } else { 2 })
+            .map(|n| format!("{aggregate}#{n}"))
+            .collect();
+        assert_eq!(order, want.iter().collect::<Vec<_>>(), "{seen:?}");
+    }
+    queue.delete().await;
+}
