@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use common::nats::{TestStream, header};
+use common::nats::{TestStream, client, header};
 use common::*;
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::publisher::headers;
@@ -380,4 +380,62 @@ async fn ensure_stream_creates_the_stream_the_template_needs_and_extends_an_exis
         vec![format!("ensure{unique}.>"), format!("more{unique}.>")]
     );
     jetstream.delete_stream(&name).await.unwrap();
+}
+
+/// Messages NATS can never take are dead-lettered at their first attempt, not retried for
+/// `max-attempts` while they hold back their aggregate: payload and headers over the server's
+/// `max_payload`, a subject a placeholder rendered with whitespace. Their aggregates' next
+/// events and the other messages are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_nats_can_never_take_are_dead_lettered_at_once() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 5;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    let max_payload = client().await.server_info().max_payload;
+    let too_large =
+        NewEvent::new("order", "big", "OrderUpdated", &"x".repeat(max_payload)).unwrap();
+    // `{aggregate_type}` renders into the subject: a space cannot be sent.
+    let spaced = NewEvent::new("bad type", "s", "OrderUpdated", &1).unwrap();
+    let good = [
+        event("big", 2),
+        NewEvent::new("bad type", "s", "OrderUpdated", &2).unwrap(),
+        event("other", 1),
+    ];
+    commit(&pool, &outbox, &[too_large.clone(), spaced.clone()]).await;
+    commit(&pool, &outbox, &good).await;
+    let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
+        .unwrap()
+        .spawn();
+    eventually("settled", || async { pending(&pool).await == 0 }).await;
+    handle.shutdown().await;
+    for (event, what) in [(&too_large, "max payload"), (&spaced, "whitespace")] {
+        let (attempts, dead, error): (i32, bool, String) = sqlx::query_as(
+            "SELECT attempts, dead_lettered_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
+        )
+        .bind(event.id())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(dead, "{what}: {error}");
+        assert_eq!(
+            attempts, 1,
+            "{what}: dead-lettered at the first attempt ({error})"
+        );
+        assert!(
+            error.starts_with("message invalid for the broker") && error.contains(what),
+            "{what}: {error}"
+        );
+    }
+    let delivered: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE published_at IS NOT NULL")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        delivered.contains(&good[0].id()),
+        "the large one's successor"
+    );
+    assert!(delivered.contains(&good[2].id()));
+    stream.delete().await;
 }

@@ -542,3 +542,44 @@ async fn an_outage_longer_than_every_attempt_dead_letters_nothing_and_keeps_orde
     }
     queue.delete().await;
 }
+
+/// A body over the publisher's `max-message-size` (set to the broker's `max_message_size`) is
+/// refused before anything is sent and dead-lettered at its first attempt; the broker would
+/// close the channel with reply 406 instead. The other messages go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_max_message_size_is_dead_lettered_at_once() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 5;
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    let large = NewEvent::new("order", "big", "OrderUpdated", &"x".repeat(4096)).unwrap();
+    let others = [event("big", 2), event("small", 1)];
+    commit(&pool, &outbox, std::slice::from_ref(&large)).await;
+    commit(&pool, &outbox, &others).await;
+    let publisher = publisher(&idempotency_testing::amqp_url(), &queue).with_max_message_size(1024);
+    let handle = Relay::new(outbox.clone(), publisher, &config)
+        .unwrap()
+        .spawn();
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, others.len()).await;
+    eventually("settled", || async { pending(&pool).await == 0 }).await;
+    handle.shutdown().await;
+    let mut got: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = others.iter().map(|e| e.id().to_string()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    let (attempts, dead, error): (i32, bool, String) = sqlx::query_as(
+        "SELECT attempts, dead_lettered_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
+    )
+    .bind(large.id())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(dead && attempts == 1, "{attempts} {error}");
+    assert!(error.contains("larger than max-message-size"), "{error}");
+    queue.delete().await;
+}

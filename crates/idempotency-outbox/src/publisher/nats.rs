@@ -6,6 +6,11 @@
 //! JetStream drops a duplicate published inside the stream's duplicate window (the relay
 //! republishes after a crash between ack and mark). Event headers are forwarded, plus the
 //! [`headers`] the outbox adds.
+//!
+//! A message NATS can never take is refused with
+//! [`InvalidMessage`](PublishErrorKind::InvalidMessage), which the relay dead-letters at its
+//! first attempt: a header it cannot carry, a subject a placeholder rendered with whitespace,
+//! payload and headers over the server's `max_payload`.
 
 use std::str::FromStr;
 
@@ -204,11 +209,29 @@ fn kind(error: &async_nats::jetstream::context::PublishError) -> PublishErrorKin
             PublishErrorKind::Unavailable
         }
         JsKind::TimedOut => PublishErrorKind::Timeout,
-        JsKind::MaxPayloadExceeded | JsKind::WrongLastMessageId | JsKind::WrongLastSequence => {
-            PublishErrorKind::Rejected
-        }
+        // Payload and headers over the server's `max_payload`: this message never fits.
+        JsKind::MaxPayloadExceeded => PublishErrorKind::InvalidMessage,
+        JsKind::WrongLastMessageId | JsKind::WrongLastSequence => PublishErrorKind::Rejected,
         _ => PublishErrorKind::Other,
     }
+}
+
+/// A subject NATS cannot carry: empty, or with whitespace (which would break the protocol
+/// line), as a placeholder can render it.
+#[derive(Debug, thiserror::Error)]
+#[error("the subject {0:?} is empty or contains whitespace")]
+struct InvalidSubject(String);
+
+/// The subject, or an `InvalidMessage` error: the checks the client makes before sending.
+fn subject(rendered: String) -> Result<String, PublishError> {
+    if rendered.is_empty()
+        || rendered
+            .bytes()
+            .any(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+    {
+        return Err(invalid(InvalidSubject(rendered)));
+    }
+    Ok(rendered)
 }
 
 impl Publisher for NatsPublisher {
@@ -217,7 +240,7 @@ impl Publisher for NatsPublisher {
     }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
-        let subject = self.subject.render(message);
+        let subject = subject(self.subject.render(message))?;
         let publish = PublishMessage::build()
             .payload(message.payload.clone().into())
             .headers(headers_of(message)?);
