@@ -382,6 +382,36 @@ async fn ensure_stream_creates_the_stream_the_template_needs_and_extends_an_exis
     jetstream.delete_stream(&name).await.unwrap();
 }
 
+/// A stream whose duplicate window is shorter than the relay's republish window (lease plus
+/// `relay.backoff.max`) is refused, naming the keys; a long enough one passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_window_shorter_than_the_republish_window_is_refused() {
+    let stream = TestStream::new().await; // a 120 s window
+    let publisher = stream.publisher().await;
+    let relay = idempotency_outbox::config::RelayConfig::default(); // 10 s lease + 5 min
+    let error = publisher
+        .check_duplicate_window(&stream.name, &relay)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("2m") && error.contains("relay.backoff.max"),
+        "{error}"
+    );
+    let short = idempotency_outbox::config::RelayConfig {
+        backoff: idempotency_outbox::config::BackoffConfig {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        },
+        ..idempotency_outbox::config::RelayConfig::default()
+    };
+    publisher
+        .check_duplicate_window(&stream.name, &short)
+        .await
+        .unwrap();
+    stream.delete().await;
+}
+
 /// Messages NATS can never take are dead-lettered at their first attempt, not retried for
 /// `max-attempts` while they hold back their aggregate: payload and headers over the server's
 /// `max_payload`, a subject a placeholder rendered with whitespace. Their aggregates' next

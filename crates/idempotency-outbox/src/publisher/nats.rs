@@ -19,6 +19,7 @@ use async_nats::header::{HeaderName, HeaderValue};
 use async_nats::jetstream::context::{Context, PublishErrorKind as JsKind};
 use async_nats::jetstream::message::PublishMessage;
 
+use crate::config::RelayConfig;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 use crate::publisher::{Ack, PublishError, PublishErrorKind, Publisher, Template, headers};
@@ -163,6 +164,39 @@ impl NatsPublisher {
                 .map_err(|e| setup(Box::new(e)))?;
         }
         Ok(())
+    }
+}
+
+impl NatsPublisher {
+    /// Fails when stream `name`'s duplicate window is shorter than the republish window of
+    /// `relay` ([`RelayConfig::republish_window`]: the lease plus `relay.backoff.max`), naming
+    /// the keys; a message published again after a lost ack would then be stored twice. Call it
+    /// at startup, after [`ensure_stream`](Self::ensure_stream).
+    ///
+    /// ```no_run
+    /// # async fn demo(publisher: idempotency_outbox::publisher::nats::NatsPublisher) -> Result<(), idempotency_outbox::Error> {
+    /// use idempotency_outbox::config::RelayConfig;
+    ///
+    /// let relay = RelayConfig::default();
+    /// publisher.ensure_stream("BILLING", relay.republish_window()).await?;
+    /// publisher.check_duplicate_window("BILLING", &relay).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_duplicate_window(
+        &self,
+        name: &str,
+        relay: &RelayConfig,
+    ) -> Result<(), Error> {
+        let unavailable = |e: Box<dyn std::error::Error + Send + Sync>| {
+            Error::Publisher(PublishError::new(PublishErrorKind::Unavailable, e))
+        };
+        let mut stream = self
+            .jetstream
+            .get_stream(name)
+            .await
+            .map_err(|e| unavailable(Box::new(e)))?;
+        let info = stream.info().await.map_err(|e| unavailable(Box::new(e)))?;
+        relay.check_duplicate_window(info.config.duplicate_window)
     }
 }
 
