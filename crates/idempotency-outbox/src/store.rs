@@ -235,10 +235,11 @@ pub trait DeadLetters: Send + Sync + 'static {
     /// Puts dead-lettered rows back to pending, due now, attempts reset. Returns how many
     /// (ids that are not dead-lettered are ignored).
     ///
-    /// Order: while a row is dead-lettered, its aggregate's later events are published. A
-    /// requeued row is published after those, out of order: its `Outbox-Sequence` header is
-    /// lower than one its consumers already saw. Requeue only what consumers can take late
-    /// (or that has no later event published yet).
+    /// Order: while a row is dead-lettered, its aggregate's later events are published.
+    /// Requeuing one whose aggregate already published a later event would publish it after
+    /// that event, so it is refused: [`Error::RequeueOutOfOrder`] names those ids, and nothing
+    /// is requeued. (A later event in flight at the moment of the requeue can still go out
+    /// first.)
     fn requeue(&self, ids: &[Uuid]) -> impl Future<Output = Result<u64, Error>> + Send;
 }
 

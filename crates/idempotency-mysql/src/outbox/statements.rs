@@ -163,6 +163,20 @@ impl Statements {
         ))
     }
 
+    /// Of `n` dead letters, those whose aggregate already published a later event.
+    pub(crate) fn published_after(&self, n: usize) -> SqlStr {
+        let t = &self.table;
+        sql(format!(
+            "SELECT o.id FROM {t} AS o \
+             WHERE o.id IN ({}) AND o.dead_lettered_at IS NOT NULL AND o.sequence IS NOT NULL \
+               AND EXISTS (SELECT 1 FROM {t} AS p \
+                   WHERE p.aggregate_type = o.aggregate_type \
+                     AND p.aggregate_id = o.aggregate_id \
+                     AND p.sequence > o.sequence AND p.published_at IS NOT NULL)",
+            list(n)
+        ))
+    }
+
     pub(crate) fn requeue(&self, n: usize) -> SqlStr {
         sql(format!(
             "UPDATE {} SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = {NOW}, \

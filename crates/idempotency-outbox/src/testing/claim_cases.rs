@@ -457,6 +457,55 @@ pub async fn a_row_claimed_max_attempts_times_without_completing_is_dead_lettere
     assert_eq!(ids(&next), vec![sent[1]], "the aggregate goes on");
 }
 
+/// In ordered mode a dead letter whose aggregate already published a later event is not
+/// requeued (it would go out after that event): `Error::RequeueOutOfOrder` names it and nothing
+/// is requeued; a dead letter whose successors are still pending is requeued.
+pub async fn a_requeue_that_would_publish_out_of_order_is_refused<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let outbox = backend.outbox(&suite_config(Ordering::Ordered)).await;
+    let sent = commit(
+        &backend,
+        &outbox,
+        &[event("a", 1), event("a", 2), event("b", 1), event("b", 2)],
+    )
+    .await;
+    let (a1, a2, b1) = (sent[0], sent[1], sent[2]);
+    let first = request(Ordering::Ordered, LEASE);
+    let heads = outbox.claim(&first).await.expect("claim").messages;
+    let mut want = vec![a1, b1];
+    want.sort_unstable();
+    assert_eq!(ids(&heads), want);
+    let poison = |id| Failure {
+        id,
+        error: "poison".to_owned(),
+        retry_in: Duration::ZERO,
+        dead_letter: true,
+        transient: false,
+    };
+    let marked = outbox
+        .mark_failed(first.token, &[poison(a1), poison(b1)])
+        .await;
+    assert_eq!(marked.expect("mark"), 2);
+    // Their successors come up; a#2 is published, b#2 stays pending.
+    let second = request(Ordering::Ordered, LEASE);
+    assert_eq!(
+        outbox.claim(&second).await.expect("claim").messages.len(),
+        2
+    );
+    let published = outbox.mark_published(second.token, &[a2]).await;
+    assert_eq!(published.expect("mark"), 1);
+
+    match outbox.requeue(&[a1, b1]).await {
+        Err(crate::Error::RequeueOutOfOrder { ids }) => assert_eq!(ids, vec![a1]),
+        other => panic!("a#1 would go out after a#2: {other:?}"),
+    }
+    let letters = outbox.dead_letters(10).await.expect("dead letters");
+    assert_eq!(letters.len(), 2, "nothing was requeued");
+    assert_eq!(outbox.requeue(&[b1]).await.expect("requeue"), 1);
+}
+
 /// A transient failure (the broker unavailable, a publish timed out) gives back the attempt
 /// its claim counted: a row failing that way more than `max-attempts` times is neither
 /// dead-lettered by the claim nor by its failure, and its attempts stay where they were.

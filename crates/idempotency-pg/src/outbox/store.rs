@@ -252,6 +252,14 @@ impl DeadLetters for PgOutbox {
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        let late: Vec<Uuid> = sqlx::query_scalar(self.sql.published_after.clone())
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        if !late.is_empty() {
+            return Err(Error::RequeueOutOfOrder { ids: late });
+        }
         Ok(sqlx::query(self.sql.requeue.clone())
             .bind(ids)
             .execute(&self.pool)

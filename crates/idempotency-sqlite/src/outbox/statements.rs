@@ -48,6 +48,8 @@ pub(crate) struct Statements {
     pub(crate) delete_dead_lettered: SqlStr,
     pub(crate) dead_letters: SqlStr,
     pub(crate) requeue: SqlStr,
+    /// Of the dead letters in `?1`, those whose aggregate already published a later event.
+    pub(crate) published_after: SqlStr,
 }
 
 fn claim(t: &str, ordered: bool) -> String {
@@ -189,6 +191,15 @@ impl Statements {
                 "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0, \
                         next_attempt_at = {NOW_MS}, claim_token = NULL \
                  WHERE dead_lettered_at IS NOT NULL AND id IN (SELECT value FROM json_each(?1))"
+            )),
+            published_after: sql(format!(
+                "SELECT o.id FROM {t} AS o \
+                 WHERE o.id IN (SELECT value FROM json_each(?1)) \
+                   AND o.dead_lettered_at IS NOT NULL AND o.sequence IS NOT NULL \
+                   AND EXISTS (SELECT 1 FROM {t} AS p \
+                       WHERE p.aggregate_type = o.aggregate_type \
+                         AND p.aggregate_id = o.aggregate_id \
+                         AND p.sequence > o.sequence AND p.published_at IS NOT NULL)"
             )),
         }
     }
