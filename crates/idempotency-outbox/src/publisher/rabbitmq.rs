@@ -75,10 +75,11 @@ fn short(what: &'static str, value: &str) -> Result<ShortString, PublishError> {
 /// Channels a publisher opens at most, by default ([`RabbitMqPublisher::with_channels`]).
 pub const DEFAULT_CHANNELS: usize = 32;
 
-/// The largest message body sent by default: RabbitMQ's own default `max_message_size` since
-/// 4.0 (16 MiB). A larger body fails before anything is sent
+/// The largest message body sent by default: RabbitMQ 3.8-3.13's default `max_message_size`
+/// (128 MiB; 4.0 lowered its default to 16 MiB, whose refusal reply 406 fails the publish as an
+/// `InvalidMessage` too). A larger body fails before anything is sent
 /// ([`RabbitMqPublisher::with_max_message_size`]).
-pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 
 /// Publishes to RabbitMQ and awaits the publisher confirm.
 ///
