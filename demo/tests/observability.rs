@@ -23,7 +23,7 @@ use idempotency_demo::{App, assemble, reconcile, router};
 use idempotency_outbox::{Ack, OutboxMessage, PublishError, PublishErrorKind, Publisher};
 use tower::ServiceExt;
 
-/// Fails its first publish, then logs and confirms.
+/// Refuses its first publish, then logs and confirms.
 #[derive(Debug, Default)]
 struct FailsFirst {
     failed: AtomicBool,
@@ -38,7 +38,9 @@ impl Publisher for FailsFirst {
         if self.failed.swap(true, Ordering::SeqCst) {
             Ok(Ack { duplicate: false })
         } else {
-            Err(PublishError::kind_only(PublishErrorKind::Unavailable))
+            // Refused, not unavailable: a failure that is the broker's does not count towards
+            // max-attempts, and this test wants its dead letter.
+            Err(PublishError::kind_only(PublishErrorKind::Rejected))
         }
     }
 }

@@ -196,6 +196,7 @@ impl RelayStore for MysqlOutbox {
                 .bind(&failure.error)
                 .bind(micros(failure.retry_in))
                 .bind(failure.dead_letter)
+                .bind(failure.transient)
                 .bind(failure.id)
                 .bind(token)
                 .execute(&mut *tx)
@@ -248,6 +249,17 @@ impl DeadLetters for MysqlOutbox {
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        let mut late: Vec<Uuid> = Vec::new();
+        for chunk in ids.chunks(CHUNK) {
+            let mut query = sqlx::query_scalar::<_, Uuid>(self.sql.published_after(chunk.len()));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            late.extend(query.fetch_all(&self.pool).await.map_err(outbox_error)?);
+        }
+        if !late.is_empty() {
+            return Err(Error::RequeueOutOfOrder { ids: late });
+        }
         let mut requeued = 0;
         for chunk in ids.chunks(CHUNK) {
             let mut query = sqlx::query(self.sql.requeue(chunk.len()));

@@ -21,7 +21,7 @@ pub(crate) mod schema;
 pub(crate) mod statements;
 mod store;
 
-pub use listen::{Channel, PgNotificationListener};
+pub use listen::{Channel, LISTEN_KEEPALIVE, PgNotificationListener};
 pub use partitions::OutboxPartition;
 pub use schema::{
     OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE, outbox_ddl, outbox_partitioned_ddl,

@@ -156,12 +156,14 @@ impl RelayStore for PgOutbox {
             .map(|f| i64::try_from(f.retry_in.as_micros()).unwrap_or(i64::MAX))
             .collect();
         let dead: Vec<bool> = failures.iter().map(|f| f.dead_letter).collect();
+        let transient: Vec<bool> = failures.iter().map(|f| f.transient).collect();
         Ok(sqlx::query(self.sql.mark_failed.clone())
             .bind(&ids)
             .bind(&errors)
             .bind(&delays)
             .bind(&dead)
             .bind(token)
+            .bind(&transient)
             .execute(&self.pool)
             .await
             .map_err(outbox_error)?
@@ -278,6 +280,14 @@ impl DeadLetters for PgOutbox {
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        let late: Vec<Uuid> = sqlx::query_scalar(self.sql.published_after.clone())
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        if !late.is_empty() {
+            return Err(Error::RequeueOutOfOrder { ids: late });
+        }
         Ok(sqlx::query(self.sql.requeue.clone())
             .bind(ids)
             .execute(&self.pool)

@@ -30,7 +30,8 @@ const INPUT: &str = "input AS ( \
 /// The failures of one `mark_failed`, from the JSON array in `?1`.
 const FAILURES: &str = "(SELECT json_extract(value, '$.id') AS id, \
             json_extract(value, '$.error') AS error, json_extract(value, '$.delay') AS delay, \
-            json_extract(value, '$.dead') AS dead FROM json_each(?1))";
+            json_extract(value, '$.dead') AS dead, \
+            json_extract(value, '$.transient') AS transient FROM json_each(?1))";
 
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -49,6 +50,8 @@ pub(crate) struct Statements {
     pub(crate) delete_dead_lettered: SqlStr,
     pub(crate) dead_letters: SqlStr,
     pub(crate) requeue: SqlStr,
+    /// Of the dead letters in `?1`, those whose aggregate already published a later event.
+    pub(crate) published_after: SqlStr,
 }
 
 /// Whether the row aliased `o` is the first pending row of its aggregate (or takes no part in
@@ -232,6 +235,8 @@ impl Statements {
                  SET last_error = substr(f.error, 1, 1000), \
                      next_attempt_at = {NOW_MS} + f.delay, \
                      dead_lettered_at = CASE WHEN f.dead THEN {NOW_MS} END, \
+                     attempts = CASE WHEN f.transient THEN max(o.attempts - 1, 0) \
+                                     ELSE o.attempts END, \
                      claim_token = NULL \
                  FROM {FAILURES} AS f \
                  WHERE o.id = f.id AND o.claim_token = ?2"
@@ -266,6 +271,15 @@ impl Statements {
                 "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0, \
                         next_attempt_at = {NOW_MS}, claim_token = NULL \
                  WHERE dead_lettered_at IS NOT NULL AND id IN (SELECT value FROM json_each(?1))"
+            )),
+            published_after: sql(format!(
+                "SELECT o.id FROM {t} AS o \
+                 WHERE o.id IN (SELECT value FROM json_each(?1)) \
+                   AND o.dead_lettered_at IS NOT NULL AND o.sequence IS NOT NULL \
+                   AND EXISTS (SELECT 1 FROM {t} AS p \
+                       WHERE p.aggregate_type = o.aggregate_type \
+                         AND p.aggregate_id = o.aggregate_id \
+                         AND p.sequence > o.sequence AND p.published_at IS NOT NULL)"
             )),
         }
     }

@@ -200,8 +200,25 @@ impl DeadLetters for SqliteOutbox {
         if ids.is_empty() {
             return Ok(0);
         }
+        let ids = row::ids_json(ids)?;
+        let late: Vec<String> = sqlx::query_scalar(self.sql.published_after.clone())
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        if !late.is_empty() {
+            let late = late
+                .iter()
+                .map(|id| {
+                    Uuid::parse_str(id).map_err(|e| Error::Corrupt {
+                        reason: format!("id {id:?} is not a UUID: {e}"),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            return Err(Error::RequeueOutOfOrder { ids: late });
+        }
         Ok(sqlx::query(self.sql.requeue.clone())
-            .bind(row::ids_json(ids)?)
+            .bind(ids)
             .execute(&self.pool)
             .await
             .map_err(outbox_error)?
