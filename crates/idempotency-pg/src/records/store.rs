@@ -116,6 +116,10 @@ impl PgStore {
     }
 }
 
+/// The savepoint the action starts from (see [`IdempotencyStore::savepoint`]).
+const ACTION_SAVEPOINT: &str = "SAVEPOINT idempotency_action";
+const ROLLBACK_TO_ACTION: &str = "ROLLBACK TO SAVEPOINT idempotency_action";
+
 fn interval(ttl: Option<Duration>) -> Option<PgInterval> {
     ttl.map(|ttl| PgInterval {
         months: 0,
@@ -213,6 +217,24 @@ impl IdempotencyStore for PgStore {
             .await
             .map_err(store_error)?;
         row.map(record_from_row).transpose()
+    }
+
+    /// `SAVEPOINT`: a statement of the action that fails aborts the transaction up to here
+    /// only.
+    async fn savepoint(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
+        sqlx::raw_sql(ACTION_SAVEPOINT)
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
+        sqlx::raw_sql(ROLLBACK_TO_ACTION)
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        Ok(true)
     }
 
     async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
