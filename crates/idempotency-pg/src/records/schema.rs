@@ -332,6 +332,37 @@ pub(crate) async fn problems(
     Ok(problems)
 }
 
+/// The columns leased claims add to the records table.
+const LEASE_COLUMNS: [&str; 2] = ["lease_token", "lease_expires_at"];
+
+/// What leased claims need and the table lacks: the lease columns and the token sequence.
+pub(crate) async fn lease_problems(
+    pool: &PgPool,
+    table: &TableName,
+) -> Result<Vec<SchemaProblem>, sqlx::Error> {
+    let present: Vec<String> = sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_attribute a \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+           AND a.attname = ANY($2)",
+    )
+    .bind(table.quoted())
+    .bind(&LEASE_COLUMNS[..])
+    .fetch_all(pool)
+    .await?;
+    let mut problems: Vec<SchemaProblem> = LEASE_COLUMNS
+        .iter()
+        .filter(|column| !present.iter().any(|p| p == *column))
+        .map(|column| SchemaProblem::MissingColumn { column })
+        .collect();
+    let sequence = super::lease::lease_sequence(table);
+    if !crate::table::all_exist(pool, &[sequence.quoted().to_owned()]).await? {
+        problems.push(SchemaProblem::MissingLeaseSequence {
+            sequence: sequence.to_string(),
+        });
+    }
+    Ok(problems)
+}
+
 pub(crate) async fn validate(pool: &PgPool, table: &TableName) -> Result<(), Error> {
     let problems = problems(pool, table).await?;
     if problems.is_empty() {
