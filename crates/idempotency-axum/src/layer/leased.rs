@@ -184,7 +184,7 @@ where
             Err(answer) => return answer,
         };
         let response = call(&mut inner, request).await;
-        self.finish(&keyed.id, token, response).await
+        self.finish(&keyed, token, response).await
     }
 
     /// Claims the key, waiting for a live lease as the in-flight policy says; a terminal record
@@ -257,13 +257,14 @@ where
     /// Stores the response with the token, or releases the claim when it is not stored.
     async fn finish(
         &self,
-        id: &RecordId,
+        keyed: &Keyed,
         token: FencingToken,
         response: Response,
     ) -> (Answer, Response) {
         let store = self.service.store();
+        let id = &keyed.id;
         let op = id.operation.as_str();
-        if !self.settings.statuses.stores(response.status()) {
+        if !self.stores(Some(keyed), &response) {
             self.release(id, token).await;
             return (Answer::NotStored, response);
         }

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idempotency_core::{Fingerprint, FingerprintStrategy, IdempotencyKey, Operation};
 use serde_json::{Map, Value};
 
-use super::{KeyFormat, Settings};
+use super::{KeyFormat, Settings, target};
 use crate::error::Error;
 use crate::header::{parse_key, parse_uuid_key, single_value};
 use crate::problem::{Problem, ProblemKind};
@@ -66,19 +66,23 @@ impl Settings {
         }
     }
 
-    /// The fingerprint of method, route template, body and the opted-in headers, and the
-    /// previous algorithm's while a transition accepts it.
+    /// The fingerprint of method, route template, concrete target (path, query, host when
+    /// configured), body and the opted-in headers, the previous algorithm's while a
+    /// transition accepts it, and whether the body is declared JSON and does not parse.
     ///
     /// A JSON body (`application/json` or `+json`) that parses is taken as its RFC 8785
     /// canonical form, so key order, whitespace and number spelling do not matter; any other
-    /// body as its exact bytes.
+    /// body as its exact bytes. The path enters in its canonical spelling when it is not the
+    /// route template itself (a route with parameters or a wildcard), the query when it has
+    /// any pair: so a route without parameters, called without a query, keeps the fingerprint
+    /// it had before the target was part of it.
     pub(super) fn fingerprint(
         &self,
         service_strategy: &dyn FingerprintStrategy,
         parts: &Parts,
         route: &str,
         body: &Bytes,
-    ) -> Result<(Fingerprint, Option<Fingerprint>), Error> {
+    ) -> Result<(Fingerprint, Option<Fingerprint>, bool), Error> {
         let strategy: &dyn FingerprintStrategy = match &self.fingerprint {
             Some(strategy) => strategy,
             None => service_strategy,
@@ -86,9 +90,21 @@ impl Settings {
         let mut request = Map::new();
         request.insert("method".into(), parts.method.as_str().into());
         request.insert("route".into(), route.into());
-        let json = is_json(&parts.headers)
+        let path = target::path(parts);
+        if path != route {
+            request.insert("path".into(), path.into());
+        }
+        if let Some(query) = target::query(parts) {
+            request.insert("query".into(), query.into());
+        }
+        if self.fingerprint_host {
+            request.insert("host".into(), target::host(parts).into());
+        }
+        let declared_json = is_json(&parts.headers);
+        let json = declared_json
             .then(|| serde_json::from_slice::<Value>(body).ok())
             .flatten();
+        let malformed_json = declared_json && json.is_none();
         match json {
             Some(value) => request.insert("json".into(), value),
             None => request.insert("bytes".into(), STANDARD.encode(body).into()),
@@ -114,6 +130,7 @@ impl Settings {
         Ok((
             strategy.fingerprint(&request).map_err(failed)?,
             strategy.previous_fingerprint(&request).map_err(failed)?,
+            malformed_json,
         ))
     }
 }
