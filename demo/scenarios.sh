@@ -213,6 +213,24 @@ ok
 scenarios api /api/payments /api/refunds /charges '"100"'
 scenarios v2 /v2/payments /v2/refunds /v2/charges 100
 
+# ---------------------------------------------------------------- request identity
+DEPOSIT_KEY="deposit-$RUN"
+step "[v2] deposit: account A, 201 with the deposit"
+req POST "/v2/accounts/A/deposits?note=rent" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_status 201; expect_json "b['account']" A; expect_json "b['amount']" 25.00; expect_json "b['note']" rent; ok
+
+step "[v2] deposit: the same key and body for account A again: replayed"
+req POST "/v2/accounts/A/deposits?note=rent" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_status 201; expect_header idempotent-replayed true; expect_json "b['account']" A; ok
+
+step "[v2] deposit: the same key and body for account B: 422 (another resource)"
+req POST "/v2/accounts/B/deposits?note=rent" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_problem 422 idempotency-key-reused; ok
+
+step "[v2] deposit: the same key and body with another note: 422"
+req POST "/v2/accounts/A/deposits?note=food" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_problem 422 idempotency-key-reused; ok
+
 step "outbox: ChargeCreated is published (outbox_published_total > 0)"
 for _ in $(seq 1 50); do
   req GET /metrics
