@@ -2,6 +2,7 @@
 //! record in the same transaction as the handler's writes.
 
 mod leased;
+mod numbers;
 mod replay;
 mod request;
 mod response;
