@@ -1,7 +1,9 @@
 //! Leased mode through `IdempotencyLayer`: the fencing token never comes back after a release.
 //! A holds the key past its lease, B takes it over and answers a status that is not stored
 //! (the claim is released), C claims the key again. A's late completion must not be stored as
-//! C's, and A's late release must not free C's claim; on a real PostgreSQL and on SQLite.
+//! C's, and A's late release must not free C's claim. And a claim left by a holder that died
+//! under the previous fingerprint algorithm is taken over during the transition. On a real
+//! PostgreSQL and on SQLite.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
@@ -19,7 +21,9 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idempotency_axum::IdempotencyLayer;
-use idempotency_core::{IdempotencyService, InFlightPolicy, ServiceConfig};
+use idempotency_core::{
+    HashAlgorithm, IdempotencyService, InFlightPolicy, JcsFingerprint, ServiceConfig,
+};
 use support::Reply;
 use support::stores::Backend;
 use tokio::sync::Notify;
@@ -60,16 +64,29 @@ fn app<B: Backend>(store: B, steps: HashMap<&'static str, Step>) -> (Router, Arc
         calls: AtomicUsize::new(0),
         steps,
     });
+    (with_provider(store, &provider, None), provider)
+}
+
+/// The route behind a leased layer with `fingerprint` (the service's strategy when `None`).
+fn with_provider<B: Backend>(
+    store: B,
+    provider: &Arc<Provider>,
+    fingerprint: Option<JcsFingerprint>,
+) -> Router {
     let config = ServiceConfig {
         in_flight: InFlightPolicy::Reject,
         ..ServiceConfig::default()
     };
     let service = IdempotencyService::builder(store).config(config).build();
-    let app = Router::new()
+    let layer = IdempotencyLayer::new(service);
+    let layer = match fingerprint {
+        Some(strategy) => layer.fingerprint(strategy),
+        None => layer,
+    };
+    Router::new()
         .route("/charge", post(charge))
-        .route_layer(IdempotencyLayer::new(service).leased(LEASE))
-        .with_state(Arc::clone(&provider));
-    (app, provider)
+        .route_layer(layer.leased(LEASE))
+        .with_state(Arc::clone(provider))
 }
 
 async fn send(app: &Router, step: &str) -> Reply {
@@ -161,6 +178,36 @@ async fn a_stale_release_does_not_free_a_later_claim<B: Backend>() {
     );
 }
 
+/// A holder that died under the old fingerprint algorithm leaves an expired claim; during the
+/// transition to a new algorithm (which accepts the old one), the next request takes it over
+/// and runs, instead of answering 409 until cleanup.
+async fn a_claim_left_under_the_previous_algorithm_is_taken_over<B: Backend>() {
+    let (store, _cleanup) = B::fresh().await;
+    let (before, provider) = app(store.clone(), steps(StatusCode::CREATED));
+    let a = tokio::spawn({
+        let before = before.clone();
+        async move { send(&before, "a").await }
+    });
+    provider.steps["a"].entered.notified().await;
+    a.abort();
+    assert!(
+        a.await.unwrap_err().is_cancelled(),
+        "A died holding the key"
+    );
+    tokio::time::sleep(LEASE + LEASE / 2).await;
+    let transition = JcsFingerprint::new(HashAlgorithm::Sha512).accepting(HashAlgorithm::Sha256);
+    let after = with_provider(store, &provider, Some(transition));
+    let d = send(&after, "d").await;
+    assert_eq!(
+        (d.status, d.text().as_str()),
+        (StatusCode::CREATED, "ran d"),
+        "the expired claim was taken over"
+    );
+    let e = send(&after, "e").await;
+    assert!(e.is_replay());
+    assert_eq!(e.text(), "ran d");
+}
+
 macro_rules! every_case {
     ($store:ty; $($name:ident),* $(,)?) => {
         $(
@@ -176,6 +223,7 @@ mod postgres {
     every_case!(idempotency_pg::PgStore;
         a_stale_completion_after_a_release_is_not_stored,
         a_stale_release_does_not_free_a_later_claim,
+        a_claim_left_under_the_previous_algorithm_is_taken_over,
     );
 }
 
@@ -183,5 +231,6 @@ mod sqlite {
     every_case!(idempotency_sqlite::SqliteStore;
         a_stale_completion_after_a_release_is_not_stored,
         a_stale_release_does_not_free_a_later_claim,
+        a_claim_left_under_the_previous_algorithm_is_taken_over,
     );
 }

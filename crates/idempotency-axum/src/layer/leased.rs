@@ -197,7 +197,7 @@ where
         let service = &self.service;
         let config = service.config();
         let op = keyed.id.operation.as_str();
-        let claim = Claim {
+        let mut claim = Claim {
             id: &keyed.id,
             fingerprint: &keyed.fingerprint,
             ttl: config
@@ -229,6 +229,19 @@ where
                 }
                 Err(error) => return Err(failed(Core::Store(error))),
             };
+            if !record.is_terminal()
+                && left.is_zero()
+                && keyed.matches(&record.fingerprint)
+                && *claim.fingerprint != record.fingerprint
+            {
+                // An expired claim of this request under the previous fingerprint algorithm
+                // (a transition accepts it): take it over with the fingerprint it carries.
+                claim.fingerprint = keyed
+                    .previous_fingerprint
+                    .as_ref()
+                    .unwrap_or(&keyed.fingerprint);
+                continue;
+            }
             if record.is_terminal() || !keyed.matches(&record.fingerprint) {
                 let record = Arc::new(record);
                 let answer = self.replay(keyed, &record, Level::Persistence);
