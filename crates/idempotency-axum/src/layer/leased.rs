@@ -49,8 +49,9 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
     ///
     /// The handler gets no transaction ([`IdempotentTx`](crate::IdempotentTx) answers 500).
     /// The store needs [`LeasedClaims`], prepared once with
-    /// [`prepare_leases`](LeasedClaims::prepare_leases). The guarantees differ from the
-    /// transactional mode: see RELIABILITY.md.
+    /// [`prepare_leases`](LeasedClaims::prepare_leases) (or, on `schema.mode: validate` with
+    /// the migrations applied, checked with the store's `validate_leases`). The guarantees
+    /// differ from the transactional mode: see RELIABILITY.md.
     pub fn leased(self, lease: Duration) -> LeasedIdempotencyLayer<S, L, D, M, Z, Src> {
         LeasedIdempotencyLayer { inner: self, lease }
     }

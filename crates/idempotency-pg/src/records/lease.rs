@@ -61,18 +61,29 @@ pub(crate) fn lease_ddl(table: &TableName) -> String {
 
 impl LeasedClaims for PgStore {
     async fn prepare_leases(&self) -> Result<(), StoreError> {
-        if super::schema::lease_problems(self.pool(), self.table())
+        let missing = super::schema::lease_problems(self.pool(), self.table())
             .await
-            .map_err(store_error)?
-            .is_empty()
-        {
+            .map_err(store_error)?;
+        if missing.is_empty() {
             // Nothing to add: no `ALTER TABLE`, whose lock would queue behind every open write.
             return Ok(());
         }
-        sqlx::raw_sql(AssertSqlSafe(lease_ddl(self.table())))
+        if let Err(error) = sqlx::raw_sql(AssertSqlSafe(lease_ddl(self.table())))
             .execute(self.pool())
             .await
-            .map_err(store_error)?;
+        {
+            // Without the rights to alter the table (a service on `schema.mode: validate`),
+            // say what the migrations should have added.
+            let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
+            tracing::error!(
+                table = %self.table(),
+                missing = %missing.join("; "),
+                %error,
+                "leased claims need what the table lacks; apply \
+                 migrations/20261205000001_idempotency_leases.sql"
+            );
+            return Err(store_error(error));
+        }
         Ok(())
     }
 
