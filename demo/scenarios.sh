@@ -147,6 +147,10 @@ step "[$API] malformed JSON: 400, nothing runs"
 pay "bad-1-$API-$RUN" '{not json'
 expect_problem 400 invalid-request-body; ok
 
+step "[$API] malformed JSON stored nothing: the corrected body under its key runs: 201"
+pay "bad-1-$API-$RUN" '{"orderId": "o-fixed", "recipient": "alice", "amount": 5}'
+expect_status 201; expect_no_header idempotent-replayed; ok
+
 step "[$API] invalid amount: 422"
 pay "bad-2-$API-$RUN" '{"orderId": "o", "recipient": "a", "amount": -1}'
 expect_problem 422 invalid-request; ok

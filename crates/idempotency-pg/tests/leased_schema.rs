@@ -138,3 +138,29 @@ async fn the_sequence_starts_above_tokens_an_earlier_release_issued() {
     };
     assert!(token.0 > 5, "{token:?}");
 }
+
+/// The canonical DDL created the sequence over a table an earlier release had leased on:
+/// `prepare_leases` moves it above the tokens there before it issues any.
+#[tokio::test]
+async fn prepare_leases_starts_an_unused_sequence_above_the_tokens_there() {
+    let pool = idempotency_testing::pg_pool().await;
+    let store = PgStore::new(pool.clone());
+    store.create_schema().await.unwrap();
+    exec(
+        &pool,
+        "INSERT INTO idempotency_records (operation, idempotency_key, request_hash, status, \
+                                          lease_token, lease_expires_at) \
+         VALUES ('LEASED', 'old', 'h', 'PROCESSING', 7, now())",
+    )
+    .await;
+    store.prepare_leases().await.unwrap();
+    let LeaseClaim::Acquired { token, .. } = claim(&store, "new").await else {
+        panic!("not acquired");
+    };
+    assert!(token.0 > 7, "{token:?}");
+    store.prepare_leases().await.unwrap();
+    let LeaseClaim::Acquired { token: next, .. } = claim(&store, "newer").await else {
+        panic!("not acquired");
+    };
+    assert!(next > token, "a used sequence is never moved back");
+}

@@ -90,3 +90,38 @@ async fn validate_leases_names_what_an_earlier_table_lacks_and_prepare_leases_ad
     store.validate_leases().await.unwrap();
     assert!(matches!(claim(&store).await, LeaseClaim::Acquired { .. }));
 }
+
+/// An earlier release had leased on the table (columns added, tokens counted on the row); the
+/// canonical DDL then created the counter at 0: `prepare_leases` moves it above the tokens.
+#[tokio::test]
+async fn prepare_leases_moves_the_counter_above_the_tokens_there() {
+    let path = support::temp_db_path();
+    let mut config = PersistenceConfig::default();
+    config.schema.mode = SchemaMode::None;
+    let earlier = SqliteStore::connect(support::as_str(&path), &config)
+        .await
+        .unwrap();
+    sqlx::raw_sql(EARLIER_DDL)
+        .execute(earlier.pool())
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE idempotency_records ADD COLUMN lease_token INTEGER; \
+         ALTER TABLE idempotency_records ADD COLUMN lease_expires_at INTEGER; \
+         INSERT INTO idempotency_records (operation, idempotency_key, request_hash, status, \
+                                          created_at, lease_token, lease_expires_at) \
+         VALUES ('LEASED', 'old', 'h', 'PROCESSING', 0, 7, 0)",
+    )
+    .execute(earlier.pool())
+    .await
+    .unwrap();
+    config.schema.mode = SchemaMode::Create;
+    let store = SqliteStore::connect(support::as_str(&path), &config)
+        .await
+        .unwrap();
+    store.prepare_leases().await.unwrap();
+    let LeaseClaim::Acquired { token, .. } = claim(&store).await else {
+        panic!("not acquired");
+    };
+    assert!(token.0 > 7, "{token:?}");
+}

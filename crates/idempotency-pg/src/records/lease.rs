@@ -53,9 +53,20 @@ pub(crate) fn lease_ddl(table: &TableName) -> String {
     format!(
         "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS lease_token BIGINT, \
                         ADD COLUMN IF NOT EXISTS lease_expires_at TIMESTAMPTZ;\n\
-         CREATE SEQUENCE IF NOT EXISTS {seq};\n\
-         SELECT setval('{seq}', x.m) FROM (SELECT max(lease_token) AS m FROM {t}) AS x, {seq} AS s \
-          WHERE x.m IS NOT NULL AND NOT s.is_called;\n"
+         CREATE SEQUENCE IF NOT EXISTS {seq};\n{}",
+        sequence_start(table)
+    )
+}
+
+/// Moves a sequence that never issued a token above the tokens the table carries; nothing
+/// once it has issued one (the table is then not read).
+fn sequence_start(table: &TableName) -> String {
+    let (t, seq) = (table.quoted(), lease_sequence(table));
+    let seq = seq.quoted();
+    format!(
+        "SELECT setval('{seq}', m) FROM {seq} AS s, \
+                LATERAL (SELECT max(lease_token) AS m FROM {t} WHERE NOT s.is_called) AS x \
+          WHERE NOT s.is_called AND m IS NOT NULL;\n"
     )
 }
 
@@ -66,6 +77,12 @@ impl LeasedClaims for PgStore {
             .map_err(store_error)?;
         if missing.is_empty() {
             // Nothing to add: no `ALTER TABLE`, whose lock would queue behind every open write.
+            // A sequence never used yet (the canonical DDL created it over a table an earlier
+            // release had leased on) still starts above the tokens there.
+            sqlx::raw_sql(AssertSqlSafe(sequence_start(self.table())))
+                .execute(self.pool())
+                .await
+                .map_err(store_error)?;
             return Ok(());
         }
         if let Err(error) = sqlx::raw_sql(AssertSqlSafe(lease_ddl(self.table())))

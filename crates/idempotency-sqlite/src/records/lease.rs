@@ -40,9 +40,9 @@ pub(crate) fn lease_counter(table: &TableName) -> String {
     table.derived("lease_tokens")
 }
 
-/// The token counter, for a database that lacks it; idempotent. A counter created over a table
-/// that already carries tokens (leases prepared by an earlier release, which counted on the
-/// row) starts above the highest of them. The lease columns are added by `prepare_leases`, or
+/// The token counter, for a database that lacks it, moved above the tokens the table already
+/// carries (leases prepared by an earlier release, which counted on the row, or a counter the
+/// canonical DDL created at 0 over such a table); idempotent, and it never moves back. The lease columns are added by `prepare_leases`, or
 /// are in the canonical DDL.
 pub(crate) fn lease_counter_ddl(table: &TableName) -> String {
     let (t, seq) = (table.quoted(), lease_counter(table));
@@ -51,8 +51,9 @@ pub(crate) fn lease_counter_ddl(table: &TableName) -> String {
          \x20   id    INTEGER PRIMARY KEY CHECK (id = 1),\n\
          \x20   last  INTEGER NOT NULL\n\
          ) STRICT;\n\
-         INSERT INTO {seq} (id, last) SELECT 1, coalesce(max(lease_token), 0) FROM {t} WHERE true \
-         ON CONFLICT (id) DO NOTHING;\n"
+         INSERT INTO {seq} (id, last) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;\n\
+         UPDATE {seq} SET last = max(last, (SELECT coalesce(max(lease_token), 0) FROM {t})) \
+         WHERE id = 1;\n"
     )
 }
 
