@@ -186,15 +186,19 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         async { Ok(()) }
     }
 
-    /// Returns the caller's transaction to the [`savepoint`](Self::savepoint), undoing the
-    /// action's statements, so that an action which caught a failed statement (a unique
-    /// violation answered as a 422) can still have its outcome stored: the caller then
-    /// completes the record again. `false` when the store keeps no savepoint (the default).
+    /// When `failed` (the error of [`complete`](Self::complete)) says the transaction had
+    /// already been aborted by an earlier statement, returns it to the
+    /// [`savepoint`](Self::savepoint), undoing the action's statements, so that an action which
+    /// caught a failed statement (a unique violation answered as a 422) can still have its
+    /// outcome stored: the caller then completes the record again. `false` for any other
+    /// failure (the transaction is left as it is) and when the store keeps no savepoint (the
+    /// default).
     fn rollback_to_savepoint(
         &self,
         conn: &mut Self::Connection,
+        failed: &StoreError,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = conn;
+        let _ = (conn, failed);
         async { Ok(false) }
     }
 }

@@ -339,7 +339,7 @@ where
             Err(error) => error,
         };
         if !store
-            .rollback_to_savepoint(tx.connection())
+            .rollback_to_savepoint(tx.connection(), &error)
             .await
             .unwrap_or(false)
         {

@@ -241,7 +241,25 @@ impl IdempotencyStore for PgStore {
         Ok(())
     }
 
-    async fn rollback_to_savepoint(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
+    /// Only for `25P02` (in_failed_sql_transaction): `complete` found the transaction aborted
+    /// by a statement of the action. Any other failure of `complete` itself leaves the
+    /// transaction to be rolled back whole, the action's statements with it.
+    async fn rollback_to_savepoint(
+        &self,
+        conn: &mut PgConnection,
+        failed: &StoreError,
+    ) -> Result<bool, StoreError> {
+        let StoreError::Database(source) = failed else {
+            return Ok(false);
+        };
+        let aborted = source
+            .downcast_ref::<sqlx::Error>()
+            .and_then(sqlx::Error::as_database_error)
+            .and_then(|db| db.code())
+            .is_some_and(|code| code == "25P02");
+        if !aborted {
+            return Ok(false);
+        }
         sqlx::raw_sql(ROLLBACK_TO_ACTION)
             .execute(&mut *conn)
             .await
