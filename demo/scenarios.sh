@@ -147,6 +147,10 @@ step "[$API] malformed JSON: 400, nothing runs"
 pay "bad-1-$API-$RUN" '{not json'
 expect_problem 400 invalid-request-body; ok
 
+step "[$API] malformed JSON stored nothing: the corrected body under its key runs: 201"
+pay "bad-1-$API-$RUN" '{"orderId": "o-fixed", "recipient": "alice", "amount": 5}'
+expect_status 201; expect_no_header idempotent-replayed; ok
+
 step "[$API] invalid amount: 422"
 pay "bad-2-$API-$RUN" '{"orderId": "o", "recipient": "a", "amount": -1}'
 expect_problem 422 invalid-request; ok
@@ -212,6 +216,24 @@ ok
 
 scenarios api /api/payments /api/refunds /charges '"100"'
 scenarios v2 /v2/payments /v2/refunds /v2/charges 100
+
+# ---------------------------------------------------------------- request identity
+DEPOSIT_KEY="deposit-$RUN"
+step "[v2] deposit: account A, 201 with the deposit"
+req POST "/v2/accounts/A/deposits?note=rent" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_status 201; expect_json "b['account']" A; expect_json "b['amount']" 25.00; expect_json "b['note']" rent; ok
+
+step "[v2] deposit: the same key and body for account A again: replayed"
+req POST "/v2/accounts/A/deposits?note=rent" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_status 201; expect_header idempotent-replayed true; expect_json "b['account']" A; ok
+
+step "[v2] deposit: the same key and body for account B: 422 (another resource)"
+req POST "/v2/accounts/B/deposits?note=rent" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_problem 422 idempotency-key-reused; ok
+
+step "[v2] deposit: the same key and body with another note: 422"
+req POST "/v2/accounts/A/deposits?note=food" '{"amount": 25}' -H "Idempotency-Key: $DEPOSIT_KEY"
+expect_problem 422 idempotency-key-reused; ok
 
 step "outbox: ChargeCreated is published (outbox_published_total > 0)"
 for _ in $(seq 1 50); do

@@ -162,6 +162,47 @@ impl CreateCharge {
     }
 }
 
+/// `POST /v2/accounts/{account}/deposits` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateDeposit {
+    /// How much: positive, at most two decimals, at most 1000000.00.
+    #[schema(value_type = String, pattern = r"^[0-9]{1,7}(\.[0-9]{1,2})?$", example = "25.00")]
+    pub amount: Decimal,
+}
+
+impl CreateDeposit {
+    /// Checks the account (from the path) and the amount, normalized to two decimals.
+    pub fn validate(mut self, account: &str) -> Result<Self, ApiProblem> {
+        text("account", account, 64)?;
+        self.amount = amount("amount", self.amount)?;
+        Ok(self)
+    }
+}
+
+/// The query of `POST /v2/accounts/{account}/deposits`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DepositQuery {
+    /// A note kept with the deposit.
+    pub note: Option<String>,
+}
+
+/// The answer to `POST /v2/accounts/{account}/deposits`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Deposit {
+    /// The deposit id (UUID v7).
+    pub deposit_id: Uuid,
+    /// The account, from the path.
+    pub account: String,
+    /// The amount, two decimals.
+    #[schema(value_type = String, example = "25.00")]
+    pub amount: Decimal,
+    /// The note, from the query.
+    pub note: Option<String>,
+}
+
 /// The answer to `POST /charges`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

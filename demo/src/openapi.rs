@@ -7,8 +7,8 @@ use utoipa::openapi::OpenApi as Document;
 use utoipa::{IntoParams, IntoResponses, OpenApi, ToSchema};
 
 use crate::model::{
-    Charge, ChargeCreated, CreateCharge, CreatePayment, CreateRefund, InsufficientFunds, Payment,
-    Refund, RefundLimit,
+    Charge, ChargeCreated, CreateCharge, CreateDeposit, CreatePayment, CreateRefund, Deposit,
+    InsufficientFunds, Payment, Refund, RefundLimit,
 };
 use crate::ops::{Health, RelayWorkers, Status};
 
@@ -126,6 +126,7 @@ pub enum IdempotencyProblems {
         crate::v2::create_payment,
         crate::v2::create_refund,
         crate::v2::create_charge,
+        crate::v2::create_deposit,
         crate::ops::health,
         crate::ops::metrics,
     ),
@@ -138,6 +139,8 @@ pub enum IdempotencyProblems {
         Refund,
         RefundLimit,
         CreateCharge,
+        CreateDeposit,
+        Deposit,
         ChargeCreated,
         Charge,
         Health,

@@ -1,11 +1,13 @@
 //! `/v2/payments`, `/v2/refunds` and `/v2/charges`: the same business as `/api/payments`,
-//! `/api/refunds` and `/charges`, made idempotent by `IdempotencyLayer` alone. The handlers
+//! `/api/refunds` and `/charges`, made idempotent by `IdempotencyLayer` alone; and
+//! `/v2/accounts/{account}/deposits`, whose target (the account in the path, the note in the
+//! query) is part of the request's identity. The handlers
 //! hold no idempotency code: they run their statements on the layer's transaction
 //! (`IdempotentTx`) and return a response, which the layer stores in that transaction.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -20,8 +22,8 @@ use crate::db::Database;
 #[allow(unused_imports)] // the OpenAPI attributes name these types
 use crate::model::Payment as PaymentDoc;
 use crate::model::{
-    ChargeCreated, ChargeCreatedEvent, CreateCharge, CreatePayment, CreateRefund,
-    InsufficientFunds, Payment, Refund, RefundLimit,
+    ChargeCreated, ChargeCreatedEvent, CreateCharge, CreateDeposit, CreatePayment, CreateRefund,
+    Deposit, DepositQuery, InsufficientFunds, Payment, Refund, RefundLimit,
 };
 use crate::scope::OptionalTenant;
 
@@ -33,6 +35,7 @@ pub(crate) fn routes<DB: Database>(app: &App<DB>, max_body_bytes: usize) -> Rout
     Router::new()
         .route("/v2/payments", post(create_payment::<DB>))
         .route("/v2/refunds", post(create_refund::<DB>))
+        .route("/v2/accounts/{account}/deposits", post(create_deposit))
         .route_layer(layer.clone())
         .merge(
             Router::new()
@@ -180,4 +183,39 @@ pub(crate) async fn create_charge<DB: Database>(
         .await
         .map_err(|e| outbox_error(e).into_response())?;
     Ok((StatusCode::CREATED, Json(ChargeCreated { id })).into_response())
+}
+
+/// `POST /v2/accounts/{account}/deposits`: a deposit to the account in the path, with an
+/// optional `?note=`. The same key and body for another account (or another note) is
+/// `422 idempotency-key-reused`: the layer fingerprints the concrete path and query.
+#[utoipa::path(
+    post,
+    path = "/v2/accounts/{account}/deposits",
+    request_body = CreateDeposit,
+    params(
+        ("account" = String, Path, description = "The account credited"),
+        DepositQuery,
+        crate::openapi::KeyHeader,
+        crate::openapi::TenantHeader,
+    ),
+    responses(
+        (status = 201, description = "The deposit (replays carry Idempotent-Replayed)", body = Deposit, headers(("Idempotent-Replayed" = String, description = "`true` when the stored response of an earlier request is replayed"))),
+        crate::openapi::IdempotencyProblems,
+    )
+)]
+pub(crate) async fn create_deposit(
+    Path(account): Path<String>,
+    Query(query): Query<DepositQuery>,
+    ProblemJson(body): ProblemJson<CreateDeposit>,
+) -> Result<Response, Response> {
+    let request = body
+        .validate(&account)
+        .map_err(IntoResponse::into_response)?;
+    let deposit = Deposit {
+        deposit_id: Uuid::now_v7(),
+        account,
+        amount: request.amount,
+        note: query.note,
+    };
+    Ok((StatusCode::CREATED, Json(deposit)).into_response())
 }

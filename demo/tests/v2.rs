@@ -238,11 +238,68 @@ async fn the_openapi_document_lists_the_v2_routes() {
         .unwrap();
     let doc: Value =
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    for path in ["/v2/payments", "/v2/refunds", "/v2/charges"] {
+    for path in [
+        "/v2/payments",
+        "/v2/refunds",
+        "/v2/charges",
+        "/v2/accounts/{account}/deposits",
+    ] {
         let post = &doc["paths"][path]["post"];
         assert!(post.is_object(), "{path} undocumented");
         for status in ["400", "409", "413", "422", "500", "503"] {
             assert!(post["responses"][status].is_object(), "{path} {status}");
         }
     }
+}
+
+/// A deposit behind the layer: 201 with the deposit, replayed for the same account and note;
+/// the same key and body for another account, or another note, is a key reuse (422).
+#[tokio::test]
+async fn a_deposit_to_another_account_under_the_same_key_is_422() {
+    let (app, _pool) = demo().await;
+    let body = r#"{"amount": 25}"#;
+    let first = post(
+        &app,
+        "/v2/accounts/A/deposits?note=rent",
+        Some("dep-1"),
+        body,
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let deposit: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(deposit["account"], "A");
+    assert_eq!(deposit["amount"], "25.00");
+    assert_eq!(deposit["note"], "rent");
+    let replay = post(
+        &app,
+        "/v2/accounts/A/deposits?note=rent",
+        Some("dep-1"),
+        body,
+    )
+    .await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    for other in [
+        "/v2/accounts/B/deposits?note=rent",
+        "/v2/accounts/A/deposits?note=food",
+    ] {
+        let reused = post(&app, other, Some("dep-1"), body).await;
+        assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY, "{other}");
+        let problem: Value = serde_json::from_slice(&reused.body).unwrap();
+        assert!(
+            problem["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("idempotency-key-reused"),
+            "{problem}"
+        );
+    }
+    let invalid = post(
+        &app,
+        "/v2/accounts/A/deposits",
+        Some("dep-2"),
+        r#"{"amount": -1}"#,
+    )
+    .await;
+    assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
 }

@@ -217,9 +217,31 @@ impl fmt::Display for Problem {
     }
 }
 
+/// Marks the response of a request refused before its handler executed (its extractors
+/// refused the body): [`IdempotencyLayer`](crate::IdempotencyLayer) never stores it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RefusedBody;
+
+impl ProblemKind {
+    /// Whether a problem of this kind refuses the request body, before anything executes.
+    fn refuses_body(self) -> bool {
+        matches!(
+            self,
+            Self::PayloadTooLarge
+                | Self::BodyUnreadable
+                | Self::InvalidRequestBody
+                | Self::UnsupportedMediaType
+        )
+    }
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
+        let refuses_body = self.kind.refuses_body();
         let mut response = JsonProblemDetails::from(self.details).into_response();
+        if refuses_body {
+            response.extensions_mut().insert(RefusedBody);
+        }
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()

@@ -211,9 +211,43 @@ impl IntoResponse for StoredResponse {
 struct Repr {
     status: u16,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, HeaderRepr)>,
     #[serde(flatten)]
     body: BodyRepr,
+}
+
+/// A stored header value, byte for byte: its text when it is UTF-8 (the only form earlier
+/// releases wrote, for visible ASCII), else `{"base64": ...}`.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum HeaderRepr {
+    Text(String),
+    Bytes { base64: String },
+}
+
+impl From<&HeaderValue> for HeaderRepr {
+    fn from(value: &HeaderValue) -> Self {
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(text) => Self::Text(text.to_owned()),
+            Err(_) => Self::Bytes {
+                base64: STANDARD.encode(value.as_bytes()),
+            },
+        }
+    }
+}
+
+impl TryFrom<HeaderRepr> for HeaderValue {
+    type Error = InvalidStored;
+
+    fn try_from(repr: HeaderRepr) -> Result<Self, InvalidStored> {
+        let bytes = match repr {
+            HeaderRepr::Text(text) => text.into_bytes(),
+            HeaderRepr::Bytes { base64 } => STANDARD
+                .decode(base64)
+                .map_err(|_| InvalidStored("base64 header value"))?,
+        };
+        HeaderValue::from_bytes(&bytes).map_err(|_| InvalidStored("header value"))
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -235,8 +269,7 @@ impl From<StoredResponse> for Repr {
             headers: stored
                 .headers
                 .iter()
-                // Values that are not text are dropped when stored (`filter` keeps them).
-                .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .map(|(n, v)| (n.as_str().to_owned(), HeaderRepr::from(v)))
                 .collect(),
             body,
         }
@@ -258,8 +291,7 @@ impl TryFrom<Repr> for StoredResponse {
             .into_iter()
             .map(|(name, value)| {
                 let name = HeaderName::try_from(name).map_err(|_| InvalidStored("header name"))?;
-                let value =
-                    HeaderValue::try_from(value).map_err(|_| InvalidStored("header value"))?;
+                let value = HeaderValue::try_from(value)?;
                 // Defence in depth: a tampered or old record never replays a credential.
                 Ok((!is_sensitive(&name)).then_some((name, value)))
             })

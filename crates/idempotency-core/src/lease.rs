@@ -22,8 +22,9 @@ use crate::key::RecordId;
 use crate::record::{IdempotencyRecord, StoredOutcome};
 use crate::store::{Claim, IdempotencyStore, StoreError};
 
-/// The fencing token of a leased claim: it grows with every takeover of the key, so a holder
-/// whose lease was taken over cannot complete the record.
+/// The fencing token of a leased claim: it grows with every claim of the key, takeovers and
+/// claims after a release alike, so a holder whose lease was taken over can neither complete
+/// the record nor release a later holder's claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(pub i64);
 
@@ -54,16 +55,20 @@ pub enum LeaseClaim {
 /// Each method runs in a short transaction of its own on the store's pool. Implementations must
 /// guarantee:
 ///
-/// - `claim_leased` inserts a `PROCESSING` record with token 1 and a lease of `lease` (database
-///   clock), or takes over a `PROCESSING` record whose lease has expired *and* whose fingerprint
-///   is the claim's, with the next token; otherwise it reports the record;
+/// - `claim_leased` inserts a `PROCESSING` record with a new token and a lease of `lease`
+///   (database clock), or takes over a `PROCESSING` record whose lease has expired *and* whose
+///   fingerprint is the claim's, with a new token; otherwise it reports the record. A new token
+///   is above every token the store issued before, for any key (1 on a fresh store), so it is
+///   never one a previous holder of the key carries, even after a release deleted the record
+///   (a sequence, not a counter on the row);
 /// - `complete_leased` stores the outcome only on a `PROCESSING` record that still carries
 ///   `token`, returning `None` otherwise (fenced out, or already terminal);
 /// - `release_leased` deletes the `PROCESSING` record only while it carries `token`.
 ///
 /// The conformance cases are in [`testing`](crate::testing) (`leased_conformance_tests!`).
 pub trait LeasedClaims: IdempotencyStore {
-    /// Prepares the store for leases (the lease columns of the records table); idempotent.
+    /// Prepares the store for leases (the lease columns of the records table and the token
+    /// sequence); idempotent.
     fn prepare_leases(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Claims the key with a lease, in a transaction of its own that commits at once.

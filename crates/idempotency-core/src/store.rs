@@ -173,6 +173,34 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         id: &RecordId,
         outcome: &StoredOutcome,
     ) -> impl Future<Output = Result<IdempotencyRecord, StoreError>> + Send;
+
+    /// Marks where the action starts in the caller's transaction (after `acquire`), for a
+    /// backend on which one failed statement aborts the whole transaction (PostgreSQL): see
+    /// [`rollback_to_savepoint`](Self::rollback_to_savepoint). The default does nothing: on
+    /// SQLite and MySQL a failed statement leaves the transaction usable.
+    fn savepoint(
+        &self,
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = conn;
+        async { Ok(()) }
+    }
+
+    /// When `failed` (the error of [`complete`](Self::complete)) says the transaction had
+    /// already been aborted by an earlier statement, returns it to the
+    /// [`savepoint`](Self::savepoint), undoing the action's statements, so that an action which
+    /// caught a failed statement (a unique violation answered as a 422) can still have its
+    /// outcome stored: the caller then completes the record again. `false` for any other
+    /// failure (the transaction is left as it is) and when the store keeps no savepoint (the
+    /// default).
+    fn rollback_to_savepoint(
+        &self,
+        conn: &mut Self::Connection,
+        failed: &StoreError,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (conn, failed);
+        async { Ok(false) }
+    }
 }
 
 /// Optional capability: delete expired records in bounded batches.

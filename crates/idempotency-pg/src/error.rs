@@ -86,6 +86,12 @@ pub enum SchemaProblem {
         /// The migration file (under `migrations/`) that converts the table.
         migration: &'static str,
     },
+    /// The sequence the fencing tokens of leased claims come from (`<table>_lease_token_seq`)
+    /// is missing: leased mode needs it, with the lease columns (reported as missing columns).
+    MissingLeaseSequence {
+        /// The sequence, schema-qualified when the table is.
+        sequence: String,
+    },
     /// A key column has a nondeterministic (case- or accent-insensitive) collation: the
     /// primary key would merge keys, or tenants, that differ only in case.
     NondeterministicCollation {
@@ -120,6 +126,10 @@ impl fmt::Display for SchemaProblem {
                 f.write_str("no primary key or unique index on (operation, scope, idempotency_key)")
             }
             Self::MissingExpiryIndex => f.write_str("no index on expires_at"),
+            Self::MissingLeaseSequence { sequence } => write!(
+                f,
+                "sequence {sequence} (the fencing tokens of leased claims) is missing"
+            ),
             Self::JsonbPayload => f.write_str(
                 "column result_payload is jsonb, which cannot store \\u0000 and rewrites keys \
                  and numbers; migrate it to json with `ALTER TABLE <table> ALTER COLUMN \

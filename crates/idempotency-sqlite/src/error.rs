@@ -94,6 +94,13 @@ pub enum SchemaProblem {
     },
     /// No index leading with `expires_at`, which cleanup relies on.
     MissingExpiryIndex,
+    /// The one-row table the fencing tokens of leased claims are counted in
+    /// (`<table>_lease_tokens`) is missing: leased mode needs it, with the lease columns
+    /// (reported as missing columns).
+    MissingLeaseCounter {
+        /// The counter table, quoted.
+        table: String,
+    },
 }
 
 impl fmt::Display for SchemaProblem {
@@ -101,6 +108,10 @@ impl fmt::Display for SchemaProblem {
         match self {
             Self::MissingTable => f.write_str("the table does not exist"),
             Self::MissingColumn { column } => write!(f, "column {column} is missing"),
+            Self::MissingLeaseCounter { table } => write!(
+                f,
+                "table {table} (the fencing tokens of leased claims) is missing"
+            ),
             Self::WrongType {
                 column,
                 expected,

@@ -49,8 +49,9 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
     ///
     /// The handler gets no transaction ([`IdempotentTx`](crate::IdempotentTx) answers 500).
     /// The store needs [`LeasedClaims`], prepared once with
-    /// [`prepare_leases`](LeasedClaims::prepare_leases). The guarantees differ from the
-    /// transactional mode: see RELIABILITY.md.
+    /// [`prepare_leases`](LeasedClaims::prepare_leases) (or, on `schema.mode: validate` with
+    /// the migrations applied, checked with the store's `validate_leases`). The guarantees
+    /// differ from the transactional mode: see RELIABILITY.md.
     pub fn leased(self, lease: Duration) -> LeasedIdempotencyLayer<S, L, D, M, Z, Src> {
         LeasedIdempotencyLayer { inner: self, lease }
     }
@@ -194,7 +195,7 @@ where
         let shared = Arc::clone(self);
         let run = async move {
             let response = call(&mut inner, request).await;
-            shared.finish(&keyed.id, token, response).await
+            shared.finish(&keyed, token, response).await
         };
         match tokio::spawn(run.in_current_span()).await {
             Ok(answer) => answer,
@@ -215,7 +216,7 @@ where
         let service = &self.service;
         let config = service.config();
         let op = keyed.id.operation.as_str();
-        let claim = Claim {
+        let mut claim = Claim {
             id: &keyed.id,
             fingerprint: &keyed.fingerprint,
             ttl: config
@@ -247,6 +248,19 @@ where
                 }
                 Err(error) => return Err(failed(Core::Store(error))),
             };
+            if !record.is_terminal()
+                && left.is_zero()
+                && keyed.matches(&record.fingerprint)
+                && *claim.fingerprint != record.fingerprint
+            {
+                // An expired claim of this request under the previous fingerprint algorithm
+                // (a transition accepts it): take it over with the fingerprint it carries.
+                claim.fingerprint = keyed
+                    .previous_fingerprint
+                    .as_ref()
+                    .unwrap_or(&keyed.fingerprint);
+                continue;
+            }
             if record.is_terminal() || !keyed.matches(&record.fingerprint) {
                 let record = Arc::new(record);
                 let answer = self.replay(keyed, &record, Level::Persistence);
@@ -275,13 +289,14 @@ where
     /// Stores the response with the token, or releases the claim when it is not stored.
     async fn finish(
         &self,
-        id: &RecordId,
+        keyed: &Keyed,
         token: FencingToken,
         response: Response,
     ) -> (Answer, Response) {
         let store = self.service.store();
+        let id = &keyed.id;
         let op = id.operation.as_str();
-        if !self.settings.statuses.stores(response.status()) {
+        if !self.stores(Some(keyed), &response) {
             self.release(id, token).await;
             return (Answer::NotStored, response);
         }

@@ -2,11 +2,13 @@
 //! record in the same transaction as the handler's writes.
 
 mod leased;
+mod numbers;
 mod replay;
 mod request;
 mod response;
 mod service;
 mod statuses;
+mod target;
 mod tx;
 mod waiters;
 
@@ -96,6 +98,8 @@ pub(crate) struct Settings {
     pub(crate) statuses: StoredStatuses,
     pub(crate) headers: HeaderFilter,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
+    /// Whether the host is part of the fingerprint.
+    pub(crate) fingerprint_host: bool,
     /// `None`: the service's strategy.
     pub(crate) fingerprint: Option<JcsFingerprint>,
 }
@@ -115,9 +119,18 @@ pub(crate) struct Shared<S, L, D, M, Z> {
 /// scope with `Src` (chosen with [`scope`](Self::scope): there is no default, see
 /// [`ScopeRequired`]), buffers the body
 /// (`413 payload-too-large` past [`max_request_body`](Self::max_request_body)), and fingerprints
-/// method, route template, body (RFC 8785 for a JSON body, the bytes otherwise) and the
-/// headers named with [`fingerprint_header`](Self::fingerprint_header). A replay answers the
-/// stored response byte for byte, plus `Idempotent-Replayed: true`.
+/// the request: its method, route template and concrete target (the path with its parameters
+/// and the normalised query; the host with [`fingerprint_host`](Self::fingerprint_host)), its
+/// body (RFC 8785 for a JSON body, the bytes otherwise) and the headers named with
+/// [`fingerprint_header`](Self::fingerprint_header). The same key on another target
+/// (`/accounts/A/charges`, then `/accounts/B/charges`; `?to=alice`, then `?to=bob`) is
+/// `422 idempotency-key-reused`, never a replay. A replay answers the stored response byte for
+/// byte, plus `Idempotent-Replayed: true`.
+///
+/// The target is compared in a canonical spelling: path segments and query pairs
+/// percent-decoded as axum's `Path` and `Query` decode them (`+` is a space in the query), the
+/// query's pairs ordered by name (the values of a repeated name keep their order), empty pairs
+/// dropped. So `?b=2&a=1` and `?a=1&b=%32` are one target; `/a%2Fb` and `/a/b` are two.
 ///
 /// Otherwise it begins a transaction on the service's store, acquires the key in it and hands
 /// it to the handler as [`IdempotentTx`]. After the handler, a status that
@@ -165,6 +178,7 @@ impl<S, L, D, M, Z> IdempotencyLayer<S, L, D, M, Z> {
             statuses: StoredStatuses::default(),
             headers: HeaderFilter::default(),
             fingerprint_headers: Vec::new(),
+            fingerprint_host: false,
             fingerprint: None,
         };
         Self {
@@ -274,6 +288,14 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
         }))
     }
 
+    /// Also fingerprints the host the request was sent to (the URI's authority, else the
+    /// `Host` header, in lower case): the same key sent to another host is
+    /// `422 idempotency-key-reused`. For services that serve several hosts (a tenant per
+    /// subdomain) from one records table.
+    pub fn fingerprint_host(self) -> Self {
+        self.settings(|s| s.fingerprint_host = true)
+    }
+
     /// The fingerprint strategy, instead of the service's (the one `fingerprint.*` configured,
     /// with its previous algorithm during a transition).
     pub fn fingerprint(self, strategy: JcsFingerprint) -> Self {
@@ -293,6 +315,7 @@ impl Clone for Settings {
             statuses: self.statuses.clone(),
             headers: self.headers.clone(),
             fingerprint_headers: self.fingerprint_headers.clone(),
+            fingerprint_host: self.fingerprint_host,
             fingerprint: self.fingerprint,
         }
     }
@@ -320,6 +343,7 @@ impl<S, L, D, M, Z, Src> fmt::Debug for IdempotencyLayer<S, L, D, M, Z, Src> {
             .field("max_waiters_per_key", &s.max_waiters)
             .field("stored_statuses", &s.statuses)
             .field("fingerprint_headers", &s.fingerprint_headers)
+            .field("fingerprint_host", &s.fingerprint_host)
             .finish_non_exhaustive()
     }
 }

@@ -51,6 +51,9 @@ pub(super) struct Keyed {
     pub(super) fingerprint: Fingerprint,
     /// The previous algorithm's fingerprint, while a transition accepts it.
     pub(super) previous_fingerprint: Option<Fingerprint>,
+    /// The body is declared JSON and is not: a 4xx answer to it is the refusal of the body,
+    /// never stored.
+    pub(super) malformed_json: bool,
 }
 
 impl Keyed {

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idempotency_core::{Fingerprint, FingerprintStrategy, IdempotencyKey, Operation};
 use serde_json::{Map, Value};
 
-use super::{KeyFormat, Settings};
+use super::{KeyFormat, Settings, numbers, target};
 use crate::error::Error;
 use crate::header::{parse_key, parse_uuid_key, single_value};
 use crate::problem::{Problem, ProblemKind};
@@ -73,19 +73,26 @@ impl Settings {
         }
     }
 
-    /// The fingerprint of method, route template, body and the opted-in headers, and the
-    /// previous algorithm's while a transition accepts it.
+    /// The fingerprint of method, route template, concrete target (path, query, host when
+    /// configured), body and the opted-in headers, the previous algorithm's while a
+    /// transition accepts it, and whether the body is declared JSON and does not parse.
     ///
     /// A JSON body (`application/json` or `+json`) that parses is taken as its RFC 8785
-    /// canonical form, so key order, whitespace and number spelling do not matter; any other
-    /// body as its exact bytes.
+    /// canonical form, so key order, whitespace and number spelling do not matter, unless one
+    /// of its numbers is not exactly what the canonical form writes for it (a number a double
+    /// cannot hold: more digits than a double keeps, an integer beyond 64 bits); that body and
+    /// any other body are taken as their exact bytes. Header values are taken as their
+    /// bytes: a UTF-8 value as its text, any other as base64. The path enters in its canonical spelling when it is not the
+    /// route template itself (a route with parameters or a wildcard), the query when it has
+    /// any pair: so a route without parameters, called without a query, keeps the fingerprint
+    /// it had before the target was part of it.
     pub(super) fn fingerprint(
         &self,
         service_strategy: &dyn FingerprintStrategy,
         parts: &Parts,
         route: &str,
         body: &Bytes,
-    ) -> Result<(Fingerprint, Option<Fingerprint>), Error> {
+    ) -> Result<(Fingerprint, Option<Fingerprint>, bool), Error> {
         let strategy: &dyn FingerprintStrategy = match &self.fingerprint {
             Some(strategy) => strategy,
             None => service_strategy,
@@ -93,9 +100,23 @@ impl Settings {
         let mut request = Map::new();
         request.insert("method".into(), parts.method.as_str().into());
         request.insert("route".into(), route.into());
-        let json = is_json(&parts.headers)
+        let path = target::path(parts);
+        if path != route {
+            request.insert("path".into(), path.into());
+        }
+        if let Some(query) = target::query(parts) {
+            request.insert("query".into(), query.into());
+        }
+        if self.fingerprint_host {
+            request.insert("host".into(), target::host(parts).into());
+        }
+        let declared_json = is_json(&parts.headers);
+        let json = declared_json
             .then(|| serde_json::from_slice::<Value>(body).ok())
             .flatten();
+        let malformed_json = declared_json && json.is_none();
+        // A number that a double cannot hold exactly would make two payloads one: the bytes.
+        let json = json.filter(|_| numbers::all_exact(body));
         match json {
             Some(value) => request.insert("json".into(), value),
             None => request.insert("bytes".into(), STANDARD.encode(body).into()),
@@ -109,7 +130,7 @@ impl Settings {
                         .headers
                         .get_all(name)
                         .iter()
-                        .map(|v| Value::from(String::from_utf8_lossy(v.as_bytes())))
+                        .map(|v| header_value(v.as_bytes()))
                         .collect();
                     (name.as_str().to_owned(), Value::Array(values))
                 })
@@ -121,7 +142,17 @@ impl Settings {
         Ok((
             strategy.fingerprint(&request).map_err(failed)?,
             strategy.previous_fingerprint(&request).map_err(failed)?,
+            malformed_json,
         ))
+    }
+}
+
+/// A header value in the fingerprint, byte for byte: its text when it is UTF-8 (the form every
+/// earlier fingerprint used), else `{"bytes": base64}`, which no text can equal.
+fn header_value(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Value::from(text),
+        Err(_) => serde_json::json!({ "bytes": STANDARD.encode(bytes) }),
     }
 }
 

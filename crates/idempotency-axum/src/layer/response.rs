@@ -1,11 +1,14 @@
 //! The response side: whether a response can be stored, and its stored form.
 
 use axum::body::{Body, Bytes, HttpBody};
+use axum::response::Response;
 use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::{IdempotencyMetrics, IdempotencyStore, StoredOutcome};
 
 use super::Shared;
+use super::replay::Keyed;
 use crate::error::Error;
+use crate::problem::RefusedBody;
 use crate::stored::StoredResponse;
 
 impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
@@ -16,6 +19,24 @@ where
     M: IdempotencyMetrics,
     Z: Send + Sync + 'static,
 {
+    /// Whether `response` is stored: a status [`StoredStatuses`](super::StoredStatuses)
+    /// stores, unless the request never executed. A request refused by the handler's
+    /// extractors stores nothing, so the corrected retry runs: a problem that refuses the body
+    /// (`ProblemJson`'s rejections, `400 invalid-request-body`, `413`, `415`), or any 4xx to a
+    /// body declared JSON that does not parse (axum's `Json` refuses it as plain text).
+    pub(super) fn stores(&self, keyed: Option<&Keyed>, response: &Response) -> bool {
+        let status = response.status();
+        if !self.settings.statuses.stores(status) {
+            return false;
+        }
+        let refused = response.extensions().get::<RefusedBody>().is_some()
+            || (status.is_client_error() && keyed.is_some_and(|k| k.malformed_json));
+        if refused {
+            tracing::debug!(%status, "the request body was refused before the handler ran; not stored");
+        }
+        !refused
+    }
+
     /// The whole response body, when it can be stored: an exact length within the limit.
     /// Otherwise why not, and the body when it was not consumed.
     pub(super) async fn capture(&self, body: Body) -> Result<Bytes, Unstorable> {

@@ -134,7 +134,7 @@ where
             tier = tracing::field::Empty,
         );
         let body = settings.buffer(body).instrument(span.clone()).await?;
-        let (fingerprint, previous_fingerprint) = span
+        let (fingerprint, previous_fingerprint, malformed_json) = span
             .in_scope(|| {
                 settings.fingerprint(self.service.fingerprint_strategy(), &parts, &route, &body)
             })
@@ -143,6 +143,7 @@ where
             id: RecordId::new(operation, scope, key),
             fingerprint,
             previous_fingerprint,
+            malformed_json,
         };
         Ok((keyed, Request::from_parts(parts, Body::from(body)), span))
     }
@@ -251,12 +252,18 @@ where
         &self,
         mut inner: I,
         mut request: Request,
-        tx: Tx<S>,
+        mut tx: Tx<S>,
         keyed: Option<Keyed>,
     ) -> (Answer, Response)
     where
         I: Service<Request, Response = Response, Error = Infallible>,
     {
+        if keyed.is_some()
+            && let Err(error) = self.service.store().savepoint(tx.connection()).await
+        {
+            rollback(tx).await;
+            return failed(Core::Store(error));
+        }
         let slot = TxSlot::new(tx);
         request.extensions_mut().insert(slot.clone());
         let response = match inner.call(request).await {
@@ -269,8 +276,7 @@ where
             );
             return (Answer::Failed, Problem::internal().into_response());
         };
-        let status = response.status();
-        if !self.settings.statuses.stores(status) {
+        if !self.stores(keyed.as_ref(), &response) {
             rollback(tx).await;
             return (Answer::NotStored, response);
         }
@@ -311,8 +317,7 @@ where
                 return Err(error);
             }
         };
-        let store = self.service.store();
-        let record = match store.complete(tx.connection(), &keyed.id, &outcome).await {
+        let record = match self.complete(&mut tx, &keyed, &outcome).await {
             Ok(record) => record,
             Err(error) => {
                 rollback(tx).await;
@@ -337,6 +342,44 @@ where
     I: Service<Request, Response = Response, Error = Infallible>,
 {
     inner.call(request).await
+}
+
+impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
+where
+    S: IdempotencyStore,
+{
+    /// Stores the outcome. When the handler caught a failed statement that aborted the
+    /// transaction (PostgreSQL: "insert, catch the unique violation, answer 422"), the
+    /// transaction returns to the savepoint taken before the handler, which undoes the
+    /// handler's statements, and the outcome is stored there: the answer is stored on every
+    /// backend alike.
+    async fn complete(
+        &self,
+        tx: &mut Tx<S>,
+        keyed: &Keyed,
+        outcome: &idempotency_core::StoredOutcome,
+    ) -> Result<idempotency_core::IdempotencyRecord, StoreError> {
+        let store = self.service.store();
+        let error = match store.complete(tx.connection(), &keyed.id, outcome).await {
+            Ok(record) => return Ok(record),
+            Err(error) => error,
+        };
+        if !store
+            .rollback_to_savepoint(tx.connection(), &error)
+            .await
+            .unwrap_or(false)
+        {
+            return Err(error);
+        }
+        let record = store.complete(tx.connection(), &keyed.id, outcome).await?;
+        tracing::warn!(
+            operation = keyed.id.operation.as_str(),
+            %error,
+            "the handler's transaction was aborted by a failed statement: its statements were \
+             rolled back and its response stored"
+        );
+        Ok(record)
+    }
 }
 
 async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {

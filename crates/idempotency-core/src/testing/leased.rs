@@ -46,7 +46,7 @@ async fn acquire<S: LeasedClaims>(store: &S, claim: &Claim<'_>, lease: Duration)
     }
 }
 
-/// A claim commits a `PROCESSING` record with token 1 at once; a duplicate sees it with the
+/// A claim commits a `PROCESSING` record with token 1 (a fresh store) at once; a duplicate sees it with the
 /// time its lease has left, and does not take it.
 pub async fn leased_claim_commits_processing_and_a_duplicate_sees_the_lease<S: LeasedClaims>(
     store: S,
@@ -167,10 +167,68 @@ pub async fn leased_release_frees_the_key_with_its_token_only<S: LeasedClaims>(
     assert!(store.lookup(&id).await.expect("lookup").is_some());
     assert!(store.release_leased(&id, token).await.expect("release"));
     assert!(store.lookup(&id).await.expect("lookup").is_none());
-    assert_eq!(
-        acquire(&store, &claim(&id, &f), LONG).await,
-        FencingToken(1)
+    let next = acquire(&store, &claim(&id, &f), LONG).await;
+    assert!(next > token, "{next:?} after the released {token:?}");
+}
+
+/// A holds the key until its lease expires, B takes it over and releases it (a status that is
+/// not stored), C claims the key again: C's token is above both, so A's late completion is
+/// refused and C's is stored.
+pub async fn leased_a_token_never_comes_back_after_a_release<S: LeasedClaims>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let (id, f) = (id(), fp("a"));
+    let a = acquire(&store, &claim(&id, &f), SHORT).await;
+    tokio::time::sleep(SHORT * 3).await;
+    let b = acquire(&store, &claim(&id, &f), LONG).await;
+    assert!(b > a, "{b:?} after {a:?}");
+    assert!(store.release_leased(&id, b).await.expect("release"));
+    let c = acquire(&store, &claim(&id, &f), LONG).await;
+    assert!(c > b, "{c:?} after the released {b:?} (and {a:?})");
+    let late = store
+        .complete_leased(&id, a, &done("\"stale\""))
+        .await
+        .expect("complete");
+    assert_eq!(late, None, "A's late completion is refused");
+    let record = store
+        .complete_leased(&id, c, &done("\"current\""))
+        .await
+        .expect("complete")
+        .expect("C completes");
+    assert_eq!(record.outcome, Some(done("\"current\"")));
+}
+
+/// As above, but A's late answer is not stored and releases the key: the release carries A's
+/// token, so C's live claim stays and a duplicate still sees it.
+pub async fn leased_a_stale_release_never_frees_a_later_claim<S: LeasedClaims>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let (id, f) = (id(), fp("a"));
+    let a = acquire(&store, &claim(&id, &f), SHORT).await;
+    tokio::time::sleep(SHORT * 3).await;
+    let b = acquire(&store, &claim(&id, &f), LONG).await;
+    assert!(store.release_leased(&id, b).await.expect("release"));
+    let c = acquire(&store, &claim(&id, &f), LONG).await;
+    assert!(
+        !store.release_leased(&id, a).await.expect("release"),
+        "A's late release is refused"
     );
+    match store
+        .claim_leased(&claim(&id, &f), LONG)
+        .await
+        .expect("claim")
+    {
+        LeaseClaim::Exists { record, lease_left } => {
+            assert_eq!(record.status(), RecordStatus::Processing);
+            assert!(lease_left.is_some_and(|left| left > Duration::from_secs(30)));
+        }
+        other => panic!("C's live claim was freed by A's release: {other:?}"),
+    }
+    assert!(store.release_leased(&id, c).await.expect("release"));
 }
 
 /// Generates the leased-claim conformance cases, for stores that implement
@@ -183,6 +241,8 @@ macro_rules! leased_conformance_tests {
             leased_expired_lease_is_taken_over_and_the_stale_holder_is_fenced,
             leased_another_fingerprint_never_takes_over,
             leased_release_frees_the_key_with_its_token_only,
+            leased_a_token_never_comes_back_after_a_release,
+            leased_a_stale_release_never_frees_a_later_claim,
         );
     };
 }

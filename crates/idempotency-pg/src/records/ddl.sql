@@ -1,5 +1,7 @@
 -- Canonical DDL of the idempotency records table (PostgreSQL 13+).
--- {table} and {expires_index} are replaced by the configured, validated and quoted names.
+-- {table}, {expires_index} and {lease_sequence} are replaced by the configured, validated and
+-- quoted names. lease_token, lease_expires_at and the sequence serve leased claims
+-- (LeasedClaims, the layer's leased mode); other records leave them NULL.
 CREATE TABLE IF NOT EXISTS {table} (
     operation        VARCHAR(128) NOT NULL,
     scope            VARCHAR(255) NOT NULL DEFAULT '',
@@ -11,7 +13,11 @@ CREATE TABLE IF NOT EXISTS {table} (
     created_at       TIMESTAMPTZ  NOT NULL DEFAULT now(),
     completed_at     TIMESTAMPTZ,
     expires_at       TIMESTAMPTZ,
+    lease_token      BIGINT,
+    lease_expires_at TIMESTAMPTZ,
     PRIMARY KEY (operation, scope, idempotency_key)
 );
 
 CREATE INDEX IF NOT EXISTS {expires_index} ON {table} (expires_at) WHERE expires_at IS NOT NULL;
+
+CREATE SEQUENCE IF NOT EXISTS {lease_sequence};

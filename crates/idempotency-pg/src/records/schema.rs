@@ -7,7 +7,8 @@ use sqlx::{AssertSqlSafe, PgPool};
 use crate::error::{Error, SchemaProblem};
 use crate::table::TableName;
 
-/// The canonical DDL template; `{table}` and `{expires_index}` are replaced by quoted names.
+/// The canonical DDL template; `{table}`, `{expires_index}` and `{lease_sequence}` are replaced
+/// by quoted names.
 pub const DDL_TEMPLATE: &str = include_str!("ddl.sql");
 
 /// The canonical DDL for `table`, ready to run or to copy into a migration.
@@ -22,6 +23,10 @@ pub fn ddl(table: &TableName) -> String {
     DDL_TEMPLATE
         .replace("{table}", table.quoted())
         .replace("{expires_index}", &table.derived("expires_at_idx"))
+        .replace(
+            "{lease_sequence}",
+            super::lease::lease_sequence(table).quoted(),
+        )
 }
 
 /// The column list a hash-partitioned records table is partitioned by: the primary key, so the
@@ -330,6 +335,50 @@ pub(crate) async fn problems(
         problems.push(SchemaProblem::MissingExpiryIndex);
     }
     Ok(problems)
+}
+
+/// The columns leased claims add to the records table.
+const LEASE_COLUMNS: [&str; 2] = ["lease_token", "lease_expires_at"];
+
+/// What leased claims need and the table lacks: the lease columns and the token sequence.
+pub(crate) async fn lease_problems(
+    pool: &PgPool,
+    table: &TableName,
+) -> Result<Vec<SchemaProblem>, sqlx::Error> {
+    let present: Vec<String> = sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_attribute a \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+           AND a.attname = ANY($2)",
+    )
+    .bind(table.quoted())
+    .bind(&LEASE_COLUMNS[..])
+    .fetch_all(pool)
+    .await?;
+    let mut problems: Vec<SchemaProblem> = LEASE_COLUMNS
+        .iter()
+        .filter(|column| !present.iter().any(|p| p == *column))
+        .map(|column| SchemaProblem::MissingColumn { column })
+        .collect();
+    let sequence = super::lease::lease_sequence(table);
+    if !crate::table::all_exist(pool, &[sequence.quoted().to_owned()]).await? {
+        problems.push(SchemaProblem::MissingLeaseSequence {
+            sequence: sequence.to_string(),
+        });
+    }
+    Ok(problems)
+}
+
+/// What leased claims need and the table lacks, as a schema error naming each.
+pub(crate) async fn validate_leases(pool: &PgPool, table: &TableName) -> Result<(), Error> {
+    let problems = lease_problems(pool, table).await?;
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Schema {
+            table: table.to_string(),
+            problems,
+        })
+    }
 }
 
 pub(crate) async fn validate(pool: &PgPool, table: &TableName) -> Result<(), Error> {

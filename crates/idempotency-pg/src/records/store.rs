@@ -82,6 +82,18 @@ impl PgStore {
         schema::validate(&self.pool, &self.table).await
     }
 
+    /// Checks what leased claims ([`LeasedClaims`](idempotency_core::LeasedClaims), the
+    /// layer's leased mode) need beyond [`validate_schema`](Self::validate_schema): the
+    /// columns `lease_token` and `lease_expires_at` and the sequence
+    /// `<table>_lease_token_seq`. They are in the canonical DDL and in
+    /// `migrations/20261205000001_idempotency_leases.sql`; a service on
+    /// `schema.mode: validate` calls this at start instead of
+    /// [`prepare_leases`](idempotency_core::LeasedClaims::prepare_leases), and is refused with
+    /// [`Error::Schema`] naming what is missing.
+    pub async fn validate_leases(&self) -> Result<(), Error> {
+        schema::validate_leases(&self.pool, &self.table).await
+    }
+
     /// Every difference between the table and the canonical schema (empty when it matches).
     pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
         schema::problems(&self.pool, &self.table).await
@@ -115,6 +127,10 @@ impl PgStore {
         Some(statement.as_str())
     }
 }
+
+/// The savepoint the action starts from (see [`IdempotencyStore::savepoint`]).
+const ACTION_SAVEPOINT: &str = "SAVEPOINT idempotency_action";
+const ROLLBACK_TO_ACTION: &str = "ROLLBACK TO SAVEPOINT idempotency_action";
 
 fn interval(ttl: Option<Duration>) -> Option<PgInterval> {
     ttl.map(|ttl| PgInterval {
@@ -213,6 +229,42 @@ impl IdempotencyStore for PgStore {
             .await
             .map_err(store_error)?;
         row.map(record_from_row).transpose()
+    }
+
+    /// `SAVEPOINT`: a statement of the action that fails aborts the transaction up to here
+    /// only.
+    async fn savepoint(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
+        sqlx::raw_sql(ACTION_SAVEPOINT)
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    /// Only for `25P02` (in_failed_sql_transaction): `complete` found the transaction aborted
+    /// by a statement of the action. Any other failure of `complete` itself leaves the
+    /// transaction to be rolled back whole, the action's statements with it.
+    async fn rollback_to_savepoint(
+        &self,
+        conn: &mut PgConnection,
+        failed: &StoreError,
+    ) -> Result<bool, StoreError> {
+        let StoreError::Database(source) = failed else {
+            return Ok(false);
+        };
+        let aborted = source
+            .downcast_ref::<sqlx::Error>()
+            .and_then(sqlx::Error::as_database_error)
+            .and_then(|db| db.code())
+            .is_some_and(|code| code == "25P02");
+        if !aborted {
+            return Ok(false);
+        }
+        sqlx::raw_sql(ROLLBACK_TO_ACTION)
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error)?;
+        Ok(true)
     }
 
     async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {

@@ -234,6 +234,8 @@ fn translate(table: &str, shape: &Shape, problem: crate::SchemaProblem) -> Schem
     let table = table.to_owned();
     match problem {
         P::MissingTable => SchemaProblem::MissingTable { table },
+        // Records only (leased claims); never found on the outbox's tables.
+        P::MissingLeaseCounter { table } => SchemaProblem::MissingTable { table },
         P::MissingColumn { column } => SchemaProblem::MissingColumn { table, column },
         P::WrongType {
             column,

@@ -1,5 +1,7 @@
 -- Canonical DDL of the idempotency records table (SQLite 3.37+: STRICT table, RETURNING).
--- {table} and {expires_index} are replaced by the configured, validated and quoted names.
+-- {table}, {expires_index} and {lease_counter} are replaced by the configured, validated and
+-- quoted names. lease_token, lease_expires_at and the counter serve leased claims
+-- (LeasedClaims, the layer's leased mode); other records leave them NULL.
 -- Times are INTEGER milliseconds since the Unix epoch (UTC), from the database clock.
 -- result_payload is JSON text, stored exactly as the serializer wrote it.
 CREATE TABLE IF NOT EXISTS {table} (
@@ -13,7 +15,16 @@ CREATE TABLE IF NOT EXISTS {table} (
     created_at       INTEGER NOT NULL,
     completed_at     INTEGER,
     expires_at       INTEGER,
+    lease_token      INTEGER,
+    lease_expires_at INTEGER,
     PRIMARY KEY (operation, scope, idempotency_key)
 ) STRICT;
 
 CREATE INDEX IF NOT EXISTS {expires_index} ON {table} (expires_at) WHERE expires_at IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS {lease_counter} (
+    id    INTEGER PRIMARY KEY CHECK (id = 1),
+    last  INTEGER NOT NULL
+) STRICT;
+
+INSERT INTO {lease_counter} (id, last) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;

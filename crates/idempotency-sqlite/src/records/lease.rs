@@ -1,7 +1,8 @@
 //! [`LeasedClaims`] on SQLite: a committed `PROCESSING` record with a lease and a fencing
 //! token, in two extra columns of the records table (`lease_token`, `lease_expires_at` in Unix
-//! milliseconds, added by [`prepare_leases`](LeasedClaims::prepare_leases)). Every statement
-//! runs on its own on the pool and reads the database clock.
+//! milliseconds) and a one-row table the tokens are counted in (`<table>_lease_tokens`): in the
+//! canonical DDL, or added by [`prepare_leases`](LeasedClaims::prepare_leases). Every statement
+//! runs on the pool and reads the database clock.
 
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 use super::store::SqliteStore;
 use crate::clock::{NOW_MS, ttl_millis};
 use crate::error::store_error;
+use crate::table::TableName;
 
 /// Claims that find the record gone between the upsert and the read retry this often.
 const CLAIM_ROUNDS: usize = 3;
@@ -24,9 +26,35 @@ fn millis(duration: Duration) -> i64 {
 }
 
 impl SqliteStore {
-    fn lease_sql(&self, text: impl FnOnce(&str) -> String) -> SqlStr {
-        AssertSqlSafe(text(self.table().quoted())).into_sql_str()
+    /// A statement on the records table (`{t}`) and the token counter (`{seq}`).
+    fn lease_sql(&self, text: impl FnOnce(&str, &str) -> String) -> SqlStr {
+        let counter = lease_counter(self.table());
+        AssertSqlSafe(text(self.table().quoted(), &counter)).into_sql_str()
     }
+}
+
+/// The one-row table the fencing tokens of `table` are counted in, quoted: a token is never
+/// issued twice, so a claim after a release (which deletes the record) never gets a token an
+/// earlier holder of the key still carries.
+pub(crate) fn lease_counter(table: &TableName) -> String {
+    table.derived("lease_tokens")
+}
+
+/// The token counter, for a database that lacks it, moved above the tokens the table already
+/// carries (leases prepared by an earlier release, which counted on the row, or a counter the
+/// canonical DDL created at 0 over such a table); idempotent, and it never moves back. The lease columns are added by `prepare_leases`, or
+/// are in the canonical DDL.
+pub(crate) fn lease_counter_ddl(table: &TableName) -> String {
+    let (t, seq) = (table.quoted(), lease_counter(table));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {seq} (\n\
+         \x20   id    INTEGER PRIMARY KEY CHECK (id = 1),\n\
+         \x20   last  INTEGER NOT NULL\n\
+         ) STRICT;\n\
+         INSERT INTO {seq} (id, last) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;\n\
+         UPDATE {seq} SET last = max(last, (SELECT coalesce(max(lease_token), 0) FROM {t})) \
+         WHERE id = 1;\n"
+    )
 }
 
 impl LeasedClaims for SqliteStore {
@@ -42,13 +70,18 @@ impl LeasedClaims for SqliteStore {
                     .await
                     .map_err(store_error)?;
             if present == 0 {
-                let sql = self.lease_sql(|t| format!("ALTER TABLE {t} ADD COLUMN {column} {ty}"));
+                let sql =
+                    self.lease_sql(|t, _| format!("ALTER TABLE {t} ADD COLUMN {column} {ty}"));
                 sqlx::query(sql)
                     .execute(&mut *tx)
                     .await
                     .map_err(store_error)?;
             }
         }
+        sqlx::raw_sql(AssertSqlSafe(lease_counter_ddl(self.table())))
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
         Self::commit(tx).await
     }
 
@@ -57,23 +90,29 @@ impl LeasedClaims for SqliteStore {
         claim: &Claim<'_>,
         lease: Duration,
     ) -> Result<LeaseClaim, StoreError> {
-        // Insert with token 1, or take over an expired lease of the same request (same
-        // fingerprint) with the next token. A live lease, a terminal record or another
-        // fingerprint leave the row as it is and return nothing.
-        let upsert = self.lease_sql(|t| {
+        // Insert with a new token from the counter, or take over an expired lease of the same
+        // request (same fingerprint) with a new token. A live lease, a terminal record or
+        // another fingerprint leave the row as it is and return nothing. One transaction, under
+        // the write lock: the token is counted, the row written, and whether a row was there
+        // (a takeover) read together.
+        let next = self.lease_sql(|_, seq| {
+            format!("UPDATE {seq} SET last = last + 1 WHERE id = 1 RETURNING last")
+        });
+        let prior = self.lease_sql(|t, _| format!("SELECT count(*) FROM {t} WHERE {KEY}"));
+        let upsert = self.lease_sql(|t, _| {
             format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
                                   created_at, expires_at, lease_token, lease_expires_at) \
-                 VALUES (?1, ?2, ?3, ?4, 'PROCESSING', {NOW_MS}, {NOW_MS} + ?5, 1, {NOW_MS} + ?6) \
+                 VALUES (?1, ?2, ?3, ?4, 'PROCESSING', {NOW_MS}, {NOW_MS} + ?5, ?7, {NOW_MS} + ?6) \
                  ON CONFLICT (operation, scope, idempotency_key) DO UPDATE \
-                 SET lease_token = lease_token + 1, lease_expires_at = {NOW_MS} + ?6, \
+                 SET lease_token = ?7, lease_expires_at = {NOW_MS} + ?6, \
                      expires_at = {NOW_MS} + ?5 \
                  WHERE status = 'PROCESSING' AND lease_token IS NOT NULL \
                    AND lease_expires_at <= {NOW_MS} AND request_hash = ?4 \
                  RETURNING lease_token"
             )
         });
-        let left = self.lease_sql(|t| {
+        let left = self.lease_sql(|t, _| {
             format!(
                 "SELECT max(lease_expires_at - {NOW_MS}, 0) FROM {t} \
                  WHERE {KEY} AND status = 'PROCESSING'"
@@ -81,6 +120,28 @@ impl LeasedClaims for SqliteStore {
         });
         let id = claim.id;
         for _ in 0..CLAIM_ROUNDS {
+            let mut tx = self.begin().await?;
+            let fresh: Option<i64> = sqlx::query_scalar(next.clone())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(store_error)?;
+            let Some(fresh) = fresh else {
+                return Err(StoreError::Database(
+                    format!(
+                        "the lease token counter {} has no row: run prepare_leases, or apply the \
+                     migration that creates it",
+                        lease_counter(self.table())
+                    )
+                    .into(),
+                ));
+            };
+            let existed: i64 = sqlx::query_scalar(prior.clone())
+                .bind(id.operation.as_str())
+                .bind(id.scope.as_str())
+                .bind(id.key.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(store_error)?;
             let token: Option<i64> = sqlx::query_scalar(upsert.clone())
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
@@ -88,13 +149,15 @@ impl LeasedClaims for SqliteStore {
                 .bind(claim.fingerprint.as_str())
                 .bind(ttl_millis(claim.ttl))
                 .bind(millis(lease))
-                .fetch_optional(self.pool())
+                .bind(fresh)
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err(store_error)?;
+            Self::commit(tx).await?;
             if let Some(token) = token {
                 return Ok(LeaseClaim::Acquired {
                     token: FencingToken(token),
-                    takeover: token > 1,
+                    takeover: existed > 0,
                 });
             }
             let Some(record) = self.lookup(id).await? else {
@@ -126,7 +189,7 @@ impl LeasedClaims for SqliteStore {
         token: FencingToken,
         outcome: &StoredOutcome,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let sql = self.lease_sql(|t| {
+        let sql = self.lease_sql(|t, _| {
             format!(
                 "UPDATE {t} SET status = ?5, result_payload = ?6, error_code = ?7, \
                      completed_at = {NOW_MS}, lease_expires_at = NULL \
@@ -152,7 +215,7 @@ impl LeasedClaims for SqliteStore {
     }
 
     async fn release_leased(&self, id: &RecordId, token: FencingToken) -> Result<bool, StoreError> {
-        let sql = self.lease_sql(|t| {
+        let sql = self.lease_sql(|t, _| {
             format!("DELETE FROM {t} WHERE {KEY} AND status = 'PROCESSING' AND lease_token = ?4")
         });
         let deleted = sqlx::query(sql)

@@ -6,7 +6,8 @@ use crate::error::{Error, SchemaProblem};
 use crate::introspect::{self, Affinity, ExpectedColumn};
 use crate::table::TableName;
 
-/// The canonical DDL template; `{table}` and `{expires_index}` are replaced by quoted names.
+/// The canonical DDL template; `{table}`, `{expires_index}` and `{lease_counter}` are replaced
+/// by quoted names.
 pub const DDL_TEMPLATE: &str = include_str!("ddl.sql");
 
 /// The canonical DDL for `table`, ready to run or to copy into a migration.
@@ -22,6 +23,7 @@ pub fn ddl(table: &TableName) -> String {
     DDL_TEMPLATE
         .replace("{table}", table.quoted())
         .replace("{expires_index}", &table.derived("expires_at_idx"))
+        .replace("{lease_counter}", &super::lease::lease_counter(table))
 }
 
 pub(crate) async fn create(pool: &SqlitePool, table: &TableName) -> Result<(), Error> {
@@ -73,6 +75,42 @@ pub(crate) async fn problems(
         problems.push(SchemaProblem::MissingExpiryIndex);
     }
     Ok(problems)
+}
+
+/// The columns leased claims add to the records table.
+const LEASE_COLUMNS: &[ExpectedColumn] = &[
+    column("lease_token", Affinity::Integer, true),
+    column("lease_expires_at", Affinity::Integer, true),
+];
+
+/// What leased claims need and the database lacks (the lease columns, the token counter), as
+/// a schema error naming each.
+pub(crate) async fn validate_leases(pool: &SqlitePool, table: &TableName) -> Result<(), Error> {
+    let Some(live) = introspect::inspect(pool, table).await? else {
+        return Err(Error::Schema {
+            table: table.to_string(),
+            problems: vec![SchemaProblem::MissingTable],
+        });
+    };
+    let mut problems = live.column_problems(LEASE_COLUMNS);
+    let counter = super::lease::lease_counter(table);
+    let rows: Option<i64> = sqlx::query_scalar(
+        "SELECT count(*) FROM main.sqlite_master WHERE type = 'table' AND name = ?1",
+    )
+    .bind(counter.trim_matches('"'))
+    .fetch_optional(pool)
+    .await?;
+    if rows.unwrap_or(0) == 0 {
+        problems.push(SchemaProblem::MissingLeaseCounter { table: counter });
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Schema {
+            table: table.to_string(),
+            problems,
+        })
+    }
 }
 
 pub(crate) async fn validate(pool: &SqlitePool, table: &TableName) -> Result<(), Error> {

@@ -109,6 +109,17 @@ impl SqliteStore {
         schema::validate(&self.pool, &self.table).await
     }
 
+    /// Checks what leased claims ([`LeasedClaims`](idempotency_core::LeasedClaims), the
+    /// layer's leased mode) need beyond [`validate_schema`](Self::validate_schema): the
+    /// columns `lease_token` and `lease_expires_at` and the token counter
+    /// `<table>_lease_tokens`, all in the canonical DDL. A service on `schema.mode: validate`
+    /// calls this at start instead of
+    /// [`prepare_leases`](idempotency_core::LeasedClaims::prepare_leases), and is refused with
+    /// [`Error::Schema`] naming what is missing.
+    pub async fn validate_leases(&self) -> Result<(), Error> {
+        schema::validate_leases(&self.pool, &self.table).await
+    }
+
     /// Every difference between the table and the canonical schema (empty when it matches).
     pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
         schema::problems(&self.pool, &self.table).await

@@ -1,0 +1,158 @@
+//! A handler that catches a failed statement ("insert, catch the unique violation, answer
+//! 422") gets its answer stored and replayed on every backend, in transactional mode. On
+//! PostgreSQL the failed statement aborts the transaction: the layer returns to the savepoint
+//! it took before the handler, and stores the answer there.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::future::Future;
+
+use axum::extract::State;
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
+use idempotency_core::{
+    IdempotencyKey, IdempotencyService, Operation, RecordId, RecordStatus, Scope,
+};
+use idempotency_pg::{PgStore, sqlx};
+use idempotency_sqlite::SqliteStore;
+use serde::Deserialize;
+use support::Reply;
+use support::stores::Backend;
+
+/// The business table: account names are unique.
+trait Accounts: Backend {
+    fn create_table(&self) -> impl Future<Output = ()> + Send;
+    /// Inserts the account; `false` on a unique violation.
+    fn insert(conn: &mut Self::Connection, name: &str) -> impl Future<Output = bool> + Send;
+    fn count(&self) -> impl Future<Output = i64> + Send;
+}
+
+fn unique_violation(error: sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(e) if e.is_unique_violation() => false,
+        other => panic!("unexpected error: {other}"),
+    }
+}
+
+impl Accounts for PgStore {
+    async fn create_table(&self) {
+        sqlx::raw_sql(
+            "CREATE TABLE accounts (name text PRIMARY KEY); INSERT INTO accounts VALUES ('taken')",
+        )
+        .execute(self.pool())
+        .await
+        .unwrap();
+    }
+    async fn insert(conn: &mut Self::Connection, name: &str) -> bool {
+        sqlx::query("INSERT INTO accounts (name) VALUES ($1)")
+            .bind(name)
+            .execute(conn)
+            .await
+            .map_or_else(unique_violation, |_| true)
+    }
+    async fn count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM accounts")
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+}
+
+impl Accounts for SqliteStore {
+    async fn create_table(&self) {
+        sqlx::raw_sql(
+            "CREATE TABLE accounts (name TEXT PRIMARY KEY); INSERT INTO accounts VALUES ('taken')",
+        )
+        .execute(self.pool())
+        .await
+        .unwrap();
+    }
+    async fn insert(conn: &mut Self::Connection, name: &str) -> bool {
+        sqlx::query("INSERT INTO accounts (name) VALUES (?)")
+            .bind(name)
+            .execute(conn)
+            .await
+            .map_or_else(unique_violation, |_| true)
+    }
+    async fn count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM accounts")
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+}
+
+#[derive(Deserialize)]
+struct NewAccount {
+    name: String,
+}
+
+async fn open_account<B: Accounts>(
+    State(()): State<()>,
+    mut tx: IdempotentTx<B>,
+    Json(body): Json<NewAccount>,
+) -> Response {
+    if B::insert(&mut tx, &body.name).await {
+        (StatusCode::CREATED, format!("opened {}", body.name)).into_response()
+    } else {
+        (StatusCode::UNPROCESSABLE_ENTITY, "NAME_TAKEN").into_response()
+    }
+}
+
+async fn send(app: &Router, key: &str, name: &str) -> Reply {
+    let body = serde_json::json!({ "name": name });
+    let headers: [(&str, &[u8]); 1] = [("idempotency-key", key.as_bytes())];
+    support::send(app, Method::POST, "/accounts", &headers, Some(&body)).await
+}
+
+async fn a_caught_failed_statement_is_stored_and_replayed<B: Accounts>() {
+    let (store, _cleanup) = B::fresh().await;
+    store.create_table().await;
+    let app = Router::new()
+        .route("/accounts", post(open_account::<B>))
+        .route_layer(
+            IdempotencyLayer::new(IdempotencyService::new(store.clone())).scope::<SharedScope>(),
+        )
+        .with_state(());
+    let first = send(&app, "k1", "taken").await;
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "NAME_TAKEN")
+    );
+    let retry = send(&app, "k1", "taken").await;
+    assert!(retry.is_replay(), "the 422 was stored: {retry:?}");
+    assert_eq!(retry.body, first.body);
+    let id = RecordId::new(
+        Operation::new("POST:/accounts").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("k1").unwrap(),
+    );
+    let record = store.lookup(&id).await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::Rejected);
+    // The transaction is still the handler's on the happy path.
+    let opened = send(&app, "k2", "fresh").await;
+    assert_eq!(opened.status, StatusCode::CREATED);
+    assert!(send(&app, "k2", "fresh").await.is_replay());
+    assert_eq!(store.count().await, 2);
+}
+
+mod postgres {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_caught_failed_statement_is_stored_and_replayed() {
+        super::a_caught_failed_statement_is_stored_and_replayed::<idempotency_pg::PgStore>().await;
+    }
+}
+
+mod sqlite {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_caught_failed_statement_is_stored_and_replayed() {
+        super::a_caught_failed_statement_is_stored_and_replayed::<idempotency_sqlite::SqliteStore>(
+        )
+        .await;
+    }
+}

@@ -1,0 +1,190 @@
+//! A body the handler's extractors refuse stores nothing under the key: the corrected retry
+//! runs (it is not `422 idempotency-key-reused`). A rejection the handler itself returns (a
+//! business 422) is stored and replayed as before. Both modes, on PostgreSQL and SQLite.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Method, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use http_body_util::BodyExt;
+use idempotency_axum::{IdempotencyLayer, ProblemJson, SharedScope};
+use idempotency_core::IdempotencyService;
+use serde::Deserialize;
+use support::Reply;
+use support::stores::Backend;
+use tower::ServiceExt;
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Transactional,
+    Leased,
+}
+
+#[derive(Deserialize)]
+struct Deposit {
+    amount: i64,
+}
+
+fn answer(calls: &AtomicUsize, deposit: &Deposit) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    if deposit.amount > 1000 {
+        return (StatusCode::UNPROCESSABLE_ENTITY, "LIMIT_EXCEEDED").into_response();
+    }
+    (StatusCode::CREATED, format!("deposited {}", deposit.amount)).into_response()
+}
+
+async fn plain(State(calls): State<Arc<AtomicUsize>>, Json(deposit): Json<Deposit>) -> Response {
+    answer(&calls, &deposit)
+}
+
+async fn problem(
+    State(calls): State<Arc<AtomicUsize>>,
+    ProblemJson(deposit): ProblemJson<Deposit>,
+) -> Response {
+    answer(&calls, &deposit)
+}
+
+fn app<B: Backend>(store: B, mode: Mode) -> (Router, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(IdempotencyService::new(store)).scope::<SharedScope>();
+    let routes = Router::new()
+        .route("/plain", post(plain))
+        .route("/problem", post(problem));
+    let routes = match mode {
+        Mode::Transactional => routes.route_layer(layer),
+        Mode::Leased => routes.route_layer(layer.leased(Duration::from_secs(60))),
+    };
+    (routes.with_state(Arc::clone(&calls)), calls)
+}
+
+async fn send(app: &Router, uri: &str, key: &str, content_type: Option<&str>, body: &str) -> Reply {
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header("idempotency-key", key);
+    if let Some(content_type) = content_type {
+        request = request.header(header::CONTENT_TYPE, content_type);
+    }
+    let request = request.body(Body::from(body.to_owned())).unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+const JSON: Option<&str> = Some("application/json");
+
+/// The refused request, then the corrected one under the same key: it runs.
+async fn refused_then_corrected(
+    app: &Router,
+    uri: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> Reply {
+    let key = idempotency_testing::unique_name("refused");
+    let refused = send(app, uri, &key, content_type, body).await;
+    assert!(
+        refused.status.is_client_error(),
+        "{uri} {body}: {refused:?}"
+    );
+    let corrected = send(app, uri, &key, JSON, r#"{"amount": 10}"#).await;
+    assert_eq!(
+        (corrected.status, corrected.text().as_str()),
+        (StatusCode::CREATED, "deposited 10"),
+        "the corrected retry of {uri} {body} ({}) runs",
+        refused.status
+    );
+    assert!(!corrected.is_replay());
+    refused
+}
+
+async fn a_body_the_extractors_refuse_stores_nothing<B: Backend>(mode: Mode) {
+    let (store, _cleanup) = B::fresh().await;
+    let (app, calls) = app(store, mode);
+    // axum's plain Json: a syntax error is its plain-text 400.
+    let refused = refused_then_corrected(&app, "/plain", JSON, r#"{"amount": "#).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    refused_then_corrected(&app, "/plain", JSON, "not json").await;
+    // ProblemJson: syntax, shape and media type refusals are problems; none is stored.
+    refused_then_corrected(&app, "/problem", JSON, r#"{"amount": "#)
+        .await
+        .assert_problem(400, "invalid-request-body");
+    refused_then_corrected(&app, "/problem", JSON, r#"{"amount": "ten"}"#)
+        .await
+        .assert_problem(422, "invalid-request-body");
+    refused_then_corrected(&app, "/problem", None, r#"{"amount": 10}"#)
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        5,
+        "only the corrected requests ran"
+    );
+}
+
+async fn a_rejection_the_handler_returns_is_stored<B: Backend>(mode: Mode) {
+    let (store, _cleanup) = B::fresh().await;
+    let (app, calls) = app(store, mode);
+    for uri in ["/plain", "/problem"] {
+        let key = idempotency_testing::unique_name("rejected");
+        let first = send(&app, uri, &key, JSON, r#"{"amount": 5000}"#).await;
+        assert_eq!(first.status, StatusCode::UNPROCESSABLE_ENTITY);
+        let retry = send(&app, uri, &key, JSON, r#"{"amount": 5000}"#).await;
+        assert!(retry.is_replay(), "{uri}");
+        assert_eq!(retry.body, first.body);
+        send(&app, uri, &key, JSON, r#"{"amount": 10}"#)
+            .await
+            .assert_problem(422, "idempotency-key-reused");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+macro_rules! every_case {
+    ($store:ty; $($name:ident),* $(,)?) => {
+        mod transactional {
+            use super::super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $name() {
+                    super::super::$name::<$store>(Mode::Transactional).await;
+                }
+            )*
+        }
+        mod leased {
+            use super::super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $name() {
+                    super::super::$name::<$store>(Mode::Leased).await;
+                }
+            )*
+        }
+    };
+}
+
+mod postgres {
+    every_case!(idempotency_pg::PgStore;
+        a_body_the_extractors_refuse_stores_nothing,
+        a_rejection_the_handler_returns_is_stored,
+    );
+}
+
+mod sqlite {
+    every_case!(idempotency_sqlite::SqliteStore;
+        a_body_the_extractors_refuse_stores_nothing,
+        a_rejection_the_handler_returns_is_stored,
+    );
+}
