@@ -1,0 +1,305 @@
+//! The databases a subject runs on: a fresh isolated store with a side table where effects are
+//! written in the business transaction, what reads the committed effects back, and the check
+//! that every pooled connection came back clean.
+
+use std::future::Future;
+
+use idempotency_core::IdempotencyStore;
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use idempotency_mysql::MysqlStore;
+use idempotency_pg::PgStore;
+use idempotency_sqlite::SqliteStore;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::CheckError;
+use crate::history::Effect;
+
+/// One effect to write inside the business transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEffect<'a> {
+    /// The tenant (scope).
+    pub tenant: &'a str,
+    /// The key's number.
+    pub key: usize,
+    /// The request identity.
+    pub identity: &'a str,
+    /// The operation.
+    pub op: u64,
+}
+
+/// A database the checker runs a subject on.
+pub trait Backend: IdempotencyStore + Clone + Send + Sync + 'static {
+    /// Its name in subjects (`pg`, `sqlite`, `mysql`).
+    const NAME: &'static str;
+    /// A fresh store on its own schema, database or file, with the records table and the
+    /// effects side table.
+    fn fresh() -> impl Future<Output = Result<Self, CheckError>> + Send;
+    /// Writes `effect` on the business transaction's connection; returns its id.
+    fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Every committed effect.
+    fn effects(&self) -> impl Future<Output = Result<Vec<Effect>, CheckError>> + Send;
+    /// One line per pooled connection that is inside a transaction or has a session setting a
+    /// store changed and did not restore.
+    fn unclean_connections(&self) -> impl Future<Output = Result<Vec<String>, CheckError>> + Send;
+}
+
+const EFFECTS: &str = "check_effects";
+
+fn effect_from(
+    id: i64,
+    tenant: String,
+    key: i64,
+    identity: String,
+    op: i64,
+) -> Result<Effect, CheckError> {
+    Ok(Effect {
+        id,
+        tenant,
+        key: usize::try_from(key).map_err(|_| CheckError::Setup(format!("key {key}")))?,
+        identity,
+        op: u64::try_from(op).map_err(|_| CheckError::Setup(format!("op {op}")))?,
+    })
+}
+
+fn db(error: sqlx::Error) -> CheckError {
+    CheckError::Database(error.to_string())
+}
+
+impl Backend for PgStore {
+    const NAME: &'static str = "pg";
+
+    async fn fresh() -> Result<Self, CheckError> {
+        let store = PgStore::new(idempotency_testing::pg_pool_with(8).await);
+        store
+            .create_schema()
+            .await
+            .map_err(|e| CheckError::Setup(e.to_string()))?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {EFFECTS} (id bigserial PRIMARY KEY, tenant text NOT NULL, \
+             idem_key bigint NOT NULL, identity text NOT NULL, op bigint NOT NULL)"
+        )))
+        .execute(store.pool())
+        .await
+        .map_err(db)?;
+        Ok(store)
+    }
+
+    async fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {EFFECTS} (tenant, idem_key, identity, op) VALUES ($1, $2, $3, $4) \
+             RETURNING id"
+        )))
+        .bind(effect.tenant)
+        .bind(i64::try_from(effect.key).unwrap_or(i64::MAX))
+        .bind(effect.identity)
+        .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, tenant, idem_key, identity, op FROM {EFFECTS} ORDER BY id"
+        )))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db)?;
+        rows.into_iter()
+            .map(|r| effect_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect()
+    }
+
+    async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
+        let pool = self.pool();
+        let size = pool.options().get_max_connections();
+        let mut held = Vec::new();
+        let mut unclean = Vec::new();
+        for n in 0..size {
+            let mut conn = pool.acquire().await.map_err(db)?;
+            // A savepoint is refused outside a transaction block (25P01), taken inside one.
+            let in_tx = sqlx::raw_sql("SAVEPOINT check_probe")
+                .execute(&mut *conn)
+                .await
+                .is_ok();
+            if in_tx {
+                sqlx::raw_sql("RELEASE SAVEPOINT check_probe")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+            }
+            let row = sqlx::query(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+            let (lock, statement): (String, String) = (row.get(0), row.get(1));
+            if in_tx || lock != "0" || statement != "0" {
+                unclean.push(format!(
+                    "connection {n}: in a transaction: {in_tx}, lock_timeout {lock}, \
+                     statement_timeout {statement}"
+                ));
+            }
+            held.push(conn);
+        }
+        Ok(unclean)
+    }
+}
+
+impl Backend for SqliteStore {
+    const NAME: &'static str = "sqlite";
+
+    async fn fresh() -> Result<Self, CheckError> {
+        let path =
+            std::env::temp_dir().join(format!("{}.db", idempotency_testing::unique_name("check")));
+        let mut config = PersistenceConfig::default();
+        config.schema.mode = SchemaMode::Create;
+        let path = path
+            .to_str()
+            .ok_or_else(|| CheckError::Setup("temporary path is not UTF-8".to_owned()))?
+            .to_owned();
+        let store = SqliteStore::connect(&path, &config)
+            .await
+            .map_err(|e| CheckError::Setup(e.to_string()))?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {EFFECTS} (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, \
+             idem_key INTEGER NOT NULL, identity TEXT NOT NULL, op INTEGER NOT NULL)"
+        )))
+        .execute(store.pool())
+        .await
+        .map_err(db)?;
+        Ok(store)
+    }
+
+    async fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {EFFECTS} (tenant, idem_key, identity, op) VALUES (?, ?, ?, ?) \
+             RETURNING id"
+        )))
+        .bind(effect.tenant)
+        .bind(i64::try_from(effect.key).unwrap_or(i64::MAX))
+        .bind(effect.identity)
+        .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, tenant, idem_key, identity, op FROM {EFFECTS} ORDER BY id"
+        )))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db)?;
+        rows.into_iter()
+            .map(|r| effect_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect()
+    }
+
+    async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
+        let pool = self.pool();
+        let size = pool.options().get_max_connections();
+        let mut held = Vec::new();
+        let mut unclean = Vec::new();
+        for n in 0..size {
+            let mut conn = pool.acquire().await.map_err(db)?;
+            // A connection inside a transaction refuses a nested BEGIN.
+            match sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
+                Ok(_) => {
+                    sqlx::raw_sql("ROLLBACK")
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                }
+                Err(error) => unclean.push(format!("connection {n}: {error}")),
+            }
+            held.push(conn);
+        }
+        Ok(unclean)
+    }
+}
+
+impl Backend for MysqlStore {
+    const NAME: &'static str = "mysql";
+
+    async fn fresh() -> Result<Self, CheckError> {
+        let store = MysqlStore::new(idempotency_testing::mysql_pool_with(8).await);
+        store
+            .create_schema()
+            .await
+            .map_err(|e| CheckError::Setup(e.to_string()))?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {EFFECTS} (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             tenant VARCHAR(64) NOT NULL, idem_key BIGINT NOT NULL, identity TEXT NOT NULL, \
+             op BIGINT NOT NULL) ENGINE=InnoDB"
+        )))
+        .execute(store.pool())
+        .await
+        .map_err(db)?;
+        Ok(store)
+    }
+
+    async fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        let result = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {EFFECTS} (tenant, idem_key, identity, op) VALUES (?, ?, ?, ?)"
+        )))
+        .bind(effect.tenant)
+        .bind(i64::try_from(effect.key).unwrap_or(i64::MAX))
+        .bind(effect.identity)
+        .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await?;
+        Ok(i64::try_from(result.last_insert_id()).unwrap_or(i64::MAX))
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, tenant, idem_key, identity, op FROM {EFFECTS} ORDER BY id"
+        )))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db)?;
+        rows.into_iter()
+            .map(|r| effect_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect()
+    }
+
+    async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
+        let pool = self.pool();
+        let size = pool.options().get_max_connections();
+        let mut held = Vec::new();
+        let mut unclean = Vec::new();
+        for n in 0..size {
+            let mut conn = pool.acquire().await.map_err(db)?;
+            let row = sqlx::query(
+                "SELECT CAST(@@in_transaction AS SIGNED), \
+                 CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED), \
+                 CAST(@@GLOBAL.innodb_lock_wait_timeout AS SIGNED)",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+            let (in_tx, session, global): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            if in_tx != 0 || session != global {
+                unclean.push(format!(
+                    "connection {n}: in a transaction: {in_tx}, innodb_lock_wait_timeout \
+                     {session} (server default {global})"
+                ));
+            }
+            held.push(conn);
+        }
+        Ok(unclean)
+    }
+}
