@@ -3,6 +3,13 @@
 //! that every pooled connection came back clean.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use idempotency_testing::HoldingProxy;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 
 use idempotency_core::IdempotencyStore;
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
@@ -13,6 +20,22 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::CheckError;
 use crate::history::Effect;
+
+/// The wire between a store's pool and its server: a proxy whose answers can be held, so that
+/// requests dropped meanwhile are dropped with a statement (a `BEGIN`, a `COMMIT`) on the wire.
+pub type Wire = Arc<HoldingProxy>;
+
+/// Holds the wire's answers for short random stretches until `done`, then lets them through.
+pub(crate) async fn stall(wire: Wire, seed: u64, done: Arc<AtomicBool>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5741_11);
+    while !done.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..150))).await;
+        wire.hold();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(5..40))).await;
+        wire.release();
+    }
+    wire.release();
+}
 
 /// One effect to write inside the business transaction.
 #[derive(Debug, Clone, Copy)]
@@ -32,8 +55,8 @@ pub trait Backend: IdempotencyStore + Clone + Send + Sync + 'static {
     /// Its name in subjects (`pg`, `sqlite`, `mysql`).
     const NAME: &'static str;
     /// A fresh store on its own schema, database or file, with the records table and the
-    /// effects side table.
-    fn fresh() -> impl Future<Output = Result<Self, CheckError>> + Send;
+    /// effects side table; on a server, its pool goes through a [`Wire`] that can stall.
+    fn fresh() -> impl Future<Output = Result<(Self, Option<Wire>), CheckError>> + Send;
     /// Writes `effect` on the business transaction's connection; returns its id.
     fn insert_effect(
         conn: &mut Self::Connection,
@@ -47,6 +70,21 @@ pub trait Backend: IdempotencyStore + Clone + Send + Sync + 'static {
 }
 
 const EFFECTS: &str = "check_effects";
+
+/// How long every pooled connection has to come back once the history is over.
+const RETURN_WITHIN: Duration = Duration::from_secs(10);
+
+/// `host:port` of a server URL (`scheme://[user@]host:port/...`).
+fn host_port(url: &str, default_port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let host = rest.split(['/', '?']).next().unwrap_or(rest);
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:{default_port}")
+    }
+}
 
 fn effect_from(
     id: i64,
@@ -71,8 +109,28 @@ fn db(error: sqlx::Error) -> CheckError {
 impl Backend for PgStore {
     const NAME: &'static str = "pg";
 
-    async fn fresh() -> Result<Self, CheckError> {
-        let store = PgStore::new(idempotency_testing::pg_pool_with(8).await);
+    async fn fresh() -> Result<(Self, Option<Wire>), CheckError> {
+        let direct = idempotency_testing::pg_pool_with(1).await;
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&direct)
+            .await
+            .map_err(db)?;
+        direct.close().await;
+        let url = idempotency_testing::database_url();
+        let wire = Arc::new(HoldingProxy::start(host_port(&url, 5432)).await);
+        let options = url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .map_err(db)?
+            .host("127.0.0.1")
+            .port(wire.port())
+            .options([("search_path", schema.as_str())]);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options)
+            .await
+            .map_err(db)?;
+        let store = PgStore::new(pool);
         store
             .create_schema()
             .await
@@ -84,7 +142,7 @@ impl Backend for PgStore {
         .execute(store.pool())
         .await
         .map_err(db)?;
-        Ok(store)
+        Ok((store, Some(wire)))
     }
 
     async fn insert_effect(
@@ -121,7 +179,13 @@ impl Backend for PgStore {
         let mut held = Vec::new();
         let mut unclean = Vec::new();
         for n in 0..size {
-            let mut conn = pool.acquire().await.map_err(db)?;
+            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+                unclean.push(format!(
+                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+                ));
+                break;
+            };
+            let mut conn = conn.map_err(db)?;
             // A savepoint is refused outside a transaction block (25P01), taken inside one.
             let in_tx = sqlx::raw_sql("SAVEPOINT check_probe")
                 .execute(&mut *conn)
@@ -155,7 +219,7 @@ impl Backend for PgStore {
 impl Backend for SqliteStore {
     const NAME: &'static str = "sqlite";
 
-    async fn fresh() -> Result<Self, CheckError> {
+    async fn fresh() -> Result<(Self, Option<Wire>), CheckError> {
         let path =
             std::env::temp_dir().join(format!("{}.db", idempotency_testing::unique_name("check")));
         let mut config = PersistenceConfig::default();
@@ -174,7 +238,7 @@ impl Backend for SqliteStore {
         .execute(store.pool())
         .await
         .map_err(db)?;
-        Ok(store)
+        Ok((store, None))
     }
 
     async fn insert_effect(
@@ -211,7 +275,13 @@ impl Backend for SqliteStore {
         let mut held = Vec::new();
         let mut unclean = Vec::new();
         for n in 0..size {
-            let mut conn = pool.acquire().await.map_err(db)?;
+            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+                unclean.push(format!(
+                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+                ));
+                break;
+            };
+            let mut conn = conn.map_err(db)?;
             // A connection inside a transaction refuses a nested BEGIN.
             match sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
                 Ok(_) => {
@@ -231,8 +301,28 @@ impl Backend for SqliteStore {
 impl Backend for MysqlStore {
     const NAME: &'static str = "mysql";
 
-    async fn fresh() -> Result<Self, CheckError> {
-        let store = MysqlStore::new(idempotency_testing::mysql_pool_with(8).await);
+    async fn fresh() -> Result<(Self, Option<Wire>), CheckError> {
+        let direct = idempotency_testing::mysql_pool_with(1).await;
+        let database: String = sqlx::query_scalar("SELECT DATABASE()")
+            .fetch_one(&direct)
+            .await
+            .map_err(db)?;
+        direct.close().await;
+        let url = idempotency_testing::mysql_url();
+        let wire = Arc::new(HoldingProxy::start(host_port(&url, 3306)).await);
+        let options = url
+            .parse::<sqlx::mysql::MySqlConnectOptions>()
+            .map_err(db)?
+            .host("127.0.0.1")
+            .port(wire.port())
+            .database(&database);
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options)
+            .await
+            .map_err(db)?;
+        let store = MysqlStore::new(pool);
         store
             .create_schema()
             .await
@@ -245,7 +335,7 @@ impl Backend for MysqlStore {
         .execute(store.pool())
         .await
         .map_err(db)?;
-        Ok(store)
+        Ok((store, Some(wire)))
     }
 
     async fn insert_effect(
@@ -282,7 +372,13 @@ impl Backend for MysqlStore {
         let mut held = Vec::new();
         let mut unclean = Vec::new();
         for n in 0..size {
-            let mut conn = pool.acquire().await.map_err(db)?;
+            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+                unclean.push(format!(
+                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+                ));
+                break;
+            };
+            let mut conn = conn.map_err(db)?;
             let row = sqlx::query(
                 "SELECT CAST(@@in_transaction AS SIGNED), \
                  CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED), \

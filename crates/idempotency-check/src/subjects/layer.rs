@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tower::ServiceExt;
 
 use super::{Ctx, clients, service_config};
-use crate::backend::{Backend, NewEffect};
+use crate::backend::{Backend, NewEffect, Wire};
 use crate::history::{Answer, Entry, LeasedRun, TxEnd};
 use crate::invariants;
 use crate::plan::{Fault, Kind, Op, Plan};
@@ -303,11 +303,12 @@ async fn drive<B: Backend>(
     app: Router,
     plan: &Plan,
     store: &B,
+    wire: Option<Wire>,
     shared: Arc<Shared>,
     leased_mode: bool,
 ) -> Result<Run, CheckError> {
     let start = shared.start;
-    let entries = clients(plan, move |op| {
+    let entries = clients(plan, wire, move |op| {
         let app = app.clone();
         async move { send(&app, &op, start).await }
     })
@@ -339,12 +340,12 @@ fn shared() -> Arc<Shared> {
 
 /// Runs `plan` through the layer in transactional mode on a fresh `B`.
 pub async fn run_transactional<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
-    let store = B::fresh().await?;
+    let (store, wire) = B::fresh().await?;
     let shared = shared();
     let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
         transactional_app(service)
     });
-    drive(app, plan, &store, shared, false).await
+    drive(app, plan, &store, wire, shared, false).await
 }
 
 /// Runs `plan` through the layer in leased mode on a fresh `B`.
@@ -352,7 +353,7 @@ pub async fn run_leased<B: Backend + LeasedClaims>(
     plan: &Plan,
     ctx: &Ctx,
 ) -> Result<Run, CheckError> {
-    let store = B::fresh().await?;
+    let (store, wire) = B::fresh().await?;
     store
         .prepare_leases()
         .await
@@ -361,5 +362,5 @@ pub async fn run_leased<B: Backend + LeasedClaims>(
     let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
         leased_app(service, Arc::clone(&shared))
     });
-    drive(app, plan, &store, shared, true).await
+    drive(app, plan, &store, wire, shared, true).await
 }

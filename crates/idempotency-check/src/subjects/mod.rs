@@ -1,6 +1,8 @@
 //! The subjects: what a history is run against.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idempotency_cache_moka::{LocalCacheConfig, MokaCache};
@@ -9,6 +11,7 @@ use idempotency_core::{InFlightPolicy, ServiceConfig};
 use tokio::task::JoinSet;
 
 use crate::CheckError;
+use crate::backend::{Wire, stall};
 use crate::history::Entry;
 use crate::plan::{Op, Plan};
 
@@ -93,8 +96,30 @@ pub(crate) fn service_config(plan: &Plan) -> ServiceConfig {
 }
 
 /// Runs each client of `plan` in a task of its own, its operations one after the other (each
-/// after its pause), through `send`; returns every entry in operation order.
-pub(crate) async fn clients<F, Fut>(plan: &Plan, send: F) -> Result<Vec<Entry>, CheckError>
+/// after its pause), through `send`, while `wire` (if any) stalls at random; returns every
+/// entry in operation order.
+pub(crate) async fn clients<F, Fut>(
+    plan: &Plan,
+    wire: Option<Wire>,
+    send: F,
+) -> Result<Vec<Entry>, CheckError>
+where
+    F: Fn(Op) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Entry, CheckError>> + Send + 'static,
+{
+    let done = Arc::new(AtomicBool::new(false));
+    let stalls = wire.map(|wire| tokio::spawn(stall(wire, plan.seed, Arc::clone(&done))));
+    let entries = run_clients(plan, send).await;
+    done.store(true, Ordering::Relaxed);
+    if let Some(stalls) = stalls {
+        stalls
+            .await
+            .map_err(|e| CheckError::Client(e.to_string()))?;
+    }
+    entries
+}
+
+async fn run_clients<F, Fut>(plan: &Plan, send: F) -> Result<Vec<Entry>, CheckError>
 where
     F: Fn(Op) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<Entry, CheckError>> + Send + 'static,

@@ -11,7 +11,7 @@ use idempotency_core::{
 use serde_json::{Value, json};
 
 use super::{Ctx, clients, service_config};
-use crate::backend::{Backend, NewEffect};
+use crate::backend::{Backend, NewEffect, Wire};
 use crate::history::{Answer, Entry, TxEnd};
 use crate::invariants;
 use crate::plan::{Fault, Kind, Op, Plan};
@@ -186,6 +186,7 @@ async fn drive<B, L, D>(
     service: IdempotencyService<B, L, D>,
     plan: &Plan,
     store: &B,
+    wire: Option<Wire>,
 ) -> Result<Run, CheckError>
 where
     B: Backend,
@@ -193,7 +194,7 @@ where
     D: DistributedCache,
 {
     let start = Instant::now();
-    let entries = clients(plan, move |op| one(service.clone(), op, start)).await?;
+    let entries = clients(plan, wire, move |op| one(service.clone(), op, start)).await?;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let unclean = store.unclean_connections().await?;
     let effects = store.effects().await?;
@@ -203,12 +204,12 @@ where
 
 /// Runs `plan` through `execute_in` on a fresh `B`.
 pub async fn run<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
-    let store = B::fresh().await?;
+    let (store, wire) = B::fresh().await?;
     with_caches!(
         plan.caches,
         store.clone(),
         service_config(plan),
         ctx,
-        |service| { drive(service, plan, &store).await }
+        |service| drive(service, plan, &store, wire).await
     )
 }
