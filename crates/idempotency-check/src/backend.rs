@@ -27,7 +27,7 @@ pub type Wire = Arc<HoldingProxy>;
 
 /// Holds the wire's answers for short random stretches until `done`, then lets them through.
 pub(crate) async fn stall(wire: Wire, seed: u64, done: Arc<AtomicBool>) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5741_11);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0057_4111);
     while !done.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..150))).await;
         wire.hold();
@@ -62,6 +62,9 @@ pub trait Backend: IdempotencyStore + Clone + Send + Sync + 'static {
         conn: &mut Self::Connection,
         effect: NewEffect<'_>,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Kills the connection's own server session, as a database restart or an operator would,
+    /// mid-transaction (nothing on SQLite, which has no server).
+    fn kill(conn: &mut Self::Connection) -> impl Future<Output = ()> + Send;
     /// Every committed effect.
     fn effects(&self) -> impl Future<Output = Result<Vec<Effect>, CheckError>> + Send;
     /// One line per pooled connection that is inside a transaction or has a session setting a
@@ -102,6 +105,7 @@ fn effect_from(
     })
 }
 
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(db)`
 fn db(error: sqlx::Error) -> CheckError {
     CheckError::Database(error.to_string())
 }
@@ -159,6 +163,12 @@ impl Backend for PgStore {
         .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
         .fetch_one(conn)
         .await
+    }
+
+    async fn kill(conn: &mut Self::Connection) {
+        let _ = sqlx::raw_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+            .execute(conn)
+            .await;
     }
 
     async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
@@ -257,6 +267,10 @@ impl Backend for SqliteStore {
         .await
     }
 
+    async fn kill(conn: &mut Self::Connection) {
+        let _ = conn;
+    }
+
     async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
         let rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT id, tenant, idem_key, identity, op FROM {EFFECTS} ORDER BY id"
@@ -352,6 +366,17 @@ impl Backend for MysqlStore {
         .execute(conn)
         .await?;
         Ok(i64::try_from(result.last_insert_id()).unwrap_or(i64::MAX))
+    }
+
+    async fn kill(conn: &mut Self::Connection) {
+        let id: Result<u64, _> = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await;
+        if let Ok(id) = id {
+            let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                .execute(conn)
+                .await;
+        }
     }
 
     async fn effects(&self) -> Result<Vec<Effect>, CheckError> {

@@ -126,6 +126,9 @@ const CLAIM_SLACK: Duration = Duration::from_millis(75);
 /// A key as the store sees it: the tenant (scope) and the key's number.
 pub type Group = (String, usize);
 
+/// The outcomes seen per key: the operation, the effect it names, its bytes.
+type Outcomes = BTreeMap<Group, Vec<(u64, i64, Vec<u8>)>>;
+
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -196,8 +199,8 @@ fn answers(
     entries: &[Entry],
     outcome: &dyn Fn(i64) -> Option<(Group, Option<String>)>,
     out: &mut Vec<Violation>,
-) -> BTreeMap<Group, Vec<(u64, i64, Vec<u8>)>> {
-    let mut outcomes: BTreeMap<Group, Vec<(u64, i64, Vec<u8>)>> = BTreeMap::new();
+) -> Outcomes {
+    let mut outcomes: Outcomes = BTreeMap::new();
     for entry in entries {
         for (key, answer) in &entry.answers {
             let group = group(entry, *key);
@@ -284,11 +287,7 @@ fn answers(
     outcomes
 }
 
-fn identical(
-    outcomes: &BTreeMap<Group, Vec<(u64, i64, Vec<u8>)>>,
-    invariant: &'static str,
-    out: &mut Vec<Violation>,
-) {
+fn identical(outcomes: &Outcomes, invariant: &'static str, out: &mut Vec<Violation>) {
     for (group, seen) in outcomes {
         let Some((first_op, first_effect, first)) = seen.first() else {
             continue;
@@ -429,7 +428,7 @@ pub fn service(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
     let mut out = Vec::new();
     one_effect_per_key(effects, &mut out);
     let by_id: HashMap<i64, &Effect> = effects.iter().map(|e| (e.id, e)).collect();
-    let mut outcomes: BTreeMap<Group, Vec<(u64, i64, Vec<u8>)>> = BTreeMap::new();
+    let mut outcomes: Outcomes = BTreeMap::new();
     for entry in entries {
         let op = entry.op.id;
         let failed = entry.answers.iter().any(|(_, a)| {
@@ -525,4 +524,190 @@ pub fn pool(unclean: Vec<String>) -> Vec<Violation> {
             detail,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Fault, Kind, Op, Variant};
+
+    fn op(id: u64, key: usize, kind: Kind) -> Op {
+        Op {
+            id,
+            client: 0,
+            key,
+            second_key: None,
+            variant: Variant {
+                tenant: 0,
+                account: 0,
+                note: None,
+                amount: 100,
+            },
+            kind,
+            fault: Fault::None,
+            pause_ms: 0,
+        }
+    }
+
+    fn entry(op: Op, identity: &str, answer: Answer) -> Entry {
+        Entry {
+            op,
+            identity: identity.to_owned(),
+            answers: vec![(op.key, answer)],
+            tx: TxEnd::None,
+            span: (Duration::ZERO, Duration::ZERO),
+        }
+    }
+
+    fn handler(effect: i64, identity: &str, replayed: bool) -> Answer {
+        Answer::Handler {
+            status: 201,
+            replayed,
+            effect,
+            identity: identity.to_owned(),
+            bytes: format!("201 {effect} {identity}").into_bytes(),
+        }
+    }
+
+    fn effect(id: i64, key: usize, identity: &str, op: u64) -> Effect {
+        Effect {
+            id,
+            tenant: "t0".to_owned(),
+            key,
+            identity: identity.to_owned(),
+            op,
+        }
+    }
+
+    fn names(violations: &[Violation]) -> Vec<&'static str> {
+        violations.iter().map(|v| v.invariant).collect()
+    }
+
+    #[test]
+    fn a_clean_history_holds() {
+        let a = "t0 /acct/0/charges 100";
+        let entries = [
+            entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
+            entry(op(2, 0, Kind::Ok), a, handler(1, a, true)),
+            entry(
+                op(3, 0, Kind::Ok),
+                "t0 /acct/1/charges 100",
+                Answer::Problem {
+                    status: 422,
+                    slug: "idempotency-key-reused".to_owned(),
+                    retry_after: false,
+                },
+            ),
+            entry(
+                op(4, 0, Kind::Fail),
+                a,
+                Answer::HandlerFailed { replayed: false },
+            ),
+        ];
+        assert_eq!(transactional(&entries, &[effect(1, 0, a, 1)]), []);
+    }
+
+    #[test]
+    fn another_resources_response_is_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let b = "t0 /acct/1/charges 100";
+        let entries = [
+            entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
+            entry(op(2, 0, Kind::Ok), b, handler(1, a, true)),
+        ];
+        let found = transactional(&entries, &[effect(1, 0, a, 1)]);
+        assert_eq!(names(&found), [FOR_THIS_REQUEST]);
+    }
+
+    #[test]
+    fn an_outcome_that_never_committed_is_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let entries = [entry(op(1, 0, Kind::Ok), a, handler(7, a, true))];
+        assert_eq!(names(&transactional(&entries, &[])), [COMMITTED]);
+    }
+
+    #[test]
+    fn two_effects_for_one_key_and_a_reuse_without_cause_are_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let reused = Answer::Problem {
+            status: 422,
+            slug: "idempotency-key-reused".to_owned(),
+            retry_after: false,
+        };
+        let entries = [entry(op(1, 0, Kind::Ok), a, reused)];
+        let found = transactional(&entries, &[effect(1, 0, a, 1), effect(2, 0, a, 2)]);
+        assert_eq!(names(&found), [ONE_EFFECT, REUSE_CAUSE]);
+    }
+
+    #[test]
+    fn a_replayed_500_and_a_409_without_retry_after_are_undocumented() {
+        let a = "t0 /acct/0/charges 100";
+        let entries = [
+            entry(
+                op(1, 0, Kind::Fail),
+                a,
+                Answer::HandlerFailed { replayed: true },
+            ),
+            entry(
+                op(2, 0, Kind::Ok),
+                a,
+                Answer::Problem {
+                    status: 409,
+                    slug: "request-in-flight".to_owned(),
+                    retry_after: false,
+                },
+            ),
+        ];
+        assert_eq!(
+            names(&transactional(&entries, &[])),
+            [DOCUMENTED, DOCUMENTED]
+        );
+    }
+
+    #[test]
+    fn a_stale_holders_completion_and_overlapping_holders_are_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let ms = Duration::from_millis;
+        let run = |id: i64, start: u64, end: Option<u64>| LeasedRun {
+            id,
+            tenant: "t0".to_owned(),
+            key: 0,
+            start: ms(start),
+            end: end.map(ms),
+            op: u64::try_from(id).unwrap_or_default(),
+        };
+        // Run 1 held the key from 0 to 500 ms; run 2 took it over at 350 ms (after the 300 ms
+        // lease), yet run 1's completion is the one replayed.
+        let entries = [entry(op(1, 0, Kind::Slow(500)), a, handler(1, a, false))];
+        let runs = [run(1, 0, Some(500)), run(2, 350, Some(400))];
+        assert_eq!(names(&leased(&entries, &runs, ms(300))), [STALE_REFUSED]);
+        // Run 3 started 100 ms into run 1's lease.
+        let runs = [run(1, 0, Some(500)), run(3, 100, Some(150))];
+        let found = leased(&entries, &runs, ms(300));
+        assert_eq!(names(&found), [STALE_REFUSED, ONE_HOLDER]);
+    }
+
+    #[test]
+    fn a_commit_after_an_error_is_caught() {
+        let a = "t0 {}";
+        let mut failed = entry(
+            op(1, 0, Kind::Fail),
+            a,
+            Answer::Error("action-failed".to_owned()),
+        );
+        failed.tx = TxEnd::Committed;
+        let found = service(&[failed], &[effect(1, 0, a, 1)]);
+        assert_eq!(names(&found), [NO_COMMIT_AFTER_ERROR]);
+        let mut refused = entry(
+            op(2, 1, Kind::Ok),
+            a,
+            Answer::Value {
+                replayed: false,
+                effect: 2,
+            },
+        );
+        refused.tx = TxEnd::CommitFailed("poisoned".to_owned());
+        let found = service(&[refused], &[effect(2, 1, a, 2)]);
+        assert_eq!(names(&found), [COMMIT_MEANS_COMMITTED]);
+    }
 }

@@ -38,6 +38,9 @@ pub enum Kind {
     Fail,
     /// Writes its effect, waits `ms`, then succeeds.
     Slow(u64),
+    /// Writes its effect, then its database connection is killed mid-transaction (PostgreSQL
+    /// `pg_terminate_backend`, MariaDB `KILL`; on SQLite it succeeds like `Ok`).
+    Kill,
 }
 
 impl Kind {
@@ -48,6 +51,7 @@ impl Kind {
             Self::Reject => "reject",
             Self::Fail => "fail",
             Self::Slow(_) => "slow",
+            Self::Kill => "kill",
         }
     }
 }
@@ -170,7 +174,8 @@ impl Plan {
                         let kind = match rng.random_range(0..20) {
                             0..=9 => Kind::Ok,
                             10..=12 => Kind::Reject,
-                            13..=15 => Kind::Fail,
+                            13 | 14 => Kind::Fail,
+                            15 => Kind::Kill,
                             _ => Kind::Slow(rng.random_range(shape.slow_ms / 4..=shape.slow_ms)),
                         };
                         let fault = match rng.random_range(0..10) {

@@ -105,6 +105,10 @@ async fn transactional<B: Backend>(
     match behaviour.as_str() {
         "reject" => answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity),
         "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        "kill" => {
+            B::kill(&mut tx).await;
+            answer(StatusCode::CREATED, id, &identity)
+        }
         _ => {
             tokio::time::sleep(Duration::from_millis(slow)).await;
             answer(StatusCode::CREATED, id, &identity)
@@ -168,6 +172,7 @@ fn request(op: &Op) -> Result<(Request<Body>, String), CheckError> {
         Kind::Reject => ("reject", 0),
         Kind::Fail => ("fail", 0),
         Kind::Slow(ms) => ("slow", ms),
+        Kind::Kill => ("kill", 0),
     };
     let request = Request::builder()
         .method(Method::POST)

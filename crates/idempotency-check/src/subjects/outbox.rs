@@ -54,6 +54,7 @@ pub trait OutboxDb: OutboxBackend + Clone {
     fn applied(&self) -> impl Future<Output = Result<Vec<Uuid>, CheckError>> + Send;
 }
 
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(db)`
 fn db(error: sqlx::Error) -> CheckError {
     CheckError::Database(error.to_string())
 }
@@ -62,7 +63,7 @@ fn setup(error: impl std::fmt::Display) -> CheckError {
     CheckError::Setup(error.to_string())
 }
 
-fn uuids(rows: Vec<String>) -> Result<Vec<Uuid>, CheckError> {
+fn uuids(rows: &[String]) -> Result<Vec<Uuid>, CheckError> {
     rows.iter()
         .map(|s| Uuid::parse_str(s).map_err(setup))
         .collect()
@@ -173,7 +174,7 @@ macro_rules! outbox_db {
                     .fetch_all(&self.0)
                     .await
                     .map_err(db)?;
-                uuids(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+                uuids(&rows.iter().map(|r| r.get::<String, _>(0)).collect::<Vec<_>>())
             }
 
             async fn applied(&self) -> Result<Vec<Uuid>, CheckError> {
@@ -181,7 +182,7 @@ macro_rules! outbox_db {
                     .fetch_all(&self.0)
                     .await
                     .map_err(db)?;
-                uuids(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+                uuids(&rows.iter().map(|r| r.get::<String, _>(0)).collect::<Vec<_>>())
             }
         }
     };

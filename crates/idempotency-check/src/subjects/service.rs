@@ -84,6 +84,10 @@ where
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     Ok(ExecutionResult::success(value))
                 }
+                Kind::Kill => {
+                    B::kill(conn).await;
+                    Ok(ExecutionResult::success(value))
+                }
                 Kind::Ok => Ok(ExecutionResult::success(value)),
             }
         })
