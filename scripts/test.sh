@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: starts (or installs) PostgreSQL, Redis, NATS and RabbitMQ when they are not
-# answering, waits for them, then runs every test of the workspace against them.
+# answering, waits for them, then runs every test of the workspace against them (and, without
+# arguments, the outbox's RabbitMQ tests, behind a feature no workspace crate enables).
 #
 #   scripts/test.sh                 # all tests
 #   scripts/test.sh -p idempotency-pg   # extra arguments go to `cargo test`
@@ -9,4 +10,9 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/services.sh
 source scripts/services.sh
 ensure_services
-exec cargo test --workspace "$@"
+cargo test --workspace "$@"
+# No workspace crate enables the outbox's `rabbitmq` feature, so `--workspace` builds its
+# RabbitMQ tests out; the full run (no arguments) runs them against the real broker.
+if [ "$#" -eq 0 ]; then
+  cargo test -p idempotency-outbox --features rabbitmq --test rabbitmq
+fi

@@ -49,7 +49,7 @@ pub struct App<DB: Database> {
     /// The Prometheus recorder, for `GET /metrics`.
     pub prometheus: Option<PrometheusHandle>,
     /// Keys whose `FAIL_ONCE` payment already failed once.
-    failed_once: Arc<Mutex<HashSet<String>>>,
+    failed_once: Arc<FailedOnce>,
 }
 
 impl<DB: Database> Clone for App<DB> {
@@ -84,10 +84,51 @@ impl<DB: Database> App<DB> {
 
     /// Whether this is the first `FAIL_ONCE` attempt for the key (which then fails).
     pub(crate) fn first_failure(&self, key: &str) -> bool {
-        self.failed_once
-            .lock()
-            .map(|mut seen| seen.insert(key.to_owned()))
-            .unwrap_or(false)
+        self.failed_once.first(key)
+    }
+}
+
+/// The keys whose `FAIL_ONCE` payment already failed, at most [`FailedOnce::MAX`]: a client
+/// sending fresh keys cannot grow it without bound. When full it starts over, so a key seen
+/// long ago may fail once more (its retry then succeeds, as the scenario expects).
+#[derive(Debug, Default)]
+pub(crate) struct FailedOnce(Mutex<HashSet<String>>);
+
+impl FailedOnce {
+    /// The most keys remembered.
+    pub(crate) const MAX: usize = 10_000;
+
+    /// Whether `key` is seen for the first time (and remembers it).
+    pub(crate) fn first(&self, key: &str) -> bool {
+        let Ok(mut seen) = self.0.lock() else {
+            return false;
+        };
+        if seen.len() >= Self::MAX && !seen.contains(key) {
+            seen.clear();
+        }
+        seen.insert(key.to_owned())
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().map(|seen| seen.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FailedOnce;
+
+    /// Issue 53: the set grew by one key per `FAIL_ONCE` request, without bound.
+    #[test]
+    fn failed_once_remembers_each_key_once_and_stays_bounded() {
+        let failed = FailedOnce::default();
+        assert!(failed.first("a"));
+        assert!(!failed.first("a"), "the retry succeeds");
+        for i in 0..FailedOnce::MAX + 500 {
+            failed.first(&format!("k-{i}"));
+        }
+        assert!(failed.len() <= FailedOnce::MAX, "{}", failed.len());
     }
 }
 

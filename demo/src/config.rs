@@ -29,6 +29,11 @@ pub struct DemoConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ServerConfig {
+    /// The address to listen on. Default `127.0.0.1`: the demo trusts `X-Tenant-Id` from any
+    /// client and serves `/metrics` and `/health` on the same port, so it is reachable from
+    /// this machine only unless this says otherwise (`SERVER__HOST=0.0.0.0`, behind a gateway
+    /// that strips `X-Tenant-Id`; see SECURITY.md).
+    pub host: std::net::IpAddr,
     /// Listening port. Default 8080.
     pub port: u16,
     /// Larger request bodies get 413. Default 16 KiB.
@@ -38,6 +43,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
+            host: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             port: 8080,
             max_body_bytes: 16 * 1024,
         }
@@ -172,6 +178,16 @@ mod tests {
             config.server.port, 8080,
             "other sections keep their defaults"
         );
+    }
+
+    /// Issue 53: the demo trusts `X-Tenant-Id` and serves `/metrics` on its API port, so it
+    /// listens on loopback unless told otherwise (it bound `0.0.0.0`).
+    #[test]
+    fn the_demo_listens_on_loopback_unless_told_otherwise() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/demo.yaml");
+        assert!(DemoConfig::load(&file).unwrap().server.host.is_loopback());
+        let open = load("server:\n  host: 0.0.0.0\n").unwrap();
+        assert!(open.server.host.is_unspecified());
     }
 
     #[test]

@@ -40,6 +40,14 @@ pub enum StartupError {
     /// The SQLite file could not be opened.
     #[error("SQLite")]
     SqliteStore(#[from] idempotency_sqlite::Error),
+    /// `demo.sqlite-path` is not a file path SQLite would open as one.
+    #[error("demo.sqlite-path (DEMO__SQLITE_PATH) {path:?} is refused: {reason}")]
+    SqlitePath {
+        /// The setting's value.
+        path: String,
+        /// Why, and what to write instead.
+        reason: String,
+    },
     /// The outbox publisher could not be set up.
     #[error("outbox")]
     Outbox(#[from] idempotency_outbox::Error),

@@ -93,8 +93,11 @@ async fn run() -> Result<(), StartupError> {
             serve::<Postgres>(pool, config, nats).await
         }
         (None, None) => {
-            // No server at all: the embedded default, which has no notifications either.
+            // No server at all: the embedded default, which has no notifications either, nor a
+            // per-key in-flight wait (a duplicate waits for the write lock, up to the busy
+            // timeout): the facade refuses those keys on SQLite.
             config.outbox.notify_channel = None;
+            config.idempotency.in_flight = Default::default();
             let pool = Sqlite::open(&config.demo.sqlite_path).await?;
             serve::<Sqlite>(pool, config, nats).await
         }
@@ -127,7 +130,7 @@ async fn serve<DB: Database>(
     app.prometheus = Some(prometheus);
     app.relay = idempotency.relay();
 
-    let address = SocketAddr::from(([0, 0, 0, 0], config.server.port));
+    let address = SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(
         "idempotency demo listening on http://{}",

@@ -70,8 +70,10 @@ pub async fn health<DB: Database>(State(app): State<Arc<App<DB>>>) -> Response {
             Ok(Ok(())) => Status::Up,
             _ => Status::Down,
         };
+    // The breaker and a bounded PING, not fred's connection state (which a cluster that
+    // recovered through redirections never sets back to connected).
     let cache = match &app.redis {
-        Some(redis) if idempotency_cache_redis::is_connected(redis.client()) => Status::Up,
+        Some(redis) if redis.is_healthy().await => Status::Up,
         Some(_) => Status::Down,
         None => Status::Disabled,
     };

@@ -341,6 +341,9 @@ async fn redis_unreachable_changes_nothing() {
     let mut config = config();
     config.idempotency.distributed_cache.enabled = true;
     config.idempotency.distributed_cache.url = Some(dead);
+    config.idempotency.distributed_cache.secret = Some(
+        idempotency_cache_redis::CacheSecret::new("tests-only-secret-0123456789abcdef").unwrap(),
+    );
     let (app, pool) = demo_with(config).await;
     let body = json!({"orderId": "o-5", "recipient": "bob", "amount": 10});
     let first = pay(&app, "demo-5", body.clone()).await;
@@ -497,6 +500,29 @@ async fn health_reports_the_database() {
         health.body,
         json!({"status": "UP", "database": "UP", "cache": "DISABLED", "broker": "DISABLED", "relay": "DISABLED"})
     );
+}
+
+/// `/health` reports the cache from `RedisCache::is_healthy` (its breaker and a bounded `PING`):
+/// `UP` with a Redis that answers, `DOWN` with one that does not; requests are served either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_the_cache_up_when_redis_answers_and_down_when_not() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("redis://{}", listener.local_addr().unwrap());
+    drop(listener);
+    for (url, expected) in [(idempotency_testing::redis_url(), "UP"), (dead, "DOWN")] {
+        let mut config = config();
+        config.idempotency.distributed_cache.enabled = true;
+        config.idempotency.distributed_cache.url = Some(url.clone());
+        let (app, _pool) = demo_with(config).await;
+        let started = std::time::Instant::now();
+        let mut health = send(&app, "GET", "/health", &[], "").await;
+        while health.body["cache"] != expected && started.elapsed().as_secs() < 10 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            health = send(&app, "GET", "/health", &[], "").await;
+        }
+        assert_eq!(health.status, StatusCode::OK, "{url}");
+        assert_eq!(health.body["cache"], expected, "{url}: {}", health.body);
+    }
 }
 
 /// `/health` shows the relay's workers: `DOWN` once they no longer run.

@@ -23,7 +23,7 @@ use idempotency_demo::{App, assemble, reconcile, router};
 use idempotency_outbox::{Ack, OutboxMessage, PublishError, PublishErrorKind, Publisher};
 use tower::ServiceExt;
 
-/// Fails its first publish, then logs and confirms.
+/// Refuses its first publish, then logs and confirms.
 #[derive(Debug, Default)]
 struct FailsFirst {
     failed: AtomicBool,
@@ -38,7 +38,9 @@ impl Publisher for FailsFirst {
         if self.failed.swap(true, Ordering::SeqCst) {
             Ok(Ack { duplicate: false })
         } else {
-            Err(PublishError::kind_only(PublishErrorKind::Unavailable))
+            // Refused, not unavailable: a failure that is the broker's does not count towards
+            // max-attempts, and this test wants its dead letter.
+            Err(PublishError::kind_only(PublishErrorKind::Rejected))
         }
     }
 }
@@ -105,6 +107,9 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exposed() {
     config.idempotency.persistence.schema.mode = SchemaMode::Create;
     config.idempotency.local_cache.statistics = true;
     config.idempotency.distributed_cache.url = Some(dead_redis);
+    config.idempotency.distributed_cache.secret = Some(
+        idempotency_cache_redis::CacheSecret::new("tests-only-secret-0123456789abcdef").unwrap(),
+    );
     config.idempotency.distributed_cache.timeout = Duration::from_millis(20);
     config.idempotency.in_flight.policy = InFlightPolicyKind::Reject;
     config.outbox.schema.mode = SchemaMode::Create;

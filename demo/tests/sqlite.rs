@@ -1,5 +1,6 @@
 //! The demo on its embedded default (a SQLite file): 20 concurrent duplicates run the payment
-//! once, and a charge commits with its outbox event.
+//! once, a charge commits with its outbox event, the file setting and its opening, and the
+//! reconciliation query's cost.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
@@ -137,6 +138,93 @@ async fn a_v2_charge_commits_with_its_event() {
     assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(count(&db, "payments").await, 0);
     assert_eq!(count(&db, "idempotency_records").await, 1);
+}
+
+/// `demo.sqlite-path` is a file path. A `sqlite:` URL made a stray `./sqlite:/store` directory
+/// and failed; a `file:` URI with `mode=memory` gave each pooled connection an empty database
+/// of its own (requests failed with `no such table`). Both are refused, naming the setting,
+/// before anything is created.
+#[tokio::test]
+async fn a_sqlite_path_that_is_no_file_path_is_refused_naming_the_setting() {
+    for value in [
+        "sqlite://store/demo.db",
+        "file:mem.db?mode=memory",
+        ":memory:",
+    ] {
+        let error = Sqlite::open(std::path::Path::new(value)).await.unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("demo.sqlite-path") && message.contains(value),
+            "{value}: {message}"
+        );
+    }
+    assert!(
+        !std::path::Path::new("sqlite:").exists(),
+        "a stray ./sqlite: directory"
+    );
+}
+
+/// Two demos started at once on a fresh file: one switches it to WAL while the others get
+/// `database is locked` from that switch unless they retry, as the store's `open_pool` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demos_opening_a_fresh_file_at_once_take_turns() {
+    for _ in 0..25 {
+        let dir = tempdir::Dir::new();
+        let path = dir.path().join("data/demo.db");
+        let opens: Vec<_> = (0..8)
+            .map(|_| {
+                let path = path.clone();
+                tokio::spawn(async move { Sqlite::open(&path).await })
+            })
+            .collect();
+        for open in opens {
+            open.await.unwrap().unwrap().close().await;
+        }
+    }
+}
+
+/// `charges` and `ChargeCreated` events, `n` of each, written directly.
+async fn reconcile_time(n: i64) -> std::time::Duration {
+    let (_, db, _dir) = demo().await;
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+         INSERT INTO charges (id, amount_cents) SELECT 'ch_' || i, 100 FROM n",
+    )
+    .bind(n)
+    .execute(db.store().pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+         INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at, \
+             next_attempt_at, published_at) \
+         SELECT printf('00000000-0000-7000-8000-%012d', i), 'charge', 'ch_' || i, \
+                'ChargeCreated', '{}', 0, 0, 0 FROM n",
+    )
+    .bind(n)
+    .execute(db.store().pool())
+    .await
+    .unwrap();
+    let mut shortest = std::time::Duration::MAX;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        assert_eq!(db.charges_without_event(3600).await.unwrap(), 0);
+        shortest = shortest.min(started.elapsed());
+    }
+    shortest
+}
+
+/// The reconciliation query reads the events once, not once per charge: four times the
+/// charges and events take about four times as long, not sixteen.
+#[tokio::test]
+async fn the_reconcile_query_is_not_quadratic() {
+    let small = reconcile_time(1_000).await;
+    let large = reconcile_time(4_000).await;
+    eprintln!("reconcile 1,000 x 1,000: {small:?}; 4,000 x 4,000: {large:?}");
+    assert!(
+        large < small * 8 + std::time::Duration::from_millis(5),
+        "4,000: {large:?}; 1,000: {small:?}"
+    );
 }
 
 /// A temporary directory removed on drop (no extra dependency for one helper).

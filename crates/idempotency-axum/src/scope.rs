@@ -19,6 +19,10 @@ use crate::extract::IdempotencyKeyHeader;
 /// state, a verified token). Two implementations come with the crate: [`TenantHeader`] and
 /// [`PrincipalScope`]. Derive the scope from an authenticated identity only: a scope the client
 /// can choose freely lets it read another client's stored responses.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a ScopeSource: choose the scope of the layer's keys with `.scope::<...>()`",
+    note = "the scope must come from the authenticated principal (`PrincipalScope<P>`, `TenantHeader` behind a gateway, or your own ScopeSource); `SharedScope` puts every client's keys together"
+)]
 pub trait ScopeSource<S>: 'static {
     /// The response when no scope can be derived.
     type Rejection: IntoResponse;

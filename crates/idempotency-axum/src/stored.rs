@@ -185,6 +185,13 @@ impl StoredResponse {
     pub fn body(&self) -> &Bytes {
         &self.body
     }
+
+    /// Keeps only the headers `filter` allows (the layer applies its allow-list again on
+    /// every replay).
+    pub(crate) fn retain_headers(mut self, filter: &HeaderFilter) -> Self {
+        self.headers.retain(|(name, _)| filter.allows(name));
+        self
+    }
 }
 
 impl IntoResponse for StoredResponse {

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use idempotency_axum::{IdempotencyLayer, IdempotentTx, StoredStatuses, TenantHeader};
+use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope, StoredStatuses, TenantHeader};
 use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceConfig};
 use idempotency_pg::PgStore;
 use idempotency_pg::sqlx;
@@ -523,9 +523,11 @@ async fn a_changed_fingerprint_algorithm_replays_while_the_previous_is_accepted<
     let (store, _cleanup) = B::fresh().await;
     let with = |strategy: JcsFingerprint| {
         let service = IdempotencyService::new(store.clone());
-        Router::new()
-            .route("/echo", post(echo))
-            .route_layer(IdempotencyLayer::new(service).fingerprint(strategy))
+        Router::new().route("/echo", post(echo)).route_layer(
+            IdempotencyLayer::new(service)
+                .scope::<SharedScope>()
+                .fingerprint(strategy),
+        )
     };
     let headers = [("idempotency-key", "fp-1")];
     let before = with(JcsFingerprint::default());
@@ -548,7 +550,7 @@ async fn a_changed_fingerprint_algorithm_replays_while_the_previous_is_accepted<
         .build();
     let from_service = Router::new()
         .route("/echo", post(echo))
-        .route_layer(IdempotencyLayer::new(service));
+        .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>());
     let replayed = call(&from_service, "/echo", &headers, r#"{"n":1}"#).await;
     assert_eq!(replayed.headers["idempotent-replayed"], "true");
     let fresh = call(

@@ -19,7 +19,7 @@ use axum::http::{Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idempotency_axum::IdempotencyLayer;
+use idempotency_axum::{IdempotencyLayer, SharedScope};
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::{
     IdempotencyKey, IdempotencyService, InFlightPolicy, LeasedClaims, Operation, RecordId,
@@ -117,7 +117,11 @@ fn app<B: Backend>(
     let service = IdempotencyService::builder(store).config(config).build();
     let app = Router::new()
         .route("/charge", post(charge))
-        .route_layer(IdempotencyLayer::new(service).leased(lease))
+        .route_layer(
+            IdempotencyLayer::new(service)
+                .scope::<SharedScope>()
+                .leased(lease),
+        )
         .with_state(Arc::clone(&provider));
     (app, provider)
 }

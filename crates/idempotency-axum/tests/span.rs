@@ -10,7 +10,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::Request;
 use axum::routing::post;
-use idempotency_axum::IdempotencyLayer;
+use idempotency_axum::{IdempotencyLayer, SharedScope};
 use idempotency_core::IdempotencyService;
 use idempotency_core::fingerprint::short_hash;
 use idempotency_pg::PgStore;
@@ -72,7 +72,7 @@ async fn each_request_has_a_span_with_the_key_hash_the_outcome_and_the_tier() {
     store.create_schema().await.unwrap();
     let app = Router::new()
         .route("/echo", post(|body: Bytes| async move { body }))
-        .route_layer(IdempotencyLayer::new(IdempotencyService::new(store)));
+        .route_layer(IdempotencyLayer::new(IdempotencyService::new(store)).scope::<SharedScope>());
     for body in ["a", "a", "b"] {
         let request = Request::post("/echo")
             .header("idempotency-key", "secret-key-1")

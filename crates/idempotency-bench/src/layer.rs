@@ -9,7 +9,9 @@ use axum::extract::State;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_axum::{Error, IdempotencyKeyHeader, IdempotencyLayer, IdempotentTx, OutcomeExt};
+use idempotency_axum::{
+    Error, IdempotencyKeyHeader, IdempotencyLayer, IdempotentTx, OutcomeExt, SharedScope,
+};
 use idempotency_core::{ExecutionResult, IdempotencyService, ServiceConfig};
 use idempotency_pg::PgStore;
 use tower::ServiceExt;
@@ -59,7 +61,7 @@ fn router(service: IdempotencyService<PgStore>) -> Router {
         .merge(
             Router::new()
                 .route("/layered", post(layered))
-                .route_layer(IdempotencyLayer::new(service)),
+                .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>()),
         )
 }
 

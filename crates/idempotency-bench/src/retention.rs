@@ -128,6 +128,7 @@ async fn claim_loop(outbox: PgOutbox, stop: Arc<AtomicBool>) -> Histogram<u64> {
                 error: "bench".to_owned(),
                 retry_in: Duration::ZERO,
                 dead_letter: false,
+                transient: false,
             })
             .collect();
         outbox

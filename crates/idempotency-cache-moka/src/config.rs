@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// let config: idempotency_cache_moka::LocalCacheConfig =
 ///     serde_json::from_str(r#"{"ttl": "5m", "max-size": 500, "statistics": true}"#)?;
 /// assert_eq!(config.max_size, 500);
+/// assert_eq!(config.max_bytes, 64 * 1024 * 1024);
 /// assert!(config.enabled);
 /// # Ok::<(), serde_json::Error>(())
 /// ```
@@ -23,6 +24,11 @@ pub struct LocalCacheConfig {
     pub ttl: Duration,
     /// Maximum number of entries. Default `10000`.
     pub max_size: u64,
+    /// Maximum bytes the entries hold together (their stored responses, fingerprints and keys,
+    /// plus a fixed overhead per entry). Default `64MiB`. Each entry weighs at least
+    /// `max-bytes / max-size`, so neither bound is exceeded: a few large responses (a client
+    /// can make a stored 4xx echo a large body) cannot grow the cache past the budget.
+    pub max_bytes: u64,
     /// Record hits, misses and evictions. Default `false`.
     pub statistics: bool,
 }
@@ -33,6 +39,7 @@ impl Default for LocalCacheConfig {
             enabled: true,
             ttl: Duration::from_secs(10 * 60),
             max_size: 10_000,
+            max_bytes: 64 * 1024 * 1024,
             statistics: false,
         }
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use idempotency_core::{IdempotencyRecord, LocalCache, RecordId};
+use idempotency_core::{IdempotencyRecord, LocalCache, RecordId, StoredOutcome};
 use moka::notification::RemovalCause;
 
 mod config;
@@ -24,7 +24,7 @@ pub struct CacheStats {
     pub hits: u64,
     /// Lookups that found nothing.
     pub misses: u64,
-    /// Entries removed to respect `max-size`.
+    /// Entries removed to respect `max-size` or `max-bytes`.
     pub evictions: u64,
     /// Entries removed because their TTL or the record's `expires_at` passed.
     pub expirations: u64,
@@ -76,7 +76,32 @@ impl moka::Expiry<RecordId, Entry> for RecordExpiry {
     }
 }
 
-/// The L1 cache: in-process, bounded, expire-after-write, on moka.
+/// What an entry weighs besides its strings: the record, the `Arc`, the key and moka's own
+/// bookkeeping, rounded up.
+const ENTRY_OVERHEAD: u64 = 256;
+
+/// An entry's weight in bytes, at least `floor` (see [`LocalCacheConfig::max_bytes`]).
+fn weight(id: &RecordId, record: &IdempotencyRecord, floor: u64) -> u32 {
+    let outcome = match &record.outcome {
+        Some(StoredOutcome::Completed { payload }) => payload.len(),
+        Some(StoredOutcome::Rejected { code, details }) => {
+            code.len() + details.as_ref().map_or(0, String::len)
+        }
+        None => 0,
+    };
+    let strings = outcome
+        + record.fingerprint.as_str().len()
+        + id.operation.as_str().len()
+        + id.scope.as_str().len()
+        + id.key.as_str().len();
+    let bytes = u64::try_from(strings)
+        .unwrap_or(u64::MAX)
+        .saturating_add(ENTRY_OVERHEAD)
+        .max(floor);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// The L1 cache: in-process, bounded by entries and by bytes, expire-after-write, on moka.
 ///
 /// Only terminal records (`COMPLETED`, `REJECTED`) are stored; a `PROCESSING` record offered to
 /// [`put`](LocalCache::put) is ignored. An entry never outlives the record's `expires_at`.
@@ -97,11 +122,16 @@ pub struct MokaCache {
 }
 
 impl MokaCache {
-    /// A cache from `idempotency.local-cache` (`ttl`, `max-size`, `statistics`).
+    /// A cache from `idempotency.local-cache` (`ttl`, `max-size`, `max-bytes`, `statistics`).
+    ///
+    /// Entries are weighed in bytes (moka's weigher) against `max-bytes`; each weighs at least
+    /// `max-bytes / max-size`, so the cache also never holds more than `max-size` entries.
     pub fn new(config: &LocalCacheConfig) -> Self {
         let counters = config.statistics.then(|| Arc::new(Counters::default()));
+        let floor = config.max_bytes / config.max_size.max(1);
         let mut builder = moka::sync::Cache::builder()
-            .max_capacity(config.max_size)
+            .max_capacity(config.max_bytes)
+            .weigher(move |id: &RecordId, record: &Entry| weight(id, record, floor))
             .expire_after(RecordExpiry { ttl: config.ttl });
         if let Some(counters) = &counters {
             let counters = Arc::clone(counters);
@@ -134,6 +164,12 @@ impl MokaCache {
     /// Number of entries (approximate until pending maintenance ran; see [`sync`](Self::sync)).
     pub fn entry_count(&self) -> u64 {
         self.cache.entry_count()
+    }
+
+    /// The entries' weight in bytes, as counted against `max-bytes` (approximate until
+    /// pending maintenance ran).
+    pub fn weighted_size(&self) -> u64 {
+        self.cache.weighted_size()
     }
 
     /// Runs moka's pending maintenance (evictions, expirations, counts) now.

@@ -132,6 +132,54 @@ fn size_is_bounded() {
     assert!(cache.stats().unwrap().evictions > 0);
 }
 
+/// Large entries (a stored 4xx that echoes a large request body) are weighed by their bytes:
+/// with the default settings, 80 records of 1 MiB never hold more than the 64 MiB budget.
+#[test]
+fn the_default_cache_is_bounded_in_bytes_not_only_in_entries() {
+    let cache = MokaCache::new(&LocalCacheConfig::default());
+    let budget = 64 * 1024 * 1024;
+    for i in 0..80 {
+        let payload = format!("\"{}\"", "x".repeat(1024 * 1024));
+        let big = record(Some(StoredOutcome::Completed { payload }), None);
+        cache.put(&id(&format!("big-{i}")), big);
+        cache.sync();
+    }
+    let held = cache.entry_count();
+    assert!(
+        held * 1024 * 1024 <= budget,
+        "{held} entries of 1 MiB kept, more than the 64 MiB budget"
+    );
+    assert!(cache.weighted_size() <= budget, "{}", cache.weighted_size());
+}
+
+/// Small entries still count against `max-size`: each weighs at least `max-bytes / max-size`.
+#[test]
+fn small_entries_are_bounded_by_count_and_large_ones_by_bytes() {
+    let cache = MokaCache::new(&LocalCacheConfig {
+        max_size: 100,
+        max_bytes: 1024 * 1024,
+        ..Default::default()
+    });
+    for i in 0..500 {
+        cache.put(&id(&format!("small-{i}")), record(completed(), None));
+    }
+    cache.sync();
+    assert!(cache.entry_count() <= 100, "{}", cache.entry_count());
+    for i in 0..50 {
+        let payload = format!("\"{}\"", "y".repeat(100 * 1024));
+        cache.put(
+            &id(&format!("large-{i}")),
+            record(Some(StoredOutcome::Completed { payload }), None),
+        );
+        cache.sync();
+    }
+    assert!(
+        cache.weighted_size() <= 1024 * 1024,
+        "{}",
+        cache.weighted_size()
+    );
+}
+
 /// In `execute`: a rolled-back transaction leaves the cache empty; after a commit the replay
 /// comes from L1 and never reaches the store (the row is gone from the database).
 #[tokio::test]

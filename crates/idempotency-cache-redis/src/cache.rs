@@ -4,13 +4,14 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::{DistributedCacheConfig, WriteBehindConfig};
 use fred::clients::Client;
+use fred::clients::WithOptions;
 use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, KeysInterface};
-use fred::prelude::Expiration;
+use fred::prelude::{Expiration, Options};
 use idempotency_core::{
     BoxError, CacheError, DistributedCache, FailurePolicy, IdempotencyRecord, RecordId,
 };
@@ -18,6 +19,8 @@ use idempotency_core::{
 use crate::breaker::{Breaker, BreakerState};
 use crate::codec::{self, Decoded};
 use crate::key::redis_key;
+use crate::refresh::Refresh;
+use crate::sign::Signer;
 use crate::write_behind::{self, Entry, Queue};
 
 /// Setting up the cache failed.
@@ -35,6 +38,21 @@ pub enum Error {
     },
 }
 
+/// The counter of write-behind entries, label `outcome`: `queued` (by `put`, for the writer),
+/// `not_queued` (the queue was full: `put` wrote the entry itself), `unwritten` (in a batch that
+/// failed) and `expired_in_queue` (dropped unwritten, its record expired while queued). The same
+/// counts as [`RedisCacheStats`], sent to the `metrics` recorder the application installed (the
+/// `idempotency` facade's Prometheus exporter): the service's own meters only see `put`, which
+/// succeeds once the entry is queued.
+pub const WRITE_BEHIND_METRIC: &str = "idempotency_cache_write_behind_entries_total";
+
+/// Counts `n` write-behind entries with `outcome` in [`WRITE_BEHIND_METRIC`].
+fn write_behind_metric(outcome: &'static str, n: u64) {
+    if n > 0 {
+        metrics::counter!(WRITE_BEHIND_METRIC, "outcome" => outcome).increment(n);
+    }
+}
+
 /// Counts of what went wrong, for the application to read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RedisCacheStats {
@@ -44,8 +62,11 @@ pub struct RedisCacheStats {
     pub errors: u64,
     /// Calls refused because the breaker was open.
     pub short_circuited: u64,
-    /// Corrupt entries found (and deleted).
+    /// Corrupt entries found (and deleted), forged ones included.
     pub corrupt: u64,
+    /// Entries whose HMAC tag did not verify (written without the secret, or copied from
+    /// another key), found and deleted; each is also counted in `corrupt`.
+    pub forged: u64,
     /// Write-behind: entries `put` queued for the background writer. A batch that fails counts
     /// once in `timeouts`, `errors` or `short_circuited`, and its entries in `unwritten`.
     pub queued: u64,
@@ -55,6 +76,9 @@ pub struct RedisCacheStats {
     /// Write-behind: entries of batches that failed. Some of them may have reached Redis; the
     /// others are not cached, and replays of them read the database.
     pub unwritten: u64,
+    /// Write-behind: entries whose record expired while they were queued, dropped unwritten
+    /// (without a call to Redis).
+    pub expired_in_queue: u64,
 }
 
 #[derive(Debug, Default)]
@@ -63,9 +87,11 @@ struct Counters {
     errors: AtomicU64,
     short_circuited: AtomicU64,
     corrupt: AtomicU64,
+    forged: AtomicU64,
     queued: AtomicU64,
     not_queued: AtomicU64,
     unwritten: AtomicU64,
+    expired_in_queue: AtomicU64,
 }
 
 /// The L2 cache: shared between instances, on Redis through fred.
@@ -93,11 +119,48 @@ pub struct RedisCache<C = Client> {
     prefix: Arc<str>,
     ttl: Duration,
     timeout: Duration,
+    /// Every command's options: fred's own timeout, equal to `timeout` (see [`GRACE`]).
+    options: Options,
     policy: FailurePolicy,
+    /// The breaker of the request path: reads, and `put`s that write their entry themselves.
     breaker: Arc<Breaker>,
+    /// The write-behind writer's own breaker: a write-path problem (a slow batch, `OOM` or
+    /// `READONLY` replies) never opens the breaker that guards reads.
+    write_breaker: Arc<Breaker>,
     counters: Arc<Counters>,
+    /// Tags entries with `secret` (see [`DistributedCacheConfig::secret`]).
+    signer: Signer,
     /// The write-behind queue; `None` when it is off, and in the writer's own copy.
     write_behind: Option<Arc<Queue>>,
+    /// On a cluster client made by [`connect`](RedisCache::connect): the slot map refresh
+    /// that a timeout triggers (rate-limited).
+    refresh: Option<Arc<Refresh>>,
+}
+
+/// How much longer than `timeout` a call may take before the cache drops it itself. Every
+/// command carries fred's own timeout, equal to `timeout`, which fires first: it marks the
+/// command as given up, so fred never sends it later (after a reconnection, a write of an
+/// entry whose record may be gone by then). Dropping the command's future alone does not: fred
+/// keeps it queued. This bound only catches a call that fred's timeout did not end.
+const GRACE: Duration = Duration::from_millis(20);
+
+/// A breaker as `config` says: a trial that runs is over after one timeout; one that has not
+/// reported after the cool-down plus the timeout is held by a future nobody polls any more.
+fn breaker(config: &DistributedCacheConfig) -> Arc<Breaker> {
+    Arc::new(Breaker::new(
+        config.circuit_breaker.failure_threshold,
+        config.circuit_breaker.cool_down,
+        config
+            .circuit_breaker
+            .cool_down
+            .saturating_add(config.timeout),
+    ))
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_millis(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 impl<C> RedisCache<C>
@@ -105,29 +168,52 @@ where
     C: KeysInterface + Clone + Send + Sync + 'static,
 {
     /// A cache over an existing fred client, configured by `idempotency.distributed-cache`.
+    ///
+    /// Without [`secret`](DistributedCacheConfig::secret) the entries' tags have no key: they
+    /// detect damage, not forgery, and whoever can write to the Redis can make the service
+    /// replay a response of their choosing; a warning says so. The `idempotency` facade
+    /// refuses an enabled cache without a secret.
     pub fn new(client: C, config: &DistributedCacheConfig) -> Self {
+        if config.secret.is_none() {
+            tracing::warn!(
+                "distributed cache without a secret: its entries are not authenticated, and \
+                 whoever can write to this Redis can forge replays; set \
+                 idempotency.distributed-cache.secret"
+            );
+        }
         Self {
+            signer: Signer::new(config.secret.as_ref()),
             client,
             prefix: Arc::from(config.key_prefix.as_str()),
             ttl: config.ttl,
             timeout: config.timeout,
+            options: Options {
+                timeout: Some(config.timeout),
+                ..Options::default()
+            },
             policy: config.failure_policy,
-            breaker: Arc::new(Breaker::new(
-                config.circuit_breaker.failure_threshold,
-                config.circuit_breaker.cool_down,
-                // A trial that runs is over after one timeout; one that has not reported after
-                // the cool-down plus the timeout is held by a future nobody polls any more.
-                config
-                    .circuit_breaker
-                    .cool_down
-                    .saturating_add(config.timeout),
-            )),
+            breaker: breaker(config),
+            write_breaker: breaker(config),
             counters: Arc::new(Counters::default()),
             write_behind: config
                 .write_behind
                 .enabled
                 .then(|| Arc::new(Queue::new(config.write_behind.clone()))),
+            refresh: None,
         }
+    }
+
+    /// The cache with `refresh` run after timeouts.
+    pub(crate) fn with_refresh(self, refresh: Refresh) -> Self {
+        Self {
+            refresh: Some(Arc::new(refresh)),
+            ..self
+        }
+    }
+
+    /// The client, every command of which carries fred's own timeout.
+    fn commands(&self) -> WithOptions<C> {
+        self.client.with_options(&self.options)
     }
 
     /// The fred client.
@@ -140,9 +226,37 @@ where
         redis_key(&self.prefix, id)
     }
 
-    /// The circuit breaker's state.
+    /// The state of the circuit breaker of the request path (reads, and the `put`s that write
+    /// their entry themselves).
     pub fn breaker_state(&self) -> BreakerState {
         self.breaker.state()
+    }
+
+    /// The state of the write-behind writer's own circuit breaker (`Closed` while write-behind
+    /// is off or idle).
+    pub fn write_behind_breaker_state(&self) -> BreakerState {
+        self.write_breaker.state()
+    }
+
+    /// Whether L2 serves: the request path's breaker is closed, and Redis answers a `PING`
+    /// within `timeout`. For health checks: unlike the client's connection state
+    /// ([`is_connected`]), it follows a cluster that recovered through redirections.
+    ///
+    /// ```no_run
+    /// # async fn demo(cache: idempotency_cache_redis::RedisCache) {
+    /// let cache_up = cache.is_healthy().await;
+    /// # }
+    /// ```
+    pub async fn is_healthy(&self) -> bool {
+        if !matches!(self.breaker.state(), BreakerState::Closed { .. }) {
+            return false;
+        }
+        let commands = self.commands();
+        let ping = async move { commands.ping::<()>(None).await };
+        matches!(
+            tokio::time::timeout(self.timeout + GRACE, ping).await,
+            Ok(Ok(()))
+        )
     }
 
     /// What went wrong so far.
@@ -152,72 +266,89 @@ where
             errors: self.counters.errors.load(Ordering::Relaxed),
             short_circuited: self.counters.short_circuited.load(Ordering::Relaxed),
             corrupt: self.counters.corrupt.load(Ordering::Relaxed),
+            forged: self.counters.forged.load(Ordering::Relaxed),
             queued: self.counters.queued.load(Ordering::Relaxed),
             not_queued: self.counters.not_queued.load(Ordering::Relaxed),
             unwritten: self.counters.unwritten.load(Ordering::Relaxed),
+            expired_in_queue: self.counters.expired_in_queue.load(Ordering::Relaxed),
         }
     }
 
-    /// Runs one Redis call, made by `make`, through the breaker and the timeout.
+    /// Runs one Redis call, made by `make` on [`commands`](Self::commands), through `breaker`
+    /// and the timeout.
     ///
     /// The call is made only once the breaker lets it through, and lives on the heap: a fred
     /// command future is about 5 KiB, and held inline it would make every future that awaits a
     /// cache (up to the HTTP handler's, which the server moves into a box per request) that much
-    /// larger, cache hit or not.
-    async fn call<T, F>(&self, make: impl FnOnce() -> F) -> Result<T, CacheError>
+    /// larger, cache hit or not. A timeout (fred's, or the cache's own [`GRACE`] later) also
+    /// asks a cluster client for a fresh slot map (at most every few seconds): a master that
+    /// hangs answers neither an error nor a redirection, and only a new map leaves it.
+    async fn call<T, F>(
+        &self,
+        breaker: &Breaker,
+        make: impl FnOnce(WithOptions<C>) -> F,
+    ) -> Result<T, CacheError>
     where
         F: Future<Output = Result<T, fred::error::Error>>,
     {
-        let Some(permit) = self.breaker.allow() else {
+        let Some(permit) = breaker.allow() else {
             self.counters
                 .short_circuited
                 .fetch_add(1, Ordering::Relaxed);
             return Err(CacheError::CircuitOpen);
         };
+        let call = Box::pin(make(self.commands()));
         // Cancelled at this `.await`, the permit is dropped unreported: a failure.
-        match tokio::time::timeout(self.timeout, Box::pin(make())).await {
+        match tokio::time::timeout(self.timeout + GRACE, call).await {
             Ok(Ok(value)) => {
                 permit.success();
                 Ok(value)
             }
-            Ok(Err(error)) => {
+            Ok(Err(error)) if *error.kind() != ErrorKind::Timeout => {
                 permit.failure();
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 Err(CacheError::Backend(Box::new(error)))
             }
-            Err(_) => {
+            Ok(Err(_)) | Err(_) => {
                 permit.failure();
                 self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                if let Some(refresh) = &self.refresh {
+                    refresh.after_timeout();
+                }
                 Err(CacheError::Timeout(self.timeout))
             }
         }
     }
 
-    /// How long an entry may live, from now: the TTL, or less if its record expires sooner;
-    /// in milliseconds, `None` when nothing is left of it.
-    fn lifetime_ms(&self, expires_at: Option<SystemTime>) -> Option<i64> {
-        let lifetime = match expires_at {
-            Some(at) => at
-                .duration_since(SystemTime::now())
-                .unwrap_or(Duration::ZERO)
-                .min(self.ttl),
-            None => self.ttl,
-        };
-        let millis = i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX);
-        (millis > 0).then_some(millis)
+    /// When an entry written now expires, in milliseconds since the Unix epoch: after the TTL,
+    /// or when its record expires if that is sooner; `None` when nothing is left of it.
+    ///
+    /// Absolute, so that a write that reaches Redis late (a reconnection, a queue) never lets
+    /// an entry outlive its record.
+    fn expiry_ms(&self, expires_at: Option<SystemTime>) -> Option<i64> {
+        let now = SystemTime::now();
+        let by_ttl = now
+            .checked_add(self.ttl)
+            .unwrap_or(now + Duration::from_secs(1 << 32));
+        let at = expires_at.map_or(by_ttl, |at| at.min(by_ttl));
+        (at > now).then(|| unix_millis(at))
     }
 
-    /// `SET key value PX lifetime`; nothing when the record has expired meanwhile. Takes the
+    /// `SET key value PXAT expiry`; nothing when the record has expired meanwhile. Takes the
     /// entry, so its key and value move into the command without a copy.
-    async fn write(&self, entry: Entry) -> Result<(), fred::error::Error> {
-        let Some(millis) = self.lifetime_ms(entry.expires_at) else {
+    async fn write(
+        &self,
+        commands: &WithOptions<C>,
+        entry: Entry,
+    ) -> Result<(), fred::error::Error> {
+        let Some(at) = self.expiry_ms(entry.expires_at) else {
             return Ok(());
         };
-        self.client
+        commands
             .set::<(), _, _>(
                 entry.key,
                 entry.value,
-                Some(Expiration::PX(millis)),
+                Some(Expiration::PXAT(at)),
                 None,
                 false,
             )
@@ -250,15 +381,35 @@ where
     }
 
     /// Writes (and empties) a batch with one call: its `SET`s are sent together, under one
-    /// timeout and one breaker permit. A failure (the first error ends the call) counts the
-    /// whole batch as unwritten.
+    /// timeout and one permit of the writer's own breaker. Entries whose record expired while
+    /// queued are dropped first: a batch left empty makes no call, so it can neither take nor
+    /// close the breaker's trial. A failure (the first error ends the call) counts the whole
+    /// batch as unwritten.
     async fn write_batch(&self, batch: &mut Vec<Entry>) {
-        let entries = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-        let sets = batch.drain(..).map(|entry| self.write(entry));
-        if let Err(error) = self.call(|| futures_util::future::try_join_all(sets)).await {
+        let queued = batch.len();
+        batch.retain(|entry| self.expiry_ms(entry.expires_at).is_some());
+        let expired = count(queued - batch.len());
+        self.counters
+            .expired_in_queue
+            .fetch_add(expired, Ordering::Relaxed);
+        write_behind_metric("expired_in_queue", expired);
+        if batch.is_empty() {
+            return;
+        }
+        let entries = count(batch.len());
+        let pending = &mut *batch;
+        let result = self
+            .call(&self.write_breaker, |commands| async move {
+                let sets = pending.drain(..).map(|entry| self.write(&commands, entry));
+                futures_util::future::try_join_all(sets).await
+            })
+            .await;
+        batch.clear();
+        if let Err(error) = result {
             self.counters
                 .unwritten
                 .fetch_add(entries, Ordering::Relaxed);
+            write_behind_metric("unwritten", entries);
             tracing::warn!(entries, %error, "distributed cache write-behind failed");
         }
     }
@@ -270,16 +421,25 @@ where
 {
     async fn get(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, CacheError> {
         let key = self.key_for(id);
-        let found = self.call(|| read(&self.client, &key)).await?;
+        let key = key.as_str();
+        let found = self
+            .call(&self.breaker, |commands| async move {
+                read(&commands, key).await
+            })
+            .await?;
         let corrupt: BoxError = match found {
             Found::Nothing => return Ok(None),
             Found::OtherType(error) => Box::new(error),
             Found::Value(bytes) => match String::from_utf8(bytes) {
                 Err(error) => Box::new(error),
-                Ok(value) => match codec::decode(&value) {
-                    Decoded::Record(record) => return Ok(Some(record)),
+                Ok(value) => match codec::decode(id, &value, &self.signer) {
+                    Decoded::Record(record) => return Ok(live(record)),
                     Decoded::OtherVersion => return Ok(None),
                     Decoded::Corrupt(error) => Box::new(error),
+                    Decoded::Forged => {
+                        self.counters.forged.fetch_add(1, Ordering::Relaxed);
+                        Box::new(Forged)
+                    }
                 },
             },
         };
@@ -289,15 +449,21 @@ where
             error = %corrupt,
             "corrupt idempotency cache entry; deleting it"
         );
-        let _: Result<i64, _> = self.call(|| self.client.del(key.as_str())).await;
+        let _: Result<i64, _> = self
+            .call(
+                &self.breaker,
+                |commands| async move { commands.del(key).await },
+            )
+            .await;
         Err(CacheError::Corrupt(corrupt))
     }
 
     async fn put(&self, id: &RecordId, record: &IdempotencyRecord) -> Result<(), CacheError> {
-        if self.lifetime_ms(record.expires_at).is_none() {
+        if self.expiry_ms(record.expires_at).is_none() {
             return Ok(());
         }
-        let Some(value) = codec::encode(record).map_err(|e| CacheError::Corrupt(Box::new(e)))?
+        let Some(value) = codec::encode(id, record, &self.signer)
+            .map_err(|e| CacheError::Corrupt(Box::new(e)))?
         else {
             return Ok(()); // PROCESSING: never cached
         };
@@ -313,22 +479,46 @@ where
                 match queue.offer(entry, start) {
                     Ok(()) => {
                         self.counters.queued.fetch_add(1, Ordering::Relaxed);
+                        write_behind_metric("queued", 1);
                         return Ok(());
                     }
                     Err(refused) => {
                         self.counters.not_queued.fetch_add(1, Ordering::Relaxed);
+                        write_behind_metric("not_queued", 1);
                         refused
                     }
                 }
             }
         };
-        self.call(|| self.write(entry)).await
+        self.call(&self.breaker, |commands| async move {
+            self.write(&commands, entry).await
+        })
+        .await
     }
 
     fn failure_policy(&self) -> FailurePolicy {
         self.policy
     }
 }
+
+/// `record`, or `None` once it has expired: an entry never outlives its record, even one
+/// written late with a relative expiry by an older release.
+fn live(record: IdempotencyRecord) -> Option<IdempotencyRecord> {
+    match record.expires_at {
+        Some(at) if at <= SystemTime::now() => None,
+        _ => Some(record),
+    }
+}
+
+/// `n` as a counter increment.
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// An entry whose tag does not verify.
+#[derive(Debug, thiserror::Error)]
+#[error("the entry's tag does not verify (written without the secret, or for another record)")]
+struct Forged;
 
 /// What a `GET` found at a key.
 enum Found {

@@ -1,20 +1,25 @@
-//! The cached value: a version tag, then a compact JSON object.
+//! The cached value: a version tag, the entry's HMAC tag, then a compact JSON object.
 //!
-//! `v1:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires]}`
+//! `v2:<64 hex digits>:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires]}`
 //! The stored payload is already JSON, so it is embedded as is (no escaping, and decoding borrows
 //! it); times are milliseconds since the Unix epoch. `p` is absent only for a rejection without
-//! details: a rejection whose details are JSON `null` has `"p":null`.
+//! details: a rejection whose details are JSON `null` has `"p":null`. The hex digits are the
+//! HMAC-SHA-256 of the record's identity and the JSON ([`Signer`]); an entry whose tag does not
+//! verify is [`Decoded::Forged`]. `v1:` entries (the same JSON without a tag) are read as
+//! another version: a miss, since nothing says who wrote them.
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotency_core::{Fingerprint, IdempotencyRecord, StoredOutcome};
+use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
+use crate::sign::{Signer, TAG_HEX_LEN};
+
 /// The current format tag. Entries with another tag read as a miss (written by a newer or older
 /// release), never as an error.
-const TAG: &str = "v1:";
+const TAG: &str = "v2:";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum Status {
@@ -63,8 +68,13 @@ fn raw(json: &str) -> Result<Box<RawValue>, serde_json::Error> {
     RawValue::from_string(json.to_owned())
 }
 
-/// Encodes a terminal record; `None` for a `PROCESSING` one, which is never cached.
-pub(crate) fn encode(record: &IdempotencyRecord) -> Result<Option<String>, serde_json::Error> {
+/// Encodes a terminal record stored for `id`, tagged by `signer`; `None` for a `PROCESSING`
+/// one, which is never cached.
+pub(crate) fn encode(
+    id: &RecordId,
+    record: &IdempotencyRecord,
+    signer: &Signer,
+) -> Result<Option<String>, serde_json::Error> {
     let (status, payload, code) = match &record.outcome {
         Some(StoredOutcome::Completed { payload }) => {
             (Status::Completed, Some(raw(payload)?), None)
@@ -87,8 +97,12 @@ pub(crate) fn encode(record: &IdempotencyRecord) -> Result<Option<String>, serde
             record.expires_at.map(millis),
         ),
     };
-    let mut out = String::from(TAG);
-    out.push_str(&serde_json::to_string(&wire)?);
+    let json = serde_json::to_string(&wire)?;
+    let mut out = String::with_capacity(TAG.len() + TAG_HEX_LEN + 1 + json.len());
+    out.push_str(TAG);
+    out.push_str(&signer.tag(id, &json));
+    out.push(':');
+    out.push_str(&json);
     Ok(Some(out))
 }
 
@@ -98,6 +112,8 @@ pub(crate) enum Decoded {
     Record(IdempotencyRecord),
     OtherVersion,
     Corrupt(serde_json::Error),
+    /// The tag does not verify: written without the secret, or for another record.
+    Forged,
 }
 
 fn corrupt(reason: &str) -> Decoded {
@@ -106,14 +122,21 @@ fn corrupt(reason: &str) -> Decoded {
     )))
 }
 
-pub(crate) fn decode(value: &str) -> Decoded {
-    let Some(json) = value.strip_prefix(TAG) else {
+/// Decodes the value found at `id`'s key, checking its tag with `signer` before anything else.
+pub(crate) fn decode(id: &RecordId, value: &str, signer: &Signer) -> Decoded {
+    let Some(tagged) = value.strip_prefix(TAG) else {
         return if is_version_tag(value) {
             Decoded::OtherVersion
         } else {
             corrupt("no version tag")
         };
     };
+    let Some((tag, json)) = tagged.split_once(':') else {
+        return Decoded::Forged;
+    };
+    if !signer.verify(id, json, tag) {
+        return Decoded::Forged;
+    }
     let wire: Wire<'_> = match serde_json::from_str(json) {
         Ok(wire) => wire,
         Err(error) => return Decoded::Corrupt(error),
@@ -149,7 +172,35 @@ fn is_version_tag(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use idempotency_core::{IdempotencyKey, Operation, Scope};
+
     use super::*;
+    use crate::sign::CacheSecret;
+
+    fn id() -> RecordId {
+        RecordId::new(
+            Operation::new("OP").unwrap(),
+            Scope::new("tenant").unwrap(),
+            IdempotencyKey::new("k").unwrap(),
+        )
+    }
+
+    fn signer() -> Signer {
+        Signer::new(Some(&CacheSecret::new("c".repeat(32)).unwrap()))
+    }
+
+    fn enc(record: &IdempotencyRecord) -> Result<Option<String>, serde_json::Error> {
+        encode(&id(), record, &signer())
+    }
+
+    fn dec(value: &str) -> Decoded {
+        decode(&id(), value, &signer())
+    }
+
+    /// A current-version value holding `json`, correctly tagged.
+    fn tagged(json: &str) -> String {
+        format!("{TAG}{}:{json}", signer().tag(&id(), json))
+    }
 
     fn record(outcome: Option<StoredOutcome>) -> IdempotencyRecord {
         IdempotencyRecord {
@@ -180,8 +231,8 @@ mod tests {
             },
         ] {
             let original = record(Some(outcome));
-            let encoded = encode(&original).unwrap().unwrap();
-            let Decoded::Record(back) = decode(&encoded) else {
+            let encoded = enc(&original).unwrap().unwrap();
+            let Decoded::Record(back) = dec(&encoded) else {
                 panic!("{encoded}")
             };
             assert_eq!(back, original);
@@ -195,8 +246,8 @@ mod tests {
                 code: "NO".into(),
                 details: details.map(str::to_owned),
             }));
-            let encoded = encode(&original).unwrap().unwrap();
-            let Decoded::Record(back) = decode(&encoded) else {
+            let encoded = enc(&original).unwrap().unwrap();
+            let Decoded::Record(back) = dec(&encoded) else {
                 panic!("{encoded}")
             };
             assert_eq!(back, original, "{encoded}");
@@ -205,7 +256,7 @@ mod tests {
 
     #[test]
     fn the_payload_is_embedded_not_escaped() {
-        let encoded = encode(&record(Some(StoredOutcome::Completed {
+        let encoded = enc(&record(Some(StoredOutcome::Completed {
             payload: r#"{"a":"b"}"#.into(),
         })))
         .unwrap()
@@ -216,22 +267,37 @@ mod tests {
     #[test]
     fn other_versions_are_misses_and_garbage_is_corrupt() {
         assert!(matches!(
-            decode("v2:{\"whatever\":true}"),
+            dec("v3:{\"whatever\":true}"),
             Decoded::OtherVersion
         ));
-        assert!(matches!(decode("v1:{not json"), Decoded::Corrupt(_)));
+        assert!(matches!(dec(&tagged("{not json")), Decoded::Corrupt(_)));
         assert!(
             matches!(
-                decode(r#"v1:{"f":"x","s":"R","t":[1,null,null]}"#),
+                dec(&tagged(r#"{"f":"x","s":"R","t":[1,null,null]}"#)),
                 Decoded::Corrupt(_)
             ),
             "a rejection needs a code"
         );
-        assert!(matches!(decode("hello"), Decoded::Corrupt(_)));
-        assert!(matches!(decode(""), Decoded::Corrupt(_)));
+        assert!(matches!(dec("hello"), Decoded::Corrupt(_)));
+        assert!(matches!(dec(""), Decoded::Corrupt(_)));
         assert!(
-            encode(&record(None)).unwrap().is_none(),
+            enc(&record(None)).unwrap().is_none(),
             "PROCESSING is never encoded"
         );
+    }
+
+    #[test]
+    fn an_untagged_or_wrongly_tagged_entry_is_forged_and_v1_is_another_version() {
+        let json = r#"{"f":"x","s":"C","p":{"a":1},"t":[1,null,null]}"#;
+        assert!(matches!(dec(&tagged(json)), Decoded::Record(_)));
+        assert!(matches!(dec(&format!("v1:{json}")), Decoded::OtherVersion));
+        assert!(matches!(dec(&format!("{TAG}{json}")), Decoded::Forged));
+        let other_secret = Signer::new(Some(&CacheSecret::new("d".repeat(32)).unwrap()));
+        let forged = format!("{TAG}{}:{json}", other_secret.tag(&id(), json));
+        assert!(matches!(dec(&forged), Decoded::Forged));
+        let unkeyed = format!("{TAG}{}:{json}", Signer::new(None).tag(&id(), json));
+        assert!(matches!(dec(&unkeyed), Decoded::Forged));
+        let changed = tagged(json).replace(r#"{"a":1}"#, r#"{"a":2}"#);
+        assert!(matches!(dec(&changed), Decoded::Forged));
     }
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use idempotency_core::FailurePolicy;
 use serde::{Deserialize, Serialize};
 
+use crate::sign::CacheSecret;
+
 /// `idempotency.distributed-cache`: the settings of [`RedisCache`](crate::RedisCache).
 ///
 /// ```
@@ -39,6 +41,12 @@ pub struct DistributedCacheConfig {
     pub circuit_breaker: CircuitBreakerConfig,
     /// Writing committed records in the background instead of before the answer.
     pub write_behind: WriteBehindConfig,
+    /// The key of the HMAC that authenticates every entry (at least 32 bytes; the same in
+    /// every instance sharing the Redis). An entry whose tag does not verify is a miss, deleted
+    /// and counted (`RedisCacheStats::forged`), never a replay. Default `null`: entries are
+    /// not authenticated (see [`RedisCache::new`](crate::RedisCache::new)); the `idempotency`
+    /// facade refuses an enabled cache without one.
+    pub secret: Option<CacheSecret>,
 }
 
 impl Default for DistributedCacheConfig {
@@ -52,6 +60,7 @@ impl Default for DistributedCacheConfig {
             timeout: Duration::from_millis(50),
             circuit_breaker: CircuitBreakerConfig::default(),
             write_behind: WriteBehindConfig::default(),
+            secret: None,
         }
     }
 }
@@ -83,12 +92,14 @@ impl Default for CircuitBreakerConfig {
 /// Redis before the first execution answers. On, `put` queues the entry and returns; one
 /// background task per cache (started by the first `put`, in its runtime) writes the queue in
 /// batches, the `SET`s of a batch sent together (pipelined; on a cluster, per node) as one call
-/// under the cache's `timeout` and circuit breaker. Only the writes move: reads and the failure
-/// policy are unchanged, and only committed records are ever written (the service calls `put`
-/// after the commit). A queue that is full is not a loss: `put` then writes that entry itself
-/// and waits for it (within `timeout`), as when write-behind is off. A batch that fails is
-/// logged and counted ([`RedisCacheStats`](crate::RedisCacheStats)`::unwritten`), not reported
-/// to the service's metrics, which only see `put`. Entries still queued at shutdown (the
+/// under the cache's `timeout` and a circuit breaker of the writer's own (with the
+/// `circuit-breaker` settings), so that failing writes never open the breaker of reads. Only
+/// the writes move: reads and the failure policy are unchanged, and only committed records are
+/// ever written (the service calls `put` after the commit). A queue that is full is not a loss:
+/// `put` then writes that entry itself and waits for it (within `timeout`), as when
+/// write-behind is off. A batch that fails is logged and counted
+/// ([`RedisCacheStats`](crate::RedisCacheStats)`::unwritten`, and the `metrics` counter
+/// [`WRITE_BEHIND_METRIC`](crate::WRITE_BEHIND_METRIC)). Entries still queued at shutdown (the
 /// `idempotency` facade's `shutdown` quits the client) or when the writer's runtime stops are
 /// not written; replays of them read the database.
 ///

@@ -6,14 +6,24 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::prelude::{Builder, ReconnectPolicy};
+use fred::types::ConnectHandle;
 use fred::types::config::{Server, ServerConfig};
 
 use crate::cache::{Error, RedisCache};
 use crate::config::DistributedCacheConfig;
+use crate::refresh::Refresh;
 use crate::url::{client_config, redacted};
 
 /// Bound on each TCP probe of a cluster seed at start-up.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Bound on fred's own commands (`CLUSTER SLOTS`, a new connection's set-up). fred's default
+/// (10 s) is how long a slot map reload waits for a hung node that still accepts connections,
+/// while fred's routing task, and so every call, waits with it.
+const INTERNAL_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The pause before a connection task that ended on an error is started again.
+const RESTART_DELAY: Duration = Duration::from_millis(500);
 
 impl RedisCache<Client> {
     /// Builds a client for `url` and starts connecting in the background, reconnecting forever
@@ -29,7 +39,16 @@ impl RedisCache<Client> {
     ///   one named node accepts a TCP connection: a URL that names no reachable node is
     ///   [`Error::Unreachable`], not a client that waits for ever. The probe blocks the calling
     ///   thread, at most one second per seed address (a refused connection fails at once):
-    ///   call `connect` at start-up, not on a request path.
+    ///   call `connect` at start-up, not on a request path. A call that times out makes the
+    ///   client reload the slot map (at most every 2 s), so that a master that hangs rather
+    ///   than dies is left once its replica is promoted.
+    ///
+    /// fred's connection task ends on some errors (a redirection loop that exhausts its
+    /// attempts); nothing would then read the client's commands again, and every call would
+    /// time out for good. The task is watched: when it ends other than by `quit`, that is
+    /// logged at `warn` and the client connects again.
+    ///
+    /// Must be called inside a tokio runtime.
     pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
         let fred_config = client_config(url).map_err(Error::Config)?;
         if let ServerConfig::Clustered { hosts, .. } = &fred_config.server
@@ -40,12 +59,37 @@ impl RedisCache<Client> {
         let client = Builder::from_config(fred_config)
             .with_connection_config(|c| {
                 c.connection_timeout = Duration::from_secs(2);
+                c.internal_command_timeout = INTERNAL_COMMAND_TIMEOUT;
             })
             .set_policy(ReconnectPolicy::new_constant(0, 500))
             .build()
             .map_err(Error::Config)?;
-        let _connection = client.connect();
-        Ok(Self::new(client, config))
+        tokio::spawn(supervise(client.clone(), client.connect()));
+        let cache = Self::new(client.clone(), config);
+        Ok(if client.is_clustered() {
+            cache.with_refresh(Refresh::new(client))
+        } else {
+            cache
+        })
+    }
+}
+
+/// Waits for the client's connection task to end, and connects again when it ended on an
+/// error (or a panic); returns when it ended cleanly (`quit`).
+async fn supervise(client: Client, mut task: ConnectHandle) {
+    loop {
+        match task.await {
+            Ok(Ok(())) => return,
+            Ok(Err(error)) if error.is_canceled() => return, // `quit` while connecting
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "the Redis connection task ended; connecting again");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the Redis connection task failed; connecting again");
+            }
+        }
+        tokio::time::sleep(RESTART_DELAY).await;
+        task = client.connect();
     }
 }
 

@@ -7,13 +7,16 @@ mod codec;
 mod config;
 mod connect;
 mod key;
+mod refresh;
+mod sign;
 mod url;
 mod write_behind;
 
 pub use breaker::BreakerState;
-pub use cache::{Error, RedisCache, RedisCacheStats, is_connected};
+pub use cache::{Error, RedisCache, RedisCacheStats, WRITE_BEHIND_METRIC, is_connected};
 pub use config::{CircuitBreakerConfig, DistributedCacheConfig, WriteBehindConfig};
 pub use key::redis_key;
+pub use sign::{CacheSecret, MIN_SECRET_LEN, SecretTooShort};
 pub use url::client_config;
 
 /// The fred version this crate is built on.

@@ -1,5 +1,6 @@
-//! A master of a Redis Cluster dies (SIGKILL) while requests read the cache: once its replica
-//! has taken over, L2 serves again and the circuit breaker closes, by itself.
+//! A master of a Redis Cluster dies (SIGKILL) while requests read the cache (and, with
+//! write-behind on, write it): once its replica has taken over, L2 serves again, the circuit
+//! breakers close and the cache reports itself healthy, by itself.
 //!
 //! The test owns its six-node cluster (its own ports, see `support::cluster`): it kills a node,
 //! which no test sharing the cluster of `scripts/services.sh` could stand.
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use idempotency_cache_redis::fred::prelude::ClientLike;
 use idempotency_cache_redis::{BreakerState, RedisCache, is_connected};
-use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig};
+use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig, WriteBehindConfig};
 use idempotency_core::{DistributedCache, FailurePolicy, RecordId};
 
 use support::cluster::OwnCluster;
@@ -46,17 +47,25 @@ enum Seeds {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn after_a_master_fails_over_l2_serves_again_and_the_breaker_closes() {
-    failover(Seeds::All).await;
+    failover(Seeds::All, false).await;
 }
 
 /// The seed named in the URL is the master that dies: the client must find the cluster through
 /// the nodes it learned, not only through the URL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn after_the_seed_master_fails_over_l2_serves_again_and_the_breaker_closes() {
-    failover(Seeds::TheVictim).await;
+    failover(Seeds::TheVictim, false).await;
 }
 
-async fn failover(seeds: Seeds) {
+/// As the demo runs it: write-behind on, the URL naming only the master that dies, and writes
+/// as well as reads under load. L2 serves again, both breakers close and
+/// [`RedisCache::is_healthy`] says so; what is put after the failover reaches Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_write_behind_after_the_seed_master_fails_over_l2_serves_again_and_is_healthy() {
+    failover(Seeds::TheVictim, true).await;
+}
+
+async fn failover(seeds: Seeds, write_behind: bool) {
     let mut cluster = OwnCluster::start("failover").await;
     let config = DistributedCacheConfig {
         key_prefix: format!("{}:", idempotency_testing::unique_name("failover")),
@@ -65,6 +74,10 @@ async fn failover(seeds: Seeds) {
         circuit_breaker: CircuitBreakerConfig {
             failure_threshold: 5,
             cool_down: COOL_DOWN,
+        },
+        write_behind: WriteBehindConfig {
+            enabled: write_behind,
+            ..Default::default()
         },
         ..Default::default()
     };
@@ -84,7 +97,11 @@ async fn failover(seeds: Seeds) {
     for (n, id) in ids.iter().enumerate() {
         cache.put(id, &record(n)).await.unwrap();
     }
-    all_served(&cache, &ids).await.unwrap();
+    let started = Instant::now();
+    while let Err(missing) = all_served(&cache, &ids).await {
+        assert!(started.elapsed() < RECOVERY, "not written: {missing}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Replication is asynchronous: a write the dying master had not yet sent to its replica
     // is lost with it (a cache miss, served from the database). Kill only once every record
     // has reached a replica, so that what is checked is the client finding the new master.
@@ -100,23 +117,33 @@ async fn failover(seeds: Seeds) {
     owners.dedup();
     assert_eq!(owners.len(), 3, "the records spread over the three masters");
 
-    // Requests keep reading L2 while the master dies and its replica takes over.
+    // Requests keep reading L2 while the master dies and its replica takes over; with
+    // write-behind, eight clients that also put fresh records, as a service under load does.
     let stop = Arc::new(AtomicBool::new(false));
-    let load = tokio::spawn({
-        let (cache, ids, stop) = (cache.clone(), ids.clone(), stop.clone());
-        async move {
-            let mut slowest = Duration::ZERO;
-            while !stop.load(Ordering::Relaxed) {
-                for id in &ids {
-                    let started = Instant::now();
-                    let _ = cache.get(id).await;
-                    slowest = slowest.max(started.elapsed());
+    let clients = if write_behind { 8 } else { 1 };
+    let loads: Vec<_> = (0..clients)
+        .map(|client| {
+            let (cache, ids, stop) = (cache.clone(), ids.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut slowest = Duration::ZERO;
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    for (n, read) in ids.iter().enumerate() {
+                        let started = Instant::now();
+                        let _ = cache.get(read).await;
+                        if write_behind {
+                            let fresh = id("PAY", "", &format!("load-{client}-{round}-{n}"));
+                            let _ = cache.put(&fresh, &record(n)).await;
+                        }
+                        slowest = slowest.max(started.elapsed());
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            slowest
-        }
-    });
+                slowest
+            })
+        })
+        .collect();
     cluster.kill(victim);
     cluster.wait("a node sees the failure", |c| !c.ok()).await;
     let failover = cluster
@@ -132,8 +159,16 @@ async fn failover(seeds: Seeds) {
         tokio::time::sleep(Duration::from_millis(100)).await;
         last = all_served(&cache, &ids).await;
     }
+    let mut healthy = cache.is_healthy().await;
+    while write_behind && !healthy && back.elapsed() < RECOVERY {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        healthy = cache.is_healthy().await;
+    }
     stop.store(true, Ordering::Relaxed);
-    let slowest = load.await.unwrap();
+    let mut slowest = Duration::ZERO;
+    for load in loads {
+        slowest = slowest.max(load.await.unwrap());
+    }
     assert!(
         last.is_ok(),
         "L2 does not serve {RECOVERY:?} after the failover: {last:?}; breaker {:?}, stats {:?}, connected {}",
@@ -143,9 +178,43 @@ async fn failover(seeds: Seeds) {
     );
     assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
     assert!(
-        is_connected(cache.client()),
-        "the client reports no connection"
+        healthy,
+        "the cache reports itself unhealthy; stats {:?}",
+        cache.stats()
     );
+    if write_behind {
+        // The writer writes again: its breaker, opened by the failover, closes after a trial
+        // (one per cool-down, so records put while it is open are not cached), and the
+        // records put from then on reach Redis.
+        let started = Instant::now();
+        let mut n = 0;
+        loop {
+            n += 1;
+            let after = id("PAY", "", &format!("after-failover-{n}"));
+            cache.put(&after, &record(0)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if matches!(cache.get(&after).await, Ok(Some(_)))
+                && cache.write_behind_breaker_state() == (BreakerState::Closed { failures: 0 })
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < RECOVERY,
+                "no record put after the failover reached Redis; write breaker {:?}, stats {:?}",
+                cache.write_behind_breaker_state(),
+                cache.stats()
+            );
+        }
+        eprintln!(
+            "{seeds:?}: write-behind wrote again {:?} after L2 served again",
+            started.elapsed()
+        );
+    } else {
+        assert!(
+            is_connected(cache.client()),
+            "the client reports no connection"
+        );
+    }
     eprintln!(
         "{seeds:?}: L2 served again {:?} after cluster_state:ok; slowest call under load {slowest:?}; stats {:?}",
         back.elapsed(),

@@ -6,7 +6,7 @@
 mod support;
 
 use idempotency_cache_redis::fred::prelude::{HashesInterface, KeysInterface, ListInterface};
-use idempotency_cache_redis::{BreakerState, RedisCache};
+use idempotency_cache_redis::{BreakerState, CacheSecret, RedisCache};
 use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig};
 use idempotency_core::{
     Call, DistributedCache, Error, ExecutionResult, FingerprintStrategy, IdempotencyKey,
@@ -17,6 +17,98 @@ use idempotency_pg::PgStore;
 use serde_json::value::RawValue;
 
 use support::{Target, id, in_redis, moka, on_both, pay, redis, store, wipe_store};
+
+/// A response the service never produced, as someone who can write to Redis but does not hold
+/// the secret would plant it: the old format (`v1:`, no tag), and the current one tagged with
+/// another secret.
+async fn a_forged_entry_is_never_replayed_and_is_deleted_and_counted(target: Target) {
+    let (pool, store) = store().await;
+    let l2 = redis(target, Default::default()).await;
+    let attacker = RedisCache::new(
+        l2.client().clone(),
+        &DistributedCacheConfig {
+            key_prefix: l2
+                .key_for(&id("PAY", "", "forged-tag"))
+                .strip_suffix("3:PAY:0::forged-tag")
+                .unwrap()
+                .to_owned(),
+            secret: Some(CacheSecret::new("the-attackers-own-secret-0123456789").unwrap()),
+            ..Default::default()
+        },
+    );
+    let request = serde_json::to_value(7).unwrap();
+    let forged = IdempotencyRecord {
+        fingerprint: JcsFingerprint::default().fingerprint(&request).unwrap(),
+        outcome: Some(StoredOutcome::Completed {
+            payload: "666".to_owned(),
+        }),
+        created_at: std::time::SystemTime::now(),
+        completed_at: Some(std::time::SystemTime::now()),
+        expires_at: None,
+    };
+    let old_format = format!(
+        r#"v1:{{"f":"{}","s":"C","p":666,"t":[1,1,null]}}"#,
+        forged.fingerprint.as_str()
+    );
+    let untagged_key = l2.key_for(&id("PAY", "", "forged-v1"));
+    let _: () = l2
+        .client()
+        .set(
+            untagged_key.as_str(),
+            old_format.as_str(),
+            None,
+            None,
+            false,
+        )
+        .await
+        .unwrap();
+    attacker
+        .put(&id("PAY", "", "forged-tag"), &forged)
+        .await
+        .unwrap();
+    let planted = in_redis(&l2, &id("PAY", "", "forged-tag")).await.unwrap();
+
+    let local = moka();
+    let service = IdempotencyService::builder(store)
+        .local_cache(local.clone())
+        .distributed_cache(l2.clone())
+        .build();
+    for key in ["forged-v1", "forged-tag"] {
+        let outcome = pay(&service, key, 7).await;
+        assert!(
+            outcome.is_executed(),
+            "{key}: the action runs, the forgery is not replayed: {:?}",
+            outcome.origin()
+        );
+        assert_eq!(
+            outcome.result().value(),
+            Some(&serde_json::json!({"paid": 7})),
+            "{key}"
+        );
+    }
+    let stats = l2.stats();
+    assert_eq!((stats.forged, stats.corrupt), (1, 1), "{stats:?}");
+    let rewritten = in_redis(&l2, &id("PAY", "", "forged-tag")).await.unwrap();
+    assert_ne!(
+        rewritten, planted,
+        "the forgery was replaced by the real outcome"
+    );
+    // The real outcome replays from L1 and L2; the forgery never reached L1.
+    wipe_store(&pool).await;
+    for key in ["forged-v1", "forged-tag"] {
+        let replay = pay(&service, key, 7).await;
+        assert_eq!(
+            replay.origin(),
+            Origin::Replayed { from: Level::Local },
+            "{key}"
+        );
+        assert_eq!(
+            replay.result().value(),
+            Some(&serde_json::json!({"paid": 7})),
+            "{key}"
+        );
+    }
+}
 
 async fn a_rejection_with_null_details_replays_from_redis_with_null_details(target: Target) {
     let (pool, store) = store().await;
@@ -166,7 +258,7 @@ async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss(target: Target) {
     let key = l2.key_for(&id("PAY", "", "corrupt"));
     let _: () = l2
         .client()
-        .set(key.as_str(), "v1:{not json", None, None, false)
+        .set(key.as_str(), "v2:{not json", None, None, false)
         .await
         .unwrap();
 
@@ -184,7 +276,7 @@ async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss(target: Target) {
     assert_eq!(l2.stats().corrupt, 1);
     let refilled = in_redis(&l2, &id("PAY", "", "corrupt")).await.unwrap();
     assert!(
-        refilled.starts_with("v1:{"),
+        refilled.starts_with("v2:"),
         "the corrupt entry was replaced: {refilled}"
     );
 }
@@ -228,7 +320,7 @@ async fn a_foreign_value_is_a_corrupt_miss<F: Future<Output = ()>>(
     assert_eq!((stats.corrupt, stats.errors), (1, 0), "{stats:?}");
     assert_eq!(l2.breaker_state(), BreakerState::Closed { failures: 0 });
     let refilled = in_redis(&l2, &id("PAY", "", key)).await.unwrap();
-    assert!(refilled.starts_with("v1:{"), "not replaced: {refilled}");
+    assert!(refilled.starts_with("v2:"), "not replaced: {refilled}");
     assert_eq!(
         pay(&cached, key, 7).await.origin(),
         Origin::Replayed {
@@ -281,6 +373,7 @@ async fn another_format_version_is_a_miss_not_an_error(target: Target) {
 }
 
 on_both!(
+    a_forged_entry_is_never_replayed_and_is_deleted_and_counted,
     a_rejection_with_null_details_replays_from_redis_with_null_details,
     a_success_value_replays_byte_identical_from_redis_and_moka,
     a_success_value_replays_byte_identical_through_every_tier,

@@ -10,10 +10,13 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use idempotency_cache_redis::fred::clients::Client;
-use idempotency_cache_redis::fred::prelude::KeysInterface;
-use idempotency_cache_redis::{DistributedCacheConfig, RedisCache, WriteBehindConfig};
-use idempotency_core::{DistributedCache, RecordId};
+use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
+use idempotency_cache_redis::{
+    BreakerState, CircuitBreakerConfig, DistributedCacheConfig, RedisCache, WriteBehindConfig,
+};
+use idempotency_core::{DistributedCache, FailurePolicy, IdempotencyRecord, RecordId};
 
+use support::server::OwnRedis;
 use support::{Target, completed as record, hanging_url, id, on_both, redis};
 
 /// Longer than any test takes: a batch that waits for its linger is not written during a test.
@@ -181,6 +184,111 @@ async fn a_failed_batch_is_counted_as_unwritten() {
     let stats = cache.stats();
     assert_eq!((stats.queued, stats.unwritten), (2, 2), "{stats:?}");
     assert!(stats.timeouts + stats.errors >= 1, "{stats:?}");
+}
+
+/// Waits (at most [`PATIENCE`]) until `done` holds for the cache's stats.
+async fn until_stats(
+    cache: &RedisCache,
+    done: impl Fn(idempotency_cache_redis::RedisCacheStats) -> bool,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done(cache.stats()) {
+        assert!(Instant::now() < deadline, "{:?}", cache.stats());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Redis never answers; the writer's breaker is open and its cool-down over. A batch whose
+/// entries all expired while queued makes no call to Redis, so it cannot close the breaker
+/// (before: it held the trial permit and reported a success without reaching Redis).
+#[tokio::test]
+async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker() {
+    let cool_down = Duration::from_millis(100);
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("wb-expired")),
+        timeout: Duration::from_millis(50),
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: 1,
+            cool_down,
+        },
+        write_behind: WriteBehindConfig {
+            enabled: true,
+            linger: Duration::from_millis(200),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cache = RedisCache::connect(&hanging_url().await, &config).unwrap();
+    let ids = ids(2);
+    cache.put(&ids[0], &record(0)).await.unwrap();
+    until_stats(&cache, |s| s.unwritten == 1).await;
+    assert_eq!(cache.write_behind_breaker_state(), BreakerState::Open);
+    tokio::time::sleep(cool_down + Duration::from_millis(20)).await;
+    let short_lived = IdempotencyRecord {
+        expires_at: Some(std::time::SystemTime::now() + Duration::from_millis(50)),
+        ..record(1)
+    };
+    cache.put(&ids[1], &short_lived).await.unwrap();
+    // The writer takes it, lingers 200 ms for more, and finds it expired.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        cache.write_behind_breaker_state(),
+        BreakerState::HalfOpen,
+        "a batch that never reached Redis changed the breaker; {:?}",
+        cache.stats()
+    );
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.expired_in_queue, stats.unwritten),
+        (1, 1),
+        "{stats:?}"
+    );
+}
+
+/// Writes fail (Redis out of memory: `OOM` replies to every `SET`) while reads work: the
+/// write-behind batches open the writer's own breaker, never the one that guards reads, so
+/// under fail-fast requests are still served (before: one breaker for both, and failed batches
+/// turned into 503s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_write_behind_batches_do_not_open_the_breaker_of_reads() {
+    let server = OwnRedis::start(
+        "wb-oom",
+        &["--maxmemory", "1", "--maxmemory-policy", "noeviction"],
+    )
+    .await;
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("wb-oom")),
+        failure_policy: FailurePolicy::FailFast,
+        timeout: Duration::from_millis(500),
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: 2,
+            cool_down: Duration::from_secs(60),
+        },
+        write_behind: WriteBehindConfig {
+            enabled: true,
+            max_batch: NonZeroUsize::new(1).unwrap(),
+            linger: Duration::ZERO,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cache = RedisCache::connect(&server.url(), &config).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
+        .await
+        .unwrap()
+        .unwrap();
+    let ids = ids(3);
+    for (n, id) in ids.iter().enumerate() {
+        cache.put(id, &record(n)).await.unwrap();
+    }
+    until_stats(&cache, |s| s.unwritten + s.short_circuited >= 3).await;
+    assert_eq!(cache.write_behind_breaker_state(), BreakerState::Open);
+    assert!(cache.stats().errors >= 2, "{:?}", cache.stats());
+    for id in &ids {
+        assert_eq!(cache.get(id).await.unwrap(), None, "reads are refused");
+    }
+    assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
+    assert!(cache.is_healthy().await);
 }
 
 on_both!(

@@ -1,7 +1,8 @@
 //! Deleting expired records: one bounded batch at a time, on a cron schedule.
 //!
 //! Cron expressions are parsed by the `croner` crate (five fields, or six with seconds, as in
-//! `0 0 3 * * SAT,SUN`) and evaluated in a configured time zone (`cleanup.zone`, default UTC;
+//! `0 0 3 * * SAT,SUN`; day-of-month and day-of-week must both match, as in Spring) and
+//! evaluated in a configured time zone (`cleanup.zone`, default UTC;
 //! IANA names from the `chrono-tz` crate's copy of the tz database).
 
 use std::future::Future;
@@ -88,9 +89,14 @@ pub struct CleanupSchedule {
 
 impl CleanupSchedule {
     /// Parses a cron expression with five fields, or six with leading seconds, evaluated in UTC.
+    /// A day must match both the day-of-month and the day-of-week fields, as in Spring
+    /// (`0 0 3 1-7 * MON`: the first Monday of the month), not either (Vixie cron).
     pub fn parse(expression: &str) -> Result<Self, InvalidCron> {
         croner::parser::CronParser::builder()
             .seconds(croner::parser::Seconds::Optional)
+            // Day-of-month and day-of-week must both match, as in Spring and Quartz (croner's
+            // default ORs them, as Vixie cron does).
+            .dom_and_dow(true)
             .build()
             .parse(expression)
             .map(|cron| Self {
@@ -261,8 +267,10 @@ impl CleanupHandle {
         self.task.is_finished()
     }
 
-    /// Stops the job: cancels the wait for the next run, or cuts a purge under way (the batch
-    /// being deleted rolls back with its transaction; earlier batches stay deleted).
+    /// Stops the job: cancels the wait for the next run, or cuts a purge under way. Earlier
+    /// batches stay deleted; a batch whose delete statement was already sent may still be
+    /// finished and committed by the database after `shutdown` returned (a store's batch is
+    /// one statement, which dropping its future does not cancel on the server).
     pub async fn shutdown(self) {
         let _ = self.stop.send(());
         if let Err(error) = self.task.await {
@@ -311,6 +319,34 @@ mod tests {
         assert_eq!(
             schedule.next_after(at(2026, 7, 15, 0)),
             Some(at(2026, 7, 15, 1))
+        );
+    }
+
+    #[test]
+    fn day_of_month_and_day_of_week_must_both_match_as_in_spring() {
+        // Spring: the first Monday of the month only. Vixie cron (croner's default) ORs the
+        // fields: every Monday and every day from the 1st to the 7th.
+        let schedule = CleanupSchedule::parse("0 0 3 1-7 * MON").unwrap();
+        // Thursday 2026-01-01 is not a Monday: the first run is Monday 2026-01-05.
+        assert_eq!(
+            schedule.next_after(at(2026, 1, 1, 0)),
+            Some(at(2026, 1, 5, 3))
+        );
+        // After it, Monday 2026-01-12 is not in 1-7: the next is Monday 2026-02-02.
+        assert_eq!(
+            schedule.next_after(at(2026, 1, 5, 4)),
+            Some(at(2026, 2, 2, 3))
+        );
+        // A `*` in one of the fields leaves the other alone, as before.
+        let weekends = CleanupSchedule::parse("0 0 3 * * SAT,SUN").unwrap();
+        assert_eq!(
+            weekends.next_after(at(2026, 1, 1, 0)),
+            Some(at(2026, 1, 3, 3))
+        );
+        let fifteenth = CleanupSchedule::parse("0 0 3 15 * *").unwrap();
+        assert_eq!(
+            fifteenth.next_after(at(2026, 1, 1, 0)),
+            Some(at(2026, 1, 15, 3))
         );
     }
 

@@ -94,7 +94,8 @@ pub struct PersistenceConfig {
     /// Default `idempotency_records`.
     pub table_name: String,
     /// Default record lifetime: sets `expires_at`, the cleanup marker. `null` keeps records
-    /// forever. Default `365d`.
+    /// forever; `0` (every record born expired) is refused by the `idempotency` facade.
+    /// Default `365d`.
     #[serde(with = "humantime_serde")]
     pub ttl: Option<Duration>,
     /// Look the key up before inserting it. Default `false` (insert first).
@@ -146,7 +147,8 @@ pub enum SchemaMode {
 pub struct CleanupConfig {
     /// Run the cleanup job. Default `false`; recommended in production.
     pub enabled: bool,
-    /// When to run: a cron expression, with optional seconds. Default `0 0 3 * * SAT,SUN`.
+    /// When to run: a cron expression, with optional seconds; a day must match both the
+    /// day-of-month and the day-of-week fields, as in Spring. Default `0 0 3 * * SAT,SUN`.
     pub cron: String,
     /// Rows per delete batch (one short transaction each). Default `1000`.
     pub batch_size: u32,
@@ -170,10 +172,14 @@ impl Default for CleanupConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct InFlightConfig {
-    /// `wait` (default) or `reject`.
+    /// `wait` (default) or `reject`. A store without a per-key wait (SQLite, where a duplicate
+    /// waits for the one write lock up to the busy timeout) cannot honour it: the `idempotency`
+    /// facade refuses it there when set.
     pub policy: InFlightPolicyKind,
     /// With `wait`: how long to wait for the holder before answering `InFlight`; `null` waits
-    /// until the holder finishes. Default `10s`.
+    /// until the holder finishes, each waiter holding a pooled connection. Default `10s`.
+    /// Nothing reads it under `reject`, nor on SQLite: the `idempotency` facade refuses it
+    /// there when set.
     #[serde(with = "humantime_serde")]
     pub timeout: Option<Duration>,
 }

@@ -2,22 +2,43 @@
 //! short READ COMMITTED transactions for the relay and cleanup, and a per-statement lock wait
 //! budget.
 
-use sqlx::{MySqlConnection, MySqlPool, MySqlTransaction};
+use sqlx::{MySqlConnection, MySqlPool, MySqlTransaction, SqlStr};
 use tracing::Instrument as _;
 
-use crate::error::Error;
+use crate::error::{
+    ER_LOCK_DEADLOCK, ER_SP_DOES_NOT_EXIST, Error, InTransaction, TransactionRolledBack,
+    error_number,
+};
 
-/// Begins a READ COMMITTED transaction. The relay's claims and the cleanup batches use it:
-/// under InnoDB's default REPEATABLE READ a locking range read also takes gap (next-key)
-/// locks, which would block request transactions inserting next to the scanned rows; READ
-/// COMMITTED locks only the rows it returns, and `SKIP LOCKED` passes over rows others hold.
-pub(crate) const BEGIN_READ_COMMITTED: &str =
-    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+/// What every begin of this crate runs first, in the same round trip: puts back a lock wait
+/// budget that a bounded wait set on MySQL 8 and could not restore (its future was dropped
+/// while the statement ran; see [`set_lock_wait`]), so that the transaction begins with the
+/// session's own `innodb_lock_wait_timeout`.
+macro_rules! heal_lock_wait {
+    () => {
+        "SET SESSION innodb_lock_wait_timeout = \
+         CAST(COALESCE(@idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED), \
+         @idempotency_lock_wait = NULL; "
+    };
+}
+
+/// Begins a READ COMMITTED transaction (healed, see [`heal_lock_wait`]). The relay's claims
+/// and the cleanup batches use it: under InnoDB's default REPEATABLE READ a locking range read
+/// also takes gap (next-key) locks, which would block request transactions inserting next to
+/// the scanned rows; READ COMMITTED locks only the rows it returns, and `SKIP LOCKED` passes
+/// over rows others hold.
+pub(crate) const BEGIN_READ_COMMITTED: &str = concat!(
+    heal_lock_wait!(),
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+);
+
+/// sqlx's `BEGIN`, healed (see [`heal_lock_wait`]).
+const BEGIN: &str = concat!(heal_lock_wait!(), "START TRANSACTION");
 
 pub(crate) async fn begin_read_committed(
     pool: &MySqlPool,
 ) -> Result<MySqlTransaction<'static>, sqlx::Error> {
-    begin_with(pool, Some(BEGIN_READ_COMMITTED)).await
+    begin_with(pool, BEGIN_READ_COMMITTED).await
 }
 
 /// Begins a transaction on a connection of `pool`: `pool.begin()`, safe to cancel.
@@ -51,31 +72,78 @@ pub(crate) async fn begin_read_committed(
 /// # Ok(()) }
 /// ```
 pub async fn begin(pool: &MySqlPool) -> Result<MySqlTransaction<'static>, sqlx::Error> {
-    begin_with(pool, None).await
+    begin_with(pool, BEGIN).await
 }
 
-/// [`begin`], with `statement` in place of sqlx's `BEGIN` when given (`pool.begin_with`).
+/// [`begin`], with `statement` in place of sqlx's `BEGIN` (`pool.begin_with`).
 pub(crate) async fn begin_with(
     pool: &MySqlPool,
-    statement: Option<&'static str>,
+    statement: &'static str,
 ) -> Result<MySqlTransaction<'static>, sqlx::Error> {
     let pool = pool.clone();
     // In the caller's span, so that what the pool logs stays attached to the request.
-    let begun = tokio::spawn(
-        async move {
-            match statement {
-                Some(statement) => pool.begin_with(statement).await,
-                None => pool.begin().await,
-            }
-        }
-        .in_current_span(),
-    );
+    let begun = tokio::spawn(async move { pool.begin_with(statement).await }.in_current_span());
     match begun.await {
         Ok(begun) => begun,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         // The runtime is shutting down: no transaction was handed out.
         Err(join) => Err(sqlx::Error::Io(std::io::Error::other(join))),
     }
+}
+
+/// Asks whether the session is still in a transaction: outside one, a savepoint is not kept and
+/// releasing it fails with 1305.
+const PROBE: &str = "SAVEPOINT idempotency_probe; RELEASE SAVEPOINT idempotency_probe";
+
+/// Ends this connection's session on the server: every later statement through it fails, and
+/// the pool closes it when it comes back.
+const END_SESSION: &str = "KILL CONNECTION_ID()";
+
+/// Passes through the result of a statement this crate ran in the caller's transaction. When it
+/// failed, finds out whether the server ended the transaction with it (a deadlock always does;
+/// for any other error the server is asked); if so, ends the session too, so that nothing the
+/// caller runs next commits on its own, and reports [`TransactionRolledBack`].
+pub(crate) async fn in_transaction<T>(
+    conn: &mut MySqlConnection,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, InTransaction> {
+    match result {
+        Ok(value) => Ok(value),
+        Err(error) => Err(failed_in_transaction(conn, error).await),
+    }
+}
+
+/// [`in_transaction`] for a statement that failed with `error`.
+pub(crate) async fn failed_in_transaction(
+    conn: &mut MySqlConnection,
+    error: sqlx::Error,
+) -> InTransaction {
+    // No answer from the server: the connection itself failed, and fails whatever comes next.
+    let ended = error.as_database_error().is_some()
+        && (error_number(&error) == Some(ER_LOCK_DEADLOCK) || !in_transaction_now(conn).await);
+    if !ended {
+        return InTransaction::Statement(error);
+    }
+    end_session(conn).await;
+    InTransaction::RolledBack(TransactionRolledBack::new(error))
+}
+
+/// Whether the session is in a transaction; `true` when that cannot be told.
+async fn in_transaction_now(conn: &mut MySqlConnection) -> bool {
+    match sqlx::raw_sql(PROBE).execute(&mut *conn).await {
+        Ok(_) => true,
+        Err(error) => error_number(&error) != Some(ER_SP_DOES_NOT_EXIST),
+    }
+}
+
+/// Ends the session (see [`END_SESSION`]); the server's answer is an error by design.
+async fn end_session(conn: &mut MySqlConnection) {
+    let ended = sqlx::raw_sql(END_SESSION).execute(&mut *conn).await;
+    tracing::warn!(
+        answer = ?ended.err(),
+        "the server rolled back the caller's transaction: its connection is closed so that \
+         nothing runs outside it"
+    );
 }
 
 /// The server flavour and version, from `SELECT VERSION()`.
@@ -105,37 +173,78 @@ impl ServerVersion {
         })
     }
 
-    /// `FOR UPDATE SKIP LOCKED`: MySQL 8.0.1, MariaDB 10.6.
-    pub(crate) fn has_skip_locked(self) -> bool {
+    /// `FOR UPDATE SKIP LOCKED` (MySQL 8.0.1, MariaDB 10.6) and enforced `CHECK` constraints
+    /// (MySQL 8.0.16; MariaDB 10.2): MySQL 8.0.16, MariaDB 10.6.
+    pub(crate) fn is_supported(self) -> bool {
         let v = (self.major, self.minor, self.patch);
         if self.mariadb {
             v >= (10, 6, 0)
         } else {
-            v >= (8, 0, 1)
+            v >= (8, 0, 16)
         }
     }
 }
 
-/// Refuses servers without `SKIP LOCKED` with [`Error::UnsupportedServer`].
+/// Refuses servers without `SKIP LOCKED` or enforced `CHECK` constraints with
+/// [`Error::UnsupportedServer`].
 pub(crate) async fn check_server(pool: &MySqlPool) -> Result<(), Error> {
     let version: String = sqlx::query_scalar("SELECT VERSION()")
         .fetch_one(pool)
         .await?;
     match ServerVersion::parse(&version) {
-        Some(v) if v.has_skip_locked() => Ok(()),
+        Some(v) if v.is_supported() => Ok(()),
         _ => Err(Error::UnsupportedServer { version }),
     }
 }
 
-pub(crate) const SET_LOCK_WAIT: &str = "SET @idempotency_lock_wait = \
-     @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = ?";
-pub(crate) const RESTORE_LOCK_WAIT: &str =
-    "SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait";
+/// What the records store needs to know of the server.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Server {
+    /// MariaDB (statement-scoped settings, lock waits of 0 s) rather than MySQL.
+    pub(crate) mariadb: bool,
+    /// `innodb_rollback_on_timeout`: a lock wait timeout (1205) rolls back the whole
+    /// transaction.
+    pub(crate) rollback_on_timeout: bool,
+}
 
-/// Sets the session's `innodb_lock_wait_timeout` to `seconds` for the statements until
-/// [`restore_lock_wait`], keeping the previous value in a session variable (one round trip;
-/// the assignments of one `SET` run left to right). `0` means "do not wait" on MariaDB;
-/// MySQL's minimum is 1 (it clamps 0 to 1 with a warning).
+impl Server {
+    /// Asks the server behind `conn`.
+    pub(crate) async fn ask(conn: &mut MySqlConnection) -> Result<Self, sqlx::Error> {
+        let (version, rollback_on_timeout): (String, i64) =
+            sqlx::query_as("SELECT VERSION(), @@GLOBAL.innodb_rollback_on_timeout + 0")
+                .fetch_one(&mut *conn)
+                .await?;
+        Ok(Self {
+            mariadb: ServerVersion::parse(&version).is_some_and(|v| v.mariadb),
+            rollback_on_timeout: rollback_on_timeout != 0,
+        })
+    }
+}
+
+/// `statement` with `innodb_lock_wait_timeout = seconds` for its own run only (MariaDB's
+/// `SET STATEMENT ... FOR`): the session's value is never changed, so a caller that drops the
+/// statement's future leaves nothing behind.
+pub(crate) fn with_statement_lock_wait(statement: &str, seconds: u64) -> SqlStr {
+    crate::records::statements::sql(format!(
+        "SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR {statement}"
+    ))
+}
+
+/// Keeps the session's own value unless one is kept already: a budget left by a wait whose
+/// restore never ran (its future was dropped) is not mistaken for the session's own.
+pub(crate) const SET_LOCK_WAIT: &str = "SET @idempotency_lock_wait = \
+     CAST(COALESCE(@idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED), \
+     SESSION innodb_lock_wait_timeout = ?";
+pub(crate) const RESTORE_LOCK_WAIT: &str = "SET SESSION innodb_lock_wait_timeout = \
+     @idempotency_lock_wait, @idempotency_lock_wait = NULL";
+
+/// MySQL 8 (whose `SET_VAR` hint does not cover `innodb_lock_wait_timeout`): sets the session's
+/// `innodb_lock_wait_timeout` to `seconds` for the statements until [`restore_lock_wait`],
+/// keeping the session's own value in a session variable (one round trip; the assignments of
+/// one `SET` run left to right). When the restore never runs (the caller dropped the future
+/// while the statement waited), the next bounded wait on the connection restores the kept
+/// value, and so does every begin of this crate (`BEGIN`), before anything else runs.
+/// `0` means "do not wait" on MariaDB; MySQL's minimum is 1 (it clamps 0 to 1 with a warning).
 pub(crate) async fn set_lock_wait(
     conn: &mut MySqlConnection,
     seconds: u64,
@@ -159,10 +268,47 @@ pub(crate) async fn restore_lock_wait(conn: &mut MySqlConnection) -> Result<(), 
 mod tests {
     use super::*;
 
+    async fn session_lock_wait(conn: &mut MySqlConnection) -> u64 {
+        sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    }
+
+    /// The MySQL 8 path, run on whatever server the tests have: a budget whose restore never
+    /// ran is not kept as the session's own, and the next begin puts the session's own back.
+    #[tokio::test]
+    async fn a_budget_left_unrestored_heals_at_the_next_wait_and_the_next_begin() {
+        let pool = idempotency_testing::mysql_pool_with(1).await;
+        let mut conn = pool.acquire().await.unwrap();
+        let own = session_lock_wait(&mut conn).await;
+        assert!(own > 3, "{own}");
+        // A wait whose future was dropped: set, never restored.
+        set_lock_wait(&mut conn, 2).await.unwrap();
+        assert_eq!(session_lock_wait(&mut conn).await, 2);
+        // The next wait keeps the session's own value, not the leaked 2.
+        set_lock_wait(&mut conn, 3).await.unwrap();
+        restore_lock_wait(&mut conn).await.unwrap();
+        assert_eq!(session_lock_wait(&mut conn).await, own);
+        // Leaked again; the next begin heals it.
+        set_lock_wait(&mut conn, 2).await.unwrap();
+        drop(conn);
+        let mut tx = begin(&pool).await.unwrap();
+        assert_eq!(session_lock_wait(&mut tx).await, own);
+        tx.rollback().await.unwrap();
+        let mut tx = begin_read_committed(&pool).await.unwrap();
+        assert_eq!(session_lock_wait(&mut tx).await, own);
+        tx.rollback().await.unwrap();
+    }
+
     #[test]
-    fn versions_with_skip_locked_are_recognized() {
+    fn versions_with_skip_locked_and_enforced_checks_are_recognized() {
         for (version, ok) in [
             ("8.0.36", true),
+            // CHECK constraints are parsed and ignored before MySQL 8.0.16.
+            ("8.0.16", true),
+            ("8.0.15", false),
+            ("8.0.1", false),
             ("8.4.3-log", true),
             ("8.0.0-dmr", false),
             ("5.7.44", false),
@@ -173,7 +319,7 @@ mod tests {
             ("11.4.2-MariaDB", true),
         ] {
             let parsed = ServerVersion::parse(version).unwrap();
-            assert_eq!(parsed.has_skip_locked(), ok, "{version}");
+            assert_eq!(parsed.is_supported(), ok, "{version}");
         }
         assert!(ServerVersion::parse("garbage").is_none());
     }

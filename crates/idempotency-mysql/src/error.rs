@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use idempotency_core::StoreError;
+use idempotency_core::{BoxError, StoreError};
 use sqlx::mysql::MySqlDatabaseError;
 
 /// Setting up the store failed.
@@ -28,9 +28,11 @@ pub enum Error {
         /// Everything that differs.
         problems: Vec<SchemaProblem>,
     },
-    /// The server is older than MySQL 8.0.1 or MariaDB 10.6, which lack `SKIP LOCKED`.
+    /// The server is older than MySQL 8.0.16 or MariaDB 10.6: MariaDB before 10.6 and MySQL
+    /// before 8.0.1 lack `SKIP LOCKED`, and MySQL before 8.0.16 parses the tables' `CHECK`
+    /// constraints and ignores them.
     #[error(
-        "unsupported server {version:?}: MySQL 8.0.1+ or MariaDB 10.6+ is needed (FOR UPDATE SKIP LOCKED)"
+        "unsupported server {version:?}: MySQL 8.0.16+ or MariaDB 10.6+ is needed (FOR UPDATE SKIP LOCKED, enforced CHECK constraints)"
     )]
     UnsupportedServer {
         /// What `SELECT VERSION()` answered.
@@ -80,7 +82,7 @@ pub enum SchemaProblem {
         nullable: bool,
     },
     /// No primary key or unique index on exactly `(operation, scope, idempotency_key)` (whole
-    /// columns, no prefix), which `INSERT ... ON DUPLICATE KEY UPDATE` relies on.
+    /// columns, no prefix), which the acquire's duplicate check relies on.
     MissingPrimaryKey,
     /// No index leading with `expires_at`, which cleanup relies on.
     MissingExpiryIndex,
@@ -140,10 +142,127 @@ impl fmt::Display for SchemaProblems<'_> {
     }
 }
 
+/// The server ended the caller's whole transaction while one of this crate's statements ran in
+/// it: InnoDB rolled it back (a deadlock, 1213; a lock wait timeout under
+/// `innodb_rollback_on_timeout`; ...) and the session went back to autocommit, while sqlx still
+/// counts the transaction as open.
+///
+/// Whatever ran after that would commit on its own, so the connection is closed (the server
+/// ends the session): every later statement through that transaction, its commit included,
+/// fails, and the pool replaces the connection. Retry the whole transaction, from its `BEGIN`,
+/// not the call. It is the source of [`StoreError::Conflict`] (records store) and of the
+/// outbox's `Error::Conflict` (outbox, inbox); find it with `downcast_ref`.
+///
+/// ```
+/// use idempotency_mysql::TransactionRolledBack;
+///
+/// fn whole_transaction_lost(error: &idempotency_core::StoreError) -> bool {
+///     std::error::Error::source(error)
+///         .is_some_and(|source| source.downcast_ref::<TransactionRolledBack>().is_some())
+/// }
+/// # assert!(!whole_transaction_lost(&idempotency_core::StoreError::Poisoned));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the server rolled back the whole transaction and the connection was closed so that \
+     nothing runs outside it: retry the whole transaction, not the call"
+)]
+pub struct TransactionRolledBack {
+    #[source]
+    source: BoxError,
+}
+
+impl TransactionRolledBack {
+    /// `source`: the error with which the server ended the transaction.
+    pub(crate) fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+}
+
+/// The deepest nesting of JSON arrays and objects this crate stores: MariaDB's `json_valid`,
+/// which checks outcomes and outbox payloads, refuses 32 levels (MySQL 8 allows 100; one
+/// limit for both). Deeper values are refused before any statement runs: an outbox event as
+/// `idempotency_outbox::Error::InvalidEvent`, an outcome with [`JsonTooDeep`].
+pub const MAX_JSON_DEPTH: usize = 31;
+
+/// An outcome nests JSON deeper than [`MAX_JSON_DEPTH`]; nothing was written, and the
+/// transaction stays usable. The source of [`StoreError::Database`]; every retry of the same
+/// request fails the same way, so keep outcomes shallower.
+///
+/// ```
+/// let error = idempotency_mysql::JsonTooDeep { depth: 40 };
+/// assert!(error.to_string().contains("31"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the JSON nests {depth} levels deep; MySQL / MariaDB store at most {MAX_JSON_DEPTH}")]
+pub struct JsonTooDeep {
+    /// How deep the value nests.
+    pub depth: usize,
+}
+
+/// The deepest nesting of arrays and objects in `json` (JSON text; brackets inside strings do
+/// not count).
+pub(crate) fn json_depth(json: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0_usize, 0_usize, false, false);
+    for byte in json.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Refuses `json` nested deeper than [`MAX_JSON_DEPTH`].
+pub(crate) fn check_json_depth(json: &str) -> Result<(), JsonTooDeep> {
+    match json_depth(json) {
+        depth if depth > MAX_JSON_DEPTH => Err(JsonTooDeep { depth }),
+        _ => Ok(()),
+    }
+}
+
+/// A statement of this crate that failed in the caller's transaction.
+#[derive(Debug)]
+pub(crate) enum InTransaction {
+    /// The statement failed; the transaction is still open.
+    Statement(sqlx::Error),
+    /// The server ended the transaction.
+    RolledBack(TransactionRolledBack),
+}
+
+impl From<InTransaction> for StoreError {
+    fn from(error: InTransaction) -> Self {
+        match error {
+            InTransaction::Statement(error) => store_error(error),
+            InTransaction::RolledBack(error) => StoreError::Conflict(Box::new(error)),
+        }
+    }
+}
+
+/// `ER_DUP_ENTRY`: the key exists.
+pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 /// `ER_LOCK_WAIT_TIMEOUT`: `innodb_lock_wait_timeout` ran out (also MariaDB's `NOWAIT`).
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// `ER_LOCK_DEADLOCK`: InnoDB chose this transaction as the deadlock victim and rolled it back.
-const ER_LOCK_DEADLOCK: u16 = 1213;
+pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
+/// `ER_SP_DOES_NOT_EXIST`: no such savepoint (also: no transaction to hold one).
+pub(crate) const ER_SP_DOES_NOT_EXIST: u16 = 1305;
 /// `ER_LOCK_NOWAIT` (MySQL 8): a `NOWAIT` locking read found the row locked.
 const ER_LOCK_NOWAIT: u16 = 3572;
 /// Too many connections, server shutdown, connection killed, out of memory, disk full, and
@@ -232,6 +351,18 @@ mod tests {
             "table t does not match the idempotency schema: column status is missing; key column \
              idempotency_key has the collation utf8mb4_general_ci, which would merge keys that \
              differ only in case; use a binary collation (utf8mb4_bin)"
+        );
+    }
+
+    #[test]
+    fn json_depth_counts_brackets_outside_strings() {
+        assert_eq!(json_depth("1"), 0);
+        assert_eq!(json_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(json_depth(r#"["[[[\"{{", {}]"#), 2);
+        assert!(check_json_depth(&"[".repeat(31)).is_ok());
+        assert_eq!(
+            check_json_depth(&"[".repeat(32)),
+            Err(JsonTooDeep { depth: 32 })
         );
     }
 

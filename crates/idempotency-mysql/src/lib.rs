@@ -13,7 +13,9 @@ mod records;
 mod table;
 
 pub use connect::begin;
-pub use error::{Error, SchemaProblem, store_error};
+pub use error::{
+    Error, JsonTooDeep, MAX_JSON_DEPTH, SchemaProblem, TransactionRolledBack, store_error,
+};
 #[cfg(feature = "outbox")]
 pub use inbox::{INBOX_DDL_TEMPLATE, MysqlInbox, inbox_ddl};
 #[cfg(feature = "outbox")]

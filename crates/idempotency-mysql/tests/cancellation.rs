@@ -6,7 +6,11 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
-use idempotency_core::store::IdempotencyStore;
+use std::time::Duration;
+
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use idempotency_core::store::{Acquire, Claim, IdempotencyStore, LockWait};
+use idempotency_core::{Fingerprint, RecordId, Scope};
 use idempotency_mysql::MysqlStore;
 use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::MySqlPool;
@@ -103,4 +107,95 @@ async fn the_public_begin_hands_out_a_transaction_that_commits_or_rolls_back() {
     drop(tx);
     until_idle(&proxied).await;
     assert_eq!(count().await, 1, "a dropped transaction rolls back");
+}
+
+/// An acquire waiting on a holder with a short budget, dropped (the client went away): the
+/// pooled connection must come back with the session's own `innodb_lock_wait_timeout`, for the
+/// next user and for the next acquire's restore.
+#[tokio::test]
+async fn an_acquire_dropped_while_waiting_leaves_no_lock_wait_budget_on_the_connection() {
+    let (direct, proxied, _proxy) = pools().await;
+    let lock_wait = async || -> u64 {
+        sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&proxied)
+            .await
+            .unwrap()
+    };
+    let before = lock_wait().await;
+    assert!(before > 2, "the session's budget is {before}");
+    let mut config = PersistenceConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let holder_store = MysqlStore::from_config(direct.clone(), &config)
+        .await
+        .unwrap();
+    let store = MysqlStore::from_config(proxied.clone(), &config)
+        .await
+        .unwrap();
+    let id = RecordId::new(
+        idempotency_core::testing::op("OP"),
+        Scope::new("s").unwrap(),
+        idempotency_core::testing::key("leak"),
+    );
+    let fingerprint = Fingerprint::new("ab".repeat(32));
+    let claim = |wait| Claim {
+        id: &id,
+        fingerprint: &fingerprint,
+        ttl: None,
+        wait,
+    };
+    let mut holder = holder_store.begin().await.unwrap();
+    let held = holder_store
+        .acquire(&mut holder, &claim(LockWait::NoWait))
+        .await
+        .unwrap();
+    assert_eq!(held, Acquire::Acquired);
+
+    let bounded = claim(LockWait::Timeout(Duration::from_secs(2)));
+    let mut tx = store.begin().await.unwrap();
+    let waiting = store.acquire(&mut tx, &bounded);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "the acquire did not wait for the holder"
+    );
+    drop(tx);
+    holder.rollback().await.unwrap();
+    until_idle(&proxied).await;
+    assert_eq!(lock_wait().await, before, "the budget leaked into the pool");
+
+    // A bounded acquire on the same connection restores the session's own value.
+    let mut tx = store.begin().await.unwrap();
+    let acquired = store.acquire(&mut tx, &bounded).await.unwrap();
+    assert_eq!(acquired, Acquire::Acquired);
+    tx.rollback().await.unwrap();
+    assert_eq!(lock_wait().await, before);
+}
+
+/// A relay worker aborted (the shutdown deadline) while its claim's `START TRANSACTION` is on
+/// the wire must not hand the pool a connection inside a transaction nobody owns.
+#[cfg(feature = "outbox")]
+#[tokio::test]
+async fn a_claim_dropped_during_its_begin_leaves_no_transaction_open_in_the_pool() {
+    use idempotency_mysql::{MysqlOutbox, TableName};
+    use idempotency_outbox::config::Ordering;
+    use idempotency_outbox::store::{ClaimRequest, RelayStore};
+
+    let (direct, proxied, proxy) = pools().await;
+    let table = TableName::parse("outbox").unwrap();
+    MysqlOutbox::with_options(direct.clone(), table.clone(), Ordering::Ordered)
+        .unwrap()
+        .create_schema()
+        .await
+        .unwrap();
+    let outbox = MysqlOutbox::with_options(proxied.clone(), table, Ordering::Ordered).unwrap();
+    let request = ClaimRequest {
+        limit: 10,
+        lease: Duration::from_secs(30),
+        token: uuid::Uuid::now_v7(),
+        ordering: Ordering::Ordered,
+        max_attempts: 5,
+    };
+    proxy.drop_while_held(outbox.claim(&request)).await;
+    assert_pool_is_clean(&direct, &proxied).await;
 }

@@ -198,3 +198,184 @@ async fn cleanup_skips_rows_a_transaction_holds() {
     holder.rollback().await.unwrap();
     assert_eq!(store.delete_expired_batch(10).await.unwrap(), 1);
 }
+
+/// `lookup_before_acquire` with `execute_in` on a one-connection pool: the lookup of a new key
+/// must not need a second connection while the transaction holds the only one.
+#[tokio::test]
+async fn lookup_before_acquire_needs_no_second_connection() {
+    let pool = idempotency_testing::mysql_pool_with_options(1, |options| {
+        options.acquire_timeout(Duration::from_secs(2))
+    })
+    .await;
+    let store = support::store_on(pool).await;
+    let config = idempotency_core::ServiceConfig {
+        lookup_before_acquire: true,
+        ..idempotency_core::ServiceConfig::default()
+    };
+    let service = IdempotencyService::builder(store).config(config).build();
+    let started = std::time::Instant::now();
+    let mut tx = service.begin().await.unwrap();
+    let outcome: Outcome<Value> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", key("lookup-first"), &json!({"n": 1})),
+            async |_conn| Ok::<_, AppError>(ExecutionResult::success(json!("done"))),
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(outcome.is_executed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// A service whose duplicates wait for the holder (at most 10 s) or are rejected at once.
+fn service_with(
+    store: &idempotency_mysql::MysqlStore,
+    wait: bool,
+) -> IdempotencyService<idempotency_mysql::MysqlStore> {
+    let config = idempotency_core::ServiceConfig {
+        in_flight: if wait {
+            idempotency_core::InFlightPolicy::Wait {
+                timeout: Some(Duration::from_secs(10)),
+            }
+        } else {
+            idempotency_core::InFlightPolicy::Reject
+        },
+        ..idempotency_core::ServiceConfig::default()
+    };
+    IdempotencyService::builder(store.clone())
+        .config(config)
+        .build()
+}
+
+/// Two duplicates wait on a holder that then rolls back: one of them takes the key and runs,
+/// the other replays its outcome; neither is a deadlock victim (3 trials).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_waiters_on_a_holder_that_rolls_back_run_once_without_a_deadlock() {
+    let store = fresh_store().await;
+    let service = service_with(&store, true);
+    for trial in 0..3 {
+        let k = key(&format!("rolled-back-{trial}"));
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let holder = {
+            let (service, k) = (service.clone(), k.clone());
+            tokio::spawn(async move {
+                service
+                    .execute(Call::new("OP", k, &json!({"n": 1})), async |_conn| {
+                        let _ = started_tx.send(());
+                        let _ = release_rx.await;
+                        Err::<ExecutionResult<Value>, _>(AppError::Database(
+                            sqlx::Error::RowNotFound,
+                        ))
+                    })
+                    .await
+            })
+        };
+        started.await.unwrap();
+        let counter = CountingAction::default();
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let (service, k, counter) = (service.clone(), k.clone(), counter.clone());
+                tokio::spawn(async move {
+                    service
+                        .execute(Call::new("OP", k, &json!({"n": 1})), async |_conn| {
+                            counter.hit();
+                            Ok::<_, AppError>(ExecutionResult::success(json!("waiter")))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        release.send(()).unwrap();
+        assert!(holder.await.unwrap().is_err());
+        let mut executed = 0;
+        for waiter in waiters {
+            let outcome: Outcome<Value> = waiter.await.unwrap().unwrap();
+            assert_eq!(outcome.result().value(), Some(&json!("waiter")));
+            executed += usize::from(outcome.is_executed());
+        }
+        assert_eq!((executed, counter.count()), (1, 1), "trial {trial}");
+    }
+}
+
+/// Replays of a committed key take no lock that blocks other replays: with the reject
+/// policy, a replay while another replayer's transaction is still open replays too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replays_of_a_committed_key_do_not_block_each_other() {
+    let store = fresh_store().await;
+    let service = service_with(&store, false);
+    let k = key("replayed");
+    let request = json!({"n": 1});
+    let call = || Call::new("OP", k.clone(), &request);
+    let first: Outcome<Value> = service
+        .execute(call(), async |_conn| {
+            Ok::<_, AppError>(ExecutionResult::success(json!("first")))
+        })
+        .await
+        .unwrap();
+    assert!(first.is_executed());
+    let mut open = service.begin().await.unwrap();
+    let replay: Outcome<Value> = service
+        .execute_in(&mut open, call(), async |_conn| {
+            Ok::<_, AppError>(ExecutionResult::success(json!("again")))
+        })
+        .await
+        .unwrap();
+    assert!(replay.is_replayed());
+    // `open` is still open: another replay must not wait for it.
+    let started = std::time::Instant::now();
+    let second: Result<Outcome<Value>, AppError> = service
+        .execute(call(), async |_conn| {
+            Ok::<_, AppError>(ExecutionResult::success(json!("again")))
+        })
+        .await;
+    let second = second.unwrap();
+    assert!(second.is_replayed());
+    assert_eq!(second.result().value(), Some(&json!("first")));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    open.commit().await.unwrap();
+}
+
+/// An outcome nested deeper than `MAX_JSON_DEPTH` is refused before the statement, with an
+/// error that names the limit; the transaction stays usable (31 levels are stored).
+#[tokio::test]
+async fn outcomes_nested_deeper_than_the_limit_are_refused_before_the_statement() {
+    let store = fresh_store().await;
+    let service = IdempotencyService::new(store.clone());
+    let nested = |depth: usize| -> Value {
+        serde_json::from_str(&format!("{}{}", "[".repeat(depth), "]".repeat(depth))).unwrap()
+    };
+    let deepest = idempotency_mysql::MAX_JSON_DEPTH;
+    let ok: Outcome<Value> = service
+        .execute(Call::new("OP", key("deep-ok"), &json!({})), async |_conn| {
+            Ok::<_, AppError>(ExecutionResult::success(nested(deepest)))
+        })
+        .await
+        .unwrap();
+    assert!(ok.is_executed());
+    let refused: Result<Outcome<Value>, AppError> = service
+        .execute(Call::new("OP", key("deep"), &json!({})), async |_conn| {
+            Ok::<_, AppError>(ExecutionResult::success(nested(deepest + 1)))
+        })
+        .await;
+    let Err(AppError::Idempotency(Error::Store(error))) = refused else {
+        panic!("{refused:?}");
+    };
+    let source = std::error::Error::source(&error).unwrap();
+    assert!(
+        source
+            .downcast_ref::<idempotency_mysql::JsonTooDeep>()
+            .is_some(),
+        "{source:?}"
+    );
+}

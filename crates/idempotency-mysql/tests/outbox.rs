@@ -138,3 +138,72 @@ async fn in_the_single_relay_mode_one_process_claims_at_a_time() {
     let _ = first.claim(&request()).await;
     assert!(first.claim(&request()).await.unwrap().messages.is_empty());
 }
+
+/// `utf8mb4_bin` is PAD SPACE: `m-1` and `m-1 ` compare equal, so the second would be skipped
+/// as a redelivery of the first, and `a1 ` would share `a1`'s sequence counter. Values with a
+/// trailing space are refused before anything is written.
+#[tokio::test]
+async fn values_with_a_trailing_space_are_refused_instead_of_merged() {
+    let pool = idempotency_testing::mysql_pool().await;
+    let mut config = outbox_config("outbox");
+    config.ordering = Ordering::Ordered;
+    let outbox = MysqlOutbox::from_config(pool.clone(), &config)
+        .await
+        .unwrap();
+    let mut inbox_config = InboxConfig::default();
+    inbox_config.schema.mode = SchemaMode::Create;
+    let inbox = MysqlInbox::from_config(pool.clone(), &inbox_config)
+        .await
+        .unwrap();
+    let mut tx = idempotency_mysql::begin(&pool).await.unwrap();
+    assert!(inbox.record(&mut tx, "consumer", "m-1").await.unwrap());
+    let padded = inbox.record(&mut tx, "consumer", "m-1 ").await;
+    assert!(
+        matches!(padded, Err(Error::InvalidEvent { .. })),
+        "{padded:?}"
+    );
+    let padded = inbox.record(&mut tx, "consumer ", "m-2").await;
+    assert!(
+        matches!(padded, Err(Error::InvalidEvent { .. })),
+        "{padded:?}"
+    );
+    outbox.enqueue(&mut tx, &event("a1")).await.unwrap();
+    let padded = outbox.enqueue(&mut tx, &event("a1 ")).await;
+    assert!(
+        matches!(padded, Err(Error::InvalidEvent { .. })),
+        "{padded:?}"
+    );
+    let padded_type = NewEvent::new("order ", "a2", "Placed", &serde_json::json!({})).unwrap();
+    let padded = outbox.enqueue(&mut tx, &padded_type).await;
+    assert!(
+        matches!(padded, Err(Error::InvalidEvent { .. })),
+        "{padded:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(pending(&pool).await, 1);
+}
+
+/// JSON nested deeper than `MAX_JSON_DEPTH` (MariaDB's `json_valid` refuses 32 levels) is an
+/// invalid event before anything is written, not a database error; 31 levels are stored.
+#[tokio::test]
+async fn payloads_nested_deeper_than_the_limit_are_invalid_events() {
+    let pool = idempotency_testing::mysql_pool().await;
+    let outbox = MysqlOutbox::from_config(pool.clone(), &outbox_config("outbox"))
+        .await
+        .unwrap();
+    let nested = |depth: usize| -> serde_json::Value {
+        serde_json::from_str(&format!("{}{}", "[".repeat(depth), "]".repeat(depth))).unwrap()
+    };
+    let deepest = idempotency_mysql::MAX_JSON_DEPTH;
+    let mut tx = idempotency_mysql::begin(&pool).await.unwrap();
+    let ok = NewEvent::new("order", "o-1", "Placed", &nested(deepest)).unwrap();
+    outbox.enqueue(&mut tx, &ok).await.unwrap();
+    let deep = NewEvent::new("order", "o-1", "Placed", &nested(deepest + 1)).unwrap();
+    let refused = outbox.enqueue(&mut tx, &deep).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidEvent { .. })),
+        "{refused:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(pending(&pool).await, 1);
+}

@@ -230,7 +230,8 @@ pub struct RelayConfig {
     pub max_attempts: u32,
     /// Delay between attempts.
     pub backoff: BackoffConfig,
-    /// How long a graceful shutdown waits for in-flight batches. Default `30s`.
+    /// How long a graceful shutdown waits for in-flight batches. Default `30s`; `0s` is
+    /// refused (every shutdown would abort every worker mid-batch).
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     /// How often the pending / oldest-age / dead-letter gauges are refreshed. Default `15s`.
@@ -259,8 +260,8 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
-    /// Checks ranges: at least one worker, batch size 1..=10000, non-zero timeouts, a lease
-    /// margin of at least [`MIN_LEASE_MARGIN`].
+    /// Checks ranges: at least one worker, batch size 1..=10000, non-zero timeouts (the
+    /// shutdown timeout included), a lease margin of at least [`MIN_LEASE_MARGIN`].
     pub fn validate(&self) -> Result<(), Error> {
         if self.workers == 0 {
             return Err(Error::invalid_config("relay.workers must be at least 1"));
@@ -283,6 +284,12 @@ impl RelayConfig {
                 return Err(Error::invalid_config(format!("{name} must not be zero")));
             }
         }
+        if self.shutdown_timeout.is_zero() {
+            return Err(Error::invalid_config(
+                "relay.shutdown-timeout must not be zero: every shutdown would abort every \
+                 worker mid-batch (its rows published again after the lease)",
+            ));
+        }
         if self.lease_margin < MIN_LEASE_MARGIN {
             return Err(Error::invalid_config(format!(
                 "relay.lease-margin ({}) must be at least {}: the lease (publish-timeout + \
@@ -302,6 +309,45 @@ impl RelayConfig {
     /// The claim lease: how long a claimed row stays invisible to other workers.
     pub fn lease(&self) -> Duration {
         self.publish_timeout + self.lease_margin
+    }
+
+    /// The longest time between a publish the broker may have stored (its ack lost, or the
+    /// relay gone before marking) and the relay's next publish of the same message: the row
+    /// returns after the lease, or after a failed attempt's backoff (at most `backoff.max`).
+    /// A broker deduplicating by message id (JetStream's duplicate window) must remember ids
+    /// at least this long, or the copy is delivered twice.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_outbox::config::RelayConfig;
+    ///
+    /// let relay = RelayConfig::default(); // lease 10s, backoff.max 5m
+    /// assert_eq!(relay.republish_window(), Duration::from_secs(310));
+    /// let error = relay.check_duplicate_window(Duration::from_secs(120)).unwrap_err();
+    /// assert!(error.to_string().contains("relay.backoff.max"));
+    /// relay.check_duplicate_window(Duration::from_secs(600))?;
+    /// # Ok::<(), idempotency_outbox::Error>(())
+    /// ```
+    pub fn republish_window(&self) -> Duration {
+        self.lease() + self.backoff.max
+    }
+
+    /// Fails when a broker's deduplication window (JetStream's `duplicate_window`) is shorter
+    /// than [`republish_window`](Self::republish_window), naming the keys that set it.
+    pub fn check_duplicate_window(&self, window: Duration) -> Result<(), Error> {
+        let needed = self.republish_window();
+        if window < needed {
+            let show = humantime_serde::re::humantime::format_duration;
+            return Err(Error::invalid_config(format!(
+                "the broker's duplicate window ({}) is shorter than the relay's republish window \
+                 ({}: relay.publish-timeout + relay.lease-margin + relay.backoff.max): a message \
+                 published again after a lost ack would be delivered twice; lengthen the \
+                 stream's duplicate window or shorten relay.backoff.max",
+                show(window),
+                show(needed),
+            )));
+        }
+        Ok(())
     }
 
     /// The longest time between a message's first and last publish attempt by this relay
@@ -370,10 +416,19 @@ pub struct RetentionConfig {
 }
 
 impl RetentionConfig {
-    /// Checks ranges when retention runs: a non-zero `interval` and `batch-size`.
+    /// Checks ranges when retention runs: a non-zero `interval` and `batch-size`, and a
+    /// non-zero `dead-lettered` (it would delete dead letters, committed events never
+    /// delivered, as soon as they are dead-lettered; `null` keeps them).
     pub fn validate(&self) -> Result<(), Error> {
         if !self.enabled {
             return Ok(());
+        }
+        if self.dead_lettered.is_some_and(|keep| keep.is_zero()) {
+            return Err(Error::invalid_config(
+                "retention.dead-lettered must not be zero: dead letters (committed events never \
+                 delivered) would be deleted as soon as they are dead-lettered; use null to \
+                 keep them until requeued",
+            ));
         }
         if self.interval.is_zero() {
             return Err(Error::invalid_config("retention.interval must not be zero"));
@@ -569,6 +624,52 @@ mod tests {
         assert!(inbox.check_against(&relay).is_err());
         inbox.retention = Duration::from_secs(32);
         inbox.check_against(&relay).unwrap();
+    }
+
+    #[test]
+    fn unsafe_zeros_are_refused_naming_the_key() {
+        let relay = RelayConfig {
+            shutdown_timeout: Duration::ZERO,
+            ..RelayConfig::default()
+        };
+        let error = relay.validate().unwrap_err().to_string();
+        assert!(error.contains("relay.shutdown-timeout"), "{error}");
+        let retention = RetentionConfig {
+            dead_lettered: Some(Duration::ZERO),
+            ..RetentionConfig::default()
+        };
+        let error = retention.validate().unwrap_err().to_string();
+        assert!(error.contains("retention.dead-lettered"), "{error}");
+        let keep = RetentionConfig {
+            dead_lettered: None,
+            ..RetentionConfig::default()
+        };
+        keep.validate().unwrap();
+    }
+
+    #[test]
+    fn a_duplicate_window_shorter_than_the_republish_window_is_refused() {
+        let relay = RelayConfig {
+            publish_timeout: Duration::from_secs(2),
+            lease_margin: Duration::from_secs(1),
+            backoff: BackoffConfig {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(60),
+            },
+            ..RelayConfig::default()
+        };
+        assert_eq!(relay.republish_window(), Duration::from_secs(63));
+        let error = relay
+            .check_duplicate_window(Duration::from_secs(62))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("relay.backoff.max") && error.contains("1m 3s"),
+            "{error}"
+        );
+        relay
+            .check_duplicate_window(Duration::from_secs(63))
+            .unwrap();
     }
 
     #[test]

@@ -70,6 +70,18 @@ pub enum Error {
     /// Any other database error.
     #[error("database error")]
     Database(#[source] BoxError),
+    /// A requeue was refused: these dead letters' aggregates already published a later event
+    /// (their successors went out while they were dead-lettered), so requeuing them would
+    /// publish them out of order. Nothing was requeued.
+    #[error(
+        "{} dead letter(s) have a later event of their aggregate already published: requeuing \
+         them would publish them out of order; nothing was requeued",
+        ids.len()
+    )]
+    RequeueOutOfOrder {
+        /// The dead letters refused.
+        ids: Vec<uuid::Uuid>,
+    },
     /// A publisher could not be set up (connecting to the broker, declaring topology).
     #[error("publisher setup failed")]
     Publisher(#[source] crate::publisher::PublishError),

@@ -95,6 +95,11 @@ pub struct Failure {
     pub retry_in: Duration,
     /// Move the row to the dead letters instead of retrying.
     pub dead_letter: bool,
+    /// The failure was the broker's, not the message's (unavailable, timed out, no stream
+    /// for the subject): the store gives back the attempt the claim counted
+    /// (`attempts - 1`), so that an outage, however long, never leads to a dead letter.
+    /// Never set together with `dead_letter`.
+    pub transient: bool,
 }
 
 /// Longest `last_error` stored.
@@ -229,6 +234,12 @@ pub trait DeadLetters: Send + Sync + 'static {
 
     /// Puts dead-lettered rows back to pending, due now, attempts reset. Returns how many
     /// (ids that are not dead-lettered are ignored).
+    ///
+    /// Order: while a row is dead-lettered, its aggregate's later events are published.
+    /// Requeuing one whose aggregate already published a later event would publish it after
+    /// that event, so it is refused: [`Error::RequeueOutOfOrder`] names those ids, and nothing
+    /// is requeued. (A later event in flight at the moment of the requeue can still go out
+    /// first.)
     fn requeue(&self, ids: &[Uuid]) -> impl Future<Output = Result<u64, Error>> + Send;
 }
 

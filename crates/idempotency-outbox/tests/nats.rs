@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use common::nats::{TestStream, header};
+use common::nats::{TestStream, client, header};
 use common::*;
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::publisher::headers;
@@ -109,10 +109,13 @@ async fn rows_wait_while_the_stream_is_missing_and_are_delivered_when_it_exists(
 
     let relay = Relay::new(outbox.clone(), stream.publisher().await, &config).unwrap();
     let handle = relay.spawn();
-    eventually("every row attempted at least twice", || async {
-        scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts >= 2").await == 20
+    // Failures the broker's, not the messages': each given back its attempt.
+    eventually("40 attempts failed", || async {
+        handle.totals().failed >= 40
     })
     .await;
+    let counted = scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts > 1").await;
+    assert_eq!(counted, 0, "no attempt was counted twice");
     assert_eq!(
         pending(&pool).await,
         20,
@@ -209,8 +212,9 @@ async fn a_poison_message_is_dead_lettered_without_holding_up_other_aggregates()
     config.relay.max_attempts = 3;
     let (pool, outbox) = outbox(&config).await;
     let stream = TestStream::new().await;
-    // `payment` events go to `<prefix>.payment.*`... which the publisher routes to a subject
-    // prefix no stream captures: every attempt fails.
+    // `payment` events are larger than the stream takes (`max_msg_size`): JetStream refuses
+    // every attempt. (A subject no stream captures is the broker unavailable, not the
+    // message's fault: retried without end, never dead-lettered.)
     let publisher =
         idempotency_outbox::publisher::nats::NatsPublisher::from_context(stream.js.clone())
             .with_subject(&format!(
@@ -218,16 +222,18 @@ async fn a_poison_message_is_dead_lettered_without_holding_up_other_aggregates()
                 stream.prefix
             ))
             .unwrap();
-    let poison = NewEvent::new("payment", "p-1", "PaymentFailed", &1).unwrap();
-    let after_poison = NewEvent::new("payment", "p-1", "PaymentRetried", &2).unwrap();
+    let large = "x".repeat(4096);
+    let poison = NewEvent::new("payment", "p-1", "PaymentFailed", &large).unwrap();
+    let after_poison = NewEvent::new("payment", "p-1", "PaymentRetried", &large).unwrap();
     let healthy: Vec<NewEvent> = (0..10).map(|n| event(&format!("o{}", n % 3), n)).collect();
-    // The stream only captures orders.
+    // The stream only takes small messages.
     stream.delete().await;
     stream
         .js
         .create_stream(async_nats::jetstream::stream::Config {
             name: stream.name.clone(),
-            subjects: vec![format!("{}.order.>", stream.prefix)],
+            subjects: vec![format!("{}.>", stream.prefix)],
+            max_message_size: 2048,
             ..Default::default()
         })
         .await
@@ -258,10 +264,12 @@ async fn a_poison_message_is_dead_lettered_without_holding_up_other_aggregates()
             .last_error
             .as_deref()
             .unwrap()
-            .starts_with("broker unavailable")
+            .starts_with("publish failed"),
+        "{:?}",
+        dead[0].last_error
     );
 
-    // Fix the routing: the stream now captures payments too. Requeue the dead letters.
+    // Fix the stream: it now takes larger messages. Requeue the dead letters.
     eventually("both payment events dead-lettered", || async {
         outbox.dead_letters(10).await.unwrap().len() == 2
     })
@@ -275,7 +283,7 @@ async fn a_poison_message_is_dead_lettered_without_holding_up_other_aggregates()
         .await
         .unwrap()
         .config;
-    info.subjects.push(format!("{}.payment.>", stream.prefix));
+    info.max_message_size = -1;
     stream.js.update_stream(info).await.unwrap();
     let requeued = outbox
         .requeue(&[poison.id(), after_poison.id()])
@@ -372,4 +380,92 @@ async fn ensure_stream_creates_the_stream_the_template_needs_and_extends_an_exis
         vec![format!("ensure{unique}.>"), format!("more{unique}.>")]
     );
     jetstream.delete_stream(&name).await.unwrap();
+}
+
+/// A stream whose duplicate window is shorter than the relay's republish window (lease plus
+/// `relay.backoff.max`) is refused, naming the keys; a long enough one passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_window_shorter_than_the_republish_window_is_refused() {
+    let stream = TestStream::new().await; // a 120 s window
+    let publisher = stream.publisher().await;
+    let relay = idempotency_outbox::config::RelayConfig::default(); // 10 s lease + 5 min
+    let error = publisher
+        .check_duplicate_window(&stream.name, &relay)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("2m") && error.contains("relay.backoff.max"),
+        "{error}"
+    );
+    let short = idempotency_outbox::config::RelayConfig {
+        backoff: idempotency_outbox::config::BackoffConfig {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        },
+        ..idempotency_outbox::config::RelayConfig::default()
+    };
+    publisher
+        .check_duplicate_window(&stream.name, &short)
+        .await
+        .unwrap();
+    stream.delete().await;
+}
+
+/// Messages NATS can never take are dead-lettered at their first attempt, not retried for
+/// `max-attempts` while they hold back their aggregate: payload and headers over the server's
+/// `max_payload`, a subject a placeholder rendered with whitespace. Their aggregates' next
+/// events and the other messages are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_nats_can_never_take_are_dead_lettered_at_once() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 5;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    let max_payload = client().await.server_info().max_payload;
+    let too_large =
+        NewEvent::new("order", "big", "OrderUpdated", &"x".repeat(max_payload)).unwrap();
+    // `{aggregate_type}` renders into the subject: a space cannot be sent.
+    let spaced = NewEvent::new("bad type", "s", "OrderUpdated", &1).unwrap();
+    let good = [
+        event("big", 2),
+        NewEvent::new("bad type", "s", "OrderUpdated", &2).unwrap(),
+        event("other", 1),
+    ];
+    commit(&pool, &outbox, &[too_large.clone(), spaced.clone()]).await;
+    commit(&pool, &outbox, &good).await;
+    let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
+        .unwrap()
+        .spawn();
+    eventually("settled", || async { pending(&pool).await == 0 }).await;
+    handle.shutdown().await;
+    for (event, what) in [(&too_large, "max payload"), (&spaced, "whitespace")] {
+        let (attempts, dead, error): (i32, bool, String) = sqlx::query_as(
+            "SELECT attempts, dead_lettered_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
+        )
+        .bind(event.id())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(dead, "{what}: {error}");
+        assert_eq!(
+            attempts, 1,
+            "{what}: dead-lettered at the first attempt ({error})"
+        );
+        assert!(
+            error.starts_with("message invalid for the broker") && error.contains(what),
+            "{what}: {error}"
+        );
+    }
+    let delivered: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE published_at IS NOT NULL")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        delivered.contains(&good[0].id()),
+        "the large one's successor"
+    );
+    assert!(delivered.contains(&good[2].id()));
+    stream.delete().await;
 }

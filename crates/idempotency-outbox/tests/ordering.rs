@@ -45,6 +45,7 @@ async fn each_aggregate_is_published_in_commit_order_by_four_workers() {
         inner: stream.publisher().await,
         fail: Box::new(|m| m.id.as_u128() % 7 == 0),
         failures: Arc::clone(&failures),
+        failed: Default::default(),
     };
     let handle = Relay::new(outbox.clone(), publisher, &config)
         .unwrap()

@@ -100,10 +100,13 @@ async fn a_broker_outage_keeps_rows_pending_until_it_is_back() {
     )
     .unwrap()
     .spawn();
-    eventually("every row attempted twice", || async {
-        scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts >= 2").await == 30
+    // Failures the broker's, not the messages': each given back its attempt.
+    eventually("60 attempts failed", || async {
+        handle.totals().failed >= 60
     })
     .await;
+    let counted = scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts > 1").await;
+    assert_eq!(counted, 0, "no attempt was counted twice");
     assert_eq!(pending(&pool).await, 30);
     let recorded = scalar_i64(
         &pool,
@@ -133,7 +136,7 @@ async fn a_broker_outage_keeps_rows_pending_until_it_is_back() {
     eventually("the new rows failed at least once", || async {
         scalar_i64(
             &pool,
-            "SELECT count(*) FROM outbox WHERE attempts >= 1 AND published_at IS NULL",
+            "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL AND published_at IS NULL",
         )
         .await
             == 10
@@ -356,5 +359,227 @@ async fn names_too_long_for_amqp_are_dead_lettered_at_once_and_the_connection_li
             lapin::options::ExchangeDeleteOptions::default(),
         )
         .await;
+    queue.delete().await;
+}
+
+/// A batch mixing routable and unroutable messages (1 in 3), published concurrently as the relay does
+/// (lapin hands a returned message to whichever confirm it completes first): every unroutable
+/// one fails as unroutable, every routable one is confirmed, and the queue holds exactly the
+/// routable ones, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_batch_of_routable_and_unroutable_messages_is_told_apart_under_concurrency() {
+    use futures_util::future::join_all;
+    use idempotency_outbox::{OutboxMessage, PublishErrorKind, Publisher};
+
+    let queue = TestQueue::new().await;
+    let exchange = idempotency_testing::unique_name("outbox_mixed");
+    queue
+        .channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Direct,
+            lapin::options::ExchangeDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    // Only `routed` reaches the queue; `nowhere` has no binding.
+    queue
+        .channel
+        .queue_bind(
+            queue.name.as_str().into(),
+            exchange.as_str().into(),
+            "routed".into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let publisher = RabbitMqPublisher::new(idempotency_testing::amqp_url())
+        .with_exchange(&exchange)
+        .with_routing_key("{aggregate_type}")
+        .unwrap();
+    publisher.connect().await.unwrap();
+
+    // 16,000 publishes: 40 rounds of 4 batches of 100 at once, as 4 relay workers publish.
+    let (mut wrong, mut routed) = (Vec::new(), 0u32);
+    for round in 0..40 {
+        let batch: Vec<OutboxMessage> = (0..400)
+            .map(|n| {
+                let target = if (round * 400 + n) % 3 == 0 {
+                    "nowhere"
+                } else {
+                    "routed"
+                };
+                OutboxMessage::new(
+                    uuid::Uuid::now_v7(),
+                    target,
+                    format!("a{n}"),
+                    None,
+                    "Mixed",
+                    "{}",
+                    Default::default(),
+                    chrono::Utc::now(),
+                    1,
+                )
+            })
+            .collect();
+        let results = join_all(batch.iter().map(|m| publisher.publish(m))).await;
+        for (message, result) in batch.iter().zip(results) {
+            let routable = message.aggregate_type == "routed";
+            routed += u32::from(routable);
+            match (routable, &result) {
+                (true, Ok(_)) => {}
+                (false, Err(e)) if e.kind() == PublishErrorKind::Rejected => {}
+                _ => wrong.push(format!(
+                    "{} {}: {result:?}",
+                    message.aggregate_type, message.id
+                )),
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} misreported: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    let declared = queue
+        .channel
+        .queue_declare(
+            queue.name.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        declared.message_count(),
+        routed,
+        "each routable message once, nothing else"
+    );
+    let _ = queue
+        .channel
+        .exchange_delete(
+            exchange.as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await;
+    queue.delete().await;
+}
+
+/// A broker outage much longer than `max-attempts` backoffs (scaled down: 3 attempts, backoff
+/// 20..200 ms, a 3 s outage) dead-letters nothing: an unavailable broker is not a bad message.
+/// When it is back, every event goes out, each aggregate in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_every_attempt_dead_letters_nothing_and_keeps_order() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 3;
+    config.relay.backoff = idempotency_outbox::config::BackoffConfig {
+        base: std::time::Duration::from_millis(20),
+        max: std::time::Duration::from_millis(200),
+    };
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    let url = idempotency_testing::amqp_url();
+    let proxy = Proxy::start(host_port(&url), false).await; // down
+    let events: Vec<NewEvent> = (1..=4)
+        .map(|n| event("o-1", n))
+        .chain((1..=2).map(|n| event("o-2", n)))
+        .collect();
+    commit(&pool, &outbox, &events).await;
+    let handle = Relay::new(
+        outbox.clone(),
+        publisher(&via_port(&url, proxy.port), &queue),
+        &config,
+    )
+    .unwrap()
+    .spawn();
+    eventually("both heads failed", || async {
+        scalar_i64(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE last_error LIKE 'broker unavailable%'",
+        )
+        .await
+            == 2
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let dead = scalar_i64(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
+    )
+    .await;
+    assert_eq!(dead, 0, "an outage dead-letters nothing");
+    let attempts = scalar_i64(&pool, "SELECT max(attempts)::int8 FROM outbox").await;
+    assert!(attempts <= 1, "outage failures are not counted: {attempts}");
+
+    proxy.enable();
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, events.len()).await;
+    eventually("all marked", || async { published(&pool).await == 6 }).await;
+    let report = handle.shutdown().await;
+    assert_eq!(report.totals.dead_lettered, 0);
+    let seen: Vec<String> = deliveries
+        .iter()
+        .map(|d| {
+            format!(
+                "{}#{}",
+                header(d, headers::AGGREGATE_ID).unwrap(),
+                header(d, headers::SEQUENCE).unwrap()
+            )
+        })
+        .collect();
+    for aggregate in ["o-1", "o-2"] {
+        let order: Vec<&String> = seen.iter().filter(|s| s.starts_with(aggregate)).collect();
+        let want: Vec<String> = (1..=if aggregate == "o-1" { 4 } else { 2 })
+            .map(|n| format!("{aggregate}#{n}"))
+            .collect();
+        assert_eq!(order, want.iter().collect::<Vec<_>>(), "{seen:?}");
+    }
+    queue.delete().await;
+}
+
+/// A body over the publisher's `max-message-size` (set to the broker's `max_message_size`) is
+/// refused before anything is sent and dead-lettered at its first attempt; the broker would
+/// close the channel with reply 406 instead. The other messages go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_max_message_size_is_dead_lettered_at_once() {
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 5;
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    let large = NewEvent::new("order", "big", "OrderUpdated", &"x".repeat(4096)).unwrap();
+    let others = [event("big", 2), event("small", 1)];
+    commit(&pool, &outbox, std::slice::from_ref(&large)).await;
+    commit(&pool, &outbox, &others).await;
+    let publisher = publisher(&idempotency_testing::amqp_url(), &queue).with_max_message_size(1024);
+    let handle = Relay::new(outbox.clone(), publisher, &config)
+        .unwrap()
+        .spawn();
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, others.len()).await;
+    eventually("settled", || async { pending(&pool).await == 0 }).await;
+    handle.shutdown().await;
+    let mut got: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = others.iter().map(|e| e.id().to_string()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    let (attempts, dead, error): (i32, bool, String) = sqlx::query_as(
+        "SELECT attempts, dead_lettered_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
+    )
+    .bind(large.id())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(dead && attempts == 1, "{attempts} {error}");
+    assert!(error.contains("larger than max-message-size"), "{error}");
     queue.delete().await;
 }

@@ -193,3 +193,35 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_dead_letters_
     assert_eq!(keep.purge().await.unwrap().dead_lettered, 0);
     assert_eq!(outbox.dead_letters(100).await.unwrap().len(), 3);
 }
+
+/// Dropping the handle stops the workers as `shutdown` does, also while every claim finds a
+/// full batch (a worker then never waits, so only a check before each claim can see the drop):
+/// what is published stops growing, and the backlog stays pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_handle_stops_workers_whose_batches_are_full() {
+    let mut config = config(Ordering::Unordered);
+    config.relay.batch_size = 10;
+    let (pool, outbox) = outbox(&config).await;
+    let events: Vec<NewEvent> = (0..3000).map(|n| event(&format!("d{n}"), n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let started = Arc::new(AtomicU64::new(0));
+    let publisher = Slow {
+        inner: LoggingPublisher::new(),
+        delay: Duration::from_millis(20),
+        started: Arc::clone(&started),
+    };
+    let relay = Relay::new(outbox.clone(), publisher, &config).unwrap();
+    let handle = relay.spawn();
+    eventually("publishing", || async { published(&pool).await >= 20 }).await;
+    drop(handle);
+    // The batch in flight at the drop may still be marked.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let settled = started.load(AtomicOrdering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        started.load(AtomicOrdering::SeqCst),
+        settled,
+        "no publish started after the drop"
+    );
+    assert!(pending(&pool).await > 2000, "the backlog stays pending");
+}

@@ -33,9 +33,31 @@ use tracing::Instrument as _;
 /// # Ok(()) }
 /// ```
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    spawned_begin(pool, None).await
+}
+
+/// [`begin`] with `statement` in place of `BEGIN` (`pool.begin_with`), as safe to cancel: a
+/// `BEGIN` with options, or `BEGIN` followed by `SET LOCAL`s in the same round trip.
+pub(crate) async fn begin_with(
+    pool: &PgPool,
+    statement: &'static str,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    spawned_begin(pool, Some(statement)).await
+}
+
+async fn spawned_begin(
+    pool: &PgPool,
+    statement: Option<&'static str>,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
     let pool = pool.clone();
+    let begin = async move {
+        match statement {
+            Some(statement) => pool.begin_with(statement).await,
+            None => pool.begin().await,
+        }
+    };
     // In the caller's span, so that what the pool logs stays attached to the request.
-    let begun = tokio::spawn(async move { pool.begin().await }.in_current_span());
+    let begun = tokio::spawn(begin.in_current_span());
     match begun.await {
         Ok(begun) => begun,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),

@@ -20,8 +20,8 @@ pub use inbox::{INBOX_DDL_TEMPLATE, PgInbox, inbox_ddl};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub use outbox::{
-    Channel, OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE, OutboxPartition,
-    PgNotificationListener, PgOutbox, outbox_ddl, outbox_partitioned_ddl,
+    Channel, LISTEN_KEEPALIVE, OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE,
+    OutboxPartition, PgNotificationListener, PgOutbox, outbox_ddl, outbox_partitioned_ddl,
 };
 pub use records::{
     DDL_TEMPLATE, PgStore, RECORDS_HASH_PARTITION_KEY, ddl, records_hash_partitioned_ddl,

@@ -107,9 +107,10 @@ impl TableName {
     /// - `<table>_<suffix>` when that fits PostgreSQL's 63 bytes;
     /// - for a table name of up to 60 bytes, that name cut to 63 bytes, as PostgreSQL itself
     ///   would cut it: at least `_` and two letters of the suffix survive, which keeps the names
-    ///   the stores derive (`_pending_idx`, `_published_idx`, `_sequences`, ...) distinct from
-    ///   each other and from the table, and keeps the names tables created by earlier releases
-    ///   already have;
+    ///   tables created by earlier releases already have (two suffixes with the same first two
+    ///   letters, such as the partitioned outbox's `_default` and `_dead_letter_idx` of a
+    ///   60-byte name, cut to one name: the stores then give the later one the hashed form
+    ///   below);
     /// - for a 61- to 63-byte table name, where a cut name would be the table's own name or
     ///   another derived name (and `CREATE ... IF NOT EXISTS` would then skip the object without
     ///   a word), `<table cut>_<hash>_<suffix>` with 8 hex digits of a hash of the table name.
@@ -141,11 +142,37 @@ impl TableName {
         if full.len() <= MAX_IDENTIFIER_LEN {
             return Self::from_parts(self.schema.clone(), full);
         }
+        Self::from_parts(self.schema.clone(), self.hashed_name(suffix))
+    }
+
+    /// The names [`derived`](Self::derived) gives `suffixes` (unquoted, in that order), except
+    /// that a name equal to the table's own or to an earlier suffix's (cut to 63 bytes, the
+    /// suffixes `default` and `dead_letter_idx` of a 60-byte name are both `<name>_de`) is
+    /// `<table cut>_<hash>_<suffix>` instead: `CREATE ... IF NOT EXISTS` would otherwise skip
+    /// the later object without a word. The first suffix keeps its name, so put the objects
+    /// earlier releases created first.
+    pub(crate) fn derived_names(&self, suffixes: &[&str]) -> Vec<String> {
+        let mut names: Vec<String> = Vec::with_capacity(suffixes.len());
+        for suffix in suffixes {
+            let name = self.derived_name(suffix);
+            let taken = name == self.name || names.contains(&name);
+            names.push(if taken {
+                self.hashed_name(suffix)
+            } else {
+                name
+            });
+        }
+        names
+    }
+
+    /// `<table cut>_<hash>_<suffix>`, with 8 hex digits of a hash of the table name: at most
+    /// 63 bytes, the whole suffix kept.
+    fn hashed_name(&self, suffix: &str) -> String {
         let hash = idempotency_core::fingerprint::short_hash(&self.name);
         let hash = &hash[..8];
         let keep = MAX_IDENTIFIER_LEN.saturating_sub(suffix.len() + hash.len() + 2);
         let cut = &self.name[..keep.min(self.name.len())];
-        Self::from_parts(self.schema.clone(), format!("{cut}_{hash}_{suffix}"))
+        format!("{cut}_{hash}_{suffix}")
     }
 
     fn derived_name(&self, suffix: &str) -> String {
@@ -158,11 +185,7 @@ impl TableName {
             full.truncate(MAX_IDENTIFIER_LEN);
             return full;
         }
-        let hash = idempotency_core::fingerprint::short_hash(&self.name);
-        let hash = &hash[..8];
-        let keep = MAX_IDENTIFIER_LEN.saturating_sub(suffix.len() + hash.len() + 2);
-        let cut = &self.name[..keep.min(self.name.len())];
-        format!("{cut}_{hash}_{suffix}")
+        self.hashed_name(suffix)
     }
 }
 
@@ -267,6 +290,38 @@ mod tests {
             let (a, b) = (t.derived("pending_idx"), t.derived("published_idx"));
             assert_ne!(a, b, "{long}");
             assert_ne!(t.sibling("sequences"), t, "{long}");
+        }
+    }
+
+    #[test]
+    fn derived_names_that_a_cut_would_make_one_are_told_apart_by_a_hash() {
+        let t = TableName::parse(&"x".repeat(60)).unwrap();
+        let names = t.derived_names(&["sequences", "default", "dead_letter_idx"]);
+        assert_eq!(names[0], format!("{}_se", "x".repeat(60)), "kept");
+        assert_eq!(
+            names[1],
+            format!("{}_de", "x".repeat(60)),
+            "the first `_de` kept"
+        );
+        assert!(names[2].ends_with("_dead_letter_idx") && names[2].len() <= 63);
+        for long in 1..=63 {
+            let t = TableName::parse(&"z".repeat(long)).unwrap();
+            let suffixes = [
+                "sequences",
+                "default",
+                "pending_idx",
+                "aggregate_idx",
+                "published_idx",
+                "dead_letter_idx",
+            ];
+            let mut names = t.derived_names(&suffixes);
+            assert!(
+                names.iter().all(|n| n.len() <= 63 && *n != t.name),
+                "{long}"
+            );
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), suffixes.len(), "{long}: all distinct");
         }
     }
 }

@@ -6,8 +6,13 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
-use idempotency_core::store::IdempotencyStore;
-use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome};
+use std::time::Duration;
+
+use idempotency_core::store::{Acquire, Claim, IdempotencyStore, LockWait};
+use idempotency_core::{
+    Call, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyService, Outcome, RecordId,
+    Scope,
+};
 use idempotency_pg::PgStore;
 use idempotency_testing::{HoldingProxy, until_idle};
 use sqlx::PgPool;
@@ -146,4 +151,80 @@ async fn an_execute_dropped_during_its_begin_leaves_no_transaction_open_in_the_p
         .await
         .unwrap();
     assert!(outcome.is_executed());
+}
+
+/// The bounded acquire sets `lock_timeout` for its insert only (`set_config(.., true)`, i.e.
+/// `SET LOCAL`, in the same statement): dropped while it waits on a holder, or while its answer
+/// is on the wire, it leaves no `lock_timeout` on the pooled connection, and the next bounded
+/// acquire restores the session's own value. No store statement sets `statement_timeout`.
+#[tokio::test]
+async fn a_dropped_bounded_acquire_leaves_no_lock_timeout_on_the_connection() {
+    let (direct, proxied, proxy) = pools().await;
+    let setting = async || -> String {
+        sqlx::query_scalar(
+            "SELECT current_setting('lock_timeout') || '/' || current_setting('statement_timeout')",
+        )
+        .fetch_one(&proxied)
+        .await
+        .unwrap()
+    };
+    // The pooled connection's own session values, which the store must leave as they are.
+    sqlx::raw_sql("SET lock_timeout = '7s'; SET statement_timeout = '9s'")
+        .execute(&proxied)
+        .await
+        .unwrap();
+    let before = setting().await;
+    assert_eq!(before, "7s/9s");
+    let holder_store = PgStore::new(direct.clone());
+    holder_store.create_schema().await.unwrap();
+    let store = PgStore::new(proxied.clone());
+    let id = RecordId::new(
+        idempotency_core::testing::op("OP"),
+        Scope::new("s").unwrap(),
+        IdempotencyKey::new("leak").unwrap(),
+    );
+    let fingerprint = Fingerprint::new("ab".repeat(32));
+    let claim = |wait| Claim {
+        id: &id,
+        fingerprint: &fingerprint,
+        ttl: None,
+        wait,
+    };
+    let bounded = claim(LockWait::Timeout(Duration::from_secs(2)));
+    let mut holder = holder_store.begin().await.unwrap();
+    let held = holder_store
+        .acquire(&mut holder, &claim(LockWait::NoWait))
+        .await
+        .unwrap();
+    assert_eq!(held, Acquire::Acquired);
+
+    // Dropped while it waits on the holder.
+    let mut tx = store.begin().await.unwrap();
+    let waiting = store.acquire(&mut tx, &bounded);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "the acquire did not wait for the holder"
+    );
+    drop(tx);
+    holder.rollback().await.unwrap();
+    until_idle(&proxied).await;
+    assert_eq!(setting().await, before, "a setting leaked into the pool");
+
+    // Dropped while its answer is on the wire.
+    let mut tx = store.begin().await.unwrap();
+    proxy
+        .drop_while_held(store.acquire(&mut tx, &bounded))
+        .await;
+    drop(tx);
+    until_idle(&proxied).await;
+    assert_eq!(setting().await, before, "a setting leaked into the pool");
+
+    // A bounded acquire that completes restores the session's own value.
+    let mut tx = store.begin().await.unwrap();
+    let acquired = store.acquire(&mut tx, &bounded).await.unwrap();
+    assert_eq!(acquired, Acquire::Acquired);
+    tx.rollback().await.unwrap();
+    assert_eq!(setting().await, before);
 }

@@ -512,3 +512,251 @@ async fn concurrent_relays_publish_every_event_once_while_retention_drops_partit
         0
     );
 }
+
+/// Waits until `waiters` sessions wait for a lock on a relation of `pool`'s schema.
+async fn until_waiting_on_lock(pool: &PgPool, waiters: i64) {
+    for _ in 0..500 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(DISTINCT l.pid) FROM pg_locks l \
+             JOIN pg_class c ON c.oid = l.relation \
+             WHERE NOT l.granted AND c.relnamespace = current_schema()::regnamespace",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if n >= waiters {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("fewer than {waiters} sessions waited on a lock");
+}
+
+/// A pool whose sessions default to `REPEATABLE READ` (as `ALTER DATABASE ... SET
+/// default_transaction_isolation` would make them), on a schema of its own.
+async fn repeatable_read_pool() -> PgPool {
+    idempotency_testing::pg_pool_with_options(10, |options| {
+        options.after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET default_transaction_isolation = 'repeatable read'")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+    })
+    .await
+}
+
+/// The drop's re-check runs in READ COMMITTED whatever the session default: a row requeued by
+/// a transaction that commits while `DETACH` waits for its lock keeps its partition. Under a
+/// `repeatable read` default the re-check's snapshot was taken before the requeue committed,
+/// and the partition was dropped with the pending row in it.
+#[tokio::test]
+async fn a_row_requeued_while_the_drop_waits_keeps_its_partition_under_a_repeatable_read_default() {
+    let pool = repeatable_read_pool().await;
+    let isolation: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(isolation, "repeatable read");
+    let outbox = partitioned(&pool).await;
+    old_partition(&pool, "outbox_requeued", 20, 19).await;
+    rows(&pool, 1, 19.5, "dead", 15.0).await;
+    let id: Uuid = sqlx::query_scalar("SELECT id FROM outbox_requeued")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    // The requeue holds its row (and a lock on the partition) while the drop starts.
+    let mut requeue = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = now() \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *requeue)
+    .await
+    .unwrap();
+    let drop = tokio::spawn({
+        let outbox = outbox.clone();
+        async move {
+            outbox
+                .drop_expired_partitions(
+                    Duration::from_secs(7 * 86_400),
+                    Some(Duration::from_secs(10 * 86_400)),
+                )
+                .await
+        }
+    });
+    until_waiting_on_lock(&pool, 1).await;
+    requeue.commit().await.unwrap();
+
+    assert_eq!(drop.await.unwrap().unwrap(), 0, "the partition is kept");
+    assert!(exists(&pool, "outbox_requeued").await);
+    let pending = scalar(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+    )
+    .await;
+    assert_eq!(pending, 1, "the requeued row is still there, pending");
+}
+
+/// Two retention passes that race for one partition: the one that finds it already detached
+/// or dropped by the other counts it as done and goes on with its pass (the next partition,
+/// the deletes), instead of failing with "relation does not exist".
+#[tokio::test]
+async fn concurrent_retention_passes_treat_a_partition_the_other_dropped_as_done() {
+    let pool = idempotency_testing::pg_pool().await;
+    let outbox = partitioned(&pool).await;
+    old_partition(&pool, "outbox_raced", 20, 19).await;
+    old_partition(&pool, "outbox_next", 18, 17).await;
+    rows(&pool, 10, 19.5, "published", 19.0).await;
+    rows(&pool, 10, 17.5, "published", 17.0).await;
+    rows(&pool, 3, 40.0, "published", 39.0).await; // in the default: deleted row by row
+
+    // A reader holds the first partition: one pass queues its DETACH, the other queues
+    // behind it (its check or its own DETACH).
+    let mut reader = pool.begin().await.unwrap();
+    exec_in(&mut reader, "SELECT count(*) FROM outbox_raced").await;
+    let passes: Vec<_> = (0..2)
+        .map(|_| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { relay_purge_result(&outbox).await })
+        })
+        .collect();
+    until_waiting_on_lock(&pool, 2).await;
+    reader.commit().await.unwrap();
+
+    let mut dropped = 0;
+    let mut deleted = 0;
+    for pass in passes {
+        let report = pass.await.unwrap().unwrap();
+        dropped += report.partitions_dropped;
+        deleted += report.published;
+    }
+    assert_eq!(
+        dropped, 2,
+        "each partition dropped once, by one of the passes"
+    );
+    assert_eq!(deleted, 3, "the default's rows deleted");
+    assert!(!exists(&pool, "outbox_raced").await && !exists(&pool, "outbox_next").await);
+}
+
+async fn exec_in(conn: &mut sqlx::PgConnection, sql: &str) {
+    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+        .execute(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn relay_purge_result(
+    outbox: &PgOutbox,
+) -> Result<idempotency_outbox::relay::PurgeReport, Error> {
+    let mut config = config(true, SchemaMode::None);
+    config.retention.batch_size = 20;
+    Relay::new(outbox.clone(), CollectingPublisher::default(), &config)
+        .unwrap()
+        .purge()
+        .await
+}
+
+/// A 60-byte table name: `<name>_default` and `<name>_dead_letter_idx` cut to 63 bytes are one
+/// name (`<name>_de`), so `CREATE INDEX IF NOT EXISTS` skipped the dead-letter index without a
+/// word. Every name the layout derives is distinct: create makes every object, validate
+/// accepts the result.
+#[tokio::test]
+async fn a_sixty_byte_table_name_gets_every_object_of_the_partitioned_layout() {
+    let pool = idempotency_testing::pg_pool().await;
+    let name = format!("outbox_{}", "x".repeat(53));
+    assert_eq!(name.len(), 60);
+    let mut config = config(true, SchemaMode::Create);
+    config.table_name = name.clone();
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    assert_eq!(
+        outbox.schema_problems().await.unwrap(),
+        Vec::<SchemaProblem>::new()
+    );
+    let indexes = scalar(
+        &pool,
+        &format!(
+            "SELECT count(*) FROM pg_index WHERE indrelid = '{name}'::regclass \
+             AND indpred IS NOT NULL"
+        ),
+    )
+    .await;
+    assert_eq!(indexes, 4, "pending, aggregate, published, dead letters");
+    config.schema.mode = SchemaMode::Validate;
+    PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+}
+
+/// A range the default partition holds rows of cannot be created while they are there. A pass
+/// that tried anyway queued for ACCESS EXCLUSIVE on the outbox behind its open transactions,
+/// held every enqueue behind it for up to its 1 s lock timeout, then failed (or scanned the
+/// default and failed with 23514), and every retention pass of every relay did it again until
+/// the interval ended. The default is now looked at first, without a lock, and the range
+/// skipped: neither the pass nor an enqueue waits.
+#[tokio::test]
+async fn a_range_the_default_holds_rows_of_is_skipped_without_blocking_enqueues() {
+    let pool = idempotency_testing::pg_pool().await;
+    let mut config = config(true, SchemaMode::Create);
+    config.partitioning.ahead = 1;
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    rows(&pool, 1, -3.0, "pending", 0.0).await; // day +3: in the default
+    config.partitioning.ahead = 5;
+    let outbox = outbox.with_partitioning(&config.partitioning).unwrap();
+    assert_eq!(outbox.prepare_partitions().await.unwrap(), 3, "+2, +4, +5");
+
+    // An enqueue in an open transaction holds its lock on the outbox.
+    let mut open = pool.begin().await.unwrap();
+    outbox.enqueue(&mut open, &event("open", 1)).await.unwrap();
+    let started = std::time::Instant::now();
+    let pass = tokio::spawn({
+        let outbox = outbox.clone();
+        async move { outbox.prepare_partitions().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let enqueue_started = std::time::Instant::now();
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue(&mut tx, &event("other", 1)).await.unwrap();
+    tx.commit().await.unwrap();
+    let enqueue = enqueue_started.elapsed();
+    assert_eq!(pass.await.unwrap().unwrap(), 0);
+    let pass = started.elapsed();
+    open.commit().await.unwrap();
+    assert!(
+        enqueue < Duration::from_millis(300) && pass < Duration::from_millis(300),
+        "enqueue blocked {enqueue:?}, pass took {pass:?}"
+    );
+    assert_eq!(count_in(&pool, "outbox_default").await, 1, "the row stays");
+}
+
+/// Two passes that create the same partition at once: the one that finds it created by the
+/// other meanwhile counts it as done (the pass goes on, its retention included), instead of
+/// failing on "relation already exists".
+#[tokio::test]
+async fn concurrent_passes_treat_a_partition_the_other_created_as_done() {
+    let pool = idempotency_testing::pg_pool().await;
+    let mut config = config(true, SchemaMode::Create);
+    config.partitioning.ahead = 1;
+    let outbox = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    config.partitioning.ahead = 2;
+    let outbox = outbox.with_partitioning(&config.partitioning).unwrap();
+    // A reader holds the outbox: both passes find day +2 missing and queue their CREATE.
+    let mut reader = pool.begin().await.unwrap();
+    exec_in(&mut reader, "SELECT count(*) FROM outbox").await;
+    let passes: Vec<_> = (0..2)
+        .map(|_| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { outbox.prepare_partitions().await })
+        })
+        .collect();
+    until_waiting_on_lock(&pool, 2).await;
+    reader.commit().await.unwrap();
+    let mut created = 0;
+    for pass in passes {
+        created += pass.await.unwrap().unwrap();
+    }
+    assert_eq!(created, 1, "created once, by one of the passes");
+    assert_eq!(outbox.partitions().await.unwrap().len(), 1 + 3);
+}

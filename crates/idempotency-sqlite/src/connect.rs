@@ -1,5 +1,6 @@
 //! Opening a SQLite database the way the stores need it.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -24,14 +25,23 @@ pub(crate) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 /// The connect options the stores recommend for `path_or_url`.
 ///
 /// `path_or_url` is either a `sqlite:` URL (`sqlite://data/app.db`, `sqlite::memory:`,
-/// `sqlite:file:x?mode=memory&cache=shared`) or a plain file path. The options:
+/// `sqlite:file:x?mode=memory&cache=shared`) or a plain file path. A plain path that SQLite
+/// would not take as a file name is refused with [`Error::InvalidPath`]: one starting with
+/// `file:` (SQLite reads it as a URI, so `file:x.db?mode=memory` would give every pooled
+/// connection a database of its own) and `:memory:` (the same); write them as `sqlite:` URLs.
+/// The options:
 ///
 /// - `create_if_missing`: the file is created on first use;
 /// - `journal_mode = WAL`: readers do not block the writer and the writer does not block readers;
 /// - `busy_timeout =` [`DEFAULT_BUSY_TIMEOUT`]: a writer waits for the lock instead of failing;
 /// - `synchronous = FULL`: a commit that returned is on disk, even after a power loss (`NORMAL`
 ///   is faster and loses at most the last transactions on power loss, never consistency);
-/// - `foreign_keys = ON`.
+/// - `foreign_keys = ON`;
+/// - `journal_size_limit =` [`JOURNAL_SIZE_LIMIT`] (64 MiB): the WAL file grows while readers
+///   keep a checkpoint from reaching its end (a cleanup purging millions of rows under load
+///   can take it past a gigabyte); without a limit it keeps that size for good, with it each
+///   checkpoint that restarts the WAL truncates the file to the limit. (SQLite's default
+///   `wal_autocheckpoint` of 1000 pages stays.)
 ///
 /// Tune them before connecting:
 ///
@@ -49,6 +59,7 @@ pub fn connect_options(path_or_url: &str) -> Result<SqliteConnectOptions, Error>
     let options = if path_or_url.starts_with("sqlite:") {
         SqliteConnectOptions::from_str(path_or_url)?
     } else {
+        check_plain_path(path_or_url)?;
         SqliteConnectOptions::new().filename(path_or_url)
     };
     Ok(options
@@ -56,29 +67,166 @@ pub fn connect_options(path_or_url: &str) -> Result<SqliteConnectOptions, Error>
         .journal_mode(SqliteJournalMode::Wal)
         .busy_timeout(DEFAULT_BUSY_TIMEOUT)
         .synchronous(SqliteSynchronous::Full)
-        .foreign_keys(true))
+        .foreign_keys(true)
+        .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT.to_string()))
 }
 
-/// Opens a pool with sqlx's default pool settings.
+/// The `journal_size_limit` [`connect_options`] sets, in bytes: what a WAL file is truncated
+/// to whenever a checkpoint restarts it.
+pub const JOURNAL_SIZE_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// Closes `pool` at shutdown: first a `wal_checkpoint(TRUNCATE)` (every committed page copied
+/// into the database file, the WAL file emptied), then [`SqlitePool::close`], which waits for
+/// the connections in use to come back. The next start then finds a small WAL to recover, and
+/// a copy of the database file alone (a backup taken while stopped) is complete.
 ///
-/// Switching a new database to WAL takes an exclusive lock that SQLite's busy handler does not
-/// wait for: when several processes (or pools) open a fresh file at once, all but one get
-/// `SQLITE_BUSY` from the `journal_mode` pragma. Opening therefore retries `SQLITE_BUSY` with a
-/// short backoff for up to [`DEFAULT_BUSY_TIMEOUT`]. (Once the file is in WAL mode, which is
-/// persistent, new connections do not need that lock.)
-pub(crate) async fn open(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
+/// A checkpoint that cannot finish because another process still reads is not an error (the
+/// WAL stays for that process to checkpoint); an I/O error is.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = std::env::temp_dir().join(format!("idempotency-sqlite-close-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let path = dir.join("app.db");
+/// let pool = idempotency_sqlite::open_pool(idempotency_sqlite::connect_options(
+///     path.to_str().ok_or("path")?,
+/// )?)
+/// .await?;
+/// sqlx::query("CREATE TABLE t (x INTEGER)").execute(&pool).await?;
+/// idempotency_sqlite::close_pool(&pool).await?;
+/// assert!(pool.is_closed());
+/// # let _ = std::fs::remove_dir_all(&dir);
+/// # Ok(()) }
+/// ```
+pub async fn close_pool(pool: &SqlitePool) -> Result<(), Error> {
+    let (busy, log, checkpointed): (i64, i64, i64) =
+        sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+            .fetch_one(pool)
+            .await?;
+    if busy != 0 {
+        tracing::info!(
+            log,
+            checkpointed,
+            "the final checkpoint could not empty the WAL: another connection reads"
+        );
+    }
+    pool.close().await;
+    Ok(())
+}
+
+/// Refuses a plain path that SQLite would read as something else than a file name.
+fn check_plain_path(path: &str) -> Result<(), Error> {
+    let reason = if is_uri(path) {
+        "SQLite reads a path starting with `file:` as a URI (with `?mode=memory`, every pooled \
+         connection would get an empty database of its own); write a file path, or a `sqlite:` \
+         URL such as `sqlite:file:x?mode=memory&cache=shared`"
+    } else if path == ":memory:" {
+        "`:memory:` would give every pooled connection an empty database of its own; write \
+         `sqlite::memory:`"
+    } else if path.is_empty() {
+        "an empty path opens a temporary database per connection"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidPath {
+        path: path.to_owned(),
+        reason,
+    })
+}
+
+fn is_uri(path: &str) -> bool {
+    path.get(..5)
+        .is_some_and(|prefix| prefix.eq_ignore_ascii_case("file:"))
+}
+
+/// Opens a pool on `options` (with sqlx's default pool settings) the way the stores need it.
+///
+/// - Switching a new database to WAL takes an exclusive lock that SQLite's busy handler does
+///   not wait for: when several processes (or pools) open a fresh file at once, all but one
+///   get `SQLITE_BUSY` from the `journal_mode` pragma. Opening therefore retries `SQLITE_BUSY`
+///   with a short backoff for up to [`DEFAULT_BUSY_TIMEOUT`]. (Once the file is in WAL mode,
+///   which is persistent, new connections do not need that lock.)
+/// - A database file this call creates (it did not exist before) is made readable and
+///   writable by its owner only, with its `-wal` and `-shm` files (SQLite creates those, now
+///   and later, with the main file's permissions), before any row is written: idempotency
+///   records hold responses. An existing file keeps its permissions.
+///
+/// [`SqliteStore::connect_with`](crate::SqliteStore::connect_with) opens its pool with it;
+/// use it for a pool of your own:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = std::env::temp_dir().join(format!("idempotency-sqlite-open-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let path = dir.join("app.db");
+/// let options = idempotency_sqlite::connect_options(path.to_str().ok_or("path")?)?;
+/// let pool = idempotency_sqlite::open_pool(options).await?;
+/// #[cfg(unix)]
+/// {
+///     use std::os::unix::fs::PermissionsExt;
+///     let mode = std::fs::metadata(&path)?.permissions().mode();
+///     assert_eq!(mode & 0o077, 0, "created for its owner only");
+/// }
+/// pool.close().await;
+/// # let _ = std::fs::remove_dir_all(&dir);
+/// # Ok(()) }
+/// ```
+pub async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
+    let new_file = new_file(options.get_filename());
     let started = Instant::now();
     let mut pause = Duration::from_millis(5);
-    loop {
+    let pool = loop {
         match SqlitePoolOptions::new().connect_with(options.clone()).await {
             Err(error) if is_busy(&error) && started.elapsed() < DEFAULT_BUSY_TIMEOUT => {
                 tracing::debug!(error = %error, "database busy while opening; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(100));
             }
-            result => return Ok(result?),
+            result => break result?,
+        }
+    };
+    if let Some(path) = new_file {
+        owner_only(&path)?;
+    }
+    Ok(pool)
+}
+
+/// `path` when it names a database file that does not exist yet (not an in-memory database).
+fn new_file(path: &Path) -> Option<PathBuf> {
+    let name = path.to_string_lossy();
+    let memory = name.is_empty() || name == ":memory:" || is_uri(&name);
+    (!memory && !path.exists()).then(|| path.to_owned())
+}
+
+/// Takes every permission but the owner's from `path` and its `-wal` and `-shm` files.
+#[cfg(unix)]
+fn owner_only(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let companion = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    let companions = [companion("-wal"), companion("-shm")];
+    for file in std::iter::once(path.to_owned()).chain(companions) {
+        let restrict = std::fs::metadata(&file).and_then(|meta| {
+            let mode = meta.permissions().mode() & !0o077;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))
+        });
+        match restrict {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::File { path: file, source }),
+            Ok(()) => {}
         }
     }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn owner_only(_path: &Path) -> Result<(), Error> {
+    Ok(())
 }
 
 fn is_busy(error: &sqlx::Error) -> bool {

@@ -30,6 +30,25 @@ pub enum Error {
     /// A database call failed (including opening the database file).
     #[error("database error")]
     Database(#[from] sqlx::Error),
+    /// A plain path given to [`connect_options`](crate::connect_options) that SQLite would not
+    /// take as a file name (`file:...`, `:memory:`).
+    #[error("invalid SQLite path {path:?}: {reason}")]
+    InvalidPath {
+        /// The path as given.
+        path: String,
+        /// Why it is refused, and what to write instead.
+        reason: &'static str,
+    },
+    /// The permissions of a database file [`open_pool`](crate::open_pool) created could not be
+    /// restricted to its owner.
+    #[error("cannot restrict the permissions of {}", path.display())]
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the file system said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// One difference between the table and the canonical schema.
@@ -125,6 +144,9 @@ impl fmt::Display for SchemaProblems<'_> {
 pub(crate) const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;
 const SQLITE_IOERR: i32 = 10;
+/// The disk (or `max_page_count`) is full: like PostgreSQL's class 53 (insufficient
+/// resources), the database cannot take writes now and may later.
+const SQLITE_FULL: i32 = 13;
 const SQLITE_CANTOPEN: i32 = 14;
 /// A deferred transaction's snapshot went stale before it could write.
 const SQLITE_BUSY_SNAPSHOT: i32 = 517;
@@ -132,7 +154,8 @@ const SQLITE_BUSY_SNAPSHOT: i32 = 517;
 /// Classifies a database error by SQLite result code and sqlx error kind, never by message text.
 ///
 /// Public so that an action can classify its own statements' errors the same way: a lost
-/// connection becomes [`StoreError::Unavailable`] (HTTP 503 with `idempotency-axum`), a
+/// connection or a full disk becomes [`StoreError::Unavailable`] (HTTP 503 with
+/// `idempotency-axum`), a
 /// serialization failure or deadlock [`StoreError::Conflict`] (retryable), anything else
 /// [`StoreError::Database`].
 pub fn store_error(error: sqlx::Error) -> StoreError {
@@ -147,8 +170,8 @@ pub fn store_error(error: sqlx::Error) -> StoreError {
         (_, Some(code)) if code & 0xff == SQLITE_BUSY => StoreError::LockTimeout(Box::new(error)),
         // A table lock held by another connection of a shared cache.
         (_, Some(code)) if code & 0xff == SQLITE_LOCKED => StoreError::Conflict(Box::new(error)),
-        // The file cannot be opened or read/written.
-        (_, Some(code)) if matches!(code & 0xff, SQLITE_IOERR | SQLITE_CANTOPEN) => {
+        // The file cannot be opened, read or written, or the disk is full.
+        (_, Some(code)) if matches!(code & 0xff, SQLITE_IOERR | SQLITE_FULL | SQLITE_CANTOPEN) => {
             StoreError::Unavailable(Box::new(error))
         }
         (
@@ -159,6 +182,34 @@ pub fn store_error(error: sqlx::Error) -> StoreError {
             _,
         ) => StoreError::Unavailable(Box::new(error)),
         _ => StoreError::Database(Box::new(error)),
+    }
+}
+
+/// The source of the [`StoreError::Conflict`] a write inside a caller's deferred transaction
+/// gets when another connection holds the write lock.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the transaction could not take SQLite's write lock, which another connection holds; \
+     retry the request, and begin the transaction with BEGIN IMMEDIATE so that it waits"
+)]
+struct WriteLockNotTaken(#[source] sqlx::Error);
+
+/// Classifies the error of a store statement that runs in a transaction (acquire, complete,
+/// insert-completed). The store's own transactions hold the write lock since `BEGIN IMMEDIATE`,
+/// so `SQLITE_BUSY` there comes from a caller's deferred (`BEGIN`) transaction. If it read
+/// before this write, SQLite refuses the upgrade to a writer at once, without waiting
+/// (its busy handler is not run for a reader, which could deadlock); if it did not, it waited
+/// the busy timeout for a lock that any writer, not necessarily one holding this key, may
+/// hold. Either way it is no sign of the same key in flight (`LockTimeout`, which the service
+/// answers as `InFlight`, 409): it is a retryable [`StoreError::Conflict`] that names
+/// `BEGIN IMMEDIATE`. Anything else is classified by [`store_error`].
+pub(crate) fn in_transaction_error(error: sqlx::Error) -> StoreError {
+    match store_error(error) {
+        StoreError::LockTimeout(source) => match source.downcast::<sqlx::Error>() {
+            Ok(error) => StoreError::Conflict(Box::new(WriteLockNotTaken(*error))),
+            Err(source) => StoreError::Conflict(source),
+        },
+        other => other,
     }
 }
 

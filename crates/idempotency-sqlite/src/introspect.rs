@@ -209,6 +209,41 @@ impl LiveTable {
         }
     }
 
+    /// The columns of `key` whose own collation, declared on the column, compares otherwise
+    /// than `BINARY`: the store's lookups (`WHERE idempotency_key = ?`) compare with it,
+    /// whatever collation the key's index uses, so `COLLATE NOCASE` on the column would make
+    /// `abc` find `ABC`'s record. SQLite exposes a column's collation to no pragma; a compound
+    /// `SELECT` takes it from its left-most column (<https://www.sqlite.org/datatype3.html#collation>),
+    /// so comparing `'a'` through it with `'A'` tells `NOCASE` and with `'a '` tells `RTRIM`.
+    /// Missing columns are left to [`column_problems`](Self::column_problems).
+    pub(crate) async fn column_collation_problems(
+        &self,
+        pool: &SqlitePool,
+        table: &TableName,
+        key: &[&'static str],
+    ) -> Result<Vec<SchemaProblem>, Error> {
+        let mut problems = Vec::new();
+        for &column in key.iter().filter(|c| self.columns.contains_key(**c)) {
+            let probe = format!(
+                "SELECT x.c = 'A', x.c = 'a ' FROM ( \
+                     SELECT \"{column}\" AS c FROM {} WHERE false UNION ALL SELECT 'a') AS x",
+                table.quoted()
+            );
+            let (nocase, rtrim): (bool, bool) =
+                sqlx::query_as(AssertSqlSafe(probe)).fetch_one(pool).await?;
+            let found = match (nocase, rtrim) {
+                (true, _) => "NOCASE",
+                (false, true) => "RTRIM",
+                (false, false) => continue,
+            };
+            problems.push(SchemaProblem::KeyCollation {
+                column,
+                found: found.to_owned(),
+            });
+        }
+        Ok(problems)
+    }
+
     /// Whether some index has `column` as its first key column.
     pub(crate) fn has_index_leading_with(&self, column: &str) -> bool {
         self.indexes

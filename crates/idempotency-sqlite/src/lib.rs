@@ -14,7 +14,9 @@ mod table;
 
 use idempotency_core::{IdempotencyService, Tx};
 
-pub use connect::{DEFAULT_BUSY_TIMEOUT, connect_options};
+pub use connect::{
+    DEFAULT_BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, close_pool, connect_options, open_pool,
+};
 pub use error::{Error, SchemaProblem, store_error};
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]

@@ -16,7 +16,7 @@ use idempotency_core::{
     Call, ExecutionResult, Fingerprint, IdempotencyService, Operation, Outcome, RecordId, Scope,
     ServiceConfig, StoredOutcome,
 };
-use idempotency_sqlite::SqliteStore;
+use idempotency_sqlite::{SqliteStore, SqliteTx};
 use serde_json::{Value, json};
 use sqlx::SqliteConnection;
 use support::{
@@ -187,6 +187,41 @@ async fn a_deferred_transaction_with_a_stale_snapshot_is_a_retryable_conflict() 
     assert!(matches!(error, StoreError::Conflict(_)), "{error:?}");
     assert!(error.is_retryable());
     stale.rollback().await.unwrap();
+}
+
+/// A plain (deferred) `BEGIN` that read first cannot become a writer while another connection
+/// holds the write lock: SQLite refuses the upgrade at once, without its busy handler. Nothing
+/// says the same key is in flight, so it is a retryable `Conflict` that names
+/// `BEGIN IMMEDIATE`, not `InFlight` (409).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deferred_transaction_that_read_first_is_a_conflict_not_in_flight() {
+    let store = fresh_store().await;
+    let service = IdempotencyService::new(store.clone());
+    let mut deferred = store.pool().begin().await.unwrap();
+    assert_eq!(count_on(&mut deferred).await, 0);
+    let holder = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let mut tx = SqliteTx::new(deferred);
+    let started = Instant::now();
+    let result: Result<Outcome<i64>, AppError> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", key("deferred"), &1),
+            async |_conn| Ok::<_, AppError>(ExecutionResult::success(1)),
+        )
+        .await;
+    let error = result.unwrap_err();
+    let AppError::Idempotency(idempotency_core::Error::Store(StoreError::Conflict(source))) =
+        &error
+    else {
+        panic!("expected a store conflict: {error:?}");
+    };
+    assert!(source.to_string().contains("BEGIN IMMEDIATE"), "{source}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused at once"
+    );
+    tx.rollback().await.unwrap();
+    holder.rollback().await.unwrap();
 }
 
 async fn count_on(conn: &mut SqliteConnection) -> i64 {

@@ -39,7 +39,7 @@ async fn a_failing_publisher_leaves_rows_pending_with_the_error_then_loses_nothi
         assert_eq!(attempts, 1);
         let last_error = last_error.unwrap();
         assert!(
-            last_error.starts_with("broker unavailable: broker refused"),
+            last_error.starts_with("rejected by the broker: broker refused"),
             "{last_error}"
         );
         assert_eq!(published_at, None);

@@ -5,7 +5,7 @@
 
 mod outbox_common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::store::{ClaimRequest, Enqueue, RelayStore};
@@ -130,4 +130,60 @@ async fn an_idle_poll_does_not_wait_for_the_write_lock_but_a_claim_does() {
     holder.commit().await.unwrap();
     let claimed = waiting.await.unwrap().unwrap().messages;
     assert_eq!(claimed.iter().map(|m| m.id).collect::<Vec<_>>(), [id]);
+}
+
+/// One aggregate with `backlog` pending events, its first already claimed (in flight): the
+/// shortest of five claims that find nothing to hand out.
+async fn claim_behind(backlog: usize) -> Duration {
+    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
+    let events: Vec<NewEvent> = (0..backlog).map(|n| event("a", n)).collect();
+    for chunk in events.chunks(10_000) {
+        commit(&outbox, chunk).await;
+    }
+    let claim = request(Ordering::Ordered, Duration::from_secs(60));
+    let first = outbox.claim(&claim).await.unwrap().messages;
+    assert_eq!(first.len(), 1, "only the aggregate's first row");
+    let mut shortest = Duration::MAX;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let claimed = outbox.claim(&claim).await.unwrap();
+        shortest = shortest.min(started.elapsed());
+        assert!(claimed.messages.is_empty(), "the first row is still leased");
+    }
+    outbox.pool().close().await;
+    shortest
+}
+
+/// The ordered claim runs under SQLite's single write lock: its cost must not grow with an
+/// aggregate's backlog (every due row waiting behind its aggregate's first one), or every poll
+/// during a broker outage makes the request transactions wait. A ratio within one run: the
+/// machine is shared.
+#[tokio::test]
+async fn an_ordered_claim_does_not_read_an_aggregates_backlog() {
+    let small = claim_behind(1_000).await;
+    let large = claim_behind(60_000).await;
+    eprintln!("claim behind 1,000 rows: {small:?}; behind 60,000: {large:?}");
+    assert!(
+        large < small * 4 + Duration::from_millis(5),
+        "60,000 rows behind the first: {large:?}; 1,000: {small:?}"
+    );
+}
+
+/// A row that is first of its aggregate is claimed however many rows of other aggregates,
+/// waiting behind theirs, are due before it.
+#[tokio::test]
+async fn a_first_row_behind_a_long_blocked_backlog_is_claimed() {
+    let (_, outbox) = fresh(&config(Ordering::Ordered)).await;
+    let events: Vec<NewEvent> = (0..2_000).map(|n| event("a", n)).collect();
+    let blocked = commit(&outbox, &events).await;
+    let claim = request(Ordering::Ordered, Duration::from_secs(60));
+    let first = outbox.claim(&claim).await.unwrap().messages;
+    assert_eq!(first.iter().map(|m| m.id).collect::<Vec<_>>(), [blocked[0]]);
+    let later = commit(&outbox, &[event("b", 0), event("c", 0), event("c", 1)]).await;
+    let claimed = outbox.claim(&claim).await.unwrap().messages;
+    assert_eq!(
+        claimed.iter().map(|m| m.id).collect::<Vec<_>>(),
+        [later[0], later[1]],
+        "the first rows of b and c, not a's nor c's second"
+    );
 }

@@ -224,6 +224,46 @@ async fn validate_fails_on_a_case_insensitive_key() {
     );
 }
 
+/// The column's own collation governs the store's `WHERE idempotency_key = ?` lookups, whatever
+/// the key's index compares with: with `COLLATE NOCASE` on the column and a `BINARY` primary
+/// key, `abc` would find (and replay) `ABC`'s record.
+#[tokio::test]
+async fn validate_fails_on_a_key_column_collation_under_a_binary_key() {
+    for (collation, found) in [("NOCASE", "NOCASE"), ("RTRIM", "RTRIM")] {
+        let problems = problems_with(&[
+            (
+                "idempotency_key  TEXT    NOT NULL",
+                &*format!("idempotency_key  TEXT    NOT NULL COLLATE {collation}"),
+            ),
+            (
+                "PRIMARY KEY (operation, scope, idempotency_key)",
+                "PRIMARY KEY (operation, scope, idempotency_key COLLATE BINARY)",
+            ),
+        ])
+        .await;
+        assert_eq!(
+            problems,
+            [SchemaProblem::KeyCollation {
+                column: "idempotency_key",
+                found: found.into()
+            }],
+            "{collation}"
+        );
+    }
+    let scope = problems_with(&[(
+        "scope            TEXT    NOT NULL DEFAULT ''",
+        "scope            TEXT    NOT NULL DEFAULT '' COLLATE NOCASE",
+    )])
+    .await;
+    assert_eq!(
+        scope,
+        [SchemaProblem::KeyCollation {
+            column: "scope",
+            found: "NOCASE".into()
+        }]
+    );
+}
+
 #[tokio::test]
 async fn validate_accepts_an_equivalent_unique_index() {
     let problems = problems_with(&[(

@@ -13,7 +13,10 @@ use idempotency_core::{
     StoredOutcome,
 };
 use idempotency_sqlite::{SqliteStore, SqliteTx};
-use support::{AppError, claim, count, fresh_store, insert_charge, key, with_charges};
+use support::{
+    AppError, as_str, claim, count, create_config, fresh_store, insert_charge, key, temp_db_path,
+    with_charges,
+};
 
 #[tokio::test]
 async fn business_row_and_record_are_atomic() {
@@ -157,4 +160,48 @@ async fn payloads_are_stored_as_written_and_must_be_json() {
         .unwrap_err();
     assert!(matches!(error, StoreError::Database(_)), "{error:?}");
     SqliteStore::rollback(tx).await.unwrap();
+}
+
+/// A full disk is the database's lack of resources, like PostgreSQL's class 53: a retryable
+/// `Unavailable` (HTTP 503 with `Retry-After`), not an opaque database error (500). The disk is
+/// made full with `max_page_count`, which fails writes with the same `SQLITE_FULL`.
+#[tokio::test]
+async fn a_full_disk_is_unavailable() {
+    let path = temp_db_path();
+    let options = idempotency_sqlite::connect_options(as_str(&path)).unwrap();
+    let store = SqliteStore::connect_with(options.clone(), &create_config())
+        .await
+        .unwrap();
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    store.pool().close().await;
+    let full = options.pragma("max_page_count", (pages + 4).to_string());
+    let store = SqliteStore::connect_with(full, &create_config())
+        .await
+        .unwrap();
+    let service = IdempotencyService::new(store.clone());
+    let large = "x".repeat(64 * 1024);
+    let mut outcome = Ok(());
+    for n in 0..64 {
+        let call = Call::new("OP", key(&format!("full-{n}")), &n);
+        let done: Result<Outcome<String>, AppError> = service
+            .execute(call, async |_conn| {
+                Ok::<_, AppError>(ExecutionResult::success(large.clone()))
+            })
+            .await;
+        if let Err(error) = done {
+            outcome = Err(error);
+            break;
+        }
+    }
+    let error = outcome.expect_err("the database filled up");
+    assert!(
+        matches!(
+            error,
+            AppError::Idempotency(idempotency_core::Error::Store(StoreError::Unavailable(_)))
+        ),
+        "{error:?}"
+    );
 }

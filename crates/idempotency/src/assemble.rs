@@ -1,6 +1,9 @@
 //! [`Idempotency`]: the service assembled from [`Settings`], with its background tasks.
 
+use std::time::Duration;
+
 use idempotency_core::cleanup::{CleanupHandle, CleanupJob, CleanupSchedule};
+use idempotency_core::config::{InFlightConfig, InFlightPolicyKind};
 use idempotency_core::{IdempotencyService, ServiceConfig};
 
 use crate::Error;
@@ -185,7 +188,9 @@ impl<D: Database> Idempotency<D> {
 
     /// The tower middleware over the assembled service ([`idempotency_axum::IdempotencyLayer`]);
     /// it fingerprints with the service's strategy (`fingerprint.*`), as any layer over the
-    /// service does.
+    /// service does. Choose its scope before adding it to a router, from the authenticated
+    /// principal: `idempotency.layer().scope::<PrincipalScope<Scope>>()` (a layer without a
+    /// scope does not compile; see SECURITY.md).
     #[cfg(feature = "axum")]
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn layer(
@@ -201,8 +206,14 @@ impl<D: Database> Idempotency<D> {
     }
 
     /// Stops the background tasks: the relay finishes its in-flight batches (within
-    /// `outbox.relay.shutdown-timeout`), a purge of the cleanup job under way stops (its current
-    /// batch rolls back), and the Redis client disconnects.
+    /// `outbox.relay.shutdown-timeout`), a purge of the cleanup job under way stops, and the
+    /// Redis client disconnects.
+    ///
+    /// What is not waited for: a cleanup batch whose delete was already sent is one
+    /// autocommit statement that the database finishes, and may commit, after `shutdown`
+    /// returned (it deletes only expired records; earlier batches stay deleted). With
+    /// `distributed-cache.write-behind.enabled`, entries still queued for Redis are not
+    /// written: they are lost to the cache, never to the database, which holds every record.
     pub async fn shutdown(self) -> ShutdownReport {
         let mut report = ShutdownReport::default();
         #[cfg(feature = "outbox")]
@@ -288,12 +299,8 @@ impl MaybePublisher for NoPublisher {}
 
 /// Refuses, before any I/O, every property that could not take effect; returns the cleanup
 /// schedule it parsed on the way.
-fn check(
-    settings: &Settings,
-    notifications: bool,
-    partitions: bool,
-    publisher: bool,
-) -> Result<CleanupSchedule, Error> {
+fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSchedule, Error> {
+    let (notifications, partitions) = (D::NOTIFICATIONS, D::PARTITIONED_OUTBOX);
     let properties = &settings.idempotency;
     if !properties.persistence.enabled {
         return Err(Error::property(
@@ -324,6 +331,19 @@ fn check(
              enabled to false",
         ));
     }
+    check_caches(properties)?;
+    check_in_flight::<D>(&properties.in_flight)?;
+    // The entries' HMAC secret (SECURITY.md): without it, whoever can write to the Redis can
+    // make every instance replay a response of their choosing.
+    #[cfg(feature = "redis")]
+    if properties.distributed_cache.enabled && properties.distributed_cache.secret.is_none() {
+        return Err(Error::property(
+            "idempotency.distributed-cache.secret",
+            "is not set, but distributed-cache.enabled is true: give the secret that \
+             authenticates the cache's entries (at least 32 bytes, the same in every instance, \
+             e.g. IDEMPOTENCY__DISTRIBUTED_CACHE__SECRET), or set enabled to false",
+        ));
+    }
     let cleanup = &properties.persistence.cleanup;
     let schedule = CleanupSchedule::parse(&cleanup.cron)?.in_zone(&cleanup.zone)?;
     if schedule.next_run().is_none() {
@@ -344,27 +364,25 @@ fn check(
             "must be at least 1",
         ));
     }
-    let too_long =
-        |ttl: &Option<std::time::Duration>| ttl.is_some_and(|ttl| ttl > idempotency_core::MAX_TTL);
-    if too_long(&properties.persistence.ttl) {
+    if let Some(reason) = ttl_refusal(properties.persistence.ttl) {
         return Err(Error::property(
             "idempotency.persistence.ttl",
-            "is longer than the storable 1000 years; write null to keep records forever",
+            format!("{reason}; write null to keep records forever"),
         ));
     }
-    if let Some(name) = properties
-        .operations
-        .iter()
-        .find(|(_, op)| op.ttl.as_ref().is_some_and(too_long))
-        .map(|(name, _)| name)
-    {
-        return Err(Error::Property {
-            property: "idempotency.operations.<NAME>.ttl",
-            reason: format!(
-                "{name}: longer than the storable 1000 years; write null to keep its records \
-                 forever"
-            ),
-        });
+    for (name, operation) in &properties.operations {
+        if let Err(error) = idempotency_core::Operation::new(name.as_str()) {
+            return Err(Error::property(
+                "idempotency.operations.<NAME>",
+                format!("{name:?} can never name an operation: {error}"),
+            ));
+        }
+        if let Some(reason) = operation.ttl.and_then(ttl_refusal) {
+            return Err(Error::property(
+                "idempotency.operations.<NAME>.ttl",
+                format!("{name}: {reason}; write null to keep its records forever"),
+            ));
+        }
     }
     #[cfg(feature = "outbox")]
     match &settings.outbox {
@@ -419,16 +437,118 @@ fn check(
     Ok(schedule)
 }
 
+/// Why a record lifetime cannot take effect: zero (every record born expired) or beyond what
+/// the stores can write.
+fn ttl_refusal(ttl: Option<Duration>) -> Option<&'static str> {
+    match ttl {
+        Some(Duration::ZERO) => Some("is 0, so every record would be born expired"),
+        Some(ttl) if ttl > idempotency_core::MAX_TTL => {
+            Some("is longer than the storable 1000 years")
+        }
+        _ => None,
+    }
+}
+
+/// Refuses cache settings that would make the cache do nothing: zero lifetimes, a zero
+/// timeout, a breaker that could never stay closed.
+fn check_caches(properties: &crate::IdempotencyProperties) -> Result<(), Error> {
+    let zero = |property: &'static str, what: &str| {
+        Error::property(
+            property,
+            format!("is 0, so {what}; set the cache's enabled to false to go without it"),
+        )
+    };
+    #[cfg(feature = "moka")]
+    if properties.local_cache.ttl.is_zero() {
+        return Err(zero(
+            "idempotency.local-cache.ttl",
+            "every entry would expire as it is written",
+        ));
+    }
+    #[cfg(feature = "redis")]
+    {
+        let redis = &properties.distributed_cache;
+        if redis.ttl.is_zero() {
+            return Err(zero(
+                "idempotency.distributed-cache.ttl",
+                "every entry would expire as it is written",
+            ));
+        }
+        if redis.timeout.is_zero() {
+            return Err(zero(
+                "idempotency.distributed-cache.timeout",
+                "every call would time out",
+            ));
+        }
+        if redis.circuit_breaker.failure_threshold == 0 {
+            return Err(Error::property(
+                "idempotency.distributed-cache.circuit-breaker.failure-threshold",
+                "must be at least 1 (the number of consecutive failures that open the breaker)",
+            ));
+        }
+    }
+    #[cfg(not(any(feature = "moka", feature = "redis")))]
+    let _ = (properties, zero);
+    Ok(())
+}
+
+/// Refuses an `in-flight.timeout` that nothing reads: under `reject`, and on a database with
+/// no per-key wait (SQLite), where `policy` cannot take effect either.
+fn check_in_flight<D: Database>(in_flight: &InFlightConfig) -> Result<(), Error> {
+    let default = InFlightConfig::default();
+    if in_flight.policy == InFlightPolicyKind::Reject && in_flight.timeout != default.timeout {
+        return Err(Error::property(
+            "idempotency.in-flight.timeout",
+            "is set, but in-flight.policy is reject, which answers at once without waiting; \
+             remove it",
+        ));
+    }
+    let no_wait = "this database has no per-key wait: a duplicate of a key in flight waits for \
+                   the one write lock every writer shares, up to the pool's busy timeout \
+                   (SqliteConnectOptions::busy_timeout)";
+    if !D::IN_FLIGHT_POLICY && in_flight.policy != default.policy {
+        return Err(Error::property(
+            "idempotency.in-flight.policy",
+            format!("is reject, but {no_wait}; remove it"),
+        ));
+    }
+    if !D::IN_FLIGHT_POLICY && in_flight.timeout != default.timeout {
+        return Err(Error::property(
+            "idempotency.in-flight.timeout",
+            format!("is set, but {no_wait}; set the busy timeout instead, and remove it"),
+        ));
+    }
+    Ok(())
+}
+
+/// The Redis key prefix of a deployment: `distributed-cache.key-prefix`, then a digest of the
+/// database (`Database::deployment`) and `persistence.table-name`, then `:`. Two deployments
+/// sharing one Redis with the same `key-prefix` (the default) get their own keys; every
+/// instance of one deployment gets the same.
+#[cfg(feature = "redis")]
+fn deployment_key_prefix(key_prefix: &str, deployment: &str, table_name: &str) -> String {
+    let digest = idempotency_core::fingerprint::short_hash(&format!("{deployment}\n{table_name}"));
+    format!("{key_prefix}{digest}:")
+}
+
 /// Connects the L2 cache when enabled. A cluster URL is probed before it is accepted, so the
 /// connect runs off the async threads.
 #[cfg(feature = "redis")]
 async fn redis_cache(
     config: &idempotency_cache_redis::DistributedCacheConfig,
+    key_prefix: String,
 ) -> Result<DistributedTier, Error> {
     let (Some(url), true) = (config.url.clone(), config.enabled) else {
         return Ok(None);
     };
-    let section = config.clone();
+    tracing::info!(
+        key_prefix,
+        "the distributed cache's keys of this deployment"
+    );
+    let section = idempotency_cache_redis::DistributedCacheConfig {
+        key_prefix,
+        ..config.clone()
+    };
     let connect = {
         let url = url.clone();
         move || idempotency_cache_redis::RedisCache::connect(&url, &section)
@@ -493,12 +613,7 @@ where
     pub async fn build<D: Database>(self, pool: D) -> Result<Idempotency<D>, Error> {
         let settings = self.settings.clone();
         let properties = &settings.idempotency;
-        let schedule = check(
-            &settings,
-            D::NOTIFICATIONS,
-            D::PARTITIONED_OUTBOX,
-            self.publisher.is_some(),
-        )?;
+        let schedule = check::<D>(&settings, self.publisher.is_some())?;
         #[cfg(feature = "outbox")]
         let relay_config = settings
             .outbox
@@ -521,7 +636,15 @@ where
         let local = idempotency_core::NoCache;
         // Redis last of what can fail: its client runs a connection task until told to quit.
         #[cfg(feature = "redis")]
-        let distributed = redis_cache(&properties.distributed_cache).await?;
+        let distributed = redis_cache(
+            &properties.distributed_cache,
+            deployment_key_prefix(
+                &properties.distributed_cache.key_prefix,
+                &pool.deployment(),
+                &properties.persistence.table_name,
+            ),
+        )
+        .await?;
         #[cfg(not(feature = "redis"))]
         let distributed = idempotency_core::NoCache;
 

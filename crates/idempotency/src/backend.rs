@@ -25,9 +25,21 @@ pub trait Database: Clone + Send + Sync + 'static {
         + 'static;
     /// Whether the outbox can wake its relay by notification (`outbox.notify-channel`).
     const NOTIFICATIONS: bool;
+    /// Whether the store waits for a held key by itself, so that `in-flight.policy` and
+    /// `in-flight.timeout` take effect. SQLite has no per-key wait: a duplicate waits for the
+    /// one write lock every writer shares, up to the pool's busy timeout, so those keys are
+    /// refused there when set. Default `true`.
+    const IN_FLIGHT_POLICY: bool = true;
     /// Whether the outbox table can be time-partitioned (`outbox.partitioning.enabled`):
     /// PostgreSQL only. Default `false`.
     const PARTITIONED_OUTBOX: bool = false;
+    /// What tells this database apart from every other one the application could be pointed
+    /// at (server, port and database; the file for SQLite; never a password). With
+    /// `persistence.table-name` it makes the Redis key prefix of the deployment, so that two
+    /// deployments sharing one Redis never read each other's records. Default empty.
+    fn deployment(&self) -> String {
+        String::new()
+    }
     /// The store, with `persistence.table-name` and `persistence.schema.mode` applied.
     fn store(
         self,
@@ -56,8 +68,29 @@ fn outbox_error(error: impl std::error::Error + Send + Sync + 'static) -> Error 
     Error::Outbox(Box::new(error))
 }
 
+/// `scheme://host:port/database` of a server database: the database defaults to the user's
+/// name, as both servers do.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn server_deployment(
+    scheme: &str,
+    host: &str,
+    port: u16,
+    socket: Option<&std::path::PathBuf>,
+    database: Option<&str>,
+    user: &str,
+) -> String {
+    let server = match socket {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{host}:{port}"),
+    };
+    format!("{scheme}://{server}/{}", database.unwrap_or(user))
+}
+
 macro_rules! database {
-    ($feature:literal, $pool:ty, $store:ty, $outbox:ty, $notifications:expr, $partitions:expr) => {
+    (
+        $feature:literal, $pool:ty, $store:ty, $outbox:ty, $notifications:expr, $partitions:expr,
+        $in_flight:expr, |$options:ident| $deployment:expr
+    ) => {
         #[cfg(feature = $feature)]
         #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
         impl Database for $pool {
@@ -65,7 +98,13 @@ macro_rules! database {
             #[cfg(feature = "outbox")]
             type Outbox = $outbox;
             const NOTIFICATIONS: bool = $notifications;
+            const IN_FLIGHT_POLICY: bool = $in_flight;
             const PARTITIONED_OUTBOX: bool = $partitions;
+
+            fn deployment(&self) -> String {
+                let $options = self.connect_options();
+                $deployment
+            }
 
             async fn store(self, config: &PersistenceConfig) -> Result<Self::Store, Error> {
                 <$store>::from_config(self, config)
@@ -92,7 +131,16 @@ database!(
     idempotency_pg::PgStore,
     idempotency_pg::PgOutbox,
     true,
-    true
+    true,
+    true,
+    |o| server_deployment(
+        "postgres",
+        o.get_host(),
+        o.get_port(),
+        o.get_socket(),
+        o.get_database(),
+        o.get_username()
+    )
 );
 database!(
     "sqlite",
@@ -100,7 +148,9 @@ database!(
     idempotency_sqlite::SqliteStore,
     idempotency_sqlite::SqliteOutbox,
     false,
-    false
+    false,
+    false,
+    |o| format!("sqlite://{}", o.get_filename().display())
 );
 database!(
     "mysql",
@@ -108,5 +158,14 @@ database!(
     idempotency_mysql::MysqlStore,
     idempotency_mysql::MysqlOutbox,
     false,
-    false
+    false,
+    true,
+    |o| server_deployment(
+        "mysql",
+        o.get_host(),
+        o.get_port(),
+        o.get_socket(),
+        o.get_database(),
+        o.get_username()
+    )
 );

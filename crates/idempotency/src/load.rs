@@ -4,6 +4,9 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
+/// The sections of this library: every variable under their prefixes must name a key.
+const OWN_SECTIONS: [&str; 2] = ["idempotency", "outbox"];
+
 /// The configuration could not be read: a file that is missing or not YAML, an unknown key, a
 /// value of the wrong type. The message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +29,10 @@ pub struct LoadError(#[from] config::ConfigError);
 /// | `OUTBOX__RELAY__WORKERS=4` | `outbox.relay.workers` |
 ///
 /// Only variables of the known sections are read (`idempotency`, `outbox`, and those added
-/// with [`section`](Self::section)); one with an empty level is an error naming it. The value
+/// with [`section`](Self::section)); one with an empty level is an error naming it, and so is
+/// any other variable under the `IDEMPOTENCY_` or `OUTBOX_` prefix that names no key
+/// (`IDEMPOTENCY_PERSISTENCE_TTL`, `IDEMPOTENCY_PERSISTENCE__TTL`): a misspelled setting stops
+/// the load instead of leaving its default in force. The value
 /// `null` is YAML's null. A variable overrides the file. Operation names are taken as written,
 /// so only names of letters, digits and `_` can be set from the environment; others
 /// (`POST:/v2/payments`) go in the file.
@@ -62,7 +68,7 @@ impl Loader {
     pub fn new() -> Self {
         Self {
             file: None,
-            sections: vec!["idempotency".to_owned(), "outbox".to_owned()],
+            sections: OWN_SECTIONS.map(str::to_owned).to_vec(),
             environment: None,
         }
     }
@@ -125,13 +131,32 @@ impl Loader {
                 builder.set_override(key, value)?
             };
         }
-        Ok(builder.build()?.try_deserialize()?)
+        let config = builder.build()?;
+        whole_numbers(&config.cache)?;
+        Ok(config.try_deserialize()?)
     }
 
     /// The key a variable names; `None` when it belongs to no known section, or is the bare
     /// section name (`SERVER=...`, no `__`: not ours); an error for a variable of a known
     /// section with an empty level (`IDEMPOTENCY__`, `IDEMPOTENCY__PERSISTENCE____TTL`).
     fn key_of(&self, name: &str) -> Result<Option<String>, String> {
+        // A variable of this library's own prefixes that does not follow the rules names no key
+        // (`IDEMPOTENCY_PERSISTENCE_TTL`, `IDEMPOTENCY_PERSISTENCE__TTL`): refused, not skipped,
+        // so that a misspelled setting stops start-up instead of leaving the default in force.
+        let lower = name.to_ascii_lowercase();
+        if let Some(section) = OWN_SECTIONS.iter().find(|section| {
+            lower
+                .strip_prefix(*section)
+                .is_some_and(|rest| rest.starts_with('_') && !rest.starts_with("__"))
+        }) {
+            return Err(format!(
+                "environment variable {name}: names no key; a variable under the {prefix} prefix \
+                 separates its levels by `__` and writes `-` as `_` \
+                 ({prefix}__PERSISTENCE__LOOKUP_BEFORE_ACQUIRE for \
+                 idempotency.persistence.lookup-before-acquire)",
+                prefix = section.to_ascii_uppercase(),
+            ));
+        }
         if !name.contains("__") {
             return Ok(None);
         }
@@ -167,6 +192,68 @@ impl Loader {
         }
         if any { Ok(Some(key)) } else { Err(refused()) }
     }
+}
+
+/// Refuses what the `config` crate would turn into an integer without it being one: `yes`,
+/// `on`, `true` (read as 1), `2.6` (rounded). The integer keys are those whose default is an
+/// integer in [`Settings`](crate::Settings); the error names the key.
+fn whole_numbers(loaded: &config::Value) -> Result<(), config::ConfigError> {
+    #[cfg_attr(not(feature = "outbox"), allow(unused_mut))]
+    let mut template = crate::Settings::default();
+    #[cfg(feature = "outbox")]
+    {
+        template.outbox = Some(Default::default());
+    }
+    let template = config::Config::try_from(&template)?.cache;
+    let mut integers = Vec::new();
+    integer_keys(String::new(), &template, &mut integers);
+    for key in integers {
+        let Some(value) = value_at(loaded, &key) else {
+            continue;
+        };
+        let whole = match &value.kind {
+            config::ValueKind::String(text) => text.parse::<i64>().is_ok(),
+            config::ValueKind::Float(number) => number.is_finite() && number.fract() == 0.0,
+            config::ValueKind::Boolean(_) => false,
+            _ => true,
+        };
+        if !whole {
+            return Err(config::ConfigError::Message(format!(
+                "{key}: `{value}` is not a whole number"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The dotted keys of the integer leaves of `tree`.
+fn integer_keys(prefix: String, tree: &config::Value, out: &mut Vec<String>) {
+    match &tree.kind {
+        config::ValueKind::Table(table) => {
+            for (name, value) in table {
+                let key = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                integer_keys(key, value, out);
+            }
+        }
+        config::ValueKind::I64(_)
+        | config::ValueKind::I128(_)
+        | config::ValueKind::U64(_)
+        | config::ValueKind::U128(_) => out.push(prefix),
+        _ => {}
+    }
+}
+
+/// The value of `tree` at a dotted `key`, when set.
+fn value_at<'a>(tree: &'a config::Value, key: &str) -> Option<&'a config::Value> {
+    key.split('.')
+        .try_fold(tree, |node, level| match &node.kind {
+            config::ValueKind::Table(table) => table.get(level),
+            _ => None,
+        })
 }
 
 #[cfg(test)]

@@ -336,7 +336,7 @@ fn redis_url() -> String {
 
 fn redis_section(extra: &str) -> String {
     format!(
-        "idempotency:\n  persistence:\n    schema:\n      mode: create\n  local-cache:\n    enabled: false\n  distributed-cache:\n    url: {}\n{extra}",
+        "idempotency:\n  persistence:\n    schema:\n      mode: create\n  local-cache:\n    enabled: false\n  distributed-cache:\n    url: {}\n    secret: tests-only-secret-0123456789abcdef\n{extra}",
         redis_url()
     )
 }
@@ -377,8 +377,20 @@ async fn distributed_cache_url_key_prefix_and_ttl_take_effect() {
         None,
     );
     client.init().await.unwrap();
-    let stored = idempotency::redis::redis_key(&prefix, &id("OP", "k"));
-    assert!(stored.starts_with(&prefix), "{stored}");
+    // Under the configured prefix, then the deployment's digest (16 hex digits and `:`).
+    let stored = redis.key_for(&id("OP", "k"));
+    let deployment = stored
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{stored}"));
+    assert_eq!(
+        deployment,
+        idempotency::redis::redis_key(&deployment[..17], &id("OP", "k")),
+        "{stored}"
+    );
+    assert!(
+        deployment[..16].bytes().all(|b| b.is_ascii_hexdigit()),
+        "{stored}"
+    );
     let ttl: i64 = client.ttl(&stored).await.unwrap();
     assert!(
         (60..=90).contains(&ttl),
@@ -402,11 +414,29 @@ async fn distributed_cache_needs_a_url_when_enabled_and_is_absent_when_disabled(
     assert!(off.service().distributed_cache().is_none());
 }
 
+/// Entries that are not authenticated could be forged by whoever can write to the Redis: an
+/// enabled cache without `secret` is refused by name, and a short secret too.
+#[tokio::test]
+async fn distributed_cache_needs_a_secret_when_enabled() {
+    let section = |secret: &str| {
+        format!(
+            "idempotency:\n  persistence:\n    schema:\n      mode: create\n  distributed-cache:\n    url: {}\n{secret}",
+            redis_url()
+        )
+    };
+    let error = Idempotency::from_config(&settings(&section("")), sqlite().await)
+        .await
+        .unwrap_err();
+    assert_eq!(property_of(error), "idempotency.distributed-cache.secret");
+    let short = try_settings(&section("    secret: too-short\n"));
+    assert!(short.is_err(), "a secret under 32 bytes is refused");
+}
+
 #[tokio::test]
 async fn distributed_cache_failure_policy_decides_what_an_unreachable_redis_does() {
     let section = |policy: &str| {
         format!(
-            "idempotency:\n  persistence:\n    schema:\n      mode: create\n  local-cache:\n    enabled: false\n  distributed-cache:\n    url: redis://127.0.0.1:1\n    timeout: 50ms\n    failure-policy: {policy}\n"
+            "idempotency:\n  persistence:\n    schema:\n      mode: create\n  local-cache:\n    enabled: false\n  distributed-cache:\n    url: redis://127.0.0.1:1\n    secret: tests-only-secret-0123456789abcdef\n    timeout: 50ms\n    failure-policy: {policy}\n"
         )
     };
     let open = Idempotency::from_config(&settings(&section("fail-open")), sqlite().await)

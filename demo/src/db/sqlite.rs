@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use idempotency_core::StoreError;
-use idempotency_sqlite::{SqliteOutbox, SqliteStore, connect_options};
+use idempotency_sqlite::{SqliteOutbox, SqliteStore, connect_options, open_pool};
 use sqlx::{self, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
@@ -43,14 +43,32 @@ pub struct Sqlite {
 }
 
 impl Sqlite {
-    /// Opens (creating when missing) the file at `path`, with the store's connection options
-    /// (WAL, busy timeout).
+    /// Opens (creating when missing, readable by its owner only) the file at `path`, the
+    /// `demo.sqlite-path` setting, with the store's connection options (WAL, busy timeout) and
+    /// its opening retry (two demos starting at once on a fresh file take turns switching it
+    /// to WAL). A value SQLite would not take as a file name (a `sqlite:` URL, a `file:` URI,
+    /// `:memory:`) is refused before anything is created.
     pub async fn open(path: &Path) -> Result<SqlitePool, StartupError> {
+        let text = path.to_string_lossy();
+        let refuse = |reason: String| StartupError::SqlitePath {
+            path: text.clone().into_owned(),
+            reason,
+        };
+        if text.starts_with("sqlite:") {
+            return Err(refuse(
+                "a file path is expected, not a URL: write `store/demo.db`, not \
+                 `sqlite://store/demo.db`"
+                    .to_owned(),
+            ));
+        }
+        let options = connect_options(&text).map_err(|error| match error {
+            idempotency_sqlite::Error::InvalidPath { reason, .. } => refuse(reason.to_owned()),
+            other => StartupError::SqliteStore(other),
+        })?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        let options = connect_options(&path.to_string_lossy())?;
-        Ok(SqlitePool::connect_with(options).await?)
+        Ok(open_pool(options).await?)
     }
 }
 
@@ -153,12 +171,17 @@ impl Database for Sqlite {
         }))
     }
 
+    /// The outbox has no index on published rows' aggregates, so a `NOT EXISTS` per charge
+    /// read the whole table once per charge (11,303 charges by 61,303 events: 3.76 s, under a
+    /// read snapshot that keeps the WAL from restarting). `NOT IN` reads the events once into
+    /// a temporary index and probes it per charge.
     async fn charges_without_event(&self, window_secs: i64) -> Result<i64, sqlx::Error> {
         let sql = format!(
             "SELECT count(*) FROM charges c \
              WHERE c.created_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ? || ' seconds') \
-             AND NOT EXISTS (SELECT 1 FROM {} o WHERE o.aggregate_type = 'charge' \
-             AND o.aggregate_id = c.id AND o.event_type = 'ChargeCreated')",
+             AND c.id NOT IN (SELECT o.aggregate_id FROM {} o \
+                              WHERE o.aggregate_type = 'charge' \
+                                AND o.event_type = 'ChargeCreated')",
             self.outbox.table().quoted()
         );
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql))

@@ -139,6 +139,9 @@ where
         let shared = Arc::clone(&self.shared);
         let lease = self.lease;
         Box::pin(async move {
+            if !shared.settings.handles(&request) {
+                return super::service::passed_through(inner, request).await;
+            }
             let (keyed, request, span) = match shared.prepare::<Src>(request).await {
                 Ok(prepared) => prepared,
                 Err(response) => return Ok(response),
@@ -162,14 +165,15 @@ where
     Z: Send + Sync + 'static,
 {
     async fn answer_leased<I>(
-        &self,
+        self: &Arc<Self>,
         mut inner: I,
         request: Request,
         keyed: Keyed,
         lease: Duration,
     ) -> (Answer, Response)
     where
-        I: Service<Request, Response = Response, Error = Infallible>,
+        I: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+        I::Future: Send + 'static,
     {
         if !self.service.config().enabled {
             return (Answer::NotStored, call(&mut inner, request).await);
@@ -183,8 +187,22 @@ where
             Ok(token) => token,
             Err(answer) => return answer,
         };
-        let response = call(&mut inner, request).await;
-        self.finish(&keyed.id, token, response).await
+        // From here on the claim is committed: the handler and the storing of its response run
+        // in a task of their own, so that a client that goes away (the request future dropped)
+        // does not cancel them halfway, after an effect and before its record. The answer is
+        // still what the client would have got.
+        let shared = Arc::clone(self);
+        let run = async move {
+            let response = call(&mut inner, request).await;
+            shared.finish(&keyed.id, token, response).await
+        };
+        match tokio::spawn(run.in_current_span()).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                tracing::error!(%error, "the handler did not finish; the claim stays until its lease expires");
+                (Answer::Failed, Problem::internal().into_response())
+            }
+        }
     }
 
     /// Claims the key, waiting for a live lease as the in-flight policy says; a terminal record

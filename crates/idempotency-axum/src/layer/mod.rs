@@ -8,12 +8,13 @@ mod response;
 mod service;
 mod statuses;
 mod tx;
+mod waiters;
 
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use axum::http::{HeaderName, request::Parts};
+use axum::http::{HeaderName, Method, request::Parts};
 use idempotency_core::{IdempotencyService, JcsFingerprint, Scope};
 use tower::Layer;
 
@@ -28,10 +29,36 @@ use crate::stored::HeaderFilter;
 
 /// The largest request body the layer buffers by default: 64 KiB.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 64 * 1024;
+/// How many duplicates of one key may wait at once (per process) by default, each with a
+/// pooled connection, in transactional mode; see
+/// [`max_waiters_per_key`](IdempotencyLayer::max_waiters_per_key).
+pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 4;
 /// The largest response body the layer stores by default: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
-/// The default [`ScopeSource`] of the layer: every key in the shared default scope.
+/// The scope of a layer that has not chosen one: it is no [`ScopeSource`], so a layer without
+/// [`IdempotencyLayer::scope`] does not compile. The scope must come from the authenticated
+/// principal: a replay answers before the handler's own authorization checks run.
+///
+/// ```compile_fail
+/// # use axum::{Router, routing::post};
+/// # use idempotency_axum::IdempotencyLayer;
+/// # use idempotency_core::IdempotencyService;
+/// # use idempotency_sqlite::SqliteStore;
+/// # fn app(store: SqliteStore) -> Router {
+/// // error: `ScopeRequired` is not a ScopeSource: choose the scope with `.scope::<...>()`
+/// Router::new()
+///     .route("/orders", post(|| async { "ok" }))
+///     .route_layer(IdempotencyLayer::new(IdempotencyService::new(store)))
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScopeRequired;
+
+/// Every key in the one shared, empty scope: any client that sends another's key (and body)
+/// receives that client's stored response, and learns from a `422` that a key exists. Only
+/// for a service with a single client, or whose keys are not a boundary between clients;
+/// written out as `.scope::<SharedScope>()`, never the default.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SharedScope;
 
@@ -42,6 +69,11 @@ impl<St: Sync> ScopeSource<St> for SharedScope {
         Ok(Scope::default())
     }
 }
+
+/// The methods the layer makes idempotent by default: the ones that change state. A request
+/// with any other method (`GET`, `HEAD`, `OPTIONS`, a made-up one) passes through untouched: no
+/// key needed, no record, no meter, no log line.
+pub const DEFAULT_METHODS: &[Method] = &[Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
 
 /// Which keys the layer accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,9 +87,12 @@ pub(crate) enum KeyFormat {
 /// The layer's settings, shared by every request.
 pub(crate) struct Settings {
     pub(crate) operation: Option<String>,
+    /// The methods handled; others pass through (see [`DEFAULT_METHODS`]).
+    pub(crate) methods: Vec<Method>,
     pub(crate) keys: KeyFormat,
     pub(crate) max_request_body: usize,
     pub(crate) max_response_body: usize,
+    pub(crate) max_waiters: usize,
     pub(crate) statuses: StoredStatuses,
     pub(crate) headers: HeaderFilter,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
@@ -68,6 +103,8 @@ pub(crate) struct Settings {
 pub(crate) struct Shared<S, L, D, M, Z> {
     pub(crate) service: IdempotencyService<S, L, D, M, Z>,
     pub(crate) settings: Settings,
+    /// The requests of each key under way here, bounded by `settings.max_waiters`.
+    pub(crate) waiters: waiters::Waiters,
 }
 
 /// A tower [`Layer`] that makes a route idempotent without idempotency code in its handler.
@@ -75,7 +112,8 @@ pub(crate) struct Shared<S, L, D, M, Z> {
 /// Per request it validates the `Idempotency-Key` (the rules of
 /// [`IdempotencyKeyHeader`](crate::IdempotencyKeyHeader), or of
 /// [`UuidKeyHeader`](crate::UuidKeyHeader) with [`uuid_keys`](Self::uuid_keys)), derives the
-/// scope with `Src` ([`SharedScope`] by default; see [`scope`](Self::scope)), buffers the body
+/// scope with `Src` (chosen with [`scope`](Self::scope): there is no default, see
+/// [`ScopeRequired`]), buffers the body
 /// (`413 payload-too-large` past [`max_request_body`](Self::max_request_body)), and fingerprints
 /// method, route template, body (RFC 8785 for a JSON body, the bytes otherwise) and the
 /// headers named with [`fingerprint_header`](Self::fingerprint_header). A replay answers the
@@ -109,7 +147,7 @@ pub(crate) struct Shared<S, L, D, M, Z> {
 ///     .route_layer(IdempotencyLayer::new(service).scope::<TenantHeader>())
 /// # }
 /// ```
-pub struct IdempotencyLayer<S, L, D, M, Z, Src = SharedScope> {
+pub struct IdempotencyLayer<S, L, D, M, Z, Src = ScopeRequired> {
     shared: Arc<Shared<S, L, D, M, Z>>,
     scope: PhantomData<fn() -> Src>,
 }
@@ -119,16 +157,22 @@ impl<S, L, D, M, Z> IdempotencyLayer<S, L, D, M, Z> {
     pub fn new(service: IdempotencyService<S, L, D, M, Z>) -> Self {
         let settings = Settings {
             operation: None,
+            methods: DEFAULT_METHODS.to_vec(),
             keys: KeyFormat::Any,
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+            max_waiters: DEFAULT_MAX_WAITERS_PER_KEY,
             statuses: StoredStatuses::default(),
             headers: HeaderFilter::default(),
             fingerprint_headers: Vec::new(),
             fingerprint: None,
         };
         Self {
-            shared: Arc::new(Shared { service, settings }),
+            shared: Arc::new(Shared {
+                service,
+                settings,
+                waiters: waiters::Waiters::default(),
+            }),
             scope: PhantomData,
         }
     }
@@ -145,14 +189,18 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
                 self.shared = Arc::new(Shared {
                     service: self.shared.service.clone(),
                     settings,
+                    waiters: waiters::Waiters::default(),
                 });
             }
         }
         self
     }
 
-    /// Derives each key's scope with `Src2` ([`TenantHeader`](crate::TenantHeader),
-    /// [`PrincipalScope`](crate::PrincipalScope) or your own [`ScopeSource<()>`]).
+    /// Derives each key's scope with `Src2` ([`PrincipalScope`](crate::PrincipalScope),
+    /// [`TenantHeader`](crate::TenantHeader) or your own [`ScopeSource<()>`]). Required: the
+    /// scope must come from the authenticated principal, at least as fine-grained as the
+    /// boundary of who may read a response, because a replay answers before the handler's own
+    /// checks run. [`SharedScope`] puts every client's keys together.
     pub fn scope<Src2>(self) -> IdempotencyLayer<S, L, D, M, Z, Src2> {
         IdempotencyLayer {
             shared: self.shared,
@@ -165,6 +213,13 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
     pub fn operation(self, name: impl Into<String>) -> Self {
         let name = name.into();
         self.settings(|s| s.operation = Some(name))
+    }
+
+    /// The methods the layer makes idempotent ([`DEFAULT_METHODS`] unless set). A request with
+    /// another method passes through to the route untouched.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.settings(|s| s.methods = methods)
     }
 
     /// Accepts UUID keys only, as [`UuidKeyHeader`](crate::UuidKeyHeader) does.
@@ -183,6 +238,15 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
     /// default.
     pub fn max_response_body(self, bytes: usize) -> Self {
         self.settings(|s| s.max_response_body = bytes)
+    }
+
+    /// How many duplicates of a key in flight may wait for it at once in this process
+    /// (transactional mode; [`DEFAULT_MAX_WAITERS_PER_KEY`] unless set). Each waits on the
+    /// holder's row lock with a pooled connection; a duplicate beyond them answers `409
+    /// request-in-flight` with `Retry-After` at once, without a connection, so copies of one
+    /// slow request cannot take the pool. `0`: no duplicate waits.
+    pub fn max_waiters_per_key(self, waiters: usize) -> Self {
+        self.settings(|s| s.max_waiters = waiters)
     }
 
     /// Which statuses are stored ([`StoredStatuses::default`] unless set).
@@ -221,9 +285,11 @@ impl Clone for Settings {
     fn clone(&self) -> Self {
         Self {
             operation: self.operation.clone(),
+            methods: self.methods.clone(),
             keys: self.keys,
             max_request_body: self.max_request_body,
             max_response_body: self.max_response_body,
+            max_waiters: self.max_waiters,
             statuses: self.statuses.clone(),
             headers: self.headers.clone(),
             fingerprint_headers: self.fingerprint_headers.clone(),
@@ -246,10 +312,12 @@ impl<S, L, D, M, Z, Src> fmt::Debug for IdempotencyLayer<S, L, D, M, Z, Src> {
         let s = &self.shared.settings;
         f.debug_struct("IdempotencyLayer")
             .field("operation", &s.operation)
+            .field("methods", &s.methods)
             .field("keys", &s.keys)
             .field("scope", &std::any::type_name::<Src>())
             .field("max_request_body", &s.max_request_body)
             .field("max_response_body", &s.max_response_body)
+            .field("max_waiters_per_key", &s.max_waiters)
             .field("stored_statuses", &s.statuses)
             .field("fingerprint_headers", &s.fingerprint_headers)
             .finish_non_exhaustive()

@@ -170,7 +170,11 @@ where
         match stored {
             Ok(stored) => {
                 metrics.replayed(op, record.status());
-                let mut response = stored.into_response();
+                // The allow-list again: a record from a cache or a store someone else can
+                // write replays only the headers this layer would have stored.
+                let mut response = stored
+                    .retain_headers(&self.settings.headers)
+                    .into_response();
                 response.headers_mut().insert(
                     IDEMPOTENT_REPLAYED.clone(),
                     HeaderValue::from_static("true"),

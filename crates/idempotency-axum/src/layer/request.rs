@@ -23,6 +23,13 @@ use crate::problem::{Problem, ProblemKind};
 struct NoRouteTemplate;
 
 impl Settings {
+    /// Whether the layer handles `request` at all: its method is one of the layer's. Any
+    /// other passes through, so a client cannot make a record, an operation name or a meter
+    /// label out of a method of its choosing.
+    pub(super) fn handles<B>(&self, request: &axum::http::Request<B>) -> bool {
+        self.methods.contains(request.method())
+    }
+
     /// The validated key, with the rules of the key extractors.
     pub(super) fn key(&self, headers: &HeaderMap) -> Result<IdempotencyKey, Error> {
         let value = single_value(headers)?.ok_or(Error::KeyMissing)?;

@@ -85,6 +85,9 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
+            if !shared.settings.handles(&request) {
+                return passed_through(inner, request).await;
+            }
             let (keyed, request, span) = match shared.prepare::<Src>(request).await {
                 Ok(prepared) => prepared,
                 Err(response) => return Ok(response),
@@ -158,6 +161,17 @@ where
                 Ok(None) => {}
                 Err(error) => return (Answer::Failed, error.into_response()),
             }
+        }
+        // Counted before a connection is taken, released when the answer is ready.
+        let entered = config
+            .enabled
+            .then(|| self.waiters.enter(&keyed.id, self.settings.max_waiters));
+        if let Some(None) = entered {
+            service.metrics().in_flight(op);
+            return (
+                Answer::InFlight,
+                Error::from(Core::InFlight).into_response(),
+            );
         }
         let mut tx = match Tx::<S>::begin(store).await {
             Ok(tx) => tx,
@@ -311,6 +325,18 @@ where
         self.fill_caches(&keyed.id, Arc::new(record)).await;
         Ok(())
     }
+}
+
+/// A request the layer does not handle (its method is not one of the layer's), as the route
+/// answers it.
+pub(super) async fn passed_through<I>(
+    mut inner: I,
+    request: Request,
+) -> Result<Response, Infallible>
+where
+    I: Service<Request, Response = Response, Error = Infallible>,
+{
+    inner.call(request).await
 }
 
 async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {

@@ -7,14 +7,19 @@ use axum::http::StatusCode;
 /// 4xx statuses that describe the server's current state or the caller's credentials rather
 /// than the request: a retry of the same request may well get another answer, so they are not
 /// stored by default.
-const TRANSIENT_4XX: &[u16] = &[401, 403, 404, 408, 409, 423, 424, 425, 428, 429];
+///
+/// 405 is among them: it says that the route does not serve the method, a fact about the route
+/// rather than the request, and storing it would leave a record (and a cache entry) per method a
+/// client makes up.
+const TRANSIENT_4XX: &[u16] = &[401, 403, 404, 405, 408, 409, 423, 424, 425, 428, 429];
 
 /// Which response statuses [`IdempotencyLayer`](crate::IdempotencyLayer) records (and commits)
 /// and which it rolls back and leaves retryable.
 ///
 /// The default stores every 2xx and 3xx, and the 4xx that describe the request itself (400,
-/// 405, 406, 410, 411, 413, 414, 415, 422, ...). It does not store 5xx, nor the 4xx a retry may
-/// answer differently: 401, 403, 404, 408, 409, 423, 424, 425, 428 and 429.
+/// 406, 410, 411, 413, 414, 415, 422, ...). It does not store 5xx, nor the 4xx a retry may
+/// answer differently: 401, 403, 404, 408, 409, 423, 424, 425, 428 and 429, nor 405 (the route
+/// does not serve the method).
 ///
 /// A status that is not stored rolls the transaction back: the handler's writes and the key go
 /// away together, and a retry with the same key runs the handler again.
@@ -106,13 +111,13 @@ mod tests {
     #[test]
     fn the_default_stores_successes_and_request_errors_only() {
         let statuses = StoredStatuses::default();
-        for code in [200, 201, 204, 303, 400, 405, 413, 415, 422] {
+        for code in [200, 201, 204, 303, 400, 413, 415, 422] {
             assert!(
                 statuses.stores(StatusCode::from_u16(code).unwrap()),
                 "{code}"
             );
         }
-        for code in [100, 401, 403, 404, 408, 409, 429, 500, 502, 503, 504] {
+        for code in [100, 401, 403, 404, 405, 408, 409, 429, 500, 502, 503, 504] {
             assert!(
                 !statuses.stores(StatusCode::from_u16(code).unwrap()),
                 "{code}"

@@ -43,6 +43,8 @@ pub(crate) fn cluster_state(port: u16) -> Option<String> {
 pub(crate) struct OwnCluster {
     pub(crate) ports: Vec<u16>,
     nodes: Vec<Option<Child>>,
+    /// The nodes stopped with SIGSTOP: running, but never answering (not asked by `alive`).
+    paused: Vec<u16>,
     dir: PathBuf,
 }
 
@@ -91,7 +93,12 @@ impl OwnCluster {
         for &port in &ports {
             nodes.push(Some(spawn_node(port, &dir)));
         }
-        let cluster = Self { ports, nodes, dir };
+        let cluster = Self {
+            ports,
+            nodes,
+            paused: Vec::new(),
+            dir,
+        };
         cluster
             .wait("every node answers", |c| {
                 c.ports
@@ -133,7 +140,7 @@ impl OwnCluster {
         self.ports
             .iter()
             .zip(&self.nodes)
-            .filter(|(_, n)| n.is_some())
+            .filter(|(p, n)| n.is_some() && !self.paused.contains(p))
             .map(|(p, _)| *p)
     }
 
@@ -223,6 +230,18 @@ impl OwnCluster {
         let mut child = self.nodes[i].take().unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// SIGSTOPs the node on `port`: it hangs, its connections open and unanswered.
+    pub(crate) fn pause(&mut self, port: u16) {
+        let i = self.ports.iter().position(|&p| p == port).unwrap();
+        let pid = self.nodes[i].as_ref().unwrap().id();
+        let stopped = Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(stopped.success(), "kill -STOP {pid}");
+        self.paused.push(port);
     }
 
     /// Starts the node on `port` again, with the cluster configuration it had: it rejoins.

@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use idempotency_cache_moka::LocalCacheConfig;
 use idempotency_cache_moka::MokaCache;
-use idempotency_cache_redis::DistributedCacheConfig;
 use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
+use idempotency_cache_redis::{CacheSecret, DistributedCacheConfig};
 use idempotency_core::{
     Call, DistributedCache, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyRecord,
     IdempotencyService, LocalCache, Operation, Outcome, RecordId, Scope, StoredOutcome,
@@ -60,11 +60,18 @@ macro_rules! on_both {
 #[allow(unused_imports)] // not every test file runs on both
 pub(crate) use on_both;
 
-/// A cache on `target` with a prefix of its own and a generous timeout.
+/// The entries' secret of the tests' caches.
+pub(crate) fn secret() -> CacheSecret {
+    CacheSecret::new("tests-only-secret-0123456789abcdef").unwrap()
+}
+
+/// A cache on `target` with a prefix of its own, a generous timeout and [`secret`] (unless the
+/// config names one).
 pub(crate) async fn redis(target: Target, config: DistributedCacheConfig) -> RedisCache {
     let config = DistributedCacheConfig {
         key_prefix: format!("{}:", idempotency_testing::unique_name("it")),
         timeout: Duration::from_secs(2),
+        secret: config.secret.clone().or_else(|| Some(secret())),
         ..config
     };
     let url = target.url();
@@ -169,4 +176,5 @@ pub(crate) async fn wipe_store(pool: &PgPool) {
 }
 
 pub(crate) mod cluster;
+pub(crate) mod server;
 pub(crate) mod timed;

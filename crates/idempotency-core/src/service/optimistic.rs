@@ -37,6 +37,14 @@ where
     /// them. Use [`execute`](Self::execute) for anything with effects outside the database (a
     /// payment provider, an e-mail): a duplicate never runs the action while another request
     /// holds the key, nor after an outcome committed.
+    ///
+    /// **The in-flight policy does not bound the action.** `in-flight.policy` and
+    /// `in-flight.timeout` bound only the final insert's wait for the key. A duplicate whose
+    /// action touches rows that the holder's transaction has locked waits on them as long as
+    /// the holder holds them, under `reject` as under `wait`, before the key is ever looked at.
+    /// Bound that wait in the transaction (`SET LOCAL lock_timeout` on PostgreSQL,
+    /// `innodb_lock_wait_timeout` on MySQL), or use [`execute`](Self::execute), which claims
+    /// the key before the action.
     pub async fn execute_optimistic<R, T, E, A>(
         &self,
         call: Call<'_, R>,

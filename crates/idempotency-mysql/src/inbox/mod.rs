@@ -11,9 +11,9 @@ use sqlx::{Connection, MySqlConnection, MySqlPool, SqlStr};
 use uuid::Uuid;
 
 use crate::clock::{NOW, micros};
-use crate::connect::{self, begin_read_committed};
+use crate::connect::{self, begin_read_committed, in_transaction};
 use crate::outbox::schema::{self, Index, Shape, name_col, time_col};
-use crate::outbox::{from_crate_error, outbox_error};
+use crate::outbox::{from_crate_error, in_transaction_error, outbox_error, refuse_trailing_space};
 use crate::records::sql;
 use crate::table::TableName;
 
@@ -110,7 +110,7 @@ impl MysqlInbox {
     }
 
     /// An inbox configured by the `inbox` section: validates `table-name`, refuses servers
-    /// without `SKIP LOCKED`, applies `schema.mode`.
+    /// older than MySQL 8.0.16 or MariaDB 10.6, applies `schema.mode`.
     pub async fn from_config(pool: MySqlPool, config: &InboxConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name).map_err(from_crate_error)?;
         let inbox = Self::with_table(pool, table)?;
@@ -141,7 +141,9 @@ impl MysqlInbox {
     }
 
     /// Records `(consumer, message_id)` in the caller's transaction; `true` when new (process
-    /// the message), `false` for a redelivery (skip it). Both must have 1 to 255 characters.
+    /// the message), `false` for a redelivery (skip it). Both must have 1 to 255 characters
+    /// and must not end with a space ([`Error::InvalidEvent`]: the PAD SPACE collation of
+    /// `utf8mb4_bin` would merge `m-1 ` with `m-1`).
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx: the entry would commit without the consumer's effects.
@@ -162,13 +164,16 @@ impl MysqlInbox {
                     reason: format!("the {what} must have 1..={MAX_LEN} characters"),
                 });
             }
+            refuse_trailing_space(what, value)?;
         }
         let result = sqlx::query(self.sql.record.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
+            .await;
+        let result = in_transaction(conn, result)
             .await
-            .map_err(outbox_error)?;
+            .map_err(in_transaction_error)?;
         Ok(result.last_insert_id() != 1)
     }
 

@@ -5,7 +5,7 @@
 use idempotency_core::StoreError;
 use idempotency_outbox::Error;
 
-use crate::error::store_error;
+use crate::error::{InTransaction, store_error};
 
 /// Classifies `error` the way the records store does, then names it in the outbox's terms:
 /// lock wait timeouts (1205) and deadlocks (1213) are retryable [`Error::Conflict`]s; lost or
@@ -17,6 +17,15 @@ pub(crate) fn outbox_error(error: sqlx::Error) -> Error {
         StoreError::Unavailable(source) => Error::Unavailable(source),
         StoreError::Database(source) => Error::Database(source),
         other => Error::Database(Box::new(other)),
+    }
+}
+
+/// A statement's failure in the caller's transaction (see `connect::in_transaction`): the
+/// transaction's end is a retryable [`Error::Conflict`] whose source says to retry it whole.
+pub(crate) fn in_transaction_error(error: InTransaction) -> Error {
+    match error {
+        InTransaction::Statement(error) => outbox_error(error),
+        InTransaction::RolledBack(error) => Error::Conflict(Box::new(error)),
     }
 }
 

@@ -16,20 +16,39 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
-pub(crate) use error::{from_crate_error, outbox_error};
+pub(crate) use error::{from_crate_error, in_transaction_error, outbox_error};
 pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
 
-use crate::connect;
+use crate::connect::{self, in_transaction};
+use crate::error::{InTransaction, TransactionRolledBack, check_json_depth};
 use crate::table::TableName;
 use schema::Names;
 use statements::{CHUNK, Statements};
 
 /// Wraps an ordered enqueue: a failure undoes the counters it bumped, and the caller's
 /// transaction goes on as if the call had not happened (MySQL undoes only the failed statement
-/// otherwise).
-const SAVEPOINT: &str = "SAVEPOINT idempotency_outbox_enqueue";
+/// otherwise). The rollback to it right away fails (1305) when the session is not in a
+/// transaction any more (the server rolled it back, e.g. after a deadlock), in the same round
+/// trip.
+const SAVEPOINT: &str = "SAVEPOINT idempotency_outbox_enqueue; \
+     ROLLBACK TO SAVEPOINT idempotency_outbox_enqueue";
 const RELEASE: &str = "RELEASE SAVEPOINT idempotency_outbox_enqueue";
 const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT idempotency_outbox_enqueue";
+
+/// Refuses a value that ends with a space. The key columns' collation, `utf8mb4_bin`, is
+/// PAD SPACE: `m-1` and `m-1 ` compare equal, so an inbox entry or an aggregate's sequence
+/// counter would be shared by two values the caller tells apart.
+pub(crate) fn refuse_trailing_space(what: &str, value: &str) -> Result<(), Error> {
+    if value.ends_with(' ') {
+        return Err(Error::InvalidEvent {
+            reason: format!(
+                "the {what} {value:?} ends with a space, which MySQL's PAD SPACE collation \
+                 (utf8mb4_bin) ignores: it would be the same {what} as without the space"
+            ),
+        });
+    }
+    Ok(())
+}
 
 /// The lock name of the single-relay mode, as in the outbox pattern's MySQL recipe.
 pub const DEFAULT_RELAY_LOCK: &str = "outbox-relay";
@@ -107,8 +126,8 @@ impl MysqlOutbox {
     }
 
     /// An outbox configured by the `outbox` section: validates `table-name` (`name` or
-    /// `database.name`), refuses servers without `SKIP LOCKED` (older than MySQL 8.0.1 or
-    /// MariaDB 10.6) with [`Error::InvalidConfig`], takes `ordering`, then applies
+    /// `database.name`), refuses servers older than MySQL 8.0.16 or MariaDB 10.6 (no
+    /// `SKIP LOCKED`, or `CHECK` constraints not enforced) with [`Error::InvalidConfig`], takes `ordering`, then applies
     /// `schema.mode`. `notify-channel` has no meaning on MySQL and is ignored; the relay
     /// settings are read by the [`Relay`](idempotency_outbox::Relay).
     pub async fn from_config(pool: MySqlPool, config: &OutboxConfig) -> Result<Self, Error> {
@@ -191,8 +210,9 @@ impl MysqlOutbox {
 
     /// Writes `events` in the caller's transaction; returns their ids, in order.
     ///
-    /// Every event is checked first (names, headers, JSON payload): nothing is written when
-    /// one is invalid. In `ordered` mode each aggregate's events take the next numbers of its
+    /// Every event is checked first (names, headers, JSON payload; on MySQL also no aggregate
+    /// type or id ending with a space, which the PAD SPACE collation of `utf8mb4_bin` would
+    /// merge with the value without it): nothing is written when one is invalid. In `ordered` mode each aggregate's events take the next numbers of its
     /// counter row, bumped (and locked until the caller's transaction ends) in a stable order
     /// of aggregates, so two writers of an aggregate are serialized and sequence order is
     /// commit order.
@@ -212,14 +232,19 @@ impl MysqlOutbox {
         }
         for event in events {
             event.validate()?;
+            refuse_trailing_space("aggregate type", event.aggregate_type())?;
+            check_json_depth(event.payload()).map_err(|too_deep| Error::InvalidEvent {
+                reason: format!("the payload of {}: {too_deep}", event.id()),
+            })?;
+            refuse_trailing_space("aggregate id", event.aggregate_id())?;
         }
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        sqlx::raw_sql(SAVEPOINT)
-            .execute(&mut *conn)
+        let saved = sqlx::raw_sql(SAVEPOINT).execute(&mut *conn).await;
+        in_transaction(conn, saved)
             .await
-            .map_err(outbox_error)?;
+            .map_err(in_transaction_error)?;
         match self.insert_events(conn, events).await {
             Ok(()) => {
                 sqlx::raw_sql(RELEASE)
@@ -228,9 +253,13 @@ impl MysqlOutbox {
                     .map_err(outbox_error)?;
             }
             Err(error) => {
-                // Undo what this call wrote; the caller's transaction stays usable. The first
+                // Undo what this call wrote; the caller's transaction stays usable, unless the
+                // server ended it (a deadlock): then nothing may run in it any more. The first
                 // error is the one reported.
-                let _ = sqlx::raw_sql(ROLLBACK_TO).execute(&mut *conn).await;
+                let undone = sqlx::raw_sql(ROLLBACK_TO).execute(&mut *conn).await;
+                if let Err(InTransaction::RolledBack(_)) = in_transaction(conn, undone).await {
+                    return Err(Error::Conflict(Box::new(TransactionRolledBack::new(error))));
+                }
                 return Err(error);
             }
         }

@@ -85,7 +85,8 @@ impl Statements {
             mark_failed: sql(format!(
                 "UPDATE {t} SET last_error = LEFT(?, 1000), \
                         next_attempt_at = {NOW} + INTERVAL ? MICROSECOND, \
-                        dead_lettered_at = IF(?, {NOW}, NULL), claim_token = NULL \
+                        dead_lettered_at = IF(?, {NOW}, NULL), \
+                        attempts = IF(?, GREATEST(attempts - 1, 0), attempts), claim_token = NULL \
                  WHERE id = ? AND claim_token = ?"
             )),
             stats: sql(format!(
@@ -158,6 +159,20 @@ impl Statements {
         sql(format!(
             "DELETE FROM {} WHERE id IN ({})",
             self.table,
+            list(n)
+        ))
+    }
+
+    /// Of `n` dead letters, those whose aggregate already published a later event.
+    pub(crate) fn published_after(&self, n: usize) -> SqlStr {
+        let t = &self.table;
+        sql(format!(
+            "SELECT o.id FROM {t} AS o \
+             WHERE o.id IN ({}) AND o.dead_lettered_at IS NOT NULL AND o.sequence IS NOT NULL \
+               AND EXISTS (SELECT 1 FROM {t} AS p \
+                   WHERE p.aggregate_type = o.aggregate_type \
+                     AND p.aggregate_id = o.aggregate_id \
+                     AND p.sequence > o.sequence AND p.published_at IS NOT NULL)",
             list(n)
         ))
     }

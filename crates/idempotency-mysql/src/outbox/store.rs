@@ -8,7 +8,7 @@ use idempotency_outbox::store::{
     OutboxStats, RelayStore,
 };
 use idempotency_outbox::{DeadLetter, Error, NewEvent};
-use sqlx::{Connection, MySqlConnection, SqlStr};
+use sqlx::{Connection, MySqlConnection, MySqlTransaction, SqlStr};
 use uuid::Uuid;
 
 use super::MysqlOutbox;
@@ -31,24 +31,20 @@ impl Enqueue for MysqlOutbox {
 }
 
 impl MysqlOutbox {
-    /// One short READ COMMITTED transaction on `conn`: `SELECT ... FOR UPDATE SKIP LOCKED` of
+    /// One short READ COMMITTED transaction, `tx`: `SELECT ... FOR UPDATE SKIP LOCKED` of
     /// the due rows (rows another claim is taking are passed over, never waited for; READ
     /// COMMITTED takes no gap locks, so enqueuing transactions never wait for a claim), then
     /// one `UPDATE` that leases them, or dead-letters those already claimed `max_attempts`
     /// times.
     async fn claim_on(
         &self,
-        conn: &mut MySqlConnection,
+        mut tx: MySqlTransaction<'_>,
         request: &ClaimRequest,
     ) -> Result<Claimed, Error> {
         let sql = match request.ordering {
             Ordering::Ordered => self.sql.claim_ordered.clone(),
             Ordering::Unordered => self.sql.claim_unordered.clone(),
         };
-        let mut tx = conn
-            .begin_with(BEGIN_READ_COMMITTED)
-            .await
-            .map_err(outbox_error)?;
         let candidates: Vec<ClaimRow> = sqlx::query_as(sql)
             .bind(i64::from(request.limit))
             .fetch_all(&mut *tx)
@@ -132,8 +128,13 @@ impl RelayStore for MysqlOutbox {
     /// holds the lock. Messages come back oldest first.
     async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
         let Some(single) = &self.single_relay else {
-            let mut conn = self.pool.acquire().await.map_err(outbox_error)?;
-            return self.claim_on(&mut conn, request).await;
+            // Safe to cancel (a worker aborted at the shutdown deadline): a `START TRANSACTION`
+            // whose answer nobody reads is rolled back before its connection returns to the
+            // pool.
+            let tx = begin_read_committed(&self.pool)
+                .await
+                .map_err(outbox_error)?;
+            return self.claim_on(tx, request).await;
         };
         let mut holder = single.holder.lock().await;
         if holder.is_none() {
@@ -152,7 +153,12 @@ impl RelayStore for MysqlOutbox {
         let Some(conn) = holder.as_mut() else {
             return Ok(Claimed::default());
         };
-        let claimed = self.claim_on(conn, request).await;
+        // The lock's connection never goes back to the pool: a begin dropped on the wire
+        // leaves an empty transaction there, which the next claim's begin commits.
+        let claimed = match conn.begin_with(BEGIN_READ_COMMITTED).await {
+            Ok(tx) => self.claim_on(tx, request).await,
+            Err(error) => Err(outbox_error(error)),
+        };
         if claimed.is_err()
             && let Some(conn) = holder.take()
         {
@@ -190,6 +196,7 @@ impl RelayStore for MysqlOutbox {
                 .bind(&failure.error)
                 .bind(micros(failure.retry_in))
                 .bind(failure.dead_letter)
+                .bind(failure.transient)
                 .bind(failure.id)
                 .bind(token)
                 .execute(&mut *tx)
@@ -242,6 +249,17 @@ impl DeadLetters for MysqlOutbox {
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        let mut late: Vec<Uuid> = Vec::new();
+        for chunk in ids.chunks(CHUNK) {
+            let mut query = sqlx::query_scalar::<_, Uuid>(self.sql.published_after(chunk.len()));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            late.extend(query.fetch_all(&self.pool).await.map_err(outbox_error)?);
+        }
+        if !late.is_empty() {
+            return Err(Error::RequeueOutOfOrder { ids: late });
+        }
         let mut requeued = 0;
         for chunk in ids.chunks(CHUNK) {
             let mut query = sqlx::query(self.sql.requeue(chunk.len()));

@@ -14,6 +14,7 @@ pub(super) struct Statements {
     pub(super) insert_completed: SqlStr,
     pub(super) inserted_times: SqlStr,
     pub(super) find: SqlStr,
+    pub(super) find_locking: SqlStr,
     pub(super) complete: SqlStr,
     pub(super) completed_row: SqlStr,
     pub(super) status: SqlStr,
@@ -25,32 +26,24 @@ pub(crate) fn sql(text: String) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
-/// Keeps the existing row as it is, and marks the statement's result: `LAST_INSERT_ID(1)` is
-/// evaluated only on a duplicate key, and the server reports its argument as the statement's
-/// insert id (a table without `AUTO_INCREMENT` reports 0 for a real insert). The affected-row
-/// count cannot tell the two apart: sqlx connects with `CLIENT_FOUND_ROWS`, which counts a
-/// duplicate left unchanged as 1, like an insert.
-pub(super) const ON_DUPLICATE_KEEP: &str =
-    "ON DUPLICATE KEY UPDATE created_at = IF(LAST_INSERT_ID(1), created_at, created_at)";
-
 impl Statements {
     pub(super) fn new(table: &TableName) -> Self {
         let t = table.quoted();
         let key = "operation = ? AND scope = ? AND idempotency_key = ?";
         Self {
-            // Not `INSERT IGNORE`, which turns every error (a too-long value, a CHECK) into a
-            // warning: `ON DUPLICATE KEY UPDATE` swallows the duplicate key and nothing else.
+            // A plain insert: an existing key fails it with 1062 alone (not `INSERT IGNORE`,
+            // which turns every error, a too-long value, a CHECK, into a warning), and leaves a
+            // shared lock on the row, which other replays share (`ON DUPLICATE KEY UPDATE`
+            // would lock it exclusively until the replayer's transaction ends).
             acquire: sql(format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
                                   created_at, expires_at) \
-                 VALUES (?, ?, ?, ?, 'PROCESSING', {NOW}, {NOW} + INTERVAL ? MICROSECOND) \
-                 {ON_DUPLICATE_KEEP}"
+                 VALUES (?, ?, ?, ?, 'PROCESSING', {NOW}, {NOW} + INTERVAL ? MICROSECOND)"
             )),
             insert_completed: sql(format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
                                   result_payload, error_code, created_at, completed_at, expires_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW} + INTERVAL ? MICROSECOND) \
-                 {ON_DUPLICATE_KEEP}"
+                 VALUES (?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW} + INTERVAL ? MICROSECOND)"
             )),
             // The transaction's own row: always visible to it.
             inserted_times: sql(format!(
@@ -59,6 +52,11 @@ impl Statements {
             find: sql(format!(
                 "SELECT request_hash, status, result_payload, error_code, created_at, \
                         completed_at, expires_at FROM {t} WHERE {key}"
+            )),
+            // The latest committed version, whatever the transaction's snapshot.
+            find_locking: sql(format!(
+                "SELECT request_hash, status, result_payload, error_code, created_at, \
+                        completed_at, expires_at FROM {t} WHERE {key} LOCK IN SHARE MODE"
             )),
             // Never before created_at, even when the clock steps back.
             complete: sql(format!(

@@ -1,13 +1,16 @@
 //! [`MysqlStore`]: the `IdempotencyStore` on MySQL and MariaDB.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
     Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
 };
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
-use sqlx::mysql::MySqlQueryResult;
+use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
+use sqlx::query::Query;
 use sqlx::{MySql, MySqlConnection, MySqlPool, SqlStr};
 
 use super::row::{
@@ -16,16 +19,23 @@ use super::row::{
 use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_micros;
-use crate::connect::{self, begin_read_committed, restore_lock_wait, set_lock_wait};
-use crate::error::{Error, SchemaProblem, store_error};
+use crate::connect::{
+    self, Server, begin_read_committed, failed_in_transaction, in_transaction, restore_lock_wait,
+    set_lock_wait,
+};
+use crate::error::{
+    ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, Error, SchemaProblem, check_json_depth, error_number,
+    store_error,
+};
 use crate::table::TableName;
 
 /// The MySQL / MariaDB idempotency store.
 ///
 /// Records live in one InnoDB table (default `idempotency_records`, see [`ddl`](crate::ddl)),
-/// written through the caller's transaction. A concurrent duplicate waits in `acquire` on the
-/// holder's row lock, for at most the call's wait budget (`innodb_lock_wait_timeout`, whole
-/// seconds), then replays the committed outcome or takes the key if the holder rolled back.
+/// written through the caller's transaction. A concurrent duplicate waits in `acquire` for the
+/// holder, for at most the call's wait budget (on MariaDB to the millisecond, on MySQL 8 in
+/// whole seconds of `innodb_lock_wait_timeout`), then replays the committed outcome or takes
+/// the key if the holder rolled back.
 /// Cheap to clone: the pool and the statements are shared.
 ///
 /// ```no_run
@@ -43,6 +53,35 @@ pub struct MysqlStore {
     pool: MySqlPool,
     table: Arc<TableName>,
     sql: Arc<Statements>,
+    /// What the server is, asked at the first insert.
+    server: Arc<OnceLock<Server>>,
+    /// Keys `acquire` reported `Exists` for, until `find` reads them.
+    existing: Arc<Existing>,
+}
+
+/// The keys `acquire` just reported `Exists` for, in any of the store's transactions: `find`
+/// may read those with a locking read (see `find`). A key another transaction's `find` takes
+/// first only costs this one more acquire round; entries of requests dropped in between are
+/// dropped once there are [`Existing::MAX`].
+#[derive(Debug, Default)]
+struct Existing(Mutex<HashSet<RecordId>>);
+
+impl Existing {
+    const MAX: usize = 4096;
+
+    fn remember(&self, id: &RecordId) {
+        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if ids.len() >= Self::MAX {
+            ids.clear();
+        }
+        ids.insert(id.clone());
+    }
+
+    /// Whether `id` was remembered; forgets it.
+    fn forget(&self, id: &RecordId) -> bool {
+        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        !ids.is_empty() && ids.remove(id)
+    }
 }
 
 /// The wait budget as `innodb_lock_wait_timeout`: whole seconds, rounded up; `0` for
@@ -70,12 +109,14 @@ impl MysqlStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table: Arc::new(table),
+            server: Arc::default(),
+            existing: Arc::default(),
         }
     }
 
     /// A store configured by `idempotency.persistence`: validates `table-name` (at most
     /// [`MAX_RECORDS_TABLE_LEN`](crate::MAX_RECORDS_TABLE_LEN) bytes), refuses servers older
-    /// than MySQL 8.0.1 / MariaDB 10.6 ([`Error::UnsupportedServer`]), then applies
+    /// than MySQL 8.0.16 / MariaDB 10.6 ([`Error::UnsupportedServer`]), then applies
     /// `schema.mode`.
     pub async fn from_config(pool: MySqlPool, config: &PersistenceConfig) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name)?;
@@ -101,7 +142,7 @@ impl MysqlStore {
         schema::create(&self.pool, &self.table).await
     }
 
-    /// Checks columns, types, lengths, nullability, the key `ON DUPLICATE KEY` relies on, the
+    /// Checks columns, types, lengths, nullability, the key the duplicate check relies on, the
     /// key columns' collations (binary or case-sensitive) and the expiry index, failing with
     /// [`Error::Schema`] naming every difference.
     pub async fn validate_schema(&self) -> Result<(), Error> {
@@ -125,8 +166,9 @@ impl MysqlStore {
 
     /// The SQL text of one of the statements this store issues, for inspection (`EXPLAIN`) and
     /// benchmarks: `acquire`, `insert_completed`, `inserted_times` (read after an optimistic
-    /// insert), `find`, `complete`, `completed_row` (read after `complete`), `set_lock_wait` and
-    /// `restore_lock_wait` (around a bounded wait), `expired` (a cleanup batch's keys).
+    /// insert), `find`, `find_locking` (`find` after `acquire` reported `Exists`), `complete`,
+    /// `completed_row` (read after `complete`), `set_lock_wait` and `restore_lock_wait` (around
+    /// a bounded wait on MySQL 8), `expired` (a cleanup batch's keys).
     pub fn statement(&self, name: &str) -> Option<&str> {
         let sql = &self.sql;
         Some(match name {
@@ -134,6 +176,7 @@ impl MysqlStore {
             "insert_completed" => sql.insert_completed.as_str(),
             "inserted_times" => sql.inserted_times.as_str(),
             "find" => sql.find.as_str(),
+            "find_locking" => sql.find_locking.as_str(),
             "complete" => sql.complete.as_str(),
             "completed_row" => sql.completed_row.as_str(),
             "set_lock_wait" => connect::SET_LOCK_WAIT,
@@ -143,26 +186,58 @@ impl MysqlStore {
         })
     }
 
-    /// Runs an insert that may wait for a concurrent holder of the key, with the claim's wait
-    /// budget in force for that statement only.
-    async fn insert_waiting(
+    /// Runs the insert `sql` (its arguments bound by `bind`), which may wait for a concurrent
+    /// holder of the key within the claim's wait budget; `true` when it inserted, `false` when
+    /// the key exists (committed; the failed insert holds a shared lock on it, which other
+    /// replays share).
+    ///
+    /// On MariaDB the insert does not wait inside the server: it runs with
+    /// `innodb_lock_wait_timeout = 0` for that statement only (`SET STATEMENT ... FOR`) and is
+    /// tried again after a short sleep while the holder is in flight, until the budget runs
+    /// out. A waiter that waited inside the server would hold a lock request on the holder's
+    /// row; when the holder rolls back, two such waiters are left with gap locks that block
+    /// each other's insert, and InnoDB kills one of them (1213). Nothing is left on the
+    /// session either, so a dropped future leaves no budget behind.
+    ///
+    /// MySQL 8 has no statement-scoped `innodb_lock_wait_timeout` and no wait below one
+    /// second: the insert waits in the server, the budget set and restored around it (see
+    /// `connect::set_lock_wait` for how a restore that never ran is made up for).
+    async fn insert_waiting<'q>(
         &self,
         conn: &mut MySqlConnection,
         wait: LockWait,
-        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
-    ) -> Result<MySqlQueryResult, StoreError> {
-        let budget = lock_wait_seconds(wait);
-        if let Some(seconds) = budget {
-            set_lock_wait(conn, seconds).await.map_err(store_error)?;
+        sql: &SqlStr,
+        bind: impl Fn(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
+    ) -> Result<bool, StoreError> {
+        let server = self.server(conn).await?;
+        if server.mariadb {
+            let deadline = match wait {
+                LockWait::Unbounded => None,
+                LockWait::NoWait => Some(Instant::now()),
+                LockWait::Timeout(timeout) => Instant::now().checked_add(timeout),
+            };
+            return insert_polling(conn, deadline, server, sql, bind).await;
         }
-        let result = query.execute(&mut *conn).await;
-        if budget.is_some() {
-            let restored = restore_lock_wait(conn).await;
-            if result.is_ok() {
-                restored.map_err(store_error)?;
-            }
+        let Some(seconds) = lock_wait_seconds(wait) else {
+            let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
+            return inserted(conn, result).await;
+        };
+        set_lock_wait(conn, seconds).await.map_err(store_error)?;
+        let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
+        let restored = restore_lock_wait(conn).await;
+        if result.is_ok() {
+            restored.map_err(store_error)?;
         }
-        result.map_err(store_error)
+        inserted(conn, result).await
+    }
+
+    /// What the server is, asked once on `conn`.
+    async fn server(&self, conn: &mut MySqlConnection) -> Result<Server, StoreError> {
+        if let Some(server) = self.server.get() {
+            return Ok(*server);
+        }
+        let server = Server::ask(conn).await.map_err(store_error)?;
+        Ok(*self.server.get_or_init(|| server))
     }
 
     async fn read(
@@ -170,21 +245,83 @@ impl MysqlStore {
         conn: impl sqlx::Executor<'_, Database = MySql>,
         id: &RecordId,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+        let row = self
+            .read_row(conn, id, &self.sql.find)
+            .await
+            .map_err(store_error)?;
+        row.map(record_from_row).transpose()
+    }
+
+    /// `find` or `find_locking`.
+    async fn read_row(
+        &self,
+        conn: impl sqlx::Executor<'_, Database = MySql>,
+        id: &RecordId,
+        sql: &SqlStr,
+    ) -> Result<Option<FindRow>, sqlx::Error> {
+        sqlx::query_as(sql.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
             .fetch_optional(conn)
             .await
-            .map_err(store_error)?;
-        row.map(record_from_row).transpose()
     }
 }
 
-/// `true` when an `INSERT ... ON DUPLICATE KEY UPDATE` met an existing key (see
-/// `ON_DUPLICATE_KEEP`).
-fn was_duplicate(result: &MySqlQueryResult) -> bool {
-    result.last_insert_id() == 1
+/// Refuses an outcome payload nested deeper than `MAX_JSON_DEPTH`, before its statement.
+fn check_outcome(payload: Option<&str>) -> Result<(), StoreError> {
+    payload
+        .map_or(Ok(()), check_json_depth)
+        .map_err(|too_deep| StoreError::Database(Box::new(too_deep)))
+}
+
+/// The first pause of MariaDB's wait for a holder; it doubles up to [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_millis(2);
+/// The longest pause of MariaDB's wait for a holder.
+const POLL_MAX: Duration = Duration::from_millis(50);
+
+/// An insert's result: `true` inserted, `false` the key exists (1062, the statement alone is
+/// undone), an error otherwise (see `connect::in_transaction`).
+async fn inserted(
+    conn: &mut MySqlConnection,
+    result: Result<MySqlQueryResult, sqlx::Error>,
+) -> Result<bool, StoreError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(false),
+        Err(error) => Err(failed_in_transaction(conn, error).await.into()),
+    }
+}
+
+/// MariaDB's wait (see `MysqlStore::insert_waiting`): the insert without a server-side wait,
+/// again every few milliseconds while a holder has the key, until `deadline` (`None`: until
+/// the holder ends).
+async fn insert_polling<'q>(
+    conn: &mut MySqlConnection,
+    deadline: Option<Instant>,
+    server: Server,
+    sql: &SqlStr,
+    bind: impl Fn(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
+) -> Result<bool, StoreError> {
+    let nowait = connect::with_statement_lock_wait(sql.as_str(), 0);
+    let mut pause = POLL_FIRST;
+    loop {
+        let result = bind(sqlx::query(nowait.clone())).execute(&mut *conn).await;
+        let in_flight = result
+            .as_ref()
+            .is_err_and(|error| error_number(error) == Some(ER_LOCK_WAIT_TIMEOUT));
+        // Under `innodb_rollback_on_timeout` the timeout ended the transaction: reported as
+        // such.
+        if !in_flight || server.rollback_on_timeout {
+            return inserted(conn, result).await;
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|left| left.is_zero()) {
+            return inserted(conn, result).await;
+        }
+        tokio::time::sleep(left.map_or(pause, |left| left.min(pause))).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
 }
 
 impl IdempotencyStore for MysqlStore {
@@ -205,46 +342,64 @@ impl IdempotencyStore for MysqlStore {
         tx.rollback().await.map_err(store_error)
     }
 
-    /// `INSERT ... ON DUPLICATE KEY UPDATE` (a no-op on the existing row). A holder's
-    /// uncommitted insert of the key makes it wait on the row lock, for `claim.wait` (as
-    /// `innodb_lock_wait_timeout`, 1205 is [`StoreError::LockTimeout`]); it then reports
-    /// `Exists` when the holder committed, and inserts when the holder rolled back.
+    /// A plain `INSERT`; an existing key (1062) is `Exists`. A holder's uncommitted insert of
+    /// the key makes it wait, for `claim.wait` (see `insert_waiting`; out of budget it is
+    /// [`StoreError::LockTimeout`]); it then reports `Exists` when the holder committed, and
+    /// inserts when the holder rolled back.
     async fn acquire(
         &self,
         conn: &mut MySqlConnection,
         claim: &Claim<'_>,
     ) -> Result<Acquire, StoreError> {
         let id = claim.id;
-        let query = sqlx::query(self.sql.acquire.clone())
-            .bind(id.operation.as_str())
-            .bind(id.scope.as_str())
-            .bind(id.key.as_str())
-            .bind(claim.fingerprint.as_str())
-            .bind(ttl_micros(claim.ttl));
-        let result = self.insert_waiting(conn, claim.wait, query).await?;
-        Ok(if was_duplicate(&result) {
-            Acquire::Exists
-        } else {
+        let result = self
+            .insert_waiting(conn, claim.wait, &self.sql.acquire, |query| {
+                query
+                    .bind(id.operation.as_str())
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind(claim.fingerprint.as_str())
+                    .bind(ttl_micros(claim.ttl))
+            })
+            .await?;
+        Ok(if result {
             Acquire::Acquired
+        } else {
+            self.existing.remember(id);
+            Acquire::Exists
         })
     }
 
-    /// A read in the caller's transaction; when it finds nothing, one more read on the pool.
+    /// A read in the caller's transaction; when it finds nothing right after `acquire`
+    /// reported `Exists` for the key, a locking read in the same transaction.
     ///
     /// Under REPEATABLE READ the transaction's snapshot is taken at its first read: a caller
     /// that read anything before the key's holder committed would not see the record that
-    /// `acquire` just reported (`Exists`), and would retry forever. A fresh autocommit read
-    /// sees every committed record; it takes no lock (a locking read of a missing key would
-    /// take a gap lock, and two such transactions inserting into the gap deadlock).
+    /// `acquire` just reported (`Exists`), and would retry forever. A locking read sees the
+    /// latest committed version; after `Exists` it takes no new lock (the insert locked the
+    /// row already) and no gap lock (the row exists). A locking read of a missing key would
+    /// take a gap lock, and two transactions inserting into that gap deadlock: so a miss that
+    /// does not follow `Exists` (`lookup_before_acquire` of a new key) answers `None`, what a
+    /// new key gets anyway, without a second connection (N callers on an N-connection pool
+    /// would each wait for another one until `acquire_timeout`).
     async fn find(
         &self,
         conn: &mut MySqlConnection,
         id: &RecordId,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        match self.read(&mut *conn, id).await? {
-            Some(record) => Ok(Some(record)),
-            None => self.read(&self.pool, id).await,
+        let row = self.read_row(&mut *conn, id, &self.sql.find).await;
+        if let Some(row) = in_transaction(conn, row).await? {
+            self.existing.forget(id);
+            return record_from_row(row).map(Some);
         }
+        if !self.existing.forget(id) {
+            return Ok(None);
+        }
+        let row = self.read_row(&mut *conn, id, &self.sql.find_locking).await;
+        in_transaction(conn, row)
+            .await?
+            .map(record_from_row)
+            .transpose()
     }
 
     /// One autocommit `SELECT` on the pool: a consistent read of the last committed state,
@@ -260,6 +415,7 @@ impl IdempotencyStore for MysqlStore {
         outcome: &StoredOutcome,
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
+        check_outcome(payload)?;
         let updated = sqlx::query(self.sql.complete.clone())
             .bind(outcome.status().as_str())
             .bind(payload)
@@ -268,9 +424,8 @@ impl IdempotencyStore for MysqlStore {
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
             .execute(&mut *conn)
-            .await
-            .map_err(store_error)?
-            .rows_affected();
+            .await;
+        let updated = in_transaction(conn, updated).await?.rows_affected();
         if updated == 0 {
             let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
                 .bind(id.operation.as_str())
@@ -295,8 +450,8 @@ impl IdempotencyStore for MysqlStore {
 }
 
 impl InsertCompleted for MysqlStore {
-    /// The same `INSERT ... ON DUPLICATE KEY UPDATE` as `acquire`, with the outcome, and the
-    /// same wait; then a read of the new row's times.
+    /// The same plain `INSERT` as `acquire`, with the outcome, and the same wait; then a read
+    /// of the new row's times.
     async fn insert_completed(
         &self,
         conn: &mut MySqlConnection,
@@ -305,17 +460,21 @@ impl InsertCompleted for MysqlStore {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
-        let query = sqlx::query(self.sql.insert_completed.clone())
-            .bind(id.operation.as_str())
-            .bind(id.scope.as_str())
-            .bind(id.key.as_str())
-            .bind(claim.fingerprint.as_str())
-            .bind(outcome.status().as_str())
-            .bind(payload)
-            .bind(code)
-            .bind(ttl_micros(claim.ttl));
-        let result = self.insert_waiting(conn, claim.wait, query).await?;
-        if was_duplicate(&result) {
+        check_outcome(payload)?;
+        let result = self
+            .insert_waiting(conn, claim.wait, &self.sql.insert_completed, |query| {
+                query
+                    .bind(id.operation.as_str())
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind(claim.fingerprint.as_str())
+                    .bind(outcome.status().as_str())
+                    .bind(payload)
+                    .bind(code)
+                    .bind(ttl_micros(claim.ttl))
+            })
+            .await?;
+        if !result {
             return Ok(None);
         }
         let (created_at, completed_at, expires_at): TimesRow =

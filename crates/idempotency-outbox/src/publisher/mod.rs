@@ -77,11 +77,13 @@ impl<P: Publisher> Publisher for Arc<P> {
 #[non_exhaustive]
 pub enum PublishErrorKind {
     /// The broker cannot be reached, or has nothing to take the message (no stream for the
-    /// subject). Retried with backoff.
+    /// subject). Retried with backoff, without counting towards `max-attempts`
+    /// ([`is_transient`](Self::is_transient)).
     Unavailable,
     /// The broker refused the message (negative confirm, unroutable, too large).
     Rejected,
-    /// No confirmation within `publish-timeout`.
+    /// No confirmation within `publish-timeout`. Retried without counting towards
+    /// `max-attempts` ([`is_transient`](Self::is_transient)).
     Timeout,
     /// The message cannot be expressed for this broker (invalid subject, header, a name too
     /// long). Never retried: the relay dead-letters it at once.
@@ -90,6 +92,23 @@ pub enum PublishErrorKind {
     Panicked,
     /// Anything else.
     Other,
+}
+
+impl PublishErrorKind {
+    /// Whether the failure is the broker's rather than the message's: `Unavailable` (no
+    /// connection, no stream for the subject: NATS "no responders") and `Timeout`. The relay
+    /// retries such a failure without counting it towards `max-attempts`, so an outage, however
+    /// long, never dead-letters a message; its backoff grows with the outage instead.
+    ///
+    /// ```
+    /// use idempotency_outbox::PublishErrorKind;
+    ///
+    /// assert!(PublishErrorKind::Unavailable.is_transient());
+    /// assert!(!PublishErrorKind::Rejected.is_transient());
+    /// ```
+    pub fn is_transient(self) -> bool {
+        matches!(self, Self::Unavailable | Self::Timeout)
+    }
 }
 
 impl fmt::Display for PublishErrorKind {

@@ -6,6 +6,11 @@
 //! JetStream drops a duplicate published inside the stream's duplicate window (the relay
 //! republishes after a crash between ack and mark). Event headers are forwarded, plus the
 //! [`headers`] the outbox adds.
+//!
+//! A message NATS can never take is refused with
+//! [`InvalidMessage`](PublishErrorKind::InvalidMessage), which the relay dead-letters at its
+//! first attempt: a header it cannot carry, a subject a placeholder rendered with whitespace,
+//! payload and headers over the server's `max_payload`.
 
 use std::str::FromStr;
 
@@ -14,6 +19,7 @@ use async_nats::header::{HeaderName, HeaderValue};
 use async_nats::jetstream::context::{Context, PublishErrorKind as JsKind};
 use async_nats::jetstream::message::PublishMessage;
 
+use crate::config::RelayConfig;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 use crate::publisher::{Ack, PublishError, PublishErrorKind, Publisher, Template, headers};
@@ -161,6 +167,39 @@ impl NatsPublisher {
     }
 }
 
+impl NatsPublisher {
+    /// Fails when stream `name`'s duplicate window is shorter than the republish window of
+    /// `relay` ([`RelayConfig::republish_window`]: the lease plus `relay.backoff.max`), naming
+    /// the keys; a message published again after a lost ack would then be stored twice. Call it
+    /// at startup, after [`ensure_stream`](Self::ensure_stream).
+    ///
+    /// ```no_run
+    /// # async fn demo(publisher: idempotency_outbox::publisher::nats::NatsPublisher) -> Result<(), idempotency_outbox::Error> {
+    /// use idempotency_outbox::config::RelayConfig;
+    ///
+    /// let relay = RelayConfig::default();
+    /// publisher.ensure_stream("BILLING", relay.republish_window()).await?;
+    /// publisher.check_duplicate_window("BILLING", &relay).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_duplicate_window(
+        &self,
+        name: &str,
+        relay: &RelayConfig,
+    ) -> Result<(), Error> {
+        let unavailable = |e: Box<dyn std::error::Error + Send + Sync>| {
+            Error::Publisher(PublishError::new(PublishErrorKind::Unavailable, e))
+        };
+        let mut stream = self
+            .jetstream
+            .get_stream(name)
+            .await
+            .map_err(|e| unavailable(Box::new(e)))?;
+        let info = stream.info().await.map_err(|e| unavailable(Box::new(e)))?;
+        relay.check_duplicate_window(info.config.duplicate_window)
+    }
+}
+
 // The names the outbox adds, made once: `from_static` neither parses nor allocates, where
 // parsing them cost every publish. `names_are_valid` checks that each one is what parsing
 // would give.
@@ -204,11 +243,29 @@ fn kind(error: &async_nats::jetstream::context::PublishError) -> PublishErrorKin
             PublishErrorKind::Unavailable
         }
         JsKind::TimedOut => PublishErrorKind::Timeout,
-        JsKind::MaxPayloadExceeded | JsKind::WrongLastMessageId | JsKind::WrongLastSequence => {
-            PublishErrorKind::Rejected
-        }
+        // Payload and headers over the server's `max_payload`: this message never fits.
+        JsKind::MaxPayloadExceeded => PublishErrorKind::InvalidMessage,
+        JsKind::WrongLastMessageId | JsKind::WrongLastSequence => PublishErrorKind::Rejected,
         _ => PublishErrorKind::Other,
     }
+}
+
+/// A subject NATS cannot carry: empty, or with whitespace (which would break the protocol
+/// line), as a placeholder can render it.
+#[derive(Debug, thiserror::Error)]
+#[error("the subject {0:?} is empty or contains whitespace")]
+struct InvalidSubject(String);
+
+/// The subject, or an `InvalidMessage` error: the checks the client makes before sending.
+fn subject(rendered: String) -> Result<String, PublishError> {
+    if rendered.is_empty()
+        || rendered
+            .bytes()
+            .any(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+    {
+        return Err(invalid(InvalidSubject(rendered)));
+    }
+    Ok(rendered)
 }
 
 impl Publisher for NatsPublisher {
@@ -217,7 +274,7 @@ impl Publisher for NatsPublisher {
     }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
-        let subject = self.subject.render(message);
+        let subject = subject(self.subject.render(message))?;
         let publish = PublishMessage::build()
             .payload(message.payload.clone().into())
             .headers(headers_of(message)?);

@@ -16,6 +16,8 @@
 //! The connection is opened on first use and re-opened after it broke, so a broker outage
 //! only fails publishes (which the relay retries) until the broker is back.
 
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+
 use chrono::Utc;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -41,6 +43,14 @@ struct Refused {
     text: String,
 }
 
+/// A message body is larger than the publisher sends.
+#[derive(Debug, thiserror::Error)]
+#[error("the body is {len} bytes, larger than max-message-size ({max} bytes)")]
+struct TooLarge {
+    len: usize,
+    max: usize,
+}
+
 /// A name AMQP sends as a short string is too long.
 #[derive(Debug, thiserror::Error)]
 #[error("the {what} is {len} bytes, longer than 255 bytes (an AMQP short string)")]
@@ -62,14 +72,23 @@ fn short(what: &'static str, value: &str) -> Result<ShortString, PublishError> {
     })
 }
 
-#[derive(Debug)]
-struct Link {
-    // Kept so the connection lives as long as its channel.
-    _connection: Connection,
-    channel: Channel,
-}
+/// Channels a publisher opens at most, by default ([`RabbitMqPublisher::with_channels`]).
+pub const DEFAULT_CHANNELS: usize = 32;
+
+/// The largest message body sent by default: RabbitMQ 3.8-3.13's default `max_message_size`
+/// (128 MiB; 4.0 lowered its default to 16 MiB, whose refusal reply 406 fails the publish as an
+/// `InvalidMessage` too). A larger body fails before anything is sent
+/// ([`RabbitMqPublisher::with_max_message_size`]).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 
 /// Publishes to RabbitMQ and awaits the publisher confirm.
+///
+/// Each channel carries one publish at a time, from `basic.publish` to its confirm: lapin hands
+/// a returned (unroutable) message to whichever pending confirm of the channel it completes
+/// first, so with several publishes in flight on one channel an unroutable message could be
+/// confirmed as routed and a routable one reported returned. Concurrency comes from a pool of
+/// channels on one connection ([`with_channels`](Self::with_channels)), and the returned
+/// message's `message_id` is checked against the publish all the same.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -77,7 +96,8 @@ struct Link {
 ///
 /// let publisher = RabbitMqPublisher::new("amqp://guest:guest@127.0.0.1:5672/%2f")
 ///     .with_exchange("billing")
-///     .with_routing_key("{aggregate_type}.{event_type}")?;
+///     .with_routing_key("{aggregate_type}.{event_type}")?
+///     .with_channels(16);
 /// publisher.connect().await?; // optional: fail fast at startup; otherwise on first publish
 /// # Ok(()) }
 /// ```
@@ -88,7 +108,16 @@ pub struct RabbitMqPublisher {
     routing_key: Template,
     mandatory: bool,
     destination: String,
-    link: Mutex<Option<Link>>,
+    max_message_size: usize,
+    connection: Mutex<Option<Connection>>,
+    /// One publish in flight per channel: a slot is empty while its channel is out (or after
+    /// its publish was dropped mid-flight, whose channel is then closed).
+    channels: Box<[Mutex<Option<Channel>>]>,
+    next: AtomicUsize,
+}
+
+fn slots(n: usize) -> Box<[Mutex<Option<Channel>>]> {
+    (0..n.max(1)).map(|_| Mutex::new(None)).collect()
 }
 
 impl RabbitMqPublisher {
@@ -101,7 +130,10 @@ impl RabbitMqPublisher {
             routing_key: Template::aggregate_and_event(""),
             mandatory: true,
             destination: "rabbitmq".to_owned(),
-            link: Mutex::new(None),
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            connection: Mutex::new(None),
+            channels: slots(DEFAULT_CHANNELS),
+            next: AtomicUsize::new(0),
         }
     }
 
@@ -126,6 +158,25 @@ impl RabbitMqPublisher {
         self
     }
 
+    /// Sets how many channels publish at once (default [`DEFAULT_CHANNELS`], at least 1):
+    /// each carries one publish at a time, so this bounds the publishes in flight.
+    #[must_use]
+    pub fn with_channels(mut self, channels: usize) -> Self {
+        self.channels = slots(channels);
+        self
+    }
+
+    /// Sets the largest message body sent (default [`DEFAULT_MAX_MESSAGE_SIZE`]); set it to
+    /// the broker's `max_message_size`. A larger body fails with
+    /// [`InvalidMessage`](PublishErrorKind::InvalidMessage) before anything is sent, and the
+    /// relay dead-letters it at once. (A body the broker refuses anyway closes its channel
+    /// with reply 406; that channel carried only this publish, which fails the same way.)
+    #[must_use]
+    pub fn with_max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self
+    }
+
     /// Sets the metrics label (default `rabbitmq`).
     #[must_use]
     pub fn with_destination(mut self, destination: impl Into<String>) -> Self {
@@ -136,7 +187,14 @@ impl RabbitMqPublisher {
     /// Connects now (otherwise the first publish does), failing if the broker cannot be
     /// reached.
     pub async fn connect(&self) -> Result<(), Error> {
-        self.channel().await.map(drop).map_err(Error::Publisher)
+        let channel = self.open_channel().await.map_err(Error::Publisher)?;
+        if let Some(slot) = self.channels.first() {
+            let mut held = slot.lock().await;
+            if held.is_none() {
+                *held = Some(channel);
+            }
+        }
+        Ok(())
     }
 
     /// The routing key `message` is published with.
@@ -144,27 +202,24 @@ impl RabbitMqPublisher {
         self.routing_key.render(message)
     }
 
-    async fn channel(&self) -> Result<Channel, PublishError> {
-        let mut link = self.link.lock().await;
-        if let Some(current) = link.as_ref()
-            && current.channel.status().connected()
-        {
-            return Ok(current.channel.clone());
-        }
-        *link = None;
+    /// A new channel in confirm mode, on the connection (re-opened when it broke).
+    async fn open_channel(&self) -> Result<Channel, PublishError> {
         let unavailable = |e| PublishError::new(PublishErrorKind::Unavailable, e);
-        let connection = Connection::connect(&self.uri, ConnectionProperties::default())
-            .await
-            .map_err(unavailable)?;
-        let channel = connection.create_channel().await.map_err(unavailable)?;
+        let channel = {
+            let mut held = self.connection.lock().await;
+            let connection = match held.take() {
+                Some(connection) if connection.status().connected() => connection,
+                _ => Connection::connect(&self.uri, ConnectionProperties::default())
+                    .await
+                    .map_err(unavailable)?,
+            };
+            held.insert(connection).create_channel().await
+        }
+        .map_err(unavailable)?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(unavailable)?;
-        *link = Some(Link {
-            _connection: connection,
-            channel: channel.clone(),
-        });
         Ok(channel)
     }
 }
@@ -201,6 +256,24 @@ fn properties(message: &OutboxMessage) -> Result<BasicProperties, PublishError> 
         .with_headers(table))
 }
 
+/// How a failed publish or confirm is classified: a channel the broker closed with 406
+/// (`PRECONDITION_FAILED`, e.g. a body over `max_message_size`) or 311 (`CONTENT_TOO_LARGE`)
+/// refused this message, which that channel alone carried; anything else is the broker's
+/// (connection lost, channel closed for another reason).
+fn failed(error: lapin::Error) -> PublishError {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    let kind = match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Soft(
+                AMQPSoftError::PRECONDITIONFAILED | AMQPSoftError::CONTENTTOOLARGE,
+            ) => PublishErrorKind::InvalidMessage,
+            _ => PublishErrorKind::Unavailable,
+        },
+        _ => PublishErrorKind::Unavailable,
+    };
+    PublishError::new(kind, error)
+}
+
 impl Publisher for RabbitMqPublisher {
     fn destination(&self) -> &str {
         &self.destination
@@ -213,8 +286,25 @@ impl Publisher for RabbitMqPublisher {
             .map_err(|e| PublishError::new(PublishErrorKind::Other, e))?;
         let routing_key = short("routing key", &self.routing_key.render(message))?;
         let properties = properties(message)?;
-        let channel = self.channel().await?;
-        let confirm = channel
+        if message.payload.len() > self.max_message_size {
+            return Err(PublishError::new(
+                PublishErrorKind::InvalidMessage,
+                TooLarge {
+                    len: message.payload.len(),
+                    max: self.max_message_size,
+                },
+            ));
+        }
+        let n = self.next.fetch_add(1, AtomicOrdering::Relaxed) % self.channels.len();
+        let mut slot = self.channels[n].lock().await;
+        // The channel is out of its slot until its confirm arrived: if this future is dropped
+        // mid-flight (publish-timeout), the channel is dropped and closed with it, so a late
+        // return cannot reach the next publish.
+        let channel = match slot.take() {
+            Some(channel) if channel.status().connected() => channel,
+            _ => self.open_channel().await?,
+        };
+        let confirmation = channel
             .basic_publish(
                 exchange,
                 routing_key,
@@ -226,21 +316,45 @@ impl Publisher for RabbitMqPublisher {
                 properties,
             )
             .await
-            .map_err(|e| PublishError::new(PublishErrorKind::Unavailable, e))?;
+            .map_err(failed)?
+            .await
+            .map_err(failed)?;
+        *slot = Some(channel);
+        drop(slot);
         let refused = |what, returned: Option<lapin::message::BasicReturnMessage>| {
             let (code, text) = returned
                 .map(|r| (r.reply_code, r.reply_text.to_string()))
                 .unwrap_or_default();
             PublishError::new(PublishErrorKind::Rejected, Refused { what, code, text })
         };
-        match confirm
-            .await
-            .map_err(|e| PublishError::new(PublishErrorKind::Unavailable, e))?
-        {
+        match confirmation {
             Confirmation::Ack(None) => Ok(Ack::default()),
-            Confirmation::Ack(Some(returned)) => Err(refused("unroutable", Some(returned))),
+            Confirmation::Ack(Some(returned)) if is_for(&returned, message) => {
+                Err(refused("unroutable", Some(returned)))
+            }
+            // One publish in flight per channel, so this cannot be; should it be, the
+            // return is not this message's, and retrying is the safe answer.
+            Confirmation::Ack(Some(returned)) => Err(PublishError::new(
+                PublishErrorKind::Other,
+                Refused {
+                    what: "returned message of another publish",
+                    code: returned.reply_code,
+                    text: returned.reply_text.to_string(),
+                },
+            )),
             Confirmation::Nack(returned) => Err(refused("negative confirm", returned)),
             Confirmation::NotRequested => Err(PublishError::kind_only(PublishErrorKind::Other)),
         }
     }
+}
+
+/// Whether `returned` is `message` (by the `message_id` every publish carries).
+fn is_for(returned: &lapin::message::BasicReturnMessage, message: &OutboxMessage) -> bool {
+    let mut id = uuid::Uuid::encode_buffer();
+    returned
+        .properties
+        .message_id()
+        .as_ref()
+        .map(ShortString::as_str)
+        == Some(message.id.hyphenated().encode_lower(&mut id))
 }

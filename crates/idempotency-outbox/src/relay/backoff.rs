@@ -2,7 +2,8 @@
 //! not retry together.
 
 use std::hash::BuildHasher;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
@@ -18,6 +19,58 @@ fn jitter(id: Uuid, attempt: u32) -> f64 {
 /// The delay before the next attempt of `id`, which failed `attempt` times.
 pub(crate) fn delay(config: &BackoffConfig, id: Uuid, attempt: u32) -> Duration {
     config.ceiling(attempt).mul_f64(jitter(id, attempt))
+}
+
+/// A broker outage as one relay sees it: since when its publishes fail transiently
+/// (unavailable, timed out) with none confirmed. A transient failure does not count towards
+/// `max-attempts`, so its backoff cannot grow with the message's attempts; it grows with the
+/// outage instead: the next attempt comes after about as long as the outage has lasted
+/// (within `base..=max`, with jitter), so the retries of a long outage thin out as an
+/// exponential backoff's do, and the first confirmed publish ends the outage.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    origin: Instant,
+    /// Milliseconds from `origin` to the outage's start, plus one; 0 when there is none.
+    since: AtomicU64,
+}
+
+impl Default for Outage {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            since: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Outage {
+    /// A publish failed transiently: how long the outage has lasted (zero at its start).
+    fn failed(&self) -> Duration {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        let start = match self.since.compare_exchange(
+            0,
+            now + 1,
+            AtomicOrdering::Relaxed,
+            AtomicOrdering::Relaxed,
+        ) {
+            Ok(_) => now,
+            Err(since) => since - 1,
+        };
+        Duration::from_millis(now.saturating_sub(start))
+    }
+
+    /// A publish was confirmed: the broker is back.
+    pub(crate) fn ended(&self) {
+        self.since.store(0, AtomicOrdering::Relaxed);
+    }
+
+    /// The delay before the next attempt of `id` after a transient failure.
+    pub(crate) fn delay(&self, config: &BackoffConfig, id: Uuid, attempt: u32) -> Duration {
+        let lasted = self
+            .failed()
+            .clamp(config.base, config.max.max(config.base));
+        lasted.mul_f64(jitter(id, attempt))
+    }
 }
 
 #[cfg(test)]
@@ -44,6 +97,31 @@ mod tests {
             seen.len() > 100,
             "jitter should vary: {} values",
             seen.len()
+        );
+    }
+
+    #[test]
+    fn a_transient_failure_waits_about_as_long_as_the_outage_lasted() {
+        let config = BackoffConfig {
+            base: Duration::from_millis(20),
+            max: Duration::from_millis(400),
+        };
+        let outage = Outage::default();
+        let id = Uuid::now_v7();
+        let first = outage.delay(&config, id, 1);
+        assert!(first >= config.base / 2 && first < config.base, "{first:?}");
+        std::thread::sleep(Duration::from_millis(200));
+        let later = outage.delay(&config, id, 1);
+        assert!(
+            later >= Duration::from_millis(100),
+            "grows with the outage: {later:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(outage.delay(&config, id, 1) < config.max, "never past max");
+        outage.ended();
+        assert!(
+            outage.delay(&config, id, 1) < config.base,
+            "a new outage starts small"
         );
     }
 }

@@ -83,6 +83,7 @@ struct Shared<S, P> {
     retention: RetentionConfig,
     wake: Notify,
     totals: Totals,
+    outage: backoff::Outage,
 }
 
 /// A relay over store `S` and publisher `P`. Cheap to clone.
@@ -121,6 +122,7 @@ where
                 retention: config.retention.clone(),
                 wake: Notify::new(),
                 totals: Totals::default(),
+                outage: backoff::Outage::default(),
             }),
         })
     }

@@ -55,7 +55,7 @@ where
     // stop still waits for the marks.
     let mut unmarked: Option<Published> = None;
     loop {
-        if *stop.borrow() {
+        if stopping(&stop) {
             if let Some(previous) = unmarked.take() {
                 mark(&shared, previous).await;
             }
@@ -107,6 +107,13 @@ where
         }
     }
     tracing::debug!(worker = n, "outbox relay worker stopped");
+}
+
+/// Whether the relay is stopping: [`shutdown`](super::RelayHandle::shutdown) said so, or the
+/// handle was dropped (the sender is gone). Checked before every claim, so that a worker whose
+/// batches are all full (it never waits) stops too.
+fn stopping(stop: &watch::Receiver<bool>) -> bool {
+    *stop.borrow() || stop.has_changed().is_err()
 }
 
 /// How long a worker waits for a notification before it claims again: `linger` after a claim
@@ -235,6 +242,7 @@ where
     for (message, (result, elapsed)) in batch.iter().zip(results) {
         match result {
             Ok(Ack { duplicate }) => {
+                shared.outage.ended();
                 published.ids.push(message.id);
                 report.published += 1;
                 report.duplicates += u64::from(duplicate);
@@ -248,6 +256,8 @@ where
                 metrics::failed(destination, error.kind(), failure.dead_letter);
                 if failure.dead_letter {
                     tracing::error!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox message dead-lettered");
+                } else if failure.transient {
+                    tracing::warn!(id = %message.id, error = %failure.error, "outbox publish failed on the broker's side; will retry, not counted towards max-attempts");
                 } else {
                     tracing::warn!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox publish failed; will retry");
                 }
@@ -297,15 +307,30 @@ fn failure<S, P>(shared: &Shared<S, P>, message: &OutboxMessage, error: &Publish
     if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_LEN) {
         text.truncate(cut);
     }
+    let config = &shared.config;
+    // The broker's failure, not the message's: retried without counting the attempt, after
+    // a delay that grows with the outage.
+    if error.kind().is_transient() {
+        return Failure {
+            id: message.id,
+            error: text,
+            retry_in: shared
+                .outage
+                .delay(&config.backoff, message.id, message.attempts),
+            dead_letter: false,
+            transient: true,
+        };
+    }
     // A message the broker can never take as it is (a name too long for it...) is not
     // retried: it would only hold back its aggregate.
-    let dead_letter = message.attempts >= shared.config.max_attempts
-        || error.kind() == PublishErrorKind::InvalidMessage;
+    let dead_letter =
+        message.attempts >= config.max_attempts || error.kind() == PublishErrorKind::InvalidMessage;
     Failure {
         id: message.id,
         error: text,
-        retry_in: backoff::delay(&shared.config.backoff, message.id, message.attempts),
+        retry_in: backoff::delay(&config.backoff, message.id, message.attempts),
         dead_letter,
+        transient: false,
     }
 }
 

@@ -140,6 +140,7 @@ pub async fn a_stale_token_cannot_mark_rows_another_claim_took_over<B: OutboxBac
         error: "late".to_owned(),
         retry_in: Duration::ZERO,
         dead_letter: true,
+        transient: false,
     };
     assert_eq!(
         outbox
@@ -186,12 +187,14 @@ pub async fn failures_back_off_and_dead_letters_can_be_requeued<B: OutboxBackend
             // commit.
             retry_in: Duration::from_secs(2),
             dead_letter: false,
+            transient: false,
         },
         Failure {
             id: dead,
             error: "poison".to_owned(),
             retry_in: Duration::ZERO,
             dead_letter: true,
+            transient: false,
         },
     ];
     assert_eq!(
@@ -276,6 +279,7 @@ pub async fn stats_count_pending_and_dead_rows_and_age_the_oldest<B: OutboxBacke
         error: "poison".to_owned(),
         retry_in: Duration::ZERO,
         dead_letter: true,
+        transient: false,
     };
     outbox
         .mark_failed(claim.token, &[poison])
@@ -318,6 +322,7 @@ pub async fn retention_deletes_in_bounded_batches<B: OutboxBackend>(
             error: "poison".to_owned(),
             retry_in: Duration::ZERO,
             dead_letter: true,
+            transient: false,
         })
         .collect();
     outbox
@@ -423,6 +428,7 @@ pub async fn a_row_claimed_max_attempts_times_without_completing_is_dead_lettere
                 error: "e".repeat(crate::store::MAX_ERROR_LEN),
                 retry_in: Duration::ZERO,
                 dead_letter: false,
+                transient: false,
             };
             outbox
                 .mark_failed(crashing.token, &[failure])
@@ -449,6 +455,89 @@ pub async fn a_row_claimed_max_attempts_times_without_completing_is_dead_lettere
         claimed.messages
     };
     assert_eq!(ids(&next), vec![sent[1]], "the aggregate goes on");
+}
+
+/// In ordered mode a dead letter whose aggregate already published a later event is not
+/// requeued (it would go out after that event): `Error::RequeueOutOfOrder` names it and nothing
+/// is requeued; a dead letter whose successors are still pending is requeued.
+pub async fn a_requeue_that_would_publish_out_of_order_is_refused<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let outbox = backend.outbox(&suite_config(Ordering::Ordered)).await;
+    let sent = commit(
+        &backend,
+        &outbox,
+        &[event("a", 1), event("a", 2), event("b", 1), event("b", 2)],
+    )
+    .await;
+    let (a1, a2, b1) = (sent[0], sent[1], sent[2]);
+    let first = request(Ordering::Ordered, LEASE);
+    let heads = outbox.claim(&first).await.expect("claim").messages;
+    let mut want = vec![a1, b1];
+    want.sort_unstable();
+    assert_eq!(ids(&heads), want);
+    let poison = |id| Failure {
+        id,
+        error: "poison".to_owned(),
+        retry_in: Duration::ZERO,
+        dead_letter: true,
+        transient: false,
+    };
+    let marked = outbox
+        .mark_failed(first.token, &[poison(a1), poison(b1)])
+        .await;
+    assert_eq!(marked.expect("mark"), 2);
+    // Their successors come up; a#2 is published, b#2 stays pending.
+    let second = request(Ordering::Ordered, LEASE);
+    assert_eq!(
+        outbox.claim(&second).await.expect("claim").messages.len(),
+        2
+    );
+    let published = outbox.mark_published(second.token, &[a2]).await;
+    assert_eq!(published.expect("mark"), 1);
+
+    match outbox.requeue(&[a1, b1]).await {
+        Err(crate::Error::RequeueOutOfOrder { ids }) => assert_eq!(ids, vec![a1]),
+        other => panic!("a#1 would go out after a#2: {other:?}"),
+    }
+    let letters = outbox.dead_letters(10).await.expect("dead letters");
+    assert_eq!(letters.len(), 2, "nothing was requeued");
+    assert_eq!(outbox.requeue(&[b1]).await.expect("requeue"), 1);
+}
+
+/// A transient failure (the broker unavailable, a publish timed out) gives back the attempt
+/// its claim counted: a row failing that way more than `max-attempts` times is neither
+/// dead-lettered by the claim nor by its failure, and its attempts stay where they were.
+pub async fn transient_failures_give_back_their_attempt<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let outbox = backend.outbox(&suite_config(Ordering::Ordered)).await;
+    let sent = commit(&backend, &outbox, &[event("a", 1)]).await;
+    let mut claim = request(Ordering::Ordered, LEASE);
+    claim.max_attempts = 2;
+    for round in 1..=5 {
+        claim.token = Uuid::now_v7();
+        let claimed = outbox.claim(&claim).await.expect("claim");
+        assert!(claimed.dead_lettered.is_empty(), "round {round}");
+        assert_eq!(ids(&claimed.messages), vec![sent[0]], "round {round}");
+        assert_eq!(
+            claimed.messages[0].attempts, 1,
+            "round {round}: not counted"
+        );
+        let failure = Failure {
+            id: sent[0],
+            error: "broker unavailable".to_owned(),
+            retry_in: Duration::ZERO,
+            dead_letter: false,
+            transient: true,
+        };
+        let marked = outbox.mark_failed(claim.token, &[failure]).await;
+        assert_eq!(marked.expect("mark"), 1);
+    }
+    let stats = outbox.stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.dead_lettered), (1, 0));
 }
 
 /// The rows of a batch whose relay died before marking them (their lease ended with the

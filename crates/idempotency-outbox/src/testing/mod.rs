@@ -48,6 +48,8 @@ macro_rules! outbox_conformance_tests {
             a_stale_token_cannot_mark_rows_another_claim_took_over,
             failures_back_off_and_dead_letters_can_be_requeued,
             a_row_claimed_max_attempts_times_without_completing_is_dead_lettered,
+            transient_failures_give_back_their_attempt,
+            a_requeue_that_would_publish_out_of_order_is_refused,
             rows_a_dead_relay_left_unmarked_come_back_one_per_claim,
             stats_count_pending_and_dead_rows_and_age_the_oldest,
             retention_deletes_in_bounded_batches,

@@ -150,11 +150,13 @@ impl<P: Publisher> Publisher for HangAfterAck<P> {
 }
 
 /// Fails the first attempt of messages `fail` selects before they reach the real publisher
-/// (a transient broker error), and records the order of confirmed publishes.
+/// (a transient broker error), and records the order of confirmed publishes. First attempts
+/// are told by id: a transient failure does not count towards `attempts`.
 pub struct FlakyFirstAttempt<P> {
     pub inner: P,
     pub fail: Box<dyn Fn(&OutboxMessage) -> bool + Send + Sync>,
     pub failures: Arc<AtomicU64>,
+    pub failed: std::sync::Mutex<std::collections::HashSet<uuid::Uuid>>,
 }
 
 impl<P: Publisher> Publisher for FlakyFirstAttempt<P> {
@@ -163,7 +165,7 @@ impl<P: Publisher> Publisher for FlakyFirstAttempt<P> {
     }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
-        if message.attempts == 1 && (self.fail)(message) {
+        if (self.fail)(message) && self.failed.lock().unwrap().insert(message.id) {
             self.failures.fetch_add(1, AtomicOrdering::SeqCst);
             return Err(PublishError::kind_only(PublishErrorKind::Unavailable));
         }

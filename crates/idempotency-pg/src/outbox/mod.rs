@@ -21,7 +21,7 @@ pub(crate) mod schema;
 pub(crate) mod statements;
 mod store;
 
-pub use listen::{Channel, PgNotificationListener};
+pub use listen::{Channel, LISTEN_KEEPALIVE, PgNotificationListener};
 pub use partitions::OutboxPartition;
 pub use schema::{
     OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE, outbox_ddl, outbox_partitioned_ddl,
@@ -190,10 +190,8 @@ impl PgOutbox {
                 problems: vec![problem],
             });
         }
-        let mut objects = schema::outbox_objects(&self.table);
-        if self.partitioning.is_some() {
-            objects.push(self.table.sibling("default").quoted().to_owned());
-        }
+        let objects =
+            schema::OutboxNames::new(&self.table, self.partitioning.is_some()).objects(&self.table);
         // Over a complete schema only the catalog is read: no lock on the tables, so
         // enqueuing writers do not wait for it, nor it for them.
         schema::create(&self.pool, &self.table, &objects, ddl).await?;
@@ -205,7 +203,10 @@ impl PgOutbox {
     /// not exist yet, and returns how many it created (0 on a plain table). The relay's
     /// retention pass calls it ([`Housekeeping::prepare_storage`]); call it from a scheduler
     /// when no relay runs against this table. A range the default partition already holds
-    /// rows of, or whose lock is not granted within a second, is left for the next call.
+    /// rows of is not created (that would fail): it is skipped after a look at the default
+    /// partition that takes no lock, so no enqueue waits for it, and its rows stay in the
+    /// default partition. A range whose lock is not granted within a second is left for the
+    /// next call.
     ///
     /// [`Housekeeping::prepare_storage`]: idempotency_outbox::Housekeeping::prepare_storage
     pub async fn prepare_partitions(&self) -> Result<u32, Error> {

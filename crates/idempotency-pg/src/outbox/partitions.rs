@@ -21,10 +21,20 @@ use idempotency_outbox::config::PartitioningConfig;
 /// behind a long transaction.
 const DDL_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 
+/// The drop's transaction: READ COMMITTED whatever `default_transaction_isolation` says, so
+/// the re-check after `DETACH` sees every row committed while `DETACH` waited for its lock.
+/// Under REPEATABLE READ its snapshot would date from before that wait (`DETACH` takes it),
+/// and a row requeued meanwhile would be dropped with its partition.
+const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
 /// SQLSTATE of a lock timeout (`lock_not_available`).
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// SQLSTATE of a relation that does not exist (any more).
 const UNDEFINED_TABLE: &str = "42P01";
+/// SQLSTATEs of a partition another pass created while this one waited for its lock: the name
+/// exists (`duplicate_table`; `unique_violation` when both reached the catalog at once), or
+/// another name over the range does ("would overlap", `invalid_object_definition`).
+const CREATED_MEANWHILE: [&str; 3] = ["42P07", "23505", "42P17"];
 /// SQLSTATE of "updated partition constraint for default partition would be violated":
 /// the default partition holds rows of the range.
 const CHECK_VIOLATION: &str = "23514";
@@ -61,7 +71,8 @@ impl Bounds {
 /// The partitions of `table` with their bounds.
 async fn bounds(pool: &PgPool, table: &TableName) -> Result<Vec<Bounds>, Error> {
     // Bounds are printed by `pg_get_expr` as timestamptz literals in the session's settings
-    // and read back with the same settings.
+    // and read back with the same settings. A partition dropped by a concurrent retention
+    // pass while this waited for its lock has no bound (null) any more: left out.
     let rows: Vec<(String, bool, Option<i64>, Option<i64>)> = sqlx::query_as(
         "WITH parts AS ( \
              SELECT format('%I.%I', n.nspname, c.relname) AS name, \
@@ -73,7 +84,7 @@ async fn bounds(pool: &PgPool, table: &TableName) -> Result<Vec<Bounds>, Error> 
          parsed AS ( \
              SELECT name, bound = 'DEFAULT' AS is_default, \
                     regexp_match(bound, '^FOR VALUES FROM \\((.*)\\) TO \\((.*)\\)$') AS m \
-             FROM parts) \
+             FROM parts WHERE bound IS NOT NULL) \
          SELECT name, is_default, \
                 CASE WHEN m[1] LIKE '''%''' \
                      THEN floor(extract(epoch FROM btrim(m[1], '''')::timestamptz))::int8 END, \
@@ -129,10 +140,37 @@ fn is_code(error: &sqlx::Error, code: &str) -> bool {
         .is_some_and(|c| c == code)
 }
 
+/// Whether the default partition of `existing` holds a row of `[lo, hi)`: then creating that
+/// range's partition would fail (23514) after waiting for ACCESS EXCLUSIVE on the outbox and
+/// holding every enqueue behind it. Read without a lock (a scan of the default partition,
+/// empty unless maintenance fell behind), so nothing waits for it.
+async fn default_holds_rows(
+    pool: &PgPool,
+    existing: &[Bounds],
+    lo: i64,
+    hi: i64,
+) -> Result<bool, Error> {
+    let Some(default) = existing.iter().find(|b| b.default) else {
+        return Ok(false);
+    };
+    let probe = format!(
+        "SELECT EXISTS (SELECT 1 FROM {} \
+                        WHERE created_at >= to_timestamp($1) AND created_at < to_timestamp($2))",
+        default.name
+    );
+    let holds = sqlx::query_scalar(AssertSqlSafe(probe))
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(pool)
+        .await;
+    Ok(gone_if_undefined(holds)?.unwrap_or(false))
+}
+
 /// Creates the partitions of the current interval and of the `ahead` next ones that do not
-/// exist yet; returns how many it created. A range that overlaps an existing partition, that
-/// the default partition holds rows of, or whose lock is not granted within a second is
-/// skipped (and retried by the next pass).
+/// exist yet; returns how many it created. A range that overlaps an existing partition or
+/// that the default partition holds rows of is skipped without taking a lock; one whose lock
+/// is not granted within a second, or that the default partition got rows of meanwhile, is
+/// skipped (and retried by the next pass); one a concurrent pass created meanwhile is done.
 pub(crate) async fn prepare(
     pool: &PgPool,
     table: &TableName,
@@ -155,6 +193,15 @@ pub(crate) async fn prepare(
             continue;
         }
         let name = partition_name(table, lo)?;
+        if default_holds_rows(pool, &existing, lo, hi).await? {
+            tracing::warn!(
+                partition = %name,
+                "outbox partition not created: the default partition holds rows of its range \
+                 (maintenance fell behind); they stay there, are claimed and retired as any \
+                 other, and the range goes without a partition of its own"
+            );
+            continue;
+        }
         let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} \
              FOR VALUES FROM (to_timestamp({lo})) TO (to_timestamp({hi}))",
@@ -185,6 +232,8 @@ pub(crate) async fn prepare(
                      partition meanwhile)"
                 );
             }
+            // Done by a concurrent pass: not counted here.
+            Err(error) if CREATED_MEANWHILE.iter().any(|code| is_code(&error, code)) => {}
             Err(error) => return Err(outbox_error(error)),
         }
     }
@@ -246,16 +295,13 @@ pub(crate) async fn delete_expired_rows(
              DELETE FROM {p} AS o USING doomed \
              WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
         );
-        match sqlx::query(AssertSqlSafe(statement))
+        let done = sqlx::query(AssertSqlSafe(statement))
             .bind(older_than)
             .bind(i64::try_from(left).unwrap_or(i64::MAX))
             .execute(pool)
-            .await
-        {
-            Ok(done) => deleted += done.rows_affected(),
-            // Dropped (detached) by a concurrent retention pass since it was listed.
-            Err(error) if is_code(&error, UNDEFINED_TABLE) => {}
-            Err(error) => return Err(outbox_error(error)),
+            .await;
+        if let Some(done) = gone_if_undefined(done)? {
+            deleted += done.rows_affected();
         }
     }
     Ok(deleted)
@@ -263,8 +309,9 @@ pub(crate) async fn delete_expired_rows(
 
 /// Detaches and drops every partition (never the default one) whose range ended more than
 /// `published` ago and every row of which retention would delete; returns how many. The check
-/// runs once without locks, then again on the detached partition, in the transaction that
-/// drops it, so a row requeued meanwhile keeps its partition.
+/// runs once without locks, then again on the detached partition, in the READ COMMITTED
+/// transaction that drops it, so a row requeued meanwhile keeps its partition. A partition a
+/// concurrent pass detached or dropped first is done, not an error.
 pub(crate) async fn drop_expired(
     pool: &PgPool,
     table: &TableName,
@@ -285,20 +332,23 @@ pub(crate) async fn drop_expired(
             continue;
         }
         let check = keeps_rows(&partition.name);
-        let keeps: bool = sqlx::query_scalar(AssertSqlSafe(check.clone()))
+        let keeps = sqlx::query_scalar(AssertSqlSafe(check.clone()))
             .bind(published)
             .bind(dead_lettered)
             .fetch_one(pool)
-            .await
-            .map_err(outbox_error)?;
-        if keeps {
-            continue;
+            .await;
+        match gone_if_undefined(keeps)? {
+            Some(false) => {}
+            // Kept, or dropped by a concurrent pass since it was listed.
+            Some(true) | None => continue,
         }
         let mut tx = crate::begin(pool).await.map_err(outbox_error)?;
-        sqlx::raw_sql(DDL_LOCK_TIMEOUT)
-            .execute(&mut *tx)
-            .await
-            .map_err(outbox_error)?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "{READ_COMMITTED}; {DDL_LOCK_TIMEOUT}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(outbox_error)?;
         let detach = format!(
             "ALTER TABLE {} DETACH PARTITION {}",
             table.quoted(),
@@ -313,6 +363,8 @@ pub(crate) async fn drop_expired(
                 );
                 continue;
             }
+            // Detached (or dropped) by a concurrent pass while this one waited: done.
+            Err(error) if is_code(&error, UNDEFINED_TABLE) => continue,
             Err(error) => return Err(outbox_error(error)),
         }
         let keeps: bool = sqlx::query_scalar(AssertSqlSafe(check))
@@ -333,6 +385,16 @@ pub(crate) async fn drop_expired(
         dropped += 1;
     }
     Ok(dropped)
+}
+
+/// `Ok(None)` for a statement that failed because its partition is gone (42P01: dropped or
+/// detached by a concurrent retention pass since it was listed).
+fn gone_if_undefined<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, Error> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(error) if is_code(&error, UNDEFINED_TABLE) => Ok(None),
+        Err(error) => Err(outbox_error(error)),
+    }
 }
 
 #[cfg(test)]

@@ -22,13 +22,80 @@ pub const OUTBOX_DDL_TEMPLATE: &str =
 /// # Ok::<(), idempotency_pg::Error>(())
 /// ```
 pub fn outbox_ddl(table: &TableName) -> String {
-    OUTBOX_DDL_TEMPLATE
-        .replace("{table}", table.quoted())
-        .replace("{sequences}", table.sibling("sequences").quoted())
-        .replace("{pending_index}", &table.derived("pending_idx"))
-        .replace("{aggregate_index}", &table.derived("aggregate_idx"))
-        .replace("{published_index}", &table.derived("published_idx"))
-        .replace("{dead_letter_index}", &table.derived("dead_letter_idx"))
+    OutboxNames::new(table, false).fill(table, OUTBOX_DDL_TEMPLATE)
+}
+
+/// The names of the objects an outbox layout derives from its table, distinct from each other
+/// and from the table ([`TableName::derived_names`]), in the order they have always been
+/// created: the counters, the default partition (partitioned layout), the indexes.
+pub(crate) struct OutboxNames {
+    sequences: TableName,
+    default_partition: Option<TableName>,
+    /// Quoted, in the table's schema (an index lives in its table's schema).
+    indexes: [String; 4],
+}
+
+const INDEX_SUFFIXES: [&str; 4] = [
+    "pending_idx",
+    "aggregate_idx",
+    "published_idx",
+    "dead_letter_idx",
+];
+
+impl OutboxNames {
+    pub(crate) fn new(table: &TableName, partitioned: bool) -> Self {
+        let mut suffixes = vec!["sequences"];
+        if partitioned {
+            suffixes.push("default");
+        }
+        suffixes.extend(INDEX_SUFFIXES);
+        let mut names = table.derived_names(&suffixes).into_iter();
+        let mut sibling = || {
+            let name = names.next().unwrap_or_default();
+            TableName::from_parts(table.schema().map(str::to_owned), name)
+        };
+        let sequences = sibling();
+        let default_partition = partitioned.then(&mut sibling);
+        let indexes = [(); 4].map(|()| sibling().name().to_owned());
+        Self {
+            sequences,
+            default_partition,
+            indexes: indexes.map(|name| format!("\"{name}\"")),
+        }
+    }
+
+    /// `template` with `table` and every derived name placed.
+    fn fill(&self, table: &TableName, template: &str) -> String {
+        let [pending, aggregate, published, dead_letter] = &self.indexes;
+        let mut ddl = template
+            .replace("{table}", table.quoted())
+            .replace("{sequences}", self.sequences.quoted())
+            .replace("{pending_index}", pending)
+            .replace("{aggregate_index}", aggregate)
+            .replace("{published_index}", published)
+            .replace("{dead_letter_index}", dead_letter);
+        if let Some(default) = &self.default_partition {
+            ddl = ddl.replace("{default_partition}", default.quoted());
+        }
+        ddl
+    }
+
+    /// The quoted, schema-qualified names of the tables and indexes the DDL creates, the
+    /// outbox table's included.
+    pub(crate) fn objects(&self, table: &TableName) -> Vec<String> {
+        let mut objects = vec![
+            table.quoted().to_owned(),
+            self.sequences.quoted().to_owned(),
+        ];
+        objects.extend(self.default_partition.iter().map(|d| d.quoted().to_owned()));
+        for index in &self.indexes {
+            objects.push(match table.schema() {
+                Some(schema) => format!("\"{schema}\".{index}"),
+                None => index.clone(),
+            });
+        }
+        objects
+    }
 }
 
 /// The partitioned outbox DDL template (`outbox.partitioning.enabled`): as
@@ -53,14 +120,7 @@ pub const OUTBOX_PARTITIONED_DDL_TEMPLATE: &str = concat!(
 /// # Ok::<(), idempotency_pg::Error>(())
 /// ```
 pub fn outbox_partitioned_ddl(table: &TableName) -> String {
-    OUTBOX_PARTITIONED_DDL_TEMPLATE
-        .replace("{table}", table.quoted())
-        .replace("{sequences}", table.sibling("sequences").quoted())
-        .replace("{default_partition}", table.sibling("default").quoted())
-        .replace("{pending_index}", &table.derived("pending_idx"))
-        .replace("{aggregate_index}", &table.derived("aggregate_idx"))
-        .replace("{published_index}", &table.derived("published_idx"))
-        .replace("{dead_letter_index}", &table.derived("dead_letter_idx"))
+    OutboxNames::new(table, true).fill(table, OUTBOX_PARTITIONED_DDL_TEMPLATE)
 }
 
 /// `RANGE (created_at)`, as the catalog describes the partitioned layout.
@@ -153,23 +213,6 @@ pub(crate) async fn create(
     }
     tx.commit().await.map_err(outbox_error)?;
     Ok(())
-}
-
-/// The quoted names of the tables and indexes [`outbox_ddl`] creates.
-pub(crate) fn outbox_objects(table: &TableName) -> Vec<String> {
-    let mut objects = vec![
-        table.quoted().to_owned(),
-        table.sibling("sequences").quoted().to_owned(),
-    ];
-    for index in [
-        "pending_idx",
-        "aggregate_idx",
-        "published_idx",
-        "dead_letter_idx",
-    ] {
-        objects.push(table.sibling(index).quoted().to_owned());
-    }
-    objects
 }
 
 pub(crate) struct Column {

@@ -33,6 +33,8 @@ pub(crate) struct Statements {
     pub(crate) delete_dead_lettered: SqlStr,
     pub(crate) dead_letters: SqlStr,
     pub(crate) requeue: SqlStr,
+    /// Of the dead letters `$1`, those whose aggregate already published a later event.
+    pub(crate) published_after: SqlStr,
 }
 
 fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
@@ -166,9 +168,11 @@ impl Statements {
                  SET last_error = f.error, \
                      next_attempt_at = clock_timestamp() + f.delay_us * interval '1 microsecond', \
                      dead_lettered_at = CASE WHEN f.dead THEN clock_timestamp() END, \
+                     attempts = CASE WHEN f.transient THEN greatest(o.attempts - 1, 0) \
+                                     ELSE o.attempts END, \
                      claim_token = NULL \
-                 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[]) \
-                      AS f(id, error, delay_us, dead) \
+                 FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[], $6::bool[]) \
+                      AS f(id, error, delay_us, dead, transient) \
                  WHERE o.id = f.id AND o.claim_token = $5"
             )),
             stats: sql(format!(
@@ -201,6 +205,15 @@ impl Statements {
                 "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0, \
                         next_attempt_at = clock_timestamp(), claim_token = NULL \
                  WHERE id = ANY($1) AND dead_lettered_at IS NOT NULL"
+            )),
+            published_after: sql(format!(
+                "SELECT o.id FROM {t} o \
+                 WHERE o.id = ANY($1) AND o.dead_lettered_at IS NOT NULL \
+                   AND o.sequence IS NOT NULL AND EXISTS ( \
+                     SELECT 1 FROM {t} p \
+                     WHERE p.aggregate_type = o.aggregate_type \
+                       AND p.aggregate_id = o.aggregate_id \
+                       AND p.sequence > o.sequence AND p.published_at IS NOT NULL)"
             )),
         }
     }

@@ -66,6 +66,36 @@ fn limit(n: u32) -> i64 {
     i64::from(n)
 }
 
+/// The ordered claim's transaction: it may use neither a sort nor a sequential scan, so it
+/// walks the pending index in `next_attempt_at` order and finds each candidate's aggregate
+/// head with one probe of the aggregate index, whatever the statistics say.
+///
+/// Without statistics (a table never analysed: a burst before autovacuum's first `ANALYZE`)
+/// both partial indexes look almost empty, their costs tie, and the planner may look a head
+/// up through the pending index and a sort: a scan of the whole backlog for every candidate
+/// (a claim on a 60,000-row backlog ran for over ten minutes). A plan cached while the table
+/// was small can do the same, so the claim is planned again at every call (an unnamed
+/// statement; half a millisecond, several on a partitioned outbox, which plans every
+/// partition). Both settings end with the transaction; the `BEGIN` carries them, so the
+/// claim costs two round trips more than a bare statement: `BEGIN`, the claim, `COMMIT`.
+const INDEX_BOUNDED: &str = "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_seqscan = off";
+
+type ClaimQuery = sqlx::query::QueryAs<
+    'static,
+    sqlx::Postgres,
+    MessageRow,
+    <sqlx::Postgres as sqlx::Database>::Arguments,
+>;
+
+fn claim_query(sql: sqlx::SqlStr, persistent: bool, request: &ClaimRequest) -> ClaimQuery {
+    sqlx::query_as(sql)
+        .persistent(persistent)
+        .bind(limit(request.limit))
+        .bind(request.lease)
+        .bind(request.token)
+        .bind(i32::try_from(request.max_attempts).unwrap_or(i32::MAX))
+}
+
 impl Enqueue for PgOutbox {
     type Connection = PgConnection;
 
@@ -82,27 +112,25 @@ impl RelayStore for PgOutbox {
     type Listener = PgNotificationListener;
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
-        // The ordered claim is planned again at every call (an unnamed statement): its
-        // lookup of an aggregate's first row may go through either partial index, and while
-        // the table holds a few hundred rows their costs tie. A plan cached then (the server
-        // keeps a generic plan after five executions of a named statement, until the table is
-        // next analyzed) scans every pending row once per candidate when the backlog has
-        // grown: a relay behind a steady producer stalled for a minute. Planning costs about
-        // half a millisecond per claim (several on a partitioned outbox, which plans every
-        // partition) and one round trip, a claim per batch.
-        let (sql, persistent) = match request.ordering {
-            Ordering::Ordered => (self.sql.claim_ordered.clone(), false),
-            Ordering::Unordered => (self.sql.claim_unordered.clone(), true),
+        let rows: Vec<MessageRow> = match request.ordering {
+            Ordering::Ordered => {
+                // In a transaction of its own that rules out plans that are not index-bounded
+                // (`INDEX_BOUNDED`), planned again at every call (an unnamed statement).
+                let mut tx = crate::begin::begin_with(&self.pool, INDEX_BOUNDED)
+                    .await
+                    .map_err(outbox_error)?;
+                let rows = claim_query(self.sql.claim_ordered.clone(), false, request)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(outbox_error)?;
+                tx.commit().await.map_err(outbox_error)?;
+                rows
+            }
+            Ordering::Unordered => claim_query(self.sql.claim_unordered.clone(), true, request)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(outbox_error)?,
         };
-        let rows: Vec<MessageRow> = sqlx::query_as(sql)
-            .persistent(persistent)
-            .bind(limit(request.limit))
-            .bind(request.lease)
-            .bind(request.token)
-            .bind(i32::try_from(request.max_attempts).unwrap_or(i32::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(outbox_error)?;
         let messages = rows
             .into_iter()
             .map(message)
@@ -128,12 +156,14 @@ impl RelayStore for PgOutbox {
             .map(|f| i64::try_from(f.retry_in.as_micros()).unwrap_or(i64::MAX))
             .collect();
         let dead: Vec<bool> = failures.iter().map(|f| f.dead_letter).collect();
+        let transient: Vec<bool> = failures.iter().map(|f| f.transient).collect();
         Ok(sqlx::query(self.sql.mark_failed.clone())
             .bind(&ids)
             .bind(&errors)
             .bind(&delays)
             .bind(&dead)
             .bind(token)
+            .bind(&transient)
             .execute(&self.pool)
             .await
             .map_err(outbox_error)?
@@ -250,6 +280,14 @@ impl DeadLetters for PgOutbox {
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        let late: Vec<Uuid> = sqlx::query_scalar(self.sql.published_after.clone())
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        if !late.is_empty() {
+            return Err(Error::RequeueOutOfOrder { ids: late });
+        }
         Ok(sqlx::query(self.sql.requeue.clone())
             .bind(ids)
             .execute(&self.pool)

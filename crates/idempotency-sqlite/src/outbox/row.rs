@@ -138,6 +138,7 @@ struct FailureJson<'a> {
     error: &'a str,
     delay: i64,
     dead: bool,
+    transient: bool,
 }
 
 pub(crate) fn failures_json(failures: &[Failure]) -> Result<String, Error> {
@@ -148,6 +149,7 @@ pub(crate) fn failures_json(failures: &[Failure]) -> Result<String, Error> {
             error: &f.error,
             delay: millis(f.retry_in),
             dead: f.dead_letter,
+            transient: f.transient,
         })
         .collect();
     serde_json::to_string(&rows).map_err(Error::Payload)

@@ -178,10 +178,15 @@ pub(crate) async fn problems(
     else {
         return Ok(vec![SchemaProblem::MissingTable { table: name }]);
     };
+    let collations = live
+        .column_collation_problems(pool, table, shape.key)
+        .await
+        .map_err(from_crate_error)?;
     let mut problems: Vec<SchemaProblem> = live
         .column_problems(shape.columns)
         .into_iter()
         .chain(live.key_problems(shape.key))
+        .chain(collations)
         .map(|problem| translate(&name, shape, problem))
         .collect();
     // The key problems of one key are all the same to the outbox: the key is not usable.

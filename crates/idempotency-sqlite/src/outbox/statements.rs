@@ -30,7 +30,8 @@ const INPUT: &str = "input AS ( \
 /// The failures of one `mark_failed`, from the JSON array in `?1`.
 const FAILURES: &str = "(SELECT json_extract(value, '$.id') AS id, \
             json_extract(value, '$.error') AS error, json_extract(value, '$.delay') AS delay, \
-            json_extract(value, '$.dead') AS dead FROM json_each(?1))";
+            json_extract(value, '$.dead') AS dead, \
+            json_extract(value, '$.transient') AS transient FROM json_each(?1))";
 
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -38,7 +39,9 @@ pub(crate) struct Statements {
     pub(crate) insert_ordered: SqlStr,
     pub(crate) insert_unordered: SqlStr,
     pub(crate) any_due: SqlStr,
-    pub(crate) claim_ordered: SqlStr,
+    pub(crate) claim_window: SqlStr,
+    pub(crate) claim_heads: SqlStr,
+    pub(crate) claim_listed: SqlStr,
     pub(crate) claim_unordered: SqlStr,
     pub(crate) mark_published: SqlStr,
     pub(crate) mark_failed: SqlStr,
@@ -47,24 +50,91 @@ pub(crate) struct Statements {
     pub(crate) delete_dead_lettered: SqlStr,
     pub(crate) dead_letters: SqlStr,
     pub(crate) requeue: SqlStr,
+    /// Of the dead letters in `?1`, those whose aggregate already published a later event.
+    pub(crate) published_after: SqlStr,
 }
 
-fn claim(t: &str, ordered: bool) -> String {
-    let first_of_aggregate = if ordered {
-        // Only the first pending row of its aggregate: while it is leased (in flight) or
-        // backing off after a failure, the aggregate's later rows wait. `IS NOT NULL`: SQLite
-        // sorts NULLs first, and unordered rows (no sequence) take no part in the order.
-        format!(
-            "AND (o.sequence IS NULL OR o.sequence = ( \
-                 SELECT p.sequence FROM {t} AS p \
-                 WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-                   AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
+/// Whether the row aliased `o` is the first pending row of its aggregate (or takes no part in
+/// the order: unordered rows have no sequence). While that row is leased (in flight) or
+/// backing off after a failure, the aggregate's later rows wait. `IS NOT NULL`: SQLite sorts
+/// NULLs first. One probe of the aggregate index.
+fn first_of_aggregate(t: &str, o: &str) -> String {
+    format!(
+        "({o}.sequence IS NULL OR {o}.sequence = ( \
+             SELECT p.sequence FROM {t} AS p \
+             WHERE p.aggregate_type = {o}.aggregate_type AND p.aggregate_id = {o}.aggregate_id \
+               AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
+               AND p.sequence IS NOT NULL \
+             ORDER BY p.sequence LIMIT 1))"
+    )
+}
+
+/// Claims take due rows in the order of the pending index: by `next_attempt_at`, then in the
+/// order they were written (the index's row ids). A tie-break on `id` instead would sort
+/// every row that shares a due time (one `enqueue_all` of thousands of events) before the
+/// `LIMIT` could stop the scan.
+///
+/// The ordered claim's first look: the first `?2` due rows (the window), and among them, the
+/// first `?1` that are their aggregate's first pending row, as a JSON array of ids. Returns
+/// the window's size, the ids and their count. When the window is full and holds fewer than
+/// `?1` such rows, later due rows may hold more: [`claim_heads`] walks the aggregates instead.
+fn claim_window(t: &str) -> String {
+    let first = first_of_aggregate(t, "w");
+    format!(
+        "WITH win AS ( \
+             SELECT o.id, o.aggregate_type, o.aggregate_id, o.sequence, o.next_attempt_at \
+             FROM {t} AS o \
+             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= {NOW_MS} \
+             ORDER BY o.next_attempt_at LIMIT ?2), \
+         heads AS (SELECT w.id FROM win AS w WHERE {first} \
+                   ORDER BY w.next_attempt_at, w.id LIMIT ?1) \
+         SELECT (SELECT count(*) FROM win), \
+                (SELECT json_group_array(id) FROM heads), (SELECT count(*) FROM heads)"
+    )
+}
+
+/// The ordered claim when the window was not enough: one walk over the aggregates that have
+/// pending rows (two probes of the aggregate index per aggregate, a skip scan: an aggregate's
+/// backlog is never read row by row), taking each one's first pending row when it is due, and
+/// its unordered rows (no sequence) that are due. Returns the first `?1` of them by due time
+/// as a JSON array of ids. `CROSS JOIN` keeps the aggregates the outer loop and `+` keeps the
+/// due-time test off the pending index: otherwise the planner may scan every due row (the
+/// backlog this walk exists to skip) to find the few unordered ones.
+fn claim_heads(t: &str) -> String {
+    let pending = "p.published_at IS NULL AND p.dead_lettered_at IS NULL";
+    format!(
+        "WITH RECURSIVE agg(t, a) AS ( \
+             SELECT * FROM (SELECT p.aggregate_type, p.aggregate_id FROM {t} AS p \
+                            WHERE {pending} ORDER BY p.aggregate_type, p.aggregate_id LIMIT 1) \
+             UNION ALL \
+             SELECT n.aggregate_type, n.aggregate_id FROM agg CROSS JOIN {t} AS n ON n.id = coalesce( \
+                 (SELECT p.id FROM {t} AS p \
+                  WHERE {pending} AND p.aggregate_type = agg.t AND p.aggregate_id > agg.a \
+                  ORDER BY p.aggregate_id LIMIT 1), \
+                 (SELECT p.id FROM {t} AS p \
+                  WHERE {pending} AND p.aggregate_type > agg.t \
+                  ORDER BY p.aggregate_type, p.aggregate_id LIMIT 1))), \
+         heads AS ( \
+             SELECT h.id, h.next_attempt_at FROM agg CROSS JOIN {t} AS h ON h.id = ( \
+                 SELECT p.id FROM {t} AS p \
+                 WHERE p.aggregate_type = agg.t AND p.aggregate_id = agg.a AND {pending} \
                    AND p.sequence IS NOT NULL \
-                 ORDER BY p.sequence LIMIT 1))"
-        )
-    } else {
-        String::new()
-    };
+                 ORDER BY p.sequence LIMIT 1) \
+             WHERE h.next_attempt_at <= {NOW_MS} \
+             UNION ALL \
+             SELECT p.id, p.next_attempt_at FROM agg CROSS JOIN {t} AS p \
+                 ON p.aggregate_type = agg.t AND p.aggregate_id = agg.a AND {pending} \
+                    AND p.sequence IS NULL \
+             WHERE +p.next_attempt_at <= {NOW_MS}), \
+         firsts AS (SELECT id FROM heads ORDER BY next_attempt_at, id LIMIT ?1) \
+         SELECT json_group_array(id) FROM firsts"
+    )
+}
+
+/// The claim itself: `cand` (a CTE of `id` and `unmarked`, in claim order) is what it may
+/// hand out.
+fn claim(t: &str, cand: &str) -> String {
     // No `FOR UPDATE SKIP LOCKED`: the claim runs under SQLite's single write lock, so no
     // other claim can pick the same rows; the lease (`next_attempt_at`) hides them afterwards.
     // A row already claimed `max-attempts` (?4) times was never marked: its publishes
@@ -76,12 +146,7 @@ fn claim(t: &str, ordered: bool) -> String {
     // relays. Such a row is handed out alone, so a crasher costs only its own attempts and the
     // healthy rows of its batch are not dead-lettered with it.
     format!(
-        "WITH cand AS ( \
-             SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} AS o \
-             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
-               AND o.next_attempt_at <= {NOW_MS} {first_of_aggregate} \
-             ORDER BY o.next_attempt_at, o.id \
-             LIMIT ?1) \
+        "WITH cand AS ({cand}) \
          UPDATE {t} SET attempts = attempts + 1, \
                 next_attempt_at = CASE WHEN {spent} THEN next_attempt_at \
                                        ELSE {NOW_MS} + ?2 END, \
@@ -141,8 +206,26 @@ impl Statements {
                 "SELECT EXISTS (SELECT 1 FROM {t} \
                      WHERE {PENDING} AND next_attempt_at <= {NOW_MS})"
             )),
-            claim_ordered: sql(claim(t, true)),
-            claim_unordered: sql(claim(t, false)),
+            claim_window: sql(claim_window(t)),
+            claim_heads: sql(claim_heads(t)),
+            // The ids the ordered claim chose (a JSON array in `?1`), in that order.
+            claim_listed: sql(claim(
+                t,
+                &format!(
+                    "SELECT o.id, o.claim_token IS NOT NULL AS unmarked \
+                     FROM json_each(?1) AS j JOIN {t} AS o ON o.id = j.value ORDER BY j.key"
+                ),
+            )),
+            // Any due row: the scan stops after `?1` rows.
+            claim_unordered: sql(claim(
+                t,
+                &format!(
+                    "SELECT o.id, o.claim_token IS NOT NULL AS unmarked FROM {t} AS o \
+                     WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= {NOW_MS} \
+                     ORDER BY o.next_attempt_at LIMIT ?1"
+                ),
+            )),
             mark_published: sql(format!(
                 "UPDATE {t} SET published_at = {NOW_MS}, claim_token = NULL \
                  WHERE claim_token = ?2 AND id IN (SELECT value FROM json_each(?1))"
@@ -152,6 +235,8 @@ impl Statements {
                  SET last_error = substr(f.error, 1, 1000), \
                      next_attempt_at = {NOW_MS} + f.delay, \
                      dead_lettered_at = CASE WHEN f.dead THEN {NOW_MS} END, \
+                     attempts = CASE WHEN f.transient THEN max(o.attempts - 1, 0) \
+                                     ELSE o.attempts END, \
                      claim_token = NULL \
                  FROM {FAILURES} AS f \
                  WHERE o.id = f.id AND o.claim_token = ?2"
@@ -186,6 +271,15 @@ impl Statements {
                 "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0, \
                         next_attempt_at = {NOW_MS}, claim_token = NULL \
                  WHERE dead_lettered_at IS NOT NULL AND id IN (SELECT value FROM json_each(?1))"
+            )),
+            published_after: sql(format!(
+                "SELECT o.id FROM {t} AS o \
+                 WHERE o.id IN (SELECT value FROM json_each(?1)) \
+                   AND o.dead_lettered_at IS NOT NULL AND o.sequence IS NOT NULL \
+                   AND EXISTS (SELECT 1 FROM {t} AS p \
+                       WHERE p.aggregate_type = o.aggregate_type \
+                         AND p.aggregate_id = o.aggregate_id \
+                         AND p.sequence > o.sequence AND p.published_at IS NOT NULL)"
             )),
         }
     }

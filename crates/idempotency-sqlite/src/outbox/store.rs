@@ -28,13 +28,51 @@ impl Enqueue for SqliteOutbox {
     }
 }
 
+/// How many due rows an ordered claim looks at before it walks the aggregates instead, on
+/// top of its batch size: enough to fill a batch when most due rows are first of their
+/// aggregate, few enough that a claim behind one aggregate's long backlog stays short.
+const CLAIM_WINDOW: i64 = 256;
+
+impl SqliteOutbox {
+    /// The ids an ordered claim hands out (a JSON array, at most `limit`), under the caller's
+    /// write lock. First the oldest `limit + CLAIM_WINDOW` due rows: when they hold `limit`
+    /// rows that are first of their aggregate, or are all the due rows there are, those are the
+    /// answer. Otherwise (a full window of rows waiting behind their aggregate's first) one
+    /// walk over the aggregates with pending rows, an index probe or two each. Either way the
+    /// cost does not grow with an aggregate's backlog, which the scan of every due row did.
+    async fn ordered_candidates(
+        &self,
+        conn: &mut SqliteConnection,
+        limit: u32,
+    ) -> Result<String, Error> {
+        let limit = i64::from(limit);
+        let window = limit + CLAIM_WINDOW;
+        let (seen, ids, found): (i64, String, i64) = sqlx::query_as(self.sql.claim_window.clone())
+            .bind(limit)
+            .bind(window)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(outbox_error)?;
+        if seen < window || found >= limit {
+            return Ok(ids);
+        }
+        sqlx::query_scalar(self.sql.claim_heads.clone())
+            .bind(limit)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(outbox_error)
+    }
+}
+
 impl RelayStore for SqliteOutbox {
     type Listener = NoNotifications;
 
     /// First a read (WAL: no lock taken or waited for): when no row is due, an idle poll ends
-    /// there and request transactions never wait for it. Otherwise one `UPDATE ... RETURNING`
-    /// in a short `BEGIN IMMEDIATE` transaction: it waits for the write lock (up to the busy
-    /// timeout), sets the lease and the fencing token on the due rows, and commits. SQLite has
+    /// there and request transactions never wait for it. Otherwise a short `BEGIN IMMEDIATE`
+    /// transaction: it waits for the write lock (up to the busy timeout), picks the rows (in
+    /// ordered mode the first pending row of each aggregate, without reading any aggregate's
+    /// backlog row by row: see `ordered_candidates`), sets the lease and the fencing token on
+    /// them in one `UPDATE ... RETURNING`, and commits. SQLite has
     /// a single writer, so no other claim can pick the same rows and nothing needs
     /// `SKIP LOCKED`. Messages come back oldest first. The same statement dead-letters the due
     /// rows already claimed `max_attempts` times.
@@ -46,17 +84,21 @@ impl RelayStore for SqliteOutbox {
         if !due {
             return Ok(Claimed::default());
         }
-        let sql = match request.ordering {
-            Ordering::Ordered => self.sql.claim_ordered.clone(),
-            Ordering::Unordered => self.sql.claim_unordered.clone(),
-        };
         let mut tx = self
             .pool
             .begin_with(BEGIN_IMMEDIATE)
             .await
             .map_err(outbox_error)?;
-        let rows: Vec<MessageRow> = sqlx::query_as(sql)
-            .bind(i64::from(request.limit))
+        let query = match request.ordering {
+            Ordering::Ordered => {
+                let ids = self.ordered_candidates(&mut tx, request.limit).await?;
+                sqlx::query_as(self.sql.claim_listed.clone()).bind(ids)
+            }
+            Ordering::Unordered => {
+                sqlx::query_as(self.sql.claim_unordered.clone()).bind(i64::from(request.limit))
+            }
+        };
+        let rows: Vec<MessageRow> = query
             .bind(row::millis(request.lease))
             .bind(request.token.to_string())
             .bind(i64::from(request.max_attempts))
@@ -158,8 +200,25 @@ impl DeadLetters for SqliteOutbox {
         if ids.is_empty() {
             return Ok(0);
         }
+        let ids = row::ids_json(ids)?;
+        let late: Vec<String> = sqlx::query_scalar(self.sql.published_after.clone())
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(outbox_error)?;
+        if !late.is_empty() {
+            let late = late
+                .iter()
+                .map(|id| {
+                    Uuid::parse_str(id).map_err(|e| Error::Corrupt {
+                        reason: format!("id {id:?} is not a UUID: {e}"),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            return Err(Error::RequeueOutOfOrder { ids: late });
+        }
         Ok(sqlx::query(self.sql.requeue.clone())
-            .bind(row::ids_json(ids)?)
+            .bind(ids)
             .execute(&self.pool)
             .await
             .map_err(outbox_error)?

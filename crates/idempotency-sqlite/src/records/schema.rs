@@ -61,6 +61,14 @@ pub(crate) async fn problems(
     };
     let mut problems = live.column_problems(EXPECTED);
     problems.extend(live.key_problems(&KEY_COLUMNS));
+    for problem in live
+        .column_collation_problems(pool, table, &KEY_COLUMNS)
+        .await?
+    {
+        if !problems.contains(&problem) {
+            problems.push(problem);
+        }
+    }
     if !live.has_index_leading_with("expires_at") {
         problems.push(SchemaProblem::MissingExpiryIndex);
     }

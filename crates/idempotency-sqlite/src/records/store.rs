@@ -15,7 +15,7 @@ use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_millis;
 use crate::connect::{self, BEGIN_IMMEDIATE};
-use crate::error::{Error, SchemaProblem, store_error};
+use crate::error::{Error, SchemaProblem, in_transaction_error, store_error};
 use crate::table::TableName;
 
 /// The SQLite idempotency store.
@@ -83,7 +83,7 @@ impl SqliteStore {
         config: &PersistenceConfig,
     ) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name)?;
-        let store = Self::with_table(connect::open(options).await?, table);
+        let store = Self::with_table(connect::open_pool(options).await?, table);
         store.apply_schema(config.schema.mode).await?;
         Ok(store)
     }
@@ -160,7 +160,7 @@ impl IdempotencyStore for SqliteStore {
             .bind(ttl_millis(claim.ttl))
             .execute(&mut *conn)
             .await
-            .map_err(store_error)?
+            .map_err(in_transaction_error)?
             .rows_affected();
         Ok(if inserted == 1 {
             Acquire::Acquired
@@ -213,7 +213,7 @@ impl IdempotencyStore for SqliteStore {
             .bind(code)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(store_error)?;
+            .map_err(in_transaction_error)?;
         let Some(row) = row else {
             let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
                 .bind(id.operation.as_str())
@@ -221,7 +221,7 @@ impl IdempotencyStore for SqliteStore {
                 .bind(id.key.as_str())
                 .fetch_optional(&mut *conn)
                 .await
-                .map_err(store_error)?;
+                .map_err(in_transaction_error)?;
             let found = found.as_deref().map(parse_status).transpose()?;
             return Err(StoreError::NotProcessing { found });
         };
@@ -251,7 +251,7 @@ impl InsertCompleted for SqliteStore {
             .bind(ttl_millis(claim.ttl))
             .fetch_optional(&mut *conn)
             .await
-            .map_err(store_error)?;
+            .map_err(in_transaction_error)?;
         Ok(row.map(|row| completed_record(row, outcome.clone())))
     }
 }

@@ -174,8 +174,9 @@ impl Publisher for Recorder {
         let rule = self.fail.lock().unwrap().clone();
         if rule.is_some_and(|fails| fails(message)) {
             self.failures.fetch_add(1, AtomicOrdering::SeqCst);
+            // Refused, not unavailable: an unavailable broker does not count the attempt.
             return Err(PublishError::new(
-                PublishErrorKind::Unavailable,
+                PublishErrorKind::Rejected,
                 std::io::Error::other(format!("broker refused {}", message.aggregate_id)),
             ));
         }

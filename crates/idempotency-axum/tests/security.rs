@@ -1,0 +1,365 @@
+//! What a client cannot make the layer do (SECURITY.md): create records, operation names and
+//! meter labels out of methods of its choosing; replay headers the allow-list refuses; run a
+//! leased handler a second time by hanging up. On SQLite (a fresh file per test).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{Method, StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use idempotency_axum::{IdempotencyLayer, SharedScope};
+use idempotency_core::{
+    CacheError, IdempotencyMetrics, IdempotencyRecord, IdempotencyService, LeasedClaims, Level,
+    LocalCache, RecordId, RecordStatus, StoredOutcome,
+};
+use idempotency_pg::PgStore;
+use idempotency_sqlite::SqliteStore;
+use idempotency_sqlite::sqlx;
+use support::Reply;
+use tokio::sync::Notify;
+
+/// A fresh SQLite store with its records table (and leases), removed when dropped.
+struct Fresh {
+    store: SqliteStore,
+    path: std::path::PathBuf,
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
+        }
+    }
+}
+
+async fn fresh() -> Fresh {
+    let path = std::env::temp_dir().join(format!("{}.db", idempotency_testing::unique_name("sec")));
+    let mut config = idempotency_core::config::PersistenceConfig::default();
+    config.schema.mode = idempotency_core::config::SchemaMode::Create;
+    let store = SqliteStore::connect(path.to_str().unwrap(), &config)
+        .await
+        .unwrap();
+    store.prepare_leases().await.unwrap();
+    Fresh { store, path }
+}
+
+async fn records(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// Every operation name a meter was recorded with.
+#[derive(Clone, Default)]
+struct Labels(Arc<Mutex<Vec<String>>>);
+
+impl Labels {
+    fn add(&self, operation: &str) {
+        self.0.lock().unwrap().push(operation.to_owned());
+    }
+    fn seen(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl IdempotencyMetrics for Labels {
+    fn lookup_hit(&self, operation: &str, _level: Level) {
+        self.add(operation);
+    }
+    fn replayed(&self, operation: &str, _status: RecordStatus) {
+        self.add(operation);
+    }
+    fn payload_conflict(&self, operation: &str) {
+        self.add(operation);
+    }
+    fn acquired(&self, operation: &str) {
+        self.add(operation);
+    }
+    fn acquire_conflict(&self, operation: &str) {
+        self.add(operation);
+    }
+    fn acquire_wait(&self, operation: &str, _waited: Duration) {
+        self.add(operation);
+    }
+    fn persisted(&self, operation: &str, _status: RecordStatus) {
+        self.add(operation);
+    }
+    fn cache_error(&self, operation: &str, _level: Level, _error: &CacheError) {
+        self.add(operation);
+    }
+    fn in_flight(&self, operation: &str) {
+        self.add(operation);
+    }
+    fn cleanup_deleted(&self, _count: u64) {}
+}
+
+async fn send(app: &Router, method: Method, key: &str) -> Reply {
+    let body = serde_json::json!({});
+    support::send(
+        app,
+        method,
+        "/payments",
+        &[("idempotency-key", key.as_bytes())],
+        Some(&body),
+    )
+    .await
+}
+
+/// Issue 53, item 2: a made-up method (61 characters, and one of 120 that no operation name
+/// can hold) and a standard method the route does not serve reach the route's 405 without a
+/// record, without an operation name in any meter, and without a 500.
+#[tokio::test]
+async fn methods_the_route_does_not_serve_leave_no_record_and_no_label() {
+    let fresh = fresh().await;
+    let labels = Labels::default();
+    let service = IdempotencyService::builder(fresh.store.clone())
+        .metrics(labels.clone())
+        .build();
+    let app = Router::new()
+        .route(
+            "/payments",
+            post(|| async { (StatusCode::CREATED, "paid") }),
+        )
+        .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>());
+    for (i, length) in [61, 120].into_iter().enumerate() {
+        let method = Method::from_bytes("X".repeat(length).as_bytes()).unwrap();
+        let reply = send(&app, method, &format!("m-{i}")).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{length}");
+    }
+    for method in [Method::GET, Method::PUT, Method::DELETE, Method::OPTIONS] {
+        let reply = send(&app, method.clone(), "std").await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+    }
+    assert_eq!(records(&fresh.store).await, 0, "no record for a 405");
+    let seen = labels.seen();
+    assert!(
+        seen.iter()
+            .all(|op| op == "PUT:/payments" || op == "DELETE:/payments"),
+        "only the layer's methods name operations: {seen:?}"
+    );
+    // The method the route serves still works, and is the only one stored.
+    let paid = send(&app, Method::POST, "p-1").await;
+    assert_eq!(paid.status, StatusCode::CREATED);
+    assert_eq!(records(&fresh.store).await, 1);
+}
+
+/// A local cache a test can tamper with, as anyone who can write a shared cache could.
+#[derive(Clone, Default)]
+struct Tamperable(Arc<Mutex<HashMap<RecordId, Arc<IdempotencyRecord>>>>);
+
+impl LocalCache for Tamperable {
+    fn get(&self, id: &RecordId) -> Option<Arc<IdempotencyRecord>> {
+        self.0.lock().unwrap().get(id).cloned()
+    }
+    fn put(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
+        self.0.lock().unwrap().insert(id.clone(), record);
+    }
+}
+
+/// Issue 53, item 1: a stored response whose headers were changed after it was stored (in a
+/// cache or a table someone else can write) replays only the headers the layer's allow-list
+/// keeps: no `Access-Control-Allow-Origin`, `Refresh` or `Set-Cookie` from a forgery.
+#[tokio::test]
+async fn a_replay_applies_the_header_allow_list_again() {
+    let fresh = fresh().await;
+    let cache = Tamperable::default();
+    let service = IdempotencyService::builder(fresh.store.clone())
+        .local_cache(cache.clone())
+        .build();
+    let app = Router::new()
+        .route(
+            "/payments",
+            post(|| async {
+                (
+                    StatusCode::CREATED,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    r#"{"paid":true}"#,
+                )
+                    .into_response()
+            }),
+        )
+        .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>());
+    let first = send(&app, Method::POST, "h-1").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    let tamper = |record: &mut Arc<IdempotencyRecord>| {
+        let mut tampered = (**record).clone();
+        let Some(StoredOutcome::Completed { payload }) = &mut tampered.outcome else {
+            panic!("{tampered:?}")
+        };
+        let mut stored: serde_json::Value = serde_json::from_str(payload).unwrap();
+        stored["headers"] = serde_json::json!([
+            ["content-type", "text/html"],
+            ["access-control-allow-origin", "*"],
+            ["refresh", "0;url=https://evil.example/"],
+            ["location", "https://evil.example/x"],
+            ["x-frame-options", "ALLOWALL"],
+        ]);
+        *payload = stored.to_string();
+        *record = Arc::new(tampered);
+    };
+    cache.0.lock().unwrap().values_mut().for_each(tamper);
+
+    let replay = send(&app, Method::POST, "h-1").await;
+    assert!(replay.is_replay());
+    for refused in ["access-control-allow-origin", "refresh", "x-frame-options"] {
+        assert_eq!(replay.header(refused), None, "{refused} replayed");
+    }
+    // What the allow-list keeps is replayed as stored (the entry's integrity is the cache's
+    // tag, SECURITY.md): the replay never adds a header the layer would not have stored.
+    assert_eq!(replay.header("content-type"), Some("text/html"));
+}
+
+/// Issue 53, item 5: in leased mode a client that hangs up after the handler's external effect
+/// does not cancel the handler: its response is stored, the retry replays it, and the effect
+/// happened once (before: the claim stayed until the lease expired and the retry ran the
+/// effect again).
+#[tokio::test]
+async fn leased_a_client_that_hangs_up_does_not_cancel_the_handler() {
+    let fresh = fresh().await;
+    let effects = Arc::new(AtomicUsize::new(0));
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let service = IdempotencyService::new(fresh.store.clone());
+    let handler = {
+        let (effects, entered, release) = (
+            Arc::clone(&effects),
+            Arc::clone(&entered),
+            Arc::clone(&release),
+        );
+        move || async move {
+            let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
+            entered.notify_one();
+            release.notified().await;
+            (StatusCode::CREATED, format!("charge {n}"))
+        }
+    };
+    let app = Router::new().route("/payments", post(handler)).route_layer(
+        IdempotencyLayer::new(service)
+            .scope::<SharedScope>()
+            .leased(Duration::from_millis(300)),
+    );
+    let client = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, Method::POST, "hang-up").await }
+    });
+    entered.notified().await;
+    client.abort(); // the client goes away after the effect, before the answer
+    assert!(client.await.unwrap_err().is_cancelled());
+    release.notify_one();
+    // Past the lease: before the fix, the claim had expired and the retry ran again.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let retry = send(&app, Method::POST, "hang-up").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.text());
+    assert!(retry.is_replay(), "the retry replays: {}", retry.text());
+    assert_eq!(retry.text(), "charge 1");
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect ran once");
+}
+
+/// Issue 53, item 6: duplicates of one slow request wait for it with a pooled connection each;
+/// past `max_waiters_per_key` they answer 409 at once, without one, and the ones that waited
+/// replay the holder's response.
+#[tokio::test]
+async fn duplicates_beyond_the_waiters_of_a_key_answer_409_without_a_connection() {
+    let store = PgStore::new(idempotency_testing::pg_pool().await);
+    store.create_schema().await.unwrap();
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let handler = {
+        let (entered, release) = (Arc::clone(&entered), Arc::clone(&release));
+        move || async move {
+            entered.notify_one();
+            release.notified().await;
+            (StatusCode::CREATED, "done")
+        }
+    };
+    let app = Router::new().route("/payments", post(handler)).route_layer(
+        IdempotencyLayer::new(IdempotencyService::new(store))
+            .scope::<SharedScope>()
+            .max_waiters_per_key(2),
+    );
+    let spawn = || {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, Method::POST, "slow").await })
+    };
+    let holder = spawn();
+    entered.notified().await;
+    let duplicates: Vec<_> = (0..6).map(|_| spawn()).collect();
+    // The refused ones answer while the holder still runs.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let finished = duplicates.iter().filter(|d| d.is_finished()).count();
+    assert_eq!(finished, 4, "four duplicates refused at once");
+    release.notify_one();
+    assert_eq!(holder.await.unwrap().status, StatusCode::CREATED);
+    let mut statuses = Vec::new();
+    for duplicate in duplicates {
+        let reply = duplicate.await.unwrap();
+        if reply.status == StatusCode::CONFLICT {
+            assert!(reply.header("retry-after").is_some());
+        } else {
+            assert!(reply.is_replay(), "{}", reply.text());
+        }
+        statuses.push(reply.status.as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 201, 409, 409, 409, 409]);
+}
+
+/// Issue 53, item 5, transactional mode, decided: a client that hangs up cancels the handler
+/// and its transaction rolls back, so nothing remains (no record, no business row) and the
+/// retry runs once. The database effects happen exactly once; the handler is not kept running
+/// for a client that is gone.
+#[tokio::test]
+async fn transactional_a_client_that_hangs_up_leaves_nothing_and_the_retry_runs_once() {
+    let pool = idempotency_testing::pg_pool().await;
+    let store = PgStore::new(pool.clone());
+    store.create_schema().await.unwrap();
+    sqlx::raw_sql("CREATE TABLE charges (id bigserial PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let entered = Arc::new(Notify::new());
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let handler = {
+        let (entered, hold) = (Arc::clone(&entered), Arc::clone(&hold));
+        move |mut tx: idempotency_axum::IdempotentTx<PgStore>| async move {
+            sqlx::query("INSERT INTO charges DEFAULT VALUES")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            if hold.swap(false, Ordering::SeqCst) {
+                entered.notify_one();
+                std::future::pending::<()>().await;
+            }
+            (StatusCode::CREATED, "charged")
+        }
+    };
+    let app = Router::new()
+        .route("/payments", post(handler))
+        .route_layer(IdempotencyLayer::new(IdempotencyService::new(store)).scope::<SharedScope>());
+    let client = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, Method::POST, "tx-hang-up").await }
+    });
+    entered.notified().await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    let retry = send(&app, Method::POST, "tx-hang-up").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.is_replay(), "the retry runs: nothing was stored");
+    let charges: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(charges, 1, "the hung-up run's row was rolled back");
+    assert!(send(&app, Method::POST, "tx-hang-up").await.is_replay());
+}
