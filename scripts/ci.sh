@@ -7,6 +7,7 @@
 #   lint       cargo fmt --check, clippy -D warnings
 #   docs       rustdoc with -D warnings
 #   test       scripts/test.sh (the README's test command: starts servers, cargo test)
+#   check      scripts/check.sh: the randomized checker on the fixed seeds and fresh ones
 #   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, on PostgreSQL with
 #              the Redis Cluster, on MariaDB/MySQL,
 #              then on SQLite, the facade's SQLite example over HTTP,
@@ -38,6 +39,11 @@ docs() {
 tests() {
   step "tests (scripts/test.sh, the README's command)"
   bash scripts/test.sh
+}
+
+check() {
+  step "randomized histories against the invariants (scripts/check.sh)"
+  bash scripts/check.sh
 }
 
 scenarios() {
@@ -118,13 +124,14 @@ case "${1:-all}" in
   lint) lint ;;
   docs) docs ;;
   test) tests ;;
+  check) check ;;
   scenarios) scenarios ;;
   hack) hack ;;
   deny) deny ;;
   package) package ;;
   coverage) coverage ;;
   testcontainers) testcontainers ;;
-  all) lint; docs; tests; scenarios; hack; deny; package ;;
+  all) lint; docs; tests; check; scenarios; hack; deny; package ;;
   *) echo "unknown step: $1" >&2; exit 2 ;;
 esac
 step "done"

@@ -1,0 +1,426 @@
+//! The databases a subject runs on: a fresh isolated store with a side table where effects are
+//! written in the business transaction, what reads the committed effects back, and the check
+//! that every pooled connection came back clean.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use idempotency_testing::HoldingProxy;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use idempotency_core::IdempotencyStore;
+use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use idempotency_mysql::MysqlStore;
+use idempotency_pg::PgStore;
+use idempotency_sqlite::SqliteStore;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::CheckError;
+use crate::history::Effect;
+
+/// The wire between a store's pool and its server: a proxy whose answers can be held, so that
+/// requests dropped meanwhile are dropped with a statement (a `BEGIN`, a `COMMIT`) on the wire.
+pub type Wire = Arc<HoldingProxy>;
+
+/// Holds the wire's answers for short random stretches until `done`, then lets them through.
+pub(crate) async fn stall(wire: Wire, seed: u64, done: Arc<AtomicBool>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0057_4111);
+    while !done.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..150))).await;
+        wire.hold();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(5..40))).await;
+        wire.release();
+    }
+    wire.release();
+}
+
+/// One effect to write inside the business transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEffect<'a> {
+    /// The tenant (scope).
+    pub tenant: &'a str,
+    /// The key's number.
+    pub key: usize,
+    /// The request identity.
+    pub identity: &'a str,
+    /// The operation.
+    pub op: u64,
+}
+
+/// A database the checker runs a subject on.
+pub trait Backend: IdempotencyStore + Clone + Send + Sync + 'static {
+    /// Its name in subjects (`pg`, `sqlite`, `mysql`).
+    const NAME: &'static str;
+    /// A fresh store on its own schema, database or file, with the records table and the
+    /// effects side table; on a server, its pool goes through a [`Wire`] that can stall.
+    fn fresh() -> impl Future<Output = Result<(Self, Option<Wire>), CheckError>> + Send;
+    /// Writes `effect` on the business transaction's connection; returns its id.
+    fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Kills the connection's own server session, as a database restart or an operator would,
+    /// mid-transaction (nothing on SQLite, which has no server).
+    fn kill(conn: &mut Self::Connection) -> impl Future<Output = ()> + Send;
+    /// Every committed effect.
+    fn effects(&self) -> impl Future<Output = Result<Vec<Effect>, CheckError>> + Send;
+    /// One line per pooled connection that is inside a transaction or has a session setting a
+    /// store changed and did not restore.
+    fn unclean_connections(&self) -> impl Future<Output = Result<Vec<String>, CheckError>> + Send;
+}
+
+const EFFECTS: &str = "check_effects";
+
+/// How long every pooled connection has to come back once the history is over.
+const RETURN_WITHIN: Duration = Duration::from_secs(10);
+
+/// `host:port` of a server URL (`scheme://[user@]host:port/...`).
+fn host_port(url: &str, default_port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let host = rest.split(['/', '?']).next().unwrap_or(rest);
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:{default_port}")
+    }
+}
+
+fn effect_from(
+    id: i64,
+    tenant: String,
+    key: i64,
+    identity: String,
+    op: i64,
+) -> Result<Effect, CheckError> {
+    Ok(Effect {
+        id,
+        tenant,
+        key: usize::try_from(key).map_err(|_| CheckError::Setup(format!("key {key}")))?,
+        identity,
+        op: u64::try_from(op).map_err(|_| CheckError::Setup(format!("op {op}")))?,
+    })
+}
+
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(db)`
+fn db(error: sqlx::Error) -> CheckError {
+    CheckError::Database(error.to_string())
+}
+
+impl Backend for PgStore {
+    const NAME: &'static str = "pg";
+
+    async fn fresh() -> Result<(Self, Option<Wire>), CheckError> {
+        let direct = idempotency_testing::pg_pool_with(1).await;
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&direct)
+            .await
+            .map_err(db)?;
+        direct.close().await;
+        let url = idempotency_testing::database_url();
+        let wire = Arc::new(HoldingProxy::start(host_port(&url, 5432)).await);
+        let options = url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .map_err(db)?
+            .host("127.0.0.1")
+            .port(wire.port())
+            .options([("search_path", schema.as_str())]);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options)
+            .await
+            .map_err(db)?;
+        let store = PgStore::new(pool);
+        store
+            .create_schema()
+            .await
+            .map_err(|e| CheckError::Setup(e.to_string()))?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {EFFECTS} (id bigserial PRIMARY KEY, tenant text NOT NULL, \
+             idem_key bigint NOT NULL, identity text NOT NULL, op bigint NOT NULL)"
+        )))
+        .execute(store.pool())
+        .await
+        .map_err(db)?;
+        Ok((store, Some(wire)))
+    }
+
+    async fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {EFFECTS} (tenant, idem_key, identity, op) VALUES ($1, $2, $3, $4) \
+             RETURNING id"
+        )))
+        .bind(effect.tenant)
+        .bind(i64::try_from(effect.key).unwrap_or(i64::MAX))
+        .bind(effect.identity)
+        .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn kill(conn: &mut Self::Connection) {
+        let _ = sqlx::raw_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+            .execute(conn)
+            .await;
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, tenant, idem_key, identity, op FROM {EFFECTS} ORDER BY id"
+        )))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db)?;
+        rows.into_iter()
+            .map(|r| effect_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect()
+    }
+
+    async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
+        let pool = self.pool();
+        let size = pool.options().get_max_connections();
+        let mut held = Vec::new();
+        let mut unclean = Vec::new();
+        for n in 0..size {
+            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+                unclean.push(format!(
+                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+                ));
+                break;
+            };
+            let mut conn = conn.map_err(db)?;
+            // A savepoint is refused outside a transaction block (25P01), taken inside one.
+            let in_tx = sqlx::raw_sql("SAVEPOINT check_probe")
+                .execute(&mut *conn)
+                .await
+                .is_ok();
+            if in_tx {
+                sqlx::raw_sql("RELEASE SAVEPOINT check_probe")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+            }
+            let row = sqlx::query(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+            let (lock, statement): (String, String) = (row.get(0), row.get(1));
+            if in_tx || lock != "0" || statement != "0" {
+                unclean.push(format!(
+                    "connection {n}: in a transaction: {in_tx}, lock_timeout {lock}, \
+                     statement_timeout {statement}"
+                ));
+            }
+            held.push(conn);
+        }
+        Ok(unclean)
+    }
+}
+
+impl Backend for SqliteStore {
+    const NAME: &'static str = "sqlite";
+
+    async fn fresh() -> Result<(Self, Option<Wire>), CheckError> {
+        let path =
+            std::env::temp_dir().join(format!("{}.db", idempotency_testing::unique_name("check")));
+        let mut config = PersistenceConfig::default();
+        config.schema.mode = SchemaMode::Create;
+        let path = path
+            .to_str()
+            .ok_or_else(|| CheckError::Setup("temporary path is not UTF-8".to_owned()))?
+            .to_owned();
+        let store = SqliteStore::connect(&path, &config)
+            .await
+            .map_err(|e| CheckError::Setup(e.to_string()))?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {EFFECTS} (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, \
+             idem_key INTEGER NOT NULL, identity TEXT NOT NULL, op INTEGER NOT NULL)"
+        )))
+        .execute(store.pool())
+        .await
+        .map_err(db)?;
+        Ok((store, None))
+    }
+
+    async fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {EFFECTS} (tenant, idem_key, identity, op) VALUES (?, ?, ?, ?) \
+             RETURNING id"
+        )))
+        .bind(effect.tenant)
+        .bind(i64::try_from(effect.key).unwrap_or(i64::MAX))
+        .bind(effect.identity)
+        .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn kill(conn: &mut Self::Connection) {
+        let _ = conn;
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, tenant, idem_key, identity, op FROM {EFFECTS} ORDER BY id"
+        )))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db)?;
+        rows.into_iter()
+            .map(|r| effect_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect()
+    }
+
+    async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
+        let pool = self.pool();
+        let size = pool.options().get_max_connections();
+        let mut held = Vec::new();
+        let mut unclean = Vec::new();
+        for n in 0..size {
+            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+                unclean.push(format!(
+                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+                ));
+                break;
+            };
+            let mut conn = conn.map_err(db)?;
+            // A connection inside a transaction refuses a nested BEGIN.
+            match sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
+                Ok(_) => {
+                    sqlx::raw_sql("ROLLBACK")
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                }
+                Err(error) => unclean.push(format!("connection {n}: {error}")),
+            }
+            held.push(conn);
+        }
+        Ok(unclean)
+    }
+}
+
+impl Backend for MysqlStore {
+    const NAME: &'static str = "mysql";
+
+    async fn fresh() -> Result<(Self, Option<Wire>), CheckError> {
+        let direct = idempotency_testing::mysql_pool_with(1).await;
+        let database: String = sqlx::query_scalar("SELECT DATABASE()")
+            .fetch_one(&direct)
+            .await
+            .map_err(db)?;
+        direct.close().await;
+        let url = idempotency_testing::mysql_url();
+        let wire = Arc::new(HoldingProxy::start(host_port(&url, 3306)).await);
+        let options = url
+            .parse::<sqlx::mysql::MySqlConnectOptions>()
+            .map_err(db)?
+            .host("127.0.0.1")
+            .port(wire.port())
+            .database(&database);
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options)
+            .await
+            .map_err(db)?;
+        let store = MysqlStore::new(pool);
+        store
+            .create_schema()
+            .await
+            .map_err(|e| CheckError::Setup(e.to_string()))?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {EFFECTS} (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             tenant VARCHAR(64) NOT NULL, idem_key BIGINT NOT NULL, identity TEXT NOT NULL, \
+             op BIGINT NOT NULL) ENGINE=InnoDB"
+        )))
+        .execute(store.pool())
+        .await
+        .map_err(db)?;
+        Ok((store, Some(wire)))
+    }
+
+    async fn insert_effect(
+        conn: &mut Self::Connection,
+        effect: NewEffect<'_>,
+    ) -> Result<i64, sqlx::Error> {
+        let result = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {EFFECTS} (tenant, idem_key, identity, op) VALUES (?, ?, ?, ?)"
+        )))
+        .bind(effect.tenant)
+        .bind(i64::try_from(effect.key).unwrap_or(i64::MAX))
+        .bind(effect.identity)
+        .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await?;
+        Ok(i64::try_from(result.last_insert_id()).unwrap_or(i64::MAX))
+    }
+
+    async fn kill(conn: &mut Self::Connection) {
+        let id: Result<u64, _> = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await;
+        if let Ok(id) = id {
+            let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                .execute(conn)
+                .await;
+        }
+    }
+
+    async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, tenant, idem_key, identity, op FROM {EFFECTS} ORDER BY id"
+        )))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db)?;
+        rows.into_iter()
+            .map(|r| effect_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect()
+    }
+
+    async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
+        let pool = self.pool();
+        let size = pool.options().get_max_connections();
+        let mut held = Vec::new();
+        let mut unclean = Vec::new();
+        for n in 0..size {
+            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+                unclean.push(format!(
+                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+                ));
+                break;
+            };
+            let mut conn = conn.map_err(db)?;
+            let row = sqlx::query(
+                "SELECT CAST(@@in_transaction AS SIGNED), \
+                 CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED), \
+                 CAST(@@GLOBAL.innodb_lock_wait_timeout AS SIGNED)",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+            let (in_tx, session, global): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            if in_tx != 0 || session != global {
+                unclean.push(format!(
+                    "connection {n}: in a transaction: {in_tx}, innodb_lock_wait_timeout \
+                     {session} (server default {global})"
+                ));
+            }
+            held.push(conn);
+        }
+        Ok(unclean)
+    }
+}

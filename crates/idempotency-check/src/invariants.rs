@@ -1,0 +1,713 @@
+//! The invariants every history is held against. Each has a name (the one RELIABILITY.md and
+//! the checker's README use) and is checked on what the clients saw and what the database (or
+//! the leased runs' log) holds at the end.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use crate::history::{Answer, Effect, Entry, LeasedRun, TxEnd};
+
+/// Every invariant, by name, with what it says.
+pub const INVARIANTS: &[(&str, &str)] = &[
+    (
+        ONE_EFFECT,
+        "at most one committed effect per key (tenant and key)",
+    ),
+    (
+        FOR_THIS_REQUEST,
+        "an answer carrying a handler's (or action's) outcome is the outcome of a request with \
+         the same identity (tenant, path and query, payload): never another resource's, \
+         payload's or tenant's",
+    ),
+    (
+        COMMITTED,
+        "an outcome a client receives (first or replayed, from any cache) is one that committed",
+    ),
+    (
+        IDENTICAL,
+        "every answer for a key that carries its outcome is byte-identical (status, stored \
+         headers, body), and names the same effect",
+    ),
+    (
+        DOCUMENTED,
+        "every answer is the outcome, a 409 with Retry-After, a 422 key reuse, a 503, a \
+         handler's own unstored 500 for a failing request, or a dropped client: nothing else",
+    ),
+    (
+        REUSE_CAUSE,
+        "a 422 key reuse is answered only when the key committed a request of another identity",
+    ),
+    (
+        NO_COMMIT_AFTER_ERROR,
+        "a transaction in which a call failed (the action, or a store statement) commits \
+         nothing, even when its caller commits",
+    ),
+    (
+        COMMIT_MEANS_COMMITTED,
+        "a commit that answered success made every outcome executed in it durable; a refused \
+         commit or a rollback made none",
+    ),
+    (
+        ONE_COMPLETION,
+        "leased mode: one holder's completion per key is stored and replayed",
+    ),
+    (
+        STALE_REFUSED,
+        "leased mode: a holder whose lease was taken over while it ran never has its \
+         completion accepted (fencing tokens only grow)",
+    ),
+    (
+        ONE_HOLDER,
+        "leased mode: no two holders of a key run at once within the first holder's lease",
+    ),
+    (
+        EVERY_EVENT_PUBLISHED,
+        "outbox: every committed change's event is published at least once, whatever workers \
+         were aborted and however often the broker refused",
+    ),
+    (
+        NO_LONE_EVENT,
+        "outbox: no event is published for a change that did not commit",
+    ),
+    (
+        AGGREGATE_ORDER,
+        "outbox (ordered mode): each aggregate's events are first published in sequence order",
+    ),
+    (
+        INBOX_ONCE,
+        "inbox: every published message is applied exactly once, redeliveries and concurrent \
+         consumers included",
+    ),
+    (
+        POOL_CLEAN,
+        "after the history, no pooled connection is inside a transaction or keeps a session \
+         setting a store changed",
+    ),
+];
+
+/// `one-effect-per-key`.
+pub const ONE_EFFECT: &str = "one-effect-per-key";
+/// `answer-is-for-this-request`.
+pub const FOR_THIS_REQUEST: &str = "answer-is-for-this-request";
+/// `answer-names-a-committed-effect`.
+pub const COMMITTED: &str = "answer-names-a-committed-effect";
+/// `replays-are-byte-identical`.
+pub const IDENTICAL: &str = "replays-are-byte-identical";
+/// `answers-are-documented`.
+pub const DOCUMENTED: &str = "answers-are-documented";
+/// `key-reuse-has-a-cause`.
+pub const REUSE_CAUSE: &str = "key-reuse-has-a-cause";
+/// `no-commit-after-an-error`.
+pub const NO_COMMIT_AFTER_ERROR: &str = "no-commit-after-an-error";
+/// `commit-means-committed`.
+pub const COMMIT_MEANS_COMMITTED: &str = "commit-means-committed";
+/// `one-completion-per-key`.
+pub const ONE_COMPLETION: &str = "one-completion-per-key";
+/// `stale-completion-refused`.
+pub const STALE_REFUSED: &str = "stale-completion-refused";
+/// `one-holder-within-the-lease`.
+pub const ONE_HOLDER: &str = "one-holder-within-the-lease";
+/// `every-committed-event-published`.
+pub const EVERY_EVENT_PUBLISHED: &str = "every-committed-event-published";
+/// `no-event-without-its-change`.
+pub const NO_LONE_EVENT: &str = "no-event-without-its-change";
+/// `aggregate-order`.
+pub const AGGREGATE_ORDER: &str = "aggregate-order";
+/// `inbox-applies-once`.
+pub const INBOX_ONCE: &str = "inbox-applies-once";
+/// `pool-is-clean`.
+pub const POOL_CLEAN: &str = "pool-is-clean";
+
+/// How much earlier than its handler a claim may have started (the claim's round trip): the
+/// tolerance of `one-holder-within-the-lease`.
+const CLAIM_SLACK: Duration = Duration::from_millis(75);
+
+/// A key as the store sees it: the tenant (scope) and the key's number.
+pub type Group = (String, usize);
+
+/// The outcomes seen per key: the operation, the effect it names, its bytes.
+type Outcomes = BTreeMap<Group, Vec<(u64, i64, Vec<u8>)>>;
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant's name.
+    pub invariant: &'static str,
+    /// The key it concerns, if one.
+    pub group: Option<Group>,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.group {
+            Some((tenant, key)) => {
+                write!(f, "{} ({tenant}, k{key}): {}", self.invariant, self.detail)
+            }
+            None => write!(f, "{}: {}", self.invariant, self.detail),
+        }
+    }
+}
+
+fn violation(invariant: &'static str, group: &Group, detail: impl Into<String>) -> Violation {
+    Violation {
+        invariant,
+        group: Some(group.clone()),
+        detail: detail.into(),
+    }
+}
+
+fn group(entry: &Entry, key: usize) -> Group {
+    (format!("t{}", entry.op.variant.tenant), key)
+}
+
+fn one_effect_per_key(effects: &[Effect], out: &mut Vec<Violation>) {
+    let mut per_key: BTreeMap<Group, Vec<&Effect>> = BTreeMap::new();
+    for effect in effects {
+        per_key
+            .entry((effect.tenant.clone(), effect.key))
+            .or_default()
+            .push(effect);
+    }
+    for (group, effects) in per_key {
+        if effects.len() > 1 {
+            let ops: Vec<u64> = effects.iter().map(|e| e.op).collect();
+            out.push(violation(
+                ONE_EFFECT,
+                &group,
+                format!("{} committed effects, by ops {ops:?}", effects.len()),
+            ));
+        }
+    }
+}
+
+/// The layer's problems that the contract documents, with whether they need `Retry-After`.
+fn documented_problem(status: u16, slug: &str) -> Option<bool> {
+    match (status, slug) {
+        (409, "request-in-flight" | "transaction-conflict") => Some(true),
+        (422, "idempotency-key-reused") => Some(false),
+        (503, "store-unavailable" | "cache-unavailable") => Some(false),
+        _ => None,
+    }
+}
+
+/// What the layer subjects check in common; `outcome` resolves the id an answer names to the
+/// group and identity of what ran it (an effect, or a leased run), or `None` when nothing ran it.
+fn answers(
+    entries: &[Entry],
+    outcome: &dyn Fn(i64) -> Option<(Group, Option<String>)>,
+    out: &mut Vec<Violation>,
+) -> Outcomes {
+    let mut outcomes: Outcomes = BTreeMap::new();
+    for entry in entries {
+        for (key, answer) in &entry.answers {
+            let group = group(entry, *key);
+            let op = entry.op.id;
+            match answer {
+                Answer::Handler {
+                    status,
+                    effect,
+                    identity,
+                    bytes,
+                    replayed,
+                } => {
+                    if *identity != entry.identity {
+                        out.push(violation(
+                            FOR_THIS_REQUEST,
+                            &group,
+                            format!(
+                                "op {op} sent `{}` and got the outcome of `{identity}` \
+                                 (replayed: {replayed})",
+                                entry.identity
+                            ),
+                        ));
+                    }
+                    if *status != 201 && *status != 422 {
+                        out.push(violation(DOCUMENTED, &group, format!("op {op}: {status}")));
+                    }
+                    match outcome(*effect) {
+                        None => out.push(violation(
+                            COMMITTED,
+                            &group,
+                            format!("op {op} got effect {effect}, which never committed"),
+                        )),
+                        Some((owner, ran_for)) => {
+                            if owner != group || ran_for.is_some_and(|i| i != *identity) {
+                                out.push(violation(
+                                    COMMITTED,
+                                    &group,
+                                    format!("op {op} got effect {effect} of {owner:?}"),
+                                ));
+                            }
+                        }
+                    }
+                    outcomes
+                        .entry(group)
+                        .or_default()
+                        .push((op, *effect, bytes.clone()));
+                }
+                Answer::HandlerFailed { replayed } => {
+                    if *replayed || entry.op.kind != crate::plan::Kind::Fail {
+                        out.push(violation(
+                            DOCUMENTED,
+                            &group,
+                            format!(
+                                "op {op} ({:?}) got a 500, replayed: {replayed}",
+                                entry.op.kind
+                            ),
+                        ));
+                    }
+                }
+                Answer::Problem {
+                    status,
+                    slug,
+                    retry_after,
+                } => match documented_problem(*status, slug) {
+                    Some(needs_retry_after) if needs_retry_after && !retry_after => {
+                        out.push(violation(
+                            DOCUMENTED,
+                            &group,
+                            format!("op {op}: {status} {slug} without Retry-After"),
+                        ));
+                    }
+                    Some(_) => {}
+                    None => out.push(violation(
+                        DOCUMENTED,
+                        &group,
+                        format!("op {op}: {status} {slug}"),
+                    )),
+                },
+                Answer::Dropped => {}
+                other => out.push(violation(DOCUMENTED, &group, format!("op {op}: {other}"))),
+            }
+        }
+    }
+    outcomes
+}
+
+fn identical(outcomes: &Outcomes, invariant: &'static str, out: &mut Vec<Violation>) {
+    for (group, seen) in outcomes {
+        let Some((first_op, first_effect, first)) = seen.first() else {
+            continue;
+        };
+        for (op, effect, bytes) in &seen[1..] {
+            if effect != first_effect {
+                out.push(violation(
+                    invariant,
+                    group,
+                    format!("op {first_op} got effect {first_effect}, op {op} got effect {effect}"),
+                ));
+            } else if bytes != first {
+                out.push(violation(
+                    IDENTICAL,
+                    group,
+                    format!(
+                        "op {first_op} got `{}`, op {op} got `{}`",
+                        String::from_utf8_lossy(first),
+                        String::from_utf8_lossy(bytes)
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+fn reuse_has_a_cause(
+    entries: &[Entry],
+    committed: &dyn Fn(&Group) -> Vec<String>,
+    out: &mut Vec<Violation>,
+) {
+    for entry in entries {
+        for (key, answer) in &entry.answers {
+            let reused = matches!(answer, Answer::Problem { slug, .. } if slug == "idempotency-key-reused")
+                || matches!(answer, Answer::Error(kind) if kind == "payload-conflict");
+            if !reused {
+                continue;
+            }
+            let group = group(entry, *key);
+            let identities = committed(&group);
+            if !identities.iter().any(|i| *i != entry.identity) {
+                out.push(violation(
+                    REUSE_CAUSE,
+                    &group,
+                    format!(
+                        "op {} (`{}`) was told the key was reused; committed: {identities:?}",
+                        entry.op.id, entry.identity
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The layer in transactional mode.
+pub fn transactional(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    one_effect_per_key(effects, &mut out);
+    let by_id: HashMap<i64, &Effect> = effects.iter().map(|e| (e.id, e)).collect();
+    let outcome = |id: i64| {
+        by_id
+            .get(&id)
+            .map(|e| ((e.tenant.clone(), e.key), Some(e.identity.clone())))
+    };
+    let outcomes = answers(entries, &outcome, &mut out);
+    identical(&outcomes, ONE_EFFECT, &mut out);
+    let committed = |group: &Group| {
+        effects
+            .iter()
+            .filter(|e| e.tenant == group.0 && e.key == group.1)
+            .map(|e| e.identity.clone())
+            .collect()
+    };
+    reuse_has_a_cause(entries, &committed, &mut out);
+    out
+}
+
+/// The layer in leased mode: `runs` is the log of the handler's runs, `lease` the lease.
+pub fn leased(entries: &[Entry], runs: &[LeasedRun], lease: Duration) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let by_id: HashMap<i64, &LeasedRun> = runs.iter().map(|r| (r.id, r)).collect();
+    let outcome = |id: i64| by_id.get(&id).map(|r| ((r.tenant.clone(), r.key), None));
+    let outcomes = answers(entries, &outcome, &mut out);
+    identical(&outcomes, ONE_COMPLETION, &mut out);
+    let mut per_key: BTreeMap<Group, Vec<&LeasedRun>> = BTreeMap::new();
+    for run in runs {
+        per_key
+            .entry((run.tenant.clone(), run.key))
+            .or_default()
+            .push(run);
+    }
+    for (group, runs) in &per_key {
+        // The run whose completion was accepted (the one the answers name).
+        let accepted: BTreeSet<i64> = outcomes
+            .get(group)
+            .map(|seen| seen.iter().map(|(_, id, _)| *id).collect())
+            .unwrap_or_default();
+        for id in &accepted {
+            let Some(held) = by_id.get(id) else { continue };
+            let end = held.end.unwrap_or(Duration::MAX);
+            for other in runs {
+                if other.id != held.id && other.start > held.start && other.start < end {
+                    out.push(violation(
+                        STALE_REFUSED,
+                        &group.clone(),
+                        format!(
+                            "run {} (op {}) was accepted, though run {} (op {}) took the key \
+                             over at {:?} while it ran ({:?}..{:?})",
+                            held.id, held.op, other.id, other.op, other.start, held.start, end
+                        ),
+                    ));
+                }
+            }
+        }
+        for first in runs {
+            let end = first.end.unwrap_or(Duration::MAX);
+            for second in runs {
+                let overlaps = second.start > first.start && second.start < end;
+                if overlaps && second.start + CLAIM_SLACK < first.start + lease {
+                    out.push(violation(
+                        ONE_HOLDER,
+                        group,
+                        format!(
+                            "run {} (op {}) started at {:?}, while run {} (op {}) had held the \
+                             key since {:?}, within its lease",
+                            second.id, second.op, second.start, first.id, first.op, first.start
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `execute_in` in a caller's transaction.
+pub fn service(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    one_effect_per_key(effects, &mut out);
+    let by_id: HashMap<i64, &Effect> = effects.iter().map(|e| (e.id, e)).collect();
+    let mut outcomes: Outcomes = BTreeMap::new();
+    for entry in entries {
+        let op = entry.op.id;
+        let failed = entry.answers.iter().any(|(_, a)| {
+            matches!(a, Answer::Error(kind)
+                if kind == "action-failed" || kind.starts_with("statement") || kind.starts_with("store"))
+        });
+        let own: Vec<&Effect> = effects.iter().filter(|e| e.op == op).collect();
+        if failed && !own.is_empty() {
+            out.push(Violation {
+                invariant: NO_COMMIT_AFTER_ERROR,
+                group: Some(group(entry, entry.op.key)),
+                detail: format!(
+                    "op {op} failed ({:?}), yet effects {:?} committed (tx {:?})",
+                    entry.answers,
+                    own.iter().map(|e| e.id).collect::<Vec<_>>(),
+                    entry.tx
+                ),
+            });
+        }
+        if matches!(entry.tx, TxEnd::RolledBack | TxEnd::CommitFailed(_)) && !own.is_empty() {
+            out.push(Violation {
+                invariant: COMMIT_MEANS_COMMITTED,
+                group: Some(group(entry, entry.op.key)),
+                detail: format!("op {op} ended {:?}, yet its effects committed", entry.tx),
+            });
+        }
+        for (key, answer) in &entry.answers {
+            let group = group(entry, *key);
+            let (replayed, effect, rejected) = match answer {
+                Answer::Value { replayed, effect } => (*replayed, *effect, false),
+                Answer::Rejected { replayed, effect } => (*replayed, *effect, true),
+                Answer::Unexpected(what) => {
+                    let invariant = if what.starts_with("another request") {
+                        FOR_THIS_REQUEST
+                    } else {
+                        DOCUMENTED
+                    };
+                    out.push(violation(invariant, &group, format!("op {op}: {what}")));
+                    continue;
+                }
+                _ => continue,
+            };
+            let durable = replayed || entry.tx == TxEnd::Committed;
+            if !durable {
+                continue;
+            }
+            match by_id.get(&effect) {
+                Some(e) if (e.tenant.clone(), e.key) == group => {}
+                Some(e) => out.push(violation(
+                    COMMITTED,
+                    &group,
+                    format!("op {op} got effect {effect} of ({}, k{})", e.tenant, e.key),
+                )),
+                None => out.push(violation(
+                    if replayed {
+                        COMMITTED
+                    } else {
+                        COMMIT_MEANS_COMMITTED
+                    },
+                    &group,
+                    format!(
+                        "op {op} got effect {effect} (replayed: {replayed}), which never \
+                         committed (tx {:?})",
+                        entry.tx
+                    ),
+                )),
+            }
+            outcomes
+                .entry(group)
+                .or_default()
+                .push((op, effect, vec![u8::from(rejected)]));
+        }
+    }
+    identical(&outcomes, ONE_EFFECT, &mut out);
+    let committed = |group: &Group| {
+        effects
+            .iter()
+            .filter(|e| e.tenant == group.0 && e.key == group.1)
+            .map(|e| e.identity.clone())
+            .collect()
+    };
+    reuse_has_a_cause(entries, &committed, &mut out);
+    out
+}
+
+/// `pool-is-clean`, from the backend's list of unclean connections.
+pub fn pool(unclean: Vec<String>) -> Vec<Violation> {
+    unclean
+        .into_iter()
+        .map(|detail| Violation {
+            invariant: POOL_CLEAN,
+            group: None,
+            detail,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Fault, Kind, Op, Variant};
+
+    fn op(id: u64, key: usize, kind: Kind) -> Op {
+        Op {
+            id,
+            client: 0,
+            key,
+            second_key: None,
+            variant: Variant {
+                tenant: 0,
+                account: 0,
+                note: None,
+                amount: 100,
+            },
+            kind,
+            fault: Fault::None,
+            pause_ms: 0,
+        }
+    }
+
+    fn entry(op: Op, identity: &str, answer: Answer) -> Entry {
+        Entry {
+            op,
+            identity: identity.to_owned(),
+            answers: vec![(op.key, answer)],
+            tx: TxEnd::None,
+            span: (Duration::ZERO, Duration::ZERO),
+        }
+    }
+
+    fn handler(effect: i64, identity: &str, replayed: bool) -> Answer {
+        Answer::Handler {
+            status: 201,
+            replayed,
+            effect,
+            identity: identity.to_owned(),
+            bytes: format!("201 {effect} {identity}").into_bytes(),
+        }
+    }
+
+    fn effect(id: i64, key: usize, identity: &str, op: u64) -> Effect {
+        Effect {
+            id,
+            tenant: "t0".to_owned(),
+            key,
+            identity: identity.to_owned(),
+            op,
+        }
+    }
+
+    fn names(violations: &[Violation]) -> Vec<&'static str> {
+        violations.iter().map(|v| v.invariant).collect()
+    }
+
+    #[test]
+    fn a_clean_history_holds() {
+        let a = "t0 /acct/0/charges 100";
+        let entries = [
+            entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
+            entry(op(2, 0, Kind::Ok), a, handler(1, a, true)),
+            entry(
+                op(3, 0, Kind::Ok),
+                "t0 /acct/1/charges 100",
+                Answer::Problem {
+                    status: 422,
+                    slug: "idempotency-key-reused".to_owned(),
+                    retry_after: false,
+                },
+            ),
+            entry(
+                op(4, 0, Kind::Fail),
+                a,
+                Answer::HandlerFailed { replayed: false },
+            ),
+        ];
+        assert_eq!(transactional(&entries, &[effect(1, 0, a, 1)]), []);
+    }
+
+    #[test]
+    fn another_resources_response_is_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let b = "t0 /acct/1/charges 100";
+        let entries = [
+            entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
+            entry(op(2, 0, Kind::Ok), b, handler(1, a, true)),
+        ];
+        let found = transactional(&entries, &[effect(1, 0, a, 1)]);
+        assert_eq!(names(&found), [FOR_THIS_REQUEST]);
+    }
+
+    #[test]
+    fn an_outcome_that_never_committed_is_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let entries = [entry(op(1, 0, Kind::Ok), a, handler(7, a, true))];
+        assert_eq!(names(&transactional(&entries, &[])), [COMMITTED]);
+    }
+
+    #[test]
+    fn two_effects_for_one_key_and_a_reuse_without_cause_are_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let reused = Answer::Problem {
+            status: 422,
+            slug: "idempotency-key-reused".to_owned(),
+            retry_after: false,
+        };
+        let entries = [entry(op(1, 0, Kind::Ok), a, reused)];
+        let found = transactional(&entries, &[effect(1, 0, a, 1), effect(2, 0, a, 2)]);
+        assert_eq!(names(&found), [ONE_EFFECT, REUSE_CAUSE]);
+    }
+
+    #[test]
+    fn a_replayed_500_and_a_409_without_retry_after_are_undocumented() {
+        let a = "t0 /acct/0/charges 100";
+        let entries = [
+            entry(
+                op(1, 0, Kind::Fail),
+                a,
+                Answer::HandlerFailed { replayed: true },
+            ),
+            entry(
+                op(2, 0, Kind::Ok),
+                a,
+                Answer::Problem {
+                    status: 409,
+                    slug: "request-in-flight".to_owned(),
+                    retry_after: false,
+                },
+            ),
+        ];
+        assert_eq!(
+            names(&transactional(&entries, &[])),
+            [DOCUMENTED, DOCUMENTED]
+        );
+    }
+
+    #[test]
+    fn a_stale_holders_completion_and_overlapping_holders_are_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let ms = Duration::from_millis;
+        let run = |id: i64, start: u64, end: Option<u64>| LeasedRun {
+            id,
+            tenant: "t0".to_owned(),
+            key: 0,
+            start: ms(start),
+            end: end.map(ms),
+            op: u64::try_from(id).unwrap_or_default(),
+        };
+        // Run 1 held the key from 0 to 500 ms; run 2 took it over at 350 ms (after the 300 ms
+        // lease), yet run 1's completion is the one replayed.
+        let entries = [entry(op(1, 0, Kind::Slow(500)), a, handler(1, a, false))];
+        let runs = [run(1, 0, Some(500)), run(2, 350, Some(400))];
+        assert_eq!(names(&leased(&entries, &runs, ms(300))), [STALE_REFUSED]);
+        // Run 3 started 100 ms into run 1's lease.
+        let runs = [run(1, 0, Some(500)), run(3, 100, Some(150))];
+        let found = leased(&entries, &runs, ms(300));
+        assert_eq!(names(&found), [STALE_REFUSED, ONE_HOLDER]);
+    }
+
+    #[test]
+    fn a_commit_after_an_error_is_caught() {
+        let a = "t0 {}";
+        let mut failed = entry(
+            op(1, 0, Kind::Fail),
+            a,
+            Answer::Error("action-failed".to_owned()),
+        );
+        failed.tx = TxEnd::Committed;
+        let found = service(&[failed], &[effect(1, 0, a, 1)]);
+        assert_eq!(names(&found), [NO_COMMIT_AFTER_ERROR]);
+        let mut refused = entry(
+            op(2, 1, Kind::Ok),
+            a,
+            Answer::Value {
+                replayed: false,
+                effect: 2,
+            },
+        );
+        refused.tx = TxEnd::CommitFailed("poisoned".to_owned());
+        let found = service(&[refused], &[effect(2, 1, a, 2)]);
+        assert_eq!(names(&found), [COMMIT_MEANS_COMMITTED]);
+    }
+}

@@ -1,0 +1,259 @@
+//! A history's plan, generated from a seed: which client sends what, with which key, which
+//! handler behaviour and which fault. The same seed gives the same plan; what the servers make
+//! of it (timing, who wins a race) is the run's own.
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// Which caches sit in front of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caches {
+    /// The store alone.
+    None,
+    /// moka as L1.
+    Moka,
+    /// moka as L1 and Redis (`REDIS_URL`) as L2.
+    MokaRedis,
+}
+
+impl Caches {
+    /// The name printed in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Moka => "moka",
+            Self::MokaRedis => "moka+redis",
+        }
+    }
+}
+
+/// What the handler (or action) does for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Writes its effect and succeeds (201).
+    Ok,
+    /// Writes its effect and refuses for a business reason (a stored 422).
+    Reject,
+    /// Writes its effect, then fails (500, or the action's error): nothing may stay.
+    Fail,
+    /// Writes its effect, waits `ms`, then succeeds.
+    Slow(u64),
+    /// Writes its effect, then its database connection is killed mid-transaction (PostgreSQL
+    /// `pg_terminate_backend`, MariaDB `KILL`; on SQLite it succeeds like `Ok`).
+    Kill,
+}
+
+impl Kind {
+    /// The kind's name in request bodies and identities.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Reject => "reject",
+            Self::Fail => "fail",
+            Self::Slow(_) => "slow",
+            Self::Kill => "kill",
+        }
+    }
+}
+
+/// A fault injected into one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// None.
+    None,
+    /// The client's future is dropped after `ms` (a client gone, a timeout): at whatever await
+    /// point the request is then.
+    Drop(u64),
+    /// The caller commits its transaction even though a call in it returned an error.
+    CommitAfterError,
+}
+
+/// Who sends the request and to which resource: everything but the key that makes up the
+/// request's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    /// The tenant (the scope of keys).
+    pub tenant: u8,
+    /// The account in the path.
+    pub account: u8,
+    /// The `?note=` in the query, if any.
+    pub note: Option<u8>,
+    /// The amount in the body.
+    pub amount: i64,
+}
+
+/// One operation of one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Op {
+    /// Its number in the history (unique in a run).
+    pub id: u64,
+    /// The client sending it.
+    pub client: usize,
+    /// The key's number (small key space: collisions are common).
+    pub key: usize,
+    /// A second key, for the service subject's two-call transactions.
+    pub second_key: Option<usize>,
+    /// Who and what.
+    pub variant: Variant,
+    /// What the handler does.
+    pub kind: Kind,
+    /// The fault injected.
+    pub fault: Fault,
+    /// A pause before sending it, in milliseconds.
+    pub pause_ms: u64,
+}
+
+/// A generated history's plan.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The seed it came from.
+    pub seed: u64,
+    /// The caches in front of the store.
+    pub caches: Caches,
+    /// The in-flight policy: wait for the holder (a bounded budget), or answer at once.
+    pub wait: bool,
+    /// Whether the service looks the key up before acquiring it (`lookup_before_acquire`).
+    pub lookup: bool,
+    /// Each client's operations, in order.
+    pub clients: Vec<Vec<Op>>,
+}
+
+/// The sizes of a plan.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Operations per client.
+    pub ops_per_client: usize,
+    /// Distinct keys.
+    pub keys: usize,
+    /// The longest a slow handler runs, in milliseconds.
+    pub slow_ms: u64,
+    /// Whether `CommitAfterError` faults are drawn (the service subject).
+    pub commit_after_error: bool,
+    /// Whether operations carry a second key (the service subject).
+    pub second_keys: bool,
+}
+
+impl Plan {
+    /// The plan of `seed` with `shape`.
+    pub fn generate(seed: u64, shape: Shape) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let caches = match rng.random_range(0..3) {
+            0 => Caches::None,
+            1 => Caches::Moka,
+            _ => Caches::MokaRedis,
+        };
+        let wait = rng.random_bool(0.5);
+        let lookup = rng.random_bool(0.3);
+        // Each key's usual request; operations mostly repeat it (retries), sometimes change one
+        // part of it (another resource, tenant, payload).
+        let base: Vec<Variant> = (0..shape.keys)
+            .map(|_| Variant {
+                tenant: rng.random_range(0..2),
+                account: rng.random_range(0..2),
+                note: None,
+                amount: rng.random_range(1..4) * 100,
+            })
+            .collect();
+        let mut next = 0;
+        let clients = (0..shape.clients)
+            .map(|client| {
+                (0..shape.ops_per_client)
+                    .map(|_| {
+                        let key = rng.random_range(0..shape.keys);
+                        let mut variant = base[key];
+                        if rng.random_bool(0.3) {
+                            match rng.random_range(0..4) {
+                                0 => variant.account ^= 1,
+                                1 => variant.note = Some(rng.random_range(0..2)),
+                                2 => variant.tenant ^= 1,
+                                _ => variant.amount += 1,
+                            }
+                        }
+                        let kind = match rng.random_range(0..20) {
+                            0..=9 => Kind::Ok,
+                            10..=12 => Kind::Reject,
+                            13 | 14 => Kind::Fail,
+                            15 => Kind::Kill,
+                            _ => Kind::Slow(rng.random_range(shape.slow_ms / 4..=shape.slow_ms)),
+                        };
+                        let fault = match rng.random_range(0..10) {
+                            0 | 1 => Fault::Drop(rng.random_range(0..60)),
+                            2 | 3 if shape.commit_after_error => Fault::CommitAfterError,
+                            _ => Fault::None,
+                        };
+                        let second_key = (shape.second_keys && rng.random_bool(0.5))
+                            .then(|| rng.random_range(0..shape.keys));
+                        next += 1;
+                        Op {
+                            id: next,
+                            client,
+                            key,
+                            second_key,
+                            variant,
+                            kind,
+                            fault,
+                            pause_ms: rng.random_range(0..15),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        Self {
+            seed,
+            caches,
+            wait,
+            lookup,
+            clients,
+        }
+    }
+
+    /// Every operation, in id order.
+    pub fn ops(&self) -> Vec<Op> {
+        let mut ops: Vec<Op> = self.clients.iter().flatten().copied().collect();
+        ops.sort_by_key(|op| op.id);
+        ops
+    }
+
+    /// How many operations carry a fault.
+    pub fn faults(&self) -> usize {
+        self.clients
+            .iter()
+            .flatten()
+            .filter(|op| op.fault != Fault::None)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: Shape = Shape {
+        clients: 4,
+        ops_per_client: 10,
+        keys: 3,
+        slow_ms: 40,
+        commit_after_error: true,
+        second_keys: true,
+    };
+
+    #[test]
+    fn a_seed_gives_the_same_plan() {
+        let a = Plan::generate(7, SHAPE);
+        let b = Plan::generate(7, SHAPE);
+        assert_eq!(a.ops(), b.ops());
+        assert_eq!(a.caches, b.caches);
+        assert_ne!(a.ops(), Plan::generate(8, SHAPE).ops());
+    }
+
+    #[test]
+    fn keys_collide_and_faults_are_drawn() {
+        let plan = Plan::generate(1, SHAPE);
+        let ops = plan.ops();
+        assert_eq!(ops.len(), 40);
+        assert!(ops.iter().filter(|op| op.key == 0).count() > 3);
+        assert!(plan.faults() > 0);
+    }
+}

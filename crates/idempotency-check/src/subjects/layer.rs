@@ -1,0 +1,371 @@
+//! `IdempotencyLayer` in transactional and leased mode, driven in process through an axum
+//! router (`oneshot`, no socket): `POST /acct/{account}/charges[?note=N]` with the tenant in
+//! `X-Tenant-Id` (the layer's scope) and `{"amount": N}` as the body. The handler's behaviour
+//! (succeed, reject, fail, run long) comes in headers the fingerprint does not cover, so a retry
+//! of one request can fail and then succeed.
+//!
+//! Transactional mode: the handler writes its effect in the layer's transaction. Leased mode: the
+//! handler's effect is outside the database, in a log of runs kept here.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Request, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idempotency_axum::{IdempotencyLayer, IdempotentTx, TenantHeader};
+use idempotency_core::cache::{DistributedCache, LocalCache};
+use idempotency_core::{IdempotencyService, InFlightPolicy, LeasedClaims, ServiceConfig};
+use serde::Deserialize;
+use tower::ServiceExt;
+
+use super::{Ctx, clients, service_config};
+use crate::backend::{Backend, NewEffect, Wire};
+use crate::history::{Answer, Entry, LeasedRun, TxEnd};
+use crate::invariants;
+use crate::plan::{Fault, Kind, Op, Plan};
+use crate::{CheckError, Run};
+
+/// The lease of the leased subject: shorter than its slowest handlers, so takeovers happen.
+pub const LEASE: Duration = Duration::from_millis(300);
+
+#[derive(Debug, Deserialize)]
+struct Charge {
+    amount: i64,
+}
+
+/// What the handlers share: the run's clock and the leased runs' log.
+#[derive(Debug)]
+struct Shared {
+    start: Instant,
+    runs: Mutex<Vec<LeasedRun>>,
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+/// The identity a handler echoes, and a client expects back: tenant, path and query, amount.
+fn identity(tenant: &str, uri: &str, amount: i64) -> String {
+    format!("{tenant} {uri} {amount}")
+}
+
+fn answer(status: StatusCode, effect: i64, identity: &str) -> Response {
+    let body = serde_json::json!({ "effect": effect, "identity": identity }).to_string();
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::LOCATION, format!("/effects/{effect}")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn behaviour(headers: &HeaderMap) -> (String, u64) {
+    let slow = header_str(headers, "x-check-slow-ms").parse().unwrap_or(0);
+    (header_str(headers, "x-check-behaviour").to_owned(), slow)
+}
+
+/// The transactional handler: its effect is a row written on the layer's transaction.
+async fn transactional<B: Backend>(
+    uri: Uri,
+    headers: HeaderMap,
+    mut tx: IdempotentTx<B>,
+    axum::Json(charge): axum::Json<Charge>,
+) -> Response {
+    let tenant = header_str(&headers, "x-tenant-id").to_owned();
+    let identity = identity(&tenant, &uri.to_string(), charge.amount);
+    let key = header_str(&headers, "idempotency-key")
+        .trim_start_matches('k')
+        .parse()
+        .unwrap_or(usize::MAX);
+    let op = header_str(&headers, "x-check-op").parse().unwrap_or(0);
+    let effect = NewEffect {
+        tenant: &tenant,
+        key,
+        identity: &identity,
+        op,
+    };
+    let id = match B::insert_effect(&mut tx, effect).await {
+        Ok(id) => id,
+        Err(error) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response();
+        }
+    };
+    let (behaviour, slow) = behaviour(&headers);
+    match behaviour.as_str() {
+        "reject" => answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity),
+        "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        "kill" => {
+            B::kill(&mut tx).await;
+            answer(StatusCode::CREATED, id, &identity)
+        }
+        _ => {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+            answer(StatusCode::CREATED, id, &identity)
+        }
+    }
+}
+
+/// The leased handler: its effect is a run in the log, outside the database.
+async fn leased(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    axum::Json(charge): axum::Json<Charge>,
+) -> Response {
+    let tenant = header_str(&headers, "x-tenant-id").to_owned();
+    let identity = identity(&tenant, &uri.to_string(), charge.amount);
+    let key = header_str(&headers, "idempotency-key")
+        .trim_start_matches('k')
+        .parse()
+        .unwrap_or(usize::MAX);
+    let op = header_str(&headers, "x-check-op").parse().unwrap_or(0);
+    let id = {
+        let Ok(mut runs) = shared.runs.lock() else {
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        };
+        let id = i64::try_from(runs.len()).unwrap_or(i64::MAX) + 1;
+        runs.push(LeasedRun {
+            id,
+            tenant,
+            key,
+            start: shared.start.elapsed(),
+            end: None,
+            op,
+        });
+        id
+    };
+    let (behaviour, slow) = behaviour(&headers);
+    tokio::time::sleep(Duration::from_millis(slow)).await;
+    if let Ok(mut runs) = shared.runs.lock()
+        && let Some(run) = runs.iter_mut().find(|r| r.id == id)
+    {
+        run.end = Some(shared.start.elapsed());
+    }
+    match behaviour.as_str() {
+        "reject" => answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity),
+        "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        _ => answer(StatusCode::CREATED, id, &identity),
+    }
+}
+
+/// The request an operation sends, and the identity it expects echoed.
+fn request(op: &Op) -> Result<(Request<Body>, String), CheckError> {
+    let tenant = format!("t{}", op.variant.tenant);
+    let uri = match op.variant.note {
+        Some(note) => format!("/acct/{}/charges?note={note}", op.variant.account),
+        None => format!("/acct/{}/charges", op.variant.account),
+    };
+    let expected = identity(&tenant, &uri, op.variant.amount);
+    let (behaviour, slow) = match op.kind {
+        Kind::Ok => ("ok", 0),
+        Kind::Reject => ("reject", 0),
+        Kind::Fail => ("fail", 0),
+        Kind::Slow(ms) => ("slow", ms),
+        Kind::Kill => ("kill", 0),
+    };
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header("idempotency-key", format!("k{}", op.key))
+        .header("x-tenant-id", tenant)
+        .header("x-check-op", op.id.to_string())
+        .header("x-check-behaviour", behaviour)
+        .header("x-check-slow-ms", slow.to_string())
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(
+            serde_json::json!({ "amount": op.variant.amount }).to_string(),
+        ))
+        .map_err(|e| CheckError::Setup(e.to_string()))?;
+    Ok((request, expected))
+}
+
+/// What a client makes of a response.
+fn classify(status: StatusCode, headers: &HeaderMap, body: &Bytes) -> Answer {
+    let replayed = header_str(headers, "idempotent-replayed") == "true";
+    let content_type = header_str(headers, "content-type");
+    if content_type == "application/problem+json" {
+        let slug = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["type"].as_str().map(str::to_owned))
+            .and_then(|t| t.rsplit('/').next().map(str::to_owned))
+            .unwrap_or_default();
+        return Answer::Problem {
+            status: status.as_u16(),
+            slug,
+            retry_after: headers.contains_key(header::RETRY_AFTER),
+        };
+    }
+    if status == StatusCode::INTERNAL_SERVER_ERROR && body.as_ref() == b"boom" {
+        return Answer::HandlerFailed { replayed };
+    }
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body)
+        && let (Some(effect), Some(identity)) =
+            (value["effect"].as_i64(), value["identity"].as_str())
+    {
+        let mut bytes = format!(
+            "{} {content_type} {}\n",
+            status.as_u16(),
+            header_str(headers, "location")
+        )
+        .into_bytes();
+        bytes.extend_from_slice(body);
+        return Answer::Handler {
+            status: status.as_u16(),
+            replayed,
+            effect,
+            identity: identity.to_owned(),
+            bytes,
+        };
+    }
+    Answer::Unexpected(format!(
+        "{status} {content_type} {}",
+        String::from_utf8_lossy(body)
+    ))
+}
+
+/// Sends `op` through `app`, with its fault.
+async fn send(app: &Router, op: &Op, start: Instant) -> Result<Entry, CheckError> {
+    let (request, expected) = request(op)?;
+    let sent = start.elapsed();
+    let exchange = async {
+        let response = app.clone().oneshot(request).await;
+        let response = match response {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.map(|b| b.to_bytes());
+        match body {
+            Ok(body) => classify(parts.status, &parts.headers, &body),
+            Err(error) => Answer::Unexpected(format!("body: {error}")),
+        }
+    };
+    let answer = match op.fault {
+        Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), exchange)
+            .await
+            .unwrap_or(Answer::Dropped),
+        _ => exchange.await,
+    };
+    Ok(Entry {
+        op: *op,
+        identity: expected,
+        answers: vec![(op.key, answer)],
+        tx: TxEnd::None,
+        span: (sent, start.elapsed()),
+    })
+}
+
+/// The service configuration both modes use: the plan's in-flight policy.
+fn config(plan: &Plan) -> ServiceConfig {
+    let mut config = service_config(plan);
+    if let InFlightPolicy::Wait { timeout } = &mut config.in_flight {
+        *timeout = Some(Duration::from_millis(250));
+    }
+    config
+}
+
+fn transactional_app<B, L, D>(service: IdempotencyService<B, L, D>) -> Router
+where
+    B: Backend,
+    L: LocalCache,
+    D: DistributedCache,
+{
+    Router::new()
+        .route("/acct/{account}/charges", post(transactional::<B>))
+        .route_layer(IdempotencyLayer::new(service).scope::<TenantHeader>())
+}
+
+fn leased_app<B, L, D>(service: IdempotencyService<B, L, D>, shared: Arc<Shared>) -> Router
+where
+    B: Backend + LeasedClaims,
+    L: LocalCache,
+    D: DistributedCache,
+{
+    Router::new()
+        .route("/acct/{account}/charges", post(leased))
+        .route_layer(
+            IdempotencyLayer::new(service)
+                .scope::<TenantHeader>()
+                .leased(LEASE),
+        )
+        .with_state(shared)
+}
+
+/// Sends every client's operations through `app`, then holds the history against the
+/// invariants of its mode.
+async fn drive<B: Backend>(
+    app: Router,
+    plan: &Plan,
+    store: &B,
+    wire: Option<Wire>,
+    shared: Arc<Shared>,
+    leased_mode: bool,
+) -> Result<Run, CheckError> {
+    let start = shared.start;
+    let entries = clients(plan, wire, move |op| {
+        let app = app.clone();
+        async move { send(&app, &op, start).await }
+    })
+    .await?;
+    // Handlers that outlive their client (leased mode) get time to end.
+    tokio::time::sleep(if leased_mode {
+        LEASE * 2
+    } else {
+        Duration::from_millis(50)
+    })
+    .await;
+    let unclean = store.unclean_connections().await?;
+    let violations = if leased_mode {
+        let runs = shared.runs.lock().map(|r| r.clone()).unwrap_or_default();
+        invariants::leased(&entries, &runs, LEASE)
+    } else {
+        let effects = store.effects().await?;
+        invariants::transactional(&entries, &effects)
+    };
+    Ok(Run::new(entries, violations, unclean))
+}
+
+fn shared() -> Arc<Shared> {
+    Arc::new(Shared {
+        start: Instant::now(),
+        runs: Mutex::new(Vec::new()),
+    })
+}
+
+/// Runs `plan` through the layer in transactional mode on a fresh `B`.
+pub async fn run_transactional<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
+    let (store, wire) = B::fresh().await?;
+    let shared = shared();
+    let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
+        transactional_app(service)
+    });
+    drive(app, plan, &store, wire, shared, false).await
+}
+
+/// Runs `plan` through the layer in leased mode on a fresh `B`.
+pub async fn run_leased<B: Backend + LeasedClaims>(
+    plan: &Plan,
+    ctx: &Ctx,
+) -> Result<Run, CheckError> {
+    let (store, wire) = B::fresh().await?;
+    store
+        .prepare_leases()
+        .await
+        .map_err(|e| CheckError::Setup(e.to_string()))?;
+    let shared = shared();
+    let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
+        leased_app(service, Arc::clone(&shared))
+    });
+    drive(app, plan, &store, wire, shared, true).await
+}

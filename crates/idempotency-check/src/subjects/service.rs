@@ -1,0 +1,219 @@
+//! `IdempotencyService::execute_in` in a caller's transaction: one or two calls (two keys) in
+//! one transaction, the action writing its effect on the transaction's connection; on an error
+//! the caller rolls back, or (the fault `CommitAfterError`) commits anyway.
+
+use std::time::{Duration, Instant};
+
+use idempotency_core::cache::{DistributedCache, LocalCache};
+use idempotency_core::{
+    Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Scope, Tx,
+};
+use serde_json::{Value, json};
+
+use super::{Ctx, clients, service_config};
+use crate::backend::{Backend, NewEffect, Wire};
+use crate::history::{Answer, Entry, TxEnd};
+use crate::invariants;
+use crate::plan::{Fault, Kind, Op, Plan};
+use crate::{CheckError, Run};
+
+/// The action's error.
+#[derive(Debug, thiserror::Error)]
+enum ActionError {
+    #[error(transparent)]
+    Core(#[from] Error),
+    #[error("the action failed")]
+    Failed,
+    #[error("the action's statement failed: {0}")]
+    Statement(String),
+}
+
+/// The kind of a service error, as the history names it.
+fn error_kind(error: &ActionError) -> Answer {
+    match error {
+        ActionError::Failed => Answer::Error("action-failed".to_owned()),
+        ActionError::Statement(e) => Answer::Error(format!("statement: {e}")),
+        ActionError::Core(Error::PayloadConflict) => Answer::Error("payload-conflict".to_owned()),
+        ActionError::Core(Error::InFlight) => Answer::Error("in-flight".to_owned()),
+        ActionError::Core(Error::AcquireExhausted { .. }) => {
+            Answer::Error("acquire-exhausted".to_owned())
+        }
+        ActionError::Core(Error::Store(e)) => Answer::Error(format!("store: {e}")),
+        ActionError::Core(Error::Cache(e)) => Answer::Error(format!("cache: {e}")),
+        ActionError::Core(other) => Answer::Unexpected(other.to_string()),
+    }
+}
+
+/// One `execute_in` of `op` for `key`, on `tx`.
+async fn call<B, L, D>(
+    service: &IdempotencyService<B, L, D>,
+    tx: &mut Tx<B>,
+    op: &Op,
+    key: usize,
+    tenant: &str,
+    request: &Value,
+    identity: &str,
+) -> Result<Answer, CheckError>
+where
+    B: Backend,
+    L: LocalCache,
+    D: DistributedCache,
+{
+    let idempotency_key =
+        IdempotencyKey::new(format!("k{key}")).map_err(|e| CheckError::Setup(e.to_string()))?;
+    let scope = Scope::new(tenant).map_err(|e| CheckError::Setup(e.to_string()))?;
+    let call = Call::new("CHARGE", idempotency_key, request).scoped(scope);
+    let kind = op.kind;
+    let result = service
+        .execute_in(tx, call, async |conn: &mut B::Connection| {
+            let effect = NewEffect {
+                tenant,
+                key,
+                identity,
+                op: op.id,
+            };
+            let id = B::insert_effect(conn, effect)
+                .await
+                .map_err(|e| ActionError::Statement(e.to_string()))?;
+            let value = json!({ "effect": id, "identity": identity });
+            match kind {
+                Kind::Reject => ExecutionResult::rejected_with("REJECTED", &value)
+                    .map_err(|e| ActionError::Statement(e.to_string())),
+                Kind::Fail => Err(ActionError::Failed),
+                Kind::Slow(ms) => {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(ExecutionResult::success(value))
+                }
+                Kind::Kill => {
+                    B::kill(conn).await;
+                    Ok(ExecutionResult::success(value))
+                }
+                Kind::Ok => Ok(ExecutionResult::success(value)),
+            }
+        })
+        .await;
+    Ok(match result {
+        Ok(outcome) => {
+            let replayed = outcome.is_replayed();
+            let (value, rejected) = match outcome.result() {
+                ExecutionResult::Success(value) => (Some(value.clone()), false),
+                ExecutionResult::Rejected(rejection) => (rejection.details().cloned(), true),
+            };
+            let value = value.unwrap_or(Value::Null);
+            match (value["effect"].as_i64(), value["identity"].as_str()) {
+                (Some(effect), Some(echoed)) if echoed == identity => {
+                    if rejected {
+                        Answer::Rejected { replayed, effect }
+                    } else {
+                        Answer::Value { replayed, effect }
+                    }
+                }
+                _ => Answer::Unexpected(format!("another request's outcome: {value}")),
+            }
+        }
+        Err(error) => error_kind(&error),
+    })
+}
+
+/// Runs one operation: a transaction with its calls, then commit or rollback.
+async fn one<B, L, D>(
+    service: IdempotencyService<B, L, D>,
+    op: Op,
+    start: Instant,
+) -> Result<Entry, CheckError>
+where
+    B: Backend,
+    L: LocalCache,
+    D: DistributedCache,
+{
+    let tenant = format!("t{}", op.variant.tenant);
+    let request = json!({
+        "account": op.variant.account,
+        "note": op.variant.note,
+        "amount": op.variant.amount,
+    });
+    let identity = format!("{tenant} {request}");
+    let mut answers = Vec::new();
+    let sent = start.elapsed();
+    let keys: Vec<usize> = [Some(op.key), op.second_key.filter(|k| *k != op.key)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let transaction = async {
+        let mut tx = match service.begin().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                answers.push((op.key, Answer::Error(format!("store: {e}"))));
+                return Ok(TxEnd::None);
+            }
+        };
+        let mut failed = false;
+        for key in keys {
+            let answer = call(&service, &mut tx, &op, key, &tenant, &request, &identity).await?;
+            failed = matches!(answer, Answer::Error(_) | Answer::Unexpected(_));
+            answers.push((key, answer));
+            if failed {
+                break;
+            }
+        }
+        Ok::<_, CheckError>(if failed && op.fault != Fault::CommitAfterError {
+            match tx.rollback().await {
+                Ok(()) => TxEnd::RolledBack,
+                Err(e) => TxEnd::CommitFailed(format!("rollback: {e}")),
+            }
+        } else {
+            match tx.commit().await {
+                Ok(()) => TxEnd::Committed,
+                Err(e) => TxEnd::CommitFailed(e.to_string()),
+            }
+        })
+    };
+    let tx = match op.fault {
+        Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), transaction)
+            .await
+            .unwrap_or(Ok(TxEnd::Dropped))?,
+        _ => transaction.await?,
+    };
+    if tx == TxEnd::Dropped {
+        answers.push((op.key, Answer::Dropped));
+    }
+    Ok(Entry {
+        op,
+        identity,
+        answers,
+        tx,
+        span: (sent, start.elapsed()),
+    })
+}
+
+async fn drive<B, L, D>(
+    service: IdempotencyService<B, L, D>,
+    plan: &Plan,
+    store: &B,
+    wire: Option<Wire>,
+) -> Result<Run, CheckError>
+where
+    B: Backend,
+    L: LocalCache,
+    D: DistributedCache,
+{
+    let start = Instant::now();
+    let entries = clients(plan, wire, move |op| one(service.clone(), op, start)).await?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let unclean = store.unclean_connections().await?;
+    let effects = store.effects().await?;
+    let violations = invariants::service(&entries, &effects);
+    Ok(Run::new(entries, violations, unclean))
+}
+
+/// Runs `plan` through `execute_in` on a fresh `B`.
+pub async fn run<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
+    let (store, wire) = B::fresh().await?;
+    with_caches!(
+        plan.caches,
+        store.clone(),
+        service_config(plan),
+        ctx,
+        |service| drive(service, plan, &store, wire).await
+    )
+}
