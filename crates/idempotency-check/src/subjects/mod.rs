@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idempotency_cache_moka::{LocalCacheConfig, MokaCache};
-use idempotency_cache_redis::{DistributedCacheConfig, RedisCache};
+use idempotency_cache_redis::{CacheSecret, DistributedCacheConfig, RedisCache};
 use idempotency_core::{InFlightPolicy, ServiceConfig};
 use tokio::task::JoinSet;
 
@@ -64,8 +64,11 @@ impl Ctx {
 
     /// A Redis L2 with a key prefix no other run uses: runs never see each other's entries.
     fn redis(&self) -> Result<RedisCache, CheckError> {
+        let secret = CacheSecret::new(format!("check-secret-{}", "x".repeat(32)))
+            .map_err(|e| CheckError::Setup(e.to_string()))?;
         let config = DistributedCacheConfig {
             key_prefix: format!("{}:", idempotency_testing::unique_name("check")),
+            secret: Some(secret),
             // Generous: the checker shares two cores with the servers.
             timeout: Duration::from_millis(500),
             ..DistributedCacheConfig::default()
