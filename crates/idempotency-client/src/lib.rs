@@ -46,3 +46,8 @@ pub use policy::RetryPolicy;
 
 pub use reqwest;
 pub use reqwest_middleware;
+
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
