@@ -60,6 +60,18 @@ pub enum Error {
         /// The one attempt.
         failure: Failure,
     },
+    /// The request names an [`Operation`](crate::Operation) but the middleware has no
+    /// [`KeyStore`](crate::KeyStore): its key would not survive a restart. Not sent.
+    #[error(
+        "the request names operation {operation:?} but the middleware has no key store; not sent"
+    )]
+    NoKeyStore {
+        /// The operation id.
+        operation: String,
+    },
+    /// The [`KeyStore`](crate::KeyStore) failed. Not sent.
+    #[error(transparent)]
+    KeyStore(#[from] crate::KeyStoreError),
     /// The generated key cannot be written in the configured format.
     #[error("the idempotency key {key:?} is empty or has a character that a header cannot carry")]
     InvalidKey {
@@ -90,7 +102,7 @@ impl Error {
             Self::Refused { attempt, .. } => *attempt,
             Self::Exhausted { attempts, .. } => u32::try_from(attempts.len()).unwrap_or(u32::MAX),
             Self::NotReplayable { .. } => 1,
-            Self::InvalidKey { .. } => 0,
+            Self::InvalidKey { .. } | Self::NoKeyStore { .. } | Self::KeyStore(_) => 0,
         }
     }
 }

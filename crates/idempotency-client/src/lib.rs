@@ -19,6 +19,8 @@
 //!   `idempotency_client_retries_total{cause}` (`timeout`, `connection` or the status code),
 //!   `idempotency_client_replays_total`, `idempotency_client_gave_up_total`; a tracing span
 //!   `idempotency_client.attempt` per attempt.
+//! - Durable keys: a request that names an [`Operation`] gets the key a [`KeyStore`] keeps for
+//!   it, so a caller restarted mid-operation sends the same key again ([`MemoryKeyStore`] here).
 //!
 //! ```
 //! use idempotency_client::{IdempotencyMiddleware, RetryPolicy};
@@ -33,12 +35,14 @@
 //! ```
 
 mod delivery;
+mod durable;
 mod error;
 mod key;
 mod middleware;
 mod policy;
 
 pub use delivery::{Delivery, ResponseExt};
+pub use durable::{KeyStore, KeyStoreError, MemoryKeyStore, Operation};
 pub use error::{Cause, Error, Failure, GiveUp};
 pub use key::{KeyFormat, KeyGenerator};
 pub use middleware::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyMiddleware};

@@ -1,14 +1,20 @@
 //! [`IdempotencyMiddleware`]: one key per logical request, kept on every retry.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::Extensions;
-use reqwest::header::{HeaderMap, HeaderName, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, Request, Response, StatusCode};
 use reqwest_middleware::{Next, Result};
 use tracing::Instrument;
 
-use crate::{Cause, Delivery, Error, Failure, GiveUp, KeyFormat, KeyGenerator, RetryPolicy};
+use crate::durable::DynKeyStore;
+use crate::{
+    Cause, Delivery, Error, Failure, GiveUp, KeyFormat, KeyGenerator, KeyStore, Operation,
+    RetryPolicy,
+};
 
 /// The `Idempotency-Key` header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -50,6 +56,17 @@ pub struct IdempotencyMiddleware {
     keys: KeyGenerator,
     policy: RetryPolicy,
     replay_headers: Vec<HeaderName>,
+    store: Option<SharedKeyStore>,
+}
+
+/// The configured [`KeyStore`], shared by the clones of the middleware.
+#[derive(Clone)]
+struct SharedKeyStore(Arc<dyn DynKeyStore>);
+
+impl fmt::Debug for SharedKeyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyStore(..)")
+    }
 }
 
 impl Default for IdempotencyMiddleware {
@@ -79,6 +96,7 @@ impl IdempotencyMiddleware {
             keys: KeyGenerator::default(),
             policy: RetryPolicy::default(),
             replay_headers: vec![IDEMPOTENT_REPLAYED],
+            store: None,
         }
     }
 
@@ -117,13 +135,50 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// The request's key header value: the caller's, or a new one.
-    fn key(&self, request: &mut Request) -> std::result::Result<String, Error> {
+    /// Durable keys: a request with an [`Operation`] extension is sent with the key `store`
+    /// holds for it (the header value, stored on the operation's first request).
+    ///
+    /// ```
+    /// use idempotency_client::{IdempotencyMiddleware, MemoryKeyStore, Operation};
+    ///
+    /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    ///     .with(IdempotencyMiddleware::new().key_store(MemoryKeyStore::default()))
+    ///     .build();
+    /// let request = client
+    ///     .post("http://127.0.0.1:8080/api/payments")
+    ///     .with_extension(Operation::new("payout-42"));
+    /// # let _ = request;
+    /// ```
+    #[must_use]
+    pub fn key_store(mut self, store: impl KeyStore) -> Self {
+        self.store = Some(SharedKeyStore(Arc::new(store)));
+        self
+    }
+
+    /// The request's key header value: the caller's, the one stored for its operation, or a
+    /// new one.
+    async fn key(
+        &self,
+        request: &mut Request,
+        extensions: &Extensions,
+    ) -> std::result::Result<String, Error> {
         if let Some(own) = request.headers().get(&IDEMPOTENCY_KEY) {
             return Ok(String::from_utf8_lossy(own.as_bytes()).into_owned());
         }
         let value = self.format.header_value(&self.keys.generate())?;
-        let key = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        let fresh = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        let Some(operation) = extensions.get::<Operation>() else {
+            request.headers_mut().insert(IDEMPOTENCY_KEY, value);
+            return Ok(fresh);
+        };
+        let Some(store) = &self.store else {
+            return Err(Error::NoKeyStore {
+                operation: operation.as_str().to_owned(),
+            });
+        };
+        let key = store.0.key_for(operation.as_str(), &fresh).await?;
+        let value =
+            HeaderValue::from_str(&key).map_err(|_| Error::InvalidKey { key: key.clone() })?;
         request.headers_mut().insert(IDEMPOTENCY_KEY, value);
         Ok(key)
     }
@@ -177,7 +232,8 @@ impl IdempotencyMiddleware {
         next: Next<'_>,
     ) -> Result<Response> {
         let key = self
-            .key(&mut request)
+            .key(&mut request, extensions)
+            .await
             .map_err(reqwest_middleware::Error::middleware)?;
         let method = request.method().as_str().to_owned();
         let started = Instant::now();
@@ -322,7 +378,6 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
 
     #[test]
     fn retry_after_reads_seconds_and_dates() {
