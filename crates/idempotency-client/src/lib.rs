@@ -20,7 +20,8 @@
 //!   `idempotency_client_replays_total`, `idempotency_client_gave_up_total`; a tracing span
 //!   `idempotency_client.attempt` per attempt.
 //! - Durable keys: a request that names an [`Operation`] gets the key a [`KeyStore`] keeps for
-//!   it, so a caller restarted mid-operation sends the same key again ([`MemoryKeyStore`] here).
+//!   it, so a caller restarted mid-operation sends the same key again ([`MemoryKeyStore`];
+//!   `SqliteKeyStore` and `PgKeyStore` with the features `sqlite` and `postgres`).
 //!
 //! ```
 //! use idempotency_client::{IdempotencyMiddleware, RetryPolicy};
@@ -34,12 +35,16 @@
 //! # let _ = client;
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod delivery;
 mod durable;
 mod error;
 mod key;
 mod middleware;
 mod policy;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 
 pub use delivery::{Delivery, ResponseExt};
 pub use durable::{KeyStore, KeyStoreError, MemoryKeyStore, Operation};
@@ -47,6 +52,16 @@ pub use error::{Cause, Error, Failure, GiveUp};
 pub use key::{KeyFormat, KeyGenerator};
 pub use middleware::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyMiddleware};
 pub use policy::RetryPolicy;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::KEYS_TABLE;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use sql::PgKeyStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use sql::SqliteKeyStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlx;
 
 pub use reqwest;
 pub use reqwest_middleware;
