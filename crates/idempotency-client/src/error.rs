@@ -220,8 +220,23 @@ impl fmt::Display for Cause {
                 retry_after: Some(wait),
             } => write!(f, "{status} (Retry-After {wait:?})"),
             Self::Status { status, .. } => write!(f, "{status}"),
-            Self::Timeout(e) => write!(f, "timeout: {e}"),
-            Self::Connection(e) => write!(f, "connection error: {e}"),
+            Self::Timeout(e) => write!(f, "timeout: {}", Chain(e)),
+            Self::Connection(e) => write!(f, "connection error: {}", Chain(e)),
         }
+    }
+}
+
+/// An error and its sources, `: `-separated (reqwest's own message omits the cause).
+struct Chain<'a>(&'a reqwest::Error);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
     }
 }

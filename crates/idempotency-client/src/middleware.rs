@@ -246,7 +246,9 @@ impl IdempotencyMiddleware {
                 "idempotency_client.attempt",
                 attempt,
                 method = %method,
-                url = %request.url(),
+                // no query: it may carry credentials
+                host = request.url().host_str().unwrap_or_default(),
+                path = request.url().path(),
                 idempotency_key = %key,
                 status = tracing::field::Empty,
             );
