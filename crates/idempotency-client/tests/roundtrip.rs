@@ -102,7 +102,8 @@ async fn a_concurrent_holder_is_waited_for_with_retry_after_then_replayed() {
     assert_eq!(response.status(), StatusCode::CREATED);
     let delivery = response.delivery().unwrap().clone();
     assert_eq!(delivery.key, "k-slow");
-    assert_eq!(delivery.attempts, 2, "409 then the replay: {delivery:?}");
+    // 409, then the replay (one more 409 if the holder outlives the first Retry-After).
+    assert!(delivery.attempts >= 2, "409 then the replay: {delivery:?}");
     assert!(delivery.replayed);
     assert!(
         waited >= Duration::from_secs(idempotency_axum::RETRY_AFTER_IN_FLIGHT),
