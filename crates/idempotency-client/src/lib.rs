@@ -37,6 +37,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod answer;
 mod delivery;
 mod durable;
 mod error;

@@ -2,18 +2,18 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use http::Extensions;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Request, Response, StatusCode};
 use reqwest_middleware::{Next, Result};
 use tracing::Instrument;
 
+use crate::answer::{delivered, refused, retry_after};
 use crate::durable::DynKeyStore;
 use crate::{
-    Cause, Delivery, Error, Failure, GiveUp, KeyFormat, KeyGenerator, KeyStore, Operation,
-    RetryPolicy,
+    Cause, Error, Failure, GiveUp, KeyFormat, KeyGenerator, KeyStore, Operation, RetryPolicy,
 };
 
 /// The `Idempotency-Key` header.
@@ -21,14 +21,11 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The header a server sets on a replayed answer (`Idempotent-Replayed: true`).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// The most of a refused answer's body kept in [`Error::Refused`].
-const REFUSED_BODY_LIMIT: usize = 64 * 1024;
-
 /// A [`reqwest_middleware::Middleware`] that gives each request of the configured methods an
 /// `Idempotency-Key` (or keeps the caller's) and retries it with that same key.
 ///
 /// Requests of other methods pass through untouched. The returned response carries a
-/// [`Delivery`] (read it with [`ResponseExt`](crate::ResponseExt)): the key, the attempts,
+/// [`Delivery`](crate::Delivery) (read it with [`ResponseExt`](crate::ResponseExt)): the key, the attempts,
 /// whether the server replayed a stored answer.
 ///
 /// ```no_run
@@ -331,75 +328,5 @@ impl reqwest_middleware::Middleware for IdempotencyMiddleware {
             return next.run(request, extensions).await;
         }
         self.send(request, extensions, next).await
-    }
-}
-
-fn delivered(mut response: Response, key: String, attempts: u32, replayed: bool) -> Response {
-    response.extensions_mut().insert(Delivery {
-        key,
-        attempts,
-        replayed,
-    });
-    response
-}
-
-/// A `400` or `422` as an error, with the start of its body.
-async fn refused(mut response: Response, attempt: u32) -> reqwest_middleware::Error {
-    let status = response.status();
-    let headers = response.headers().clone();
-    let mut body = Vec::new();
-    while body.len() < REFUSED_BODY_LIMIT {
-        match response.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
-        }
-    }
-    body.truncate(REFUSED_BODY_LIMIT);
-    reqwest_middleware::Error::middleware(Error::Refused {
-        status,
-        attempt,
-        headers,
-        body,
-    })
-}
-
-/// `Retry-After` as delta-seconds or an HTTP date.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(seconds) = text.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(text).ok()?;
-    Some(
-        at.duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO),
-    )
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_reads_seconds_and_dates() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(retry_after(&headers), None);
-        headers.insert(RETRY_AFTER, HeaderValue::from_static("3"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
-        let later = SystemTime::now() + Duration::from_secs(20);
-        headers.insert(
-            RETRY_AFTER,
-            HeaderValue::from_str(&httpdate::fmt_http_date(later)).unwrap(),
-        );
-        let wait = retry_after(&headers).unwrap();
-        assert!((18..=20).contains(&wait.as_secs()), "{wait:?}");
-        headers.insert(
-            RETRY_AFTER,
-            HeaderValue::from_static("Mon, 01 Jan 2001 00:00:00 GMT"),
-        );
-        assert_eq!(retry_after(&headers), Some(Duration::ZERO));
-        headers.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
-        assert_eq!(retry_after(&headers), None);
     }
 }
