@@ -73,3 +73,8 @@ pub use idempotency_outbox as outbox;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use idempotency_axum as axum;
+
+/// The caller's side: a reqwest middleware that retries with one key (`idempotency-client`).
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub use idempotency_client as client;

@@ -1,0 +1,242 @@
+//! [`Error`]: why a request did not get an answer worth returning.
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+
+/// What went wrong, and what the caller should do about it.
+///
+/// The middleware returns it inside [`reqwest_middleware::Error::Middleware`]; get it back
+/// with [`Error::from_middleware`].
+///
+/// ```
+/// use idempotency_client::{Cause, Error, Failure, GiveUp};
+/// use reqwest::StatusCode;
+///
+/// let error = Error::Exhausted {
+///     reason: GiveUp::MaxAttempts(2),
+///     attempts: vec![
+///         Failure::new(1, Cause::Status { status: StatusCode::BAD_GATEWAY, retry_after: None }),
+///         Failure::new(2, Cause::Status { status: StatusCode::SERVICE_UNAVAILABLE, retry_after: None }),
+///     ],
+/// };
+/// assert_eq!(
+///     error.to_string(),
+///     "gave up after 2 attempt(s) (2 attempts made, the maximum): \
+///      #1 502 Bad Gateway; #2 503 Service Unavailable"
+/// );
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The server refused the request itself (`400`, or `422` for a key already used with
+    /// another request). Not retried: change the request, and send it with a new key.
+    #[error("the server refused the request with {status} at attempt {attempt}, not retried: {}", hint(*.status))]
+    Refused {
+        /// `400` or `422`.
+        status: StatusCode,
+        /// The attempt that got it (a retry can get it when the first attempt's answer was lost).
+        attempt: u32,
+        /// The answer's headers.
+        headers: HeaderMap,
+        /// The answer's body (at most 64 KiB of it), often an RFC 9457 problem.
+        body: Vec<u8>,
+    },
+    /// Every attempt the budget allowed failed.
+    #[error("gave up after {} attempt(s) ({reason}): {}", .attempts.len(), Listed(.attempts))]
+    Exhausted {
+        /// The budget that ran out.
+        reason: GiveUp,
+        /// Each attempt and why it failed, in order.
+        attempts: Vec<Failure>,
+    },
+    /// The request's body is a stream that cannot be sent twice: it was sent once and failed.
+    #[error(
+        "the request body is a stream that cannot be cloned, so it was sent once and not retried; it failed with {failure}"
+    )]
+    NotReplayable {
+        /// The one attempt.
+        failure: Failure,
+    },
+    /// The request names an [`Operation`](crate::Operation) but the middleware has no
+    /// [`KeyStore`](crate::KeyStore): its key would not survive a restart. Not sent.
+    #[error(
+        "the request names operation {operation:?} but the middleware has no key store; not sent"
+    )]
+    NoKeyStore {
+        /// The operation id.
+        operation: String,
+    },
+    /// The [`KeyStore`](crate::KeyStore) failed. Not sent.
+    #[error(transparent)]
+    KeyStore(#[from] crate::KeyStoreError),
+    /// The generated key cannot be written in the configured format.
+    #[error("the idempotency key {key:?} is empty or has a character that a header cannot carry")]
+    InvalidKey {
+        /// The key as generated.
+        key: String,
+    },
+}
+
+impl Error {
+    /// This crate's error inside a middleware error, if it is one.
+    ///
+    /// ```
+    /// use idempotency_client::Error;
+    ///
+    /// let wrapped = reqwest_middleware::Error::middleware(Error::InvalidKey { key: String::new() });
+    /// assert!(matches!(Error::from_middleware(&wrapped), Some(Error::InvalidKey { .. })));
+    /// ```
+    pub fn from_middleware(error: &reqwest_middleware::Error) -> Option<&Self> {
+        match error {
+            reqwest_middleware::Error::Middleware(inner) => inner.downcast_ref(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// The number of attempts made before this error.
+    pub fn attempts(&self) -> u32 {
+        match self {
+            Self::Refused { attempt, .. } => *attempt,
+            Self::Exhausted { attempts, .. } => u32::try_from(attempts.len()).unwrap_or(u32::MAX),
+            Self::NotReplayable { .. } => 1,
+            Self::InvalidKey { .. } | Self::NoKeyStore { .. } | Self::KeyStore(_) => 0,
+        }
+    }
+}
+
+fn hint(status: StatusCode) -> &'static str {
+    if status == StatusCode::UNPROCESSABLE_ENTITY {
+        "the key was already used for a different request (or the request is invalid); send the changed request with a new key"
+    } else {
+        "the request is malformed; fix it and send it with a new key"
+    }
+}
+
+struct Listed<'a>(&'a [Failure]);
+
+impl fmt::Display for Listed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, failure) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{failure}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which budget of the [`RetryPolicy`](crate::RetryPolicy) ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GiveUp {
+    /// This many attempts were made, the configured maximum.
+    MaxAttempts(u32),
+    /// The next retry would have started after the maximum elapsed time.
+    MaxElapsed(Duration),
+    /// The server asked for a wait longer than the configured bound.
+    RetryAfterTooLong {
+        /// The server's `Retry-After`.
+        retry_after: Duration,
+        /// The bound.
+        bound: Duration,
+    },
+}
+
+impl fmt::Display for GiveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MaxAttempts(n) => write!(f, "{n} attempts made, the maximum"),
+            Self::MaxElapsed(budget) => {
+                write!(f, "the next retry would start after the {budget:?} budget")
+            }
+            Self::RetryAfterTooLong { retry_after, bound } => write!(
+                f,
+                "the server asked to wait {retry_after:?}, more than the {bound:?} bound"
+            ),
+        }
+    }
+}
+
+/// One failed attempt.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Failure {
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Why it failed.
+    pub cause: Cause,
+}
+
+impl Failure {
+    /// Attempt `attempt` failed with `cause`.
+    pub fn new(attempt: u32, cause: Cause) -> Self {
+        Self { attempt, cause }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{} {}", self.attempt, self.cause)
+    }
+}
+
+/// Why an attempt failed in a way worth retrying.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Cause {
+    /// A retried status (`5xx`, `409`, `429` by default).
+    Status {
+        /// The answer's status.
+        status: StatusCode,
+        /// Its `Retry-After`, when it had one the client could read.
+        retry_after: Option<Duration>,
+    },
+    /// The attempt timed out (reqwest's timeouts).
+    Timeout(reqwest::Error),
+    /// The connection failed or closed before a whole answer came back.
+    Connection(reqwest::Error),
+}
+
+impl Cause {
+    /// A short label: `timeout`, `connection` or the status code (the metrics' `cause`).
+    pub fn label(&self) -> String {
+        match self {
+            Self::Status { status, .. } => status.as_str().to_owned(),
+            Self::Timeout(_) => "timeout".to_owned(),
+            Self::Connection(_) => "connection".to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Status {
+                status,
+                retry_after: Some(wait),
+            } => write!(f, "{status} (Retry-After {wait:?})"),
+            Self::Status { status, .. } => write!(f, "{status}"),
+            Self::Timeout(e) => write!(f, "timeout: {}", Chain(e)),
+            Self::Connection(e) => write!(f, "connection error: {}", Chain(e)),
+        }
+    }
+}
+
+/// An error and its sources, `: `-separated (reqwest's own message omits the cause).
+struct Chain<'a>(&'a reqwest::Error);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}

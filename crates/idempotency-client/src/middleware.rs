@@ -1,0 +1,332 @@
+//! [`IdempotencyMiddleware`]: one key per logical request, kept on every retry.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::Extensions;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, Request, Response, StatusCode};
+use reqwest_middleware::{Next, Result};
+use tracing::Instrument;
+
+use crate::answer::{delivered, refused, retry_after};
+use crate::durable::DynKeyStore;
+use crate::{
+    Cause, Error, Failure, GiveUp, KeyFormat, KeyGenerator, KeyStore, Operation, RetryPolicy,
+};
+
+/// The `Idempotency-Key` header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The header a server sets on a replayed answer (`Idempotent-Replayed: true`).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// A [`reqwest_middleware::Middleware`] that gives each request of the configured methods an
+/// `Idempotency-Key` (or keeps the caller's) and retries it with that same key.
+///
+/// Requests of other methods pass through untouched. The returned response carries a
+/// [`Delivery`](crate::Delivery) (read it with [`ResponseExt`](crate::ResponseExt)): the key, the attempts,
+/// whether the server replayed a stored answer.
+///
+/// ```no_run
+/// use idempotency_client::{IdempotencyMiddleware, ResponseExt, RetryPolicy};
+///
+/// # async fn demo() -> Result<(), reqwest_middleware::Error> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(IdempotencyMiddleware::new().retry_policy(RetryPolicy::default().max_attempts(5)))
+///     .build();
+/// let response = client
+///     .post("http://127.0.0.1:3000/payments")
+///     .header("content-type", "application/json")
+///     .body(r#"{"order_id":"o-1","amount_cents":4900}"#)
+///     .send()
+///     .await?;
+/// let delivery = response.delivery().expect("a POST goes through the middleware");
+/// println!("{} after {} attempt(s), replayed: {}", response.status(), delivery.attempts, delivery.replayed);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct IdempotencyMiddleware {
+    methods: Vec<Method>,
+    format: KeyFormat,
+    keys: KeyGenerator,
+    policy: RetryPolicy,
+    replay_headers: Vec<HeaderName>,
+    store: Option<SharedKeyStore>,
+}
+
+/// The configured [`KeyStore`], shared by the clones of the middleware.
+#[derive(Clone)]
+struct SharedKeyStore(Arc<dyn DynKeyStore>);
+
+impl fmt::Debug for SharedKeyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyStore(..)")
+    }
+}
+
+impl Default for IdempotencyMiddleware {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl IdempotencyMiddleware {
+    /// POST and PATCH, UUID v7 keys as sf-strings, [`RetryPolicy::default`], replays read
+    /// from `Idempotent-Replayed`.
+    ///
+    /// ```
+    /// use idempotency_client::{IdempotencyMiddleware, KeyFormat, KeyGenerator};
+    ///
+    /// let middleware = IdempotencyMiddleware::new()
+    ///     .methods([reqwest::Method::POST, reqwest::Method::PUT])
+    ///     .key_format(KeyFormat::Bare)
+    ///     .key_generator(KeyGenerator::new(|| "job-7".to_owned()))
+    ///     .replay_header(reqwest::header::HeaderName::from_static("x-idempotent-replayed"));
+    /// # let _ = middleware;
+    /// ```
+    pub fn new() -> Self {
+        Self {
+            methods: vec![Method::POST, Method::PATCH],
+            format: KeyFormat::default(),
+            keys: KeyGenerator::default(),
+            policy: RetryPolicy::default(),
+            replay_headers: vec![IDEMPOTENT_REPLAYED],
+            store: None,
+        }
+    }
+
+    /// The methods that get a key and retries (instead of POST and PATCH).
+    #[must_use]
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// How a generated key is written.
+    #[must_use]
+    pub fn key_format(mut self, format: KeyFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// Where keys come from.
+    #[must_use]
+    pub fn key_generator(mut self, keys: KeyGenerator) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// When to retry.
+    #[must_use]
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Another header whose value `true` marks a replay (besides `Idempotent-Replayed`).
+    #[must_use]
+    pub fn replay_header(mut self, name: HeaderName) -> Self {
+        self.replay_headers.push(name);
+        self
+    }
+
+    /// Durable keys: a request with an [`Operation`] extension is sent with the key `store`
+    /// holds for it (the header value, stored on the operation's first request).
+    ///
+    /// ```
+    /// use idempotency_client::{IdempotencyMiddleware, MemoryKeyStore, Operation};
+    ///
+    /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    ///     .with(IdempotencyMiddleware::new().key_store(MemoryKeyStore::default()))
+    ///     .build();
+    /// let request = client
+    ///     .post("http://127.0.0.1:8080/api/payments")
+    ///     .with_extension(Operation::new("payout-42"));
+    /// # let _ = request;
+    /// ```
+    #[must_use]
+    pub fn key_store(mut self, store: impl KeyStore) -> Self {
+        self.store = Some(SharedKeyStore(Arc::new(store)));
+        self
+    }
+
+    /// The request's key header value: the caller's, the one stored for its operation, or a
+    /// new one.
+    async fn key(
+        &self,
+        request: &mut Request,
+        extensions: &Extensions,
+    ) -> std::result::Result<String, Error> {
+        if let Some(own) = request.headers().get(&IDEMPOTENCY_KEY) {
+            return Ok(String::from_utf8_lossy(own.as_bytes()).into_owned());
+        }
+        let value = self.format.header_value(&self.keys.generate())?;
+        let fresh = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        let Some(operation) = extensions.get::<Operation>() else {
+            request.headers_mut().insert(IDEMPOTENCY_KEY, value);
+            return Ok(fresh);
+        };
+        let Some(store) = &self.store else {
+            return Err(Error::NoKeyStore {
+                operation: operation.as_str().to_owned(),
+            });
+        };
+        let key = store.0.key_for(operation.as_str(), &fresh).await?;
+        let value =
+            HeaderValue::from_str(&key).map_err(|_| Error::InvalidKey { key: key.clone() })?;
+        request.headers_mut().insert(IDEMPOTENCY_KEY, value);
+        Ok(key)
+    }
+
+    fn is_replay(&self, headers: &HeaderMap) -> bool {
+        self.replay_headers.iter().any(|name| {
+            headers
+                .get(name)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+        })
+    }
+
+    /// The wait before the next attempt, or why there is none.
+    fn wait(
+        &self,
+        cause: &Cause,
+        retries: u32,
+        started: Instant,
+    ) -> std::result::Result<Duration, GiveUp> {
+        if retries + 1 >= self.policy.attempts() {
+            return Err(GiveUp::MaxAttempts(retries + 1));
+        }
+        let wait = match cause {
+            Cause::Status {
+                retry_after: Some(retry_after),
+                ..
+            } => {
+                let bound = self.policy.retry_after_bound();
+                if *retry_after > bound {
+                    return Err(GiveUp::RetryAfterTooLong {
+                        retry_after: *retry_after,
+                        bound,
+                    });
+                }
+                *retry_after
+            }
+            _ => self.policy.backoff(retries + 1),
+        };
+        let budget = self.policy.elapsed_budget();
+        if started.elapsed() + wait > budget {
+            return Err(GiveUp::MaxElapsed(budget));
+        }
+        Ok(wait)
+    }
+
+    /// Runs the attempts of one logical request.
+    async fn send(
+        &self,
+        mut request: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        let key = self
+            .key(&mut request, extensions)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)?;
+        let method = request.method().as_str().to_owned();
+        let started = Instant::now();
+        let mut failures = Vec::new();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let spare = request.try_clone();
+            let span = tracing::info_span!(
+                "idempotency_client.attempt",
+                attempt,
+                method = %method,
+                // no query: it may carry credentials
+                host = request.url().host_str().unwrap_or_default(),
+                path = request.url().path(),
+                idempotency_key = %key,
+                status = tracing::field::Empty,
+            );
+            metrics::counter!("idempotency_client_attempts_total", "method" => method.clone())
+                .increment(1);
+            let result = next
+                .clone()
+                .run(request, extensions)
+                .instrument(span.clone())
+                .await;
+            let cause = match result {
+                Ok(response) => {
+                    let status = response.status();
+                    span.record("status", status.as_u16());
+                    if self.is_replay(response.headers()) {
+                        // A stored answer: the request ran once; sending it again changes nothing.
+                        metrics::counter!("idempotency_client_replays_total").increment(1);
+                        return Ok(delivered(response, key, attempt, true));
+                    }
+                    if matches!(
+                        status,
+                        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY
+                    ) {
+                        return Err(refused(response, attempt).await);
+                    }
+                    if !self.policy.retries(status) {
+                        return Ok(delivered(response, key, attempt, false));
+                    }
+                    Cause::Status {
+                        status,
+                        retry_after: retry_after(response.headers()),
+                    }
+                }
+                Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout() => Cause::Timeout(e),
+                Err(reqwest_middleware::Error::Reqwest(e)) if e.is_connect() || e.is_request() => {
+                    Cause::Connection(e)
+                }
+                Err(other) => return Err(other),
+            };
+            let label = cause.label();
+            let failure = Failure::new(attempt, cause);
+            let Some(again) = spare else {
+                tracing::warn!(%failure, "idempotent request failed; its streamed body cannot be sent again");
+                return Err(reqwest_middleware::Error::middleware(
+                    Error::NotReplayable { failure },
+                ));
+            };
+            let wait = self.wait(&failure.cause, attempt - 1, started);
+            failures.push(failure);
+            let wait = match wait {
+                Ok(wait) => wait,
+                Err(reason) => {
+                    metrics::counter!("idempotency_client_gave_up_total").increment(1);
+                    let error = Error::Exhausted {
+                        reason,
+                        attempts: failures,
+                    };
+                    tracing::warn!(%error, "idempotent request gave up");
+                    return Err(reqwest_middleware::Error::middleware(error));
+                }
+            };
+            metrics::counter!("idempotency_client_retries_total", "cause" => label.clone())
+                .increment(1);
+            tracing::info!(cause = %label, ?wait, attempt, "retrying with the same idempotency key");
+            tokio::time::sleep(wait).await;
+            request = again;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for IdempotencyMiddleware {
+    async fn handle(
+        &self,
+        request: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        if !self.methods.contains(request.method()) {
+            return next.run(request, extensions).await;
+        }
+        self.send(request, extensions, next).await
+    }
+}

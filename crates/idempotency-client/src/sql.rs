@@ -1,0 +1,115 @@
+//! [`KeyStore`](crate::KeyStore)s on the project's SQL backends: `SqliteKeyStore` (feature
+//! `sqlite`) and `PgKeyStore` (feature `postgres`), one row per operation in
+//! `idempotency_client_keys`.
+
+use crate::KeyStoreError;
+
+/// The table of the SQL key stores.
+pub const KEYS_TABLE: &str = "idempotency_client_keys";
+
+/// Stores `fresh` unless the operation has a key, and returns the operation's key, in one
+/// statement (two concurrent callers get the same key). `$n` parameters: both backends.
+const KEY_FOR: &str = "INSERT INTO idempotency_client_keys (operation, idempotency_key) VALUES ($1, $2) \
+     ON CONFLICT (operation) DO UPDATE SET operation = excluded.operation RETURNING idempotency_key";
+const FORGET: &str = "DELETE FROM idempotency_client_keys WHERE operation = $1";
+
+fn failed(error: sqlx::Error) -> KeyStoreError {
+    KeyStoreError(Box::new(error))
+}
+
+macro_rules! sql_key_store {
+    ($(#[$doc:meta])* $name:ident, $pool:ty, $ddl:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            pool: $pool,
+        }
+
+        impl $name {
+            /// A store on `pool`; the table must exist ([`create_table`](Self::create_table)).
+            pub fn new(pool: $pool) -> Self {
+                Self { pool }
+            }
+
+            /// Creates the keys table if it does not exist.
+            ///
+            /// # Errors
+            ///
+            /// The database's error.
+            pub async fn create_table(&self) -> Result<(), KeyStoreError> {
+                sqlx::raw_sql($ddl).execute(&self.pool).await.map_err(failed)?;
+                Ok(())
+            }
+        }
+
+        impl crate::KeyStore for $name {
+            async fn key_for(&self, operation: &str, fresh: &str) -> Result<String, KeyStoreError> {
+                sqlx::query_scalar(KEY_FOR)
+                    .bind(operation)
+                    .bind(fresh)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(failed)
+            }
+
+            async fn forget(&self, operation: &str) -> Result<(), KeyStoreError> {
+                sqlx::query(FORGET)
+                    .bind(operation)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(failed)?;
+                Ok(())
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+sql_key_store!(
+    /// Operation keys in a SQLite database: they survive a restart of the caller.
+    ///
+    /// ```
+    /// use idempotency_client::{KeyStore, SqliteKeyStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// // one connection: each connection to `sqlite::memory:` is a database of its own
+    /// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+    ///     .max_connections(1)
+    ///     .connect("sqlite::memory:")
+    ///     .await
+    ///     .unwrap();
+    /// let store = SqliteKeyStore::new(pool);
+    /// store.create_table().await.unwrap();
+    /// assert_eq!(store.key_for("job-7", "k-1").await.unwrap(), "k-1");
+    /// assert_eq!(store.key_for("job-7", "k-2").await.unwrap(), "k-1");
+    /// # });
+    /// ```
+    SqliteKeyStore,
+    sqlx::SqlitePool,
+    "CREATE TABLE IF NOT EXISTS idempotency_client_keys (\
+     operation TEXT PRIMARY KEY, idempotency_key TEXT NOT NULL, \
+     created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)"
+);
+
+#[cfg(feature = "postgres")]
+sql_key_store!(
+    /// Operation keys in a PostgreSQL database: they survive a restart of the caller.
+    ///
+    /// ```no_run
+    /// use idempotency_client::{KeyStore, PgKeyStore};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
+    /// let store = PgKeyStore::new(pool);
+    /// store.create_table().await?;
+    /// let key = store.key_for("job-7", "k-1").await?;
+    /// # let _ = key;
+    /// # Ok(())
+    /// # }
+    /// ```
+    PgKeyStore,
+    sqlx::PgPool,
+    "CREATE TABLE IF NOT EXISTS idempotency_client_keys (\
+     operation text PRIMARY KEY, idempotency_key text NOT NULL, \
+     created_at timestamptz NOT NULL DEFAULT now())"
+);

@@ -1,0 +1,318 @@
+//! The client against a real server: axum with `IdempotencyLayer` on SQLite, over TCP.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use idempotency_client::{
+    Cause, Error, GiveUp, IdempotencyMiddleware, KeyFormat, KeyGenerator, ResponseExt, RetryPolicy,
+};
+use idempotency_core::InFlightPolicy;
+use reqwest::StatusCode;
+use reqwest_middleware::ClientWithMiddleware;
+
+fn client(middleware: IdempotencyMiddleware) -> ClientWithMiddleware {
+    let inner = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    reqwest_middleware::ClientBuilder::new(inner)
+        .with(middleware)
+        .build()
+}
+
+fn fast() -> RetryPolicy {
+    RetryPolicy::default()
+        .initial_backoff(Duration::from_millis(10))
+        .max_backoff(Duration::from_millis(20))
+}
+
+/// The crate's error inside the middleware error.
+fn error(result: reqwest_middleware::Result<reqwest::Response>) -> Error {
+    let wrapped = result.expect_err("the call should fail");
+    match wrapped {
+        reqwest_middleware::Error::Middleware(inner) => inner.downcast().unwrap(),
+        other => panic!("not the middleware's error: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_answer_lost_after_the_commit_is_replayed_on_retry_and_the_payment_runs_once() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let proxy = support::lose_first_answer(server.addr).await;
+    let client = client(IdempotencyMiddleware::new().retry_policy(fast()));
+    let response = client
+        .post(format!("http://{proxy}/payments"))
+        .header("content-type", "application/json")
+        .body(r#"{"amount":10}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let delivery = response.delivery().unwrap().clone();
+    assert_eq!(delivery.attempts, 2, "{delivery:?}");
+    assert!(
+        delivery.replayed,
+        "the second attempt got the stored answer"
+    );
+    assert!(
+        delivery.key.starts_with('"'),
+        "an sf-string: {}",
+        delivery.key
+    );
+    let body: serde_json::Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+    assert_eq!(body["amount"], 10);
+    assert_eq!(server.payments().await, 1, "one payment for two attempts");
+}
+
+#[tokio::test]
+async fn a_concurrent_holder_is_waited_for_with_retry_after_then_replayed() {
+    // PostgreSQL: on SQLite the duplicate queues on the write lock and never sees a 409.
+    let server = support::start_on::<idempotency_pg::PgStore>(InFlightPolicy::Reject).await;
+    let body = r#"{"amount":10,"slow":true}"#;
+    let first = {
+        let url = server.url("/payments");
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("idempotency-key", "k-slow")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        })
+    };
+    server.hooks.entered.notified().await;
+    let started = Instant::now();
+    let response = client(IdempotencyMiddleware::new().retry_policy(fast()))
+        .post(server.url("/payments"))
+        .header("idempotency-key", "k-slow") // the caller's key is kept
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let delivery = response.delivery().unwrap().clone();
+    assert_eq!(delivery.key, "k-slow");
+    // 409, then the replay (one more 409 if the holder outlives the first Retry-After).
+    assert!(delivery.attempts >= 2, "409 then the replay: {delivery:?}");
+    assert!(delivery.replayed);
+    assert!(
+        waited >= Duration::from_secs(idempotency_axum::RETRY_AFTER_IN_FLIGHT),
+        "Retry-After honoured: {waited:?}"
+    );
+    assert_eq!(response.text().await.unwrap(), first.await.unwrap());
+    assert_eq!(server.payments().await, 1, "not a second execution");
+}
+
+#[tokio::test]
+async fn a_key_reused_for_another_request_is_refused_with_422_and_not_retried() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let client = client(
+        IdempotencyMiddleware::new()
+            .key_generator(KeyGenerator::new(|| "k-reused".to_owned()))
+            .retry_policy(fast()),
+    );
+    let send = |amount: i64| {
+        client
+            .post(server.url("/payments"))
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"amount":{amount}}}"#))
+            .send()
+    };
+    assert_eq!(send(10).await.unwrap().status(), StatusCode::CREATED);
+    let refused = error(send(20).await);
+    let Error::Refused {
+        status,
+        attempt,
+        ref body,
+        ..
+    } = refused
+    else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(attempt, 1, "not retried");
+    assert!(
+        String::from_utf8_lossy(body).contains("reuse"),
+        "the problem is kept: {}",
+        String::from_utf8_lossy(body)
+    );
+    let message = refused.to_string();
+    assert!(message.contains("new key"), "{message}");
+    assert_eq!(server.payments().await, 1);
+}
+
+#[tokio::test]
+async fn a_bad_body_is_refused_with_400_and_not_retried() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let refused = error(
+        client(IdempotencyMiddleware::new().retry_policy(fast()))
+            .post(server.url("/payments"))
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await,
+    );
+    assert!(
+        matches!(
+            refused,
+            Error::Refused {
+                status: StatusCode::BAD_REQUEST,
+                attempt: 1,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(server.payments().await, 0);
+}
+
+#[tokio::test]
+async fn an_exhausted_budget_lists_every_attempt_and_its_cause() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let policy = fast().max_attempts(3);
+    let client = client(IdempotencyMiddleware::new().retry_policy(policy.clone()));
+    let exhausted = error(
+        client
+            .post(server.url("/unavailable"))
+            .body("x")
+            .send()
+            .await,
+    );
+    let message = exhausted.to_string();
+    let Error::Exhausted { reason, attempts } = exhausted else {
+        panic!("{message}")
+    };
+    assert_eq!(reason, GiveUp::MaxAttempts(3));
+    assert_eq!(attempts.len(), 3);
+    for (i, failure) in attempts.iter().enumerate() {
+        assert_eq!(failure.attempt as usize, i + 1);
+        assert!(matches!(
+            failure.cause,
+            Cause::Status {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                ..
+            }
+        ));
+    }
+    assert_eq!(
+        message,
+        "gave up after 3 attempt(s) (3 attempts made, the maximum): \
+         #1 503 Service Unavailable; #2 503 Service Unavailable; #3 503 Service Unavailable"
+    );
+    let keys = server.keys();
+    assert_eq!(keys.len(), 3);
+    assert!(keys[0].is_some());
+    assert!(keys.iter().all(|k| *k == keys[0]), "one key: {keys:?}");
+
+    // Connection errors, listed the same way.
+    let closed = support::closed_port().await;
+    let exhausted = error(client.post(format!("http://{closed}/x")).send().await);
+    let message = exhausted.to_string();
+    let Error::Exhausted { attempts, .. } = exhausted else {
+        panic!("{message}")
+    };
+    assert_eq!(attempts.len(), 3, "{message}");
+    assert!(
+        attempts
+            .iter()
+            .all(|f| matches!(f.cause, Cause::Connection(_))),
+        "{message}"
+    );
+    assert!(message.contains("#3 connection error"), "{message}");
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_bound_or_a_spent_time_budget_ends_the_retries() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let too_long = error(
+        client(IdempotencyMiddleware::new().retry_policy(fast()))
+            .post(server.url("/busy"))
+            .send()
+            .await,
+    );
+    assert!(
+        matches!(
+            too_long,
+            Error::Exhausted {
+                reason: GiveUp::RetryAfterTooLong { .. },
+                ..
+            }
+        ),
+        "{too_long:?}"
+    );
+    assert_eq!(too_long.attempts(), 1);
+    assert!(
+        too_long
+            .to_string()
+            .contains("#1 409 Conflict (Retry-After 60s)")
+    );
+
+    let policy = RetryPolicy::default()
+        .initial_backoff(Duration::from_secs(2))
+        .max_elapsed(Duration::from_millis(500));
+    let spent = error(
+        client(IdempotencyMiddleware::new().retry_policy(policy))
+            .post(server.url("/unavailable"))
+            .send()
+            .await,
+    );
+    assert!(
+        matches!(
+            spent,
+            Error::Exhausted {
+                reason: GiveUp::MaxElapsed(_),
+                ..
+            }
+        ),
+        "{spent:?}"
+    );
+    assert_eq!(spent.attempts(), 1);
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_sent_once_and_the_error_says_why() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>("x")]);
+    let failed = error(
+        client(IdempotencyMiddleware::new().retry_policy(fast()))
+            .post(server.url("/unavailable"))
+            .body(reqwest::Body::wrap_stream(chunks))
+            .send()
+            .await,
+    );
+    assert!(matches!(failed, Error::NotReplayable { .. }), "{failed:?}");
+    assert!(failed.to_string().contains("cannot be cloned"), "{failed}");
+    assert_eq!(server.keys().len(), 1, "sent once");
+}
+
+#[tokio::test]
+async fn bare_keys_and_methods_outside_the_list() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let client = client(
+        IdempotencyMiddleware::new()
+            .key_format(KeyFormat::Bare)
+            .retry_policy(fast().max_attempts(1)),
+    );
+    let _ = client.post(server.url("/unavailable")).send().await;
+    let key = server.keys()[0].clone().unwrap();
+    assert_eq!(
+        uuid::Uuid::parse_str(&key).unwrap().get_version_num(),
+        7,
+        "{key}"
+    );
+
+    // A PUT is not handled: no key, no retry, no delivery.
+    let response = client.put(server.url("/unavailable")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert!(response.delivery().is_none());
+}
