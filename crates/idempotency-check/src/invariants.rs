@@ -126,8 +126,9 @@ const CLAIM_SLACK: Duration = Duration::from_millis(75);
 /// A key as the store sees it: the tenant (scope) and the key's number.
 pub type Group = (String, usize);
 
-/// The outcomes seen per key: the operation, the effect it names, its bytes.
-type Outcomes = BTreeMap<Group, Vec<(u64, i64, Vec<u8>)>>;
+/// The outcomes seen per key: the operation, the effect it names, its bytes, whether it was
+/// marked as a replay.
+type Outcomes = BTreeMap<Group, Vec<(u64, i64, Vec<u8>, bool)>>;
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,10 +244,12 @@ fn answers(
                             }
                         }
                     }
-                    outcomes
-                        .entry(group)
-                        .or_default()
-                        .push((op, *effect, bytes.clone()));
+                    outcomes.entry(group).or_default().push((
+                        op,
+                        *effect,
+                        bytes.clone(),
+                        *replayed,
+                    ));
                 }
                 Answer::HandlerFailed { replayed } => {
                     if *replayed || entry.op.kind != crate::plan::Kind::Fail {
@@ -289,10 +292,10 @@ fn answers(
 
 fn identical(outcomes: &Outcomes, invariant: &'static str, out: &mut Vec<Violation>) {
     for (group, seen) in outcomes {
-        let Some((first_op, first_effect, first)) = seen.first() else {
+        let Some((first_op, first_effect, first, _)) = seen.first() else {
             continue;
         };
-        for (op, effect, bytes) in &seen[1..] {
+        for (op, effect, bytes, _) in &seen[1..] {
             if effect != first_effect {
                 out.push(violation(
                     invariant,
@@ -370,7 +373,32 @@ pub fn leased(entries: &[Entry], runs: &[LeasedRun], lease: Duration) -> Vec<Vio
     let mut out = Vec::new();
     let by_id: HashMap<i64, &LeasedRun> = runs.iter().map(|r| (r.id, r)).collect();
     let outcome = |id: i64| by_id.get(&id).map(|r| ((r.tenant.clone(), r.key), None));
-    let outcomes = answers(entries, &outcome, &mut out);
+    let seen = answers(entries, &outcome, &mut out);
+    // What the store holds: the runs replays name, with the first answer of such a run. A holder
+    // that outlived its lease still answers its own client with its own response (its effect
+    // ran; only storing it is refused): that answer is not a completion.
+    let mut outcomes: Outcomes = BTreeMap::new();
+    for (group, answers) in &seen {
+        let replayed: BTreeSet<i64> = answers.iter().filter(|a| a.3).map(|a| a.1).collect();
+        for (op, run, _, was_replayed) in answers {
+            let own = by_id.get(run).is_some_and(|r| r.op == *op);
+            if !was_replayed && !own {
+                out.push(violation(
+                    ONE_COMPLETION,
+                    group,
+                    format!("op {op} got run {run} of another request, not marked as a replay"),
+                ));
+            }
+        }
+        outcomes.insert(
+            group.clone(),
+            answers
+                .iter()
+                .filter(|a| a.3 || replayed.contains(&a.1))
+                .cloned()
+                .collect(),
+        );
+    }
     identical(&outcomes, ONE_COMPLETION, &mut out);
     let mut per_key: BTreeMap<Group, Vec<&LeasedRun>> = BTreeMap::new();
     for run in runs {
@@ -383,7 +411,7 @@ pub fn leased(entries: &[Entry], runs: &[LeasedRun], lease: Duration) -> Vec<Vio
         // The run whose completion was accepted (the one the answers name).
         let accepted: BTreeSet<i64> = outcomes
             .get(group)
-            .map(|seen| seen.iter().map(|(_, id, _)| *id).collect())
+            .map(|seen| seen.iter().map(|(_, id, _, _)| *id).collect())
             .unwrap_or_default();
         for id in &accepted {
             let Some(held) = by_id.get(id) else { continue };
@@ -496,10 +524,12 @@ pub fn service(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
                     ),
                 )),
             }
-            outcomes
-                .entry(group)
-                .or_default()
-                .push((op, effect, vec![u8::from(rejected)]));
+            outcomes.entry(group).or_default().push((
+                op,
+                effect,
+                vec![u8::from(rejected)],
+                replayed,
+            ));
         }
     }
     identical(&outcomes, ONE_EFFECT, &mut out);
@@ -678,9 +708,27 @@ mod tests {
         };
         // Run 1 held the key from 0 to 500 ms; run 2 took it over at 350 ms (after the 300 ms
         // lease), yet run 1's completion is the one replayed.
-        let entries = [entry(op(1, 0, Kind::Slow(500)), a, handler(1, a, false))];
+        let entries = [
+            entry(op(1, 0, Kind::Slow(500)), a, handler(1, a, false)),
+            entry(op(5, 0, Kind::Ok), a, handler(1, a, true)),
+        ];
         let runs = [run(1, 0, Some(500)), run(2, 350, Some(400))];
         assert_eq!(names(&leased(&entries, &runs, ms(300))), [STALE_REFUSED]);
+        // The same, with run 2's completion replayed: run 1's client got its own response
+        // (its effect ran; its completion was refused), which is no violation.
+        let entries = [
+            entry(op(1, 0, Kind::Slow(500)), a, handler(1, a, false)),
+            entry(op(2, 0, Kind::Ok), a, handler(2, a, false)),
+            entry(op(5, 0, Kind::Ok), a, handler(2, a, true)),
+        ];
+        assert_eq!(leased(&entries, &runs, ms(300)), []);
+        // A first answer naming another request's run is a completion passed off as its own.
+        let entries = [entry(op(7, 0, Kind::Ok), a, handler(2, a, false))];
+        assert_eq!(names(&leased(&entries, &runs, ms(300))), [ONE_COMPLETION]);
+        let entries = [
+            entry(op(1, 0, Kind::Slow(500)), a, handler(1, a, false)),
+            entry(op(5, 0, Kind::Ok), a, handler(1, a, true)),
+        ];
         // Run 3 started 100 ms into run 1's lease.
         let runs = [run(1, 0, Some(500)), run(3, 100, Some(150))];
         let found = leased(&entries, &runs, ms(300));
