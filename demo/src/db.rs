@@ -45,6 +45,11 @@ pub trait Database: Clone + Send + Sync + 'static {
     fn outbox(&self) -> &Self::Outbox;
     /// Where the data lives, for the startup banner.
     fn describe(&self) -> String;
+    /// Closes the pool at shutdown, once nothing uses it any more (SQLite: a final checkpoint
+    /// that empties the WAL first). Servers need nothing: their pools close on drop.
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
     /// Classifies an error of a business statement the way the store classifies its own:
     /// a lost connection is `Unavailable` (503), a serialization failure `Conflict` (409).
     fn classify(error: sqlx::Error) -> StoreError;

@@ -162,6 +162,7 @@ async fn serve<DB: Database>(
             "relay stopped"
         );
     }
+    db.close().await;
     Ok(())
 }
 

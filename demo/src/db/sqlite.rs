@@ -98,6 +98,12 @@ impl Database for Sqlite {
         &self.store
     }
 
+    async fn close(&self) {
+        if let Err(error) = idempotency_sqlite::close_pool(self.store.pool()).await {
+            tracing::warn!(%error, "the SQLite file was not checkpointed at shutdown");
+        }
+    }
+
     fn outbox(&self) -> &SqliteOutbox {
         &self.outbox
     }

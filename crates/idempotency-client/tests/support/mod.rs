@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_axum::{IdempotencyLayer, IdempotentTx};
+use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
 use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceConfig};
 use idempotency_pg::PgStore;
 use idempotency_sqlite::{SqliteStore, sqlx};
@@ -184,7 +184,7 @@ pub(crate) async fn start_on<B: Backend>(in_flight: InFlightPolicy) -> Server<B>
     let hooks = Arc::new(Hooks::default());
     let app = Router::new()
         .route("/payments", post(create_payment::<B>))
-        .route_layer(IdempotencyLayer::new(service))
+        .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>())
         .route("/unavailable", post(unavailable))
         .route("/busy", post(busy))
         .with_state(Arc::clone(&hooks));
