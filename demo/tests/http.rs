@@ -513,6 +513,10 @@ async fn health_reports_the_cache_up_when_redis_answers_and_down_when_not() {
         let mut config = config();
         config.idempotency.distributed_cache.enabled = true;
         config.idempotency.distributed_cache.url = Some(url.clone());
+        config.idempotency.distributed_cache.secret = Some(
+            idempotency_cache_redis::CacheSecret::new("tests-only-secret-0123456789abcdef")
+                .unwrap(),
+        );
         let (app, _pool) = demo_with(config).await;
         let started = std::time::Instant::now();
         let mut health = send(&app, "GET", "/health", &[], "").await;

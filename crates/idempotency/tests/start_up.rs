@@ -303,7 +303,7 @@ async fn two_deployments_sharing_redis_with_the_default_prefix_do_not_replay_eac
     // Two services, each its own database with the default table, one Redis, the default
     // key prefix, no L1 (so that every replay of another process's outcome comes from Redis).
     let yaml = format!(
-        "idempotency:\n  persistence:\n    schema:\n      mode: create\n  local-cache:\n    enabled: false\n  distributed-cache:\n    url: {}\n",
+        "idempotency:\n  persistence:\n    schema:\n      mode: create\n  local-cache:\n    enabled: false\n  distributed-cache:\n    url: {}\n    secret: tests-only-secret-0123456789abcdef\n",
         redis_url()
     );
     let settings = try_settings(&yaml).unwrap();
