@@ -10,12 +10,14 @@ work="$(mktemp -d)"
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 1 100); do
-  curl -fsS -o /dev/null -X POST localhost:3000/orders 2>/dev/null && break
+  # Any HTTP answer means the example listens.
+  curl -sS -o /dev/null -X POST localhost:3000/orders 2>/dev/null && break
   if ! kill -0 "$pid" 2>/dev/null; then cat "$work/log"; exit 1; fi
   sleep 0.1
 done
 post() {
-  curl -sS -D - -o "$work/body" -X POST localhost:3000/orders \
+  # The example scopes keys by the authenticated caller (its stand-in: a bearer token).
+  curl -sS -D - -o "$work/body" -X POST localhost:3000/orders -H 'Authorization: Bearer alice-token' \
     -H 'Idempotency-Key: example-1' -H 'Content-Type: application/json' -d "$1"
 }
 first="$(post '{"sku":"A-1"}')"
