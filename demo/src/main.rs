@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use idempotency::Idempotency;
 use idempotency_demo::config::DemoConfig;
@@ -114,7 +113,7 @@ async fn serve<DB: Database>(
         Some(client) => {
             let publisher = NatsPublisher::new(client.clone()).with_subject(SUBJECT)?;
             publisher
-                .ensure_stream(STREAM, Duration::from_secs(120))
+                .ensure_stream(STREAM, config.outbox.relay.republish_window())
                 .await?;
             wire::<DB, _>(pool, &config, publisher, prometheus.clone()).await?
         }

@@ -95,7 +95,8 @@ pub struct PersistenceConfig {
     pub table_name: String,
     /// Default record lifetime: sets `expires_at`, the cleanup marker. `null` keeps records
     /// forever; `0` (every record born expired) is refused by the `idempotency` facade.
-    /// Default `365d`.
+    /// Default `24h`: longer than any client's retry window, short enough that the table holds
+    /// one day of keys (the reference starter's `365d` keeps a year; set it to keep that).
     #[serde(with = "humantime_serde")]
     pub ttl: Option<Duration>,
     /// Look the key up before inserting it. Default `false` (insert first).
@@ -111,7 +112,7 @@ impl Default for PersistenceConfig {
         Self {
             enabled: true,
             table_name: "idempotency_records".to_owned(),
-            ttl: Some(Duration::from_secs(365 * DAY)),
+            ttl: Some(Duration::from_secs(DAY)),
             lookup_before_acquire: false,
             schema: SchemaConfig::default(),
             cleanup: CleanupConfig::default(),
@@ -145,10 +146,13 @@ pub enum SchemaMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct CleanupConfig {
-    /// Run the cleanup job. Default `false`; recommended in production.
+    /// Run the cleanup job. Default `true`, so the table stays bounded by the TTL times the rate
+    /// of new keys; the job deletes in short batches with `SKIP LOCKED`, so every instance may
+    /// run it.
     pub enabled: bool,
     /// When to run: a cron expression, with optional seconds; a day must match both the
-    /// day-of-month and the day-of-week fields, as in Spring. Default `0 0 3 * * SAT,SUN`.
+    /// day-of-month and the day-of-week fields, as in Spring. Default `0 0 * * * *` (hourly;
+    /// the reference starter's `0 0 3 * * SAT,SUN` lets a week of expired keys pile up).
     pub cron: String,
     /// Rows per delete batch (one short transaction each). Default `1000`.
     pub batch_size: u32,
@@ -160,8 +164,8 @@ pub struct CleanupConfig {
 impl Default for CleanupConfig {
     fn default() -> Self {
         Self {
-            enabled: false,
-            cron: "0 0 3 * * SAT,SUN".to_owned(),
+            enabled: true,
+            cron: "0 0 * * * *".to_owned(),
             batch_size: 1000,
             zone: "UTC".to_owned(),
         }
@@ -258,17 +262,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_match_the_reference() {
+    fn defaults_are_production_safe_and_otherwise_match_the_reference() {
         let config: IdempotencyConfig = serde_json::from_str("{}").unwrap();
         assert_eq!(config, IdempotencyConfig::default());
         assert!(config.enabled);
         assert_eq!(config.fingerprint.algorithm, HashAlgorithm::Sha256);
         assert_eq!(config.persistence.table_name, "idempotency_records");
-        assert_eq!(config.persistence.ttl, Some(Duration::from_secs(365 * DAY)));
+        // Not the reference starter's `365d` with cleanup off: a table that only grows.
+        assert_eq!(config.persistence.ttl, Some(Duration::from_secs(DAY)));
         assert!(!config.persistence.lookup_before_acquire);
         assert_eq!(config.persistence.schema.mode, SchemaMode::Validate);
-        assert!(!config.persistence.cleanup.enabled);
-        assert_eq!(config.persistence.cleanup.cron, "0 0 3 * * SAT,SUN");
+        assert!(config.persistence.cleanup.enabled);
+        assert_eq!(config.persistence.cleanup.cron, "0 0 * * * *");
         assert_eq!(config.persistence.cleanup.batch_size, 1000);
     }
 

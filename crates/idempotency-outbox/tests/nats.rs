@@ -412,6 +412,52 @@ async fn a_duplicate_window_shorter_than_the_republish_window_is_refused() {
     stream.delete().await;
 }
 
+/// The relay asks its publisher for the broker's duplicate window before it starts: a
+/// stream whose window is shorter than the republish window is refused naming the keys, a
+/// long enough one passes, and no stream at all (every publish would be refused) is an error
+/// too; `ensure_stream` lengthens a short window it is asked to lengthen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_checks_the_brokers_duplicate_window_before_it_starts() {
+    let mut config = config(Ordering::Unordered);
+    config.relay = idempotency_outbox::config::RelayConfig::default(); // republishes within 5m 10s
+    let (_pool, outbox) = outbox(&config).await;
+
+    let missing = TestStream::named().await;
+    let relay = Relay::new(outbox.clone(), missing.publisher().await, &config).unwrap();
+    let error = relay.check_duplicate_window().await.unwrap_err();
+    assert!(
+        matches!(error, idempotency_outbox::Error::Publisher(_)),
+        "{error:?}"
+    );
+    let mut chain = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        chain = format!("{chain}: {cause}");
+        source = cause.source();
+    }
+    assert!(chain.contains("no JetStream stream captures"), "{chain}");
+
+    let stream = TestStream::new().await; // a 120 s window
+    let publisher = stream.publisher().await;
+    let relay = Relay::new(outbox.clone(), publisher.clone(), &config).unwrap();
+    let error = relay
+        .check_duplicate_window()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("2m") && error.contains("relay.backoff.max"),
+        "{error}"
+    );
+
+    publisher
+        .ensure_stream(&stream.name, config.relay.republish_window())
+        .await
+        .unwrap();
+    relay.check_duplicate_window().await.unwrap();
+    stream.delete().await;
+}
+
 /// Messages NATS can never take are dead-lettered at their first attempt, not retried for
 /// `max-attempts` while they hold back their aggregate: payload and headers over the server's
 /// `max_payload`, a subject a placeholder rendered with whitespace. Their aggregates' next

@@ -268,21 +268,23 @@ impl<'a, P> Builder<'a, P> {
 /// What `Builder::publisher` may hold: any outbox `Publisher` (feature `outbox`), or
 /// [`NoPublisher`].
 pub trait MaybePublisher: Send + Sync + 'static {
-    /// Starts a relay of `outbox` to this publisher.
+    /// Starts a relay of `outbox` to this publisher, after checking that the broker's
+    /// deduplication window covers the relay's republish window
+    /// ([`Relay::check_duplicate_window`](idempotency_outbox::Relay::check_duplicate_window)).
     #[cfg(feature = "outbox")]
     #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
     fn spawn_relay<O>(
         self,
         outbox: O,
         config: &idempotency_outbox::config::OutboxConfig,
-    ) -> Result<idempotency_outbox::RelayHandle, idempotency_outbox::Error>
+    ) -> impl Future<Output = Result<idempotency_outbox::RelayHandle, idempotency_outbox::Error>> + Send
     where
         O: idempotency_outbox::RelayStore + idempotency_outbox::Housekeeping;
 }
 
 #[cfg(feature = "outbox")]
 impl<P: idempotency_outbox::Publisher> MaybePublisher for P {
-    fn spawn_relay<O>(
+    async fn spawn_relay<O>(
         self,
         outbox: O,
         config: &idempotency_outbox::config::OutboxConfig,
@@ -290,7 +292,9 @@ impl<P: idempotency_outbox::Publisher> MaybePublisher for P {
     where
         O: idempotency_outbox::RelayStore + idempotency_outbox::Housekeeping,
     {
-        Ok(idempotency_outbox::Relay::new(outbox, self, config)?.spawn())
+        let relay = idempotency_outbox::Relay::new(outbox, self, config)?;
+        relay.check_duplicate_window().await?;
+        Ok(relay.spawn())
     }
 }
 
@@ -659,7 +663,7 @@ where
         #[cfg(feature = "outbox")]
         let relay = match (&outbox, relay_config, self.publisher) {
             (Some(outbox), Some(config), Some(publisher)) => {
-                match publisher.spawn_relay(outbox.clone(), &config) {
+                match publisher.spawn_relay(outbox.clone(), &config).await {
                     Ok(relay) => Some(relay),
                     Err(error) => {
                         disconnect(service.distributed_cache()).await;

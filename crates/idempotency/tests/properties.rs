@@ -611,6 +611,31 @@ async fn persistence_cleanup_runs_on_its_schedule_only_when_enabled() {
 }
 
 #[tokio::test]
+async fn by_default_records_live_a_day_and_cleanup_runs() {
+    // A table that only grows is a denial of service waiting for a client that makes keys:
+    // the defaults bound it by the TTL times the rate of new keys.
+    let idempotency = Idempotency::from_config(&settings(&persistence("")), sqlite().await)
+        .await
+        .unwrap();
+    assert!(idempotency.cleanup_running(), "cleanup is on by default");
+    run(&idempotency, "OP", "k", 1, &AtomicUsize::new(0))
+        .await
+        .unwrap();
+    let record = idempotency
+        .store()
+        .lookup(&id("OP", "k"))
+        .await
+        .unwrap()
+        .unwrap();
+    let left = expires_in(&record).unwrap();
+    assert!(
+        left > Duration::from_secs(86_000) && left <= Duration::from_secs(86_400),
+        "{left:?}"
+    );
+    assert!(idempotency.shutdown().await.cleanup);
+}
+
+#[tokio::test]
 async fn persistence_cleanup_cron_and_zone_are_checked_at_start_up() {
     for (cleanup, named) in [
         (
@@ -855,13 +880,28 @@ async fn outbox_relay_publishes_to_jetstream_and_shuts_down_with_the_service() {
         .unwrap();
 
     let pool = postgres().await;
-    let idempotency = Builder::new(&settings(&format!(
+    let settings = settings(&format!(
         "{BASE}outbox:\n  schema:\n    mode: create\n  relay:\n    workers: 1\n    poll-interval: 100ms\n"
-    )))
-    .publisher(publisher)
-    .build(pool.clone())
-    .await
-    .unwrap();
+    ));
+    // A stream that forgets message ids before the relay may publish one again (its lease
+    // plus `relay.backoff.max`, 5 min 10 s by default) stops start-up, naming the keys.
+    let error = Builder::new(&settings)
+        .publisher(publisher.clone())
+        .build(pool.clone())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("duplicate window") && error.contains("relay.backoff.max"),
+        "{error}"
+    );
+    let relay = settings.outbox.as_ref().unwrap().relay.republish_window();
+    publisher.ensure_stream(&stream, relay).await.unwrap();
+    let idempotency = Builder::new(&settings)
+        .publisher(publisher)
+        .build(pool.clone())
+        .await
+        .unwrap();
     assert_eq!(idempotency.relay().unwrap().health().workers, 1);
     let outbox = idempotency.outbox().unwrap();
     let mut tx = pool.begin().await.unwrap();

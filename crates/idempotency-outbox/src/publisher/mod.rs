@@ -7,6 +7,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use idempotency_core::BoxError;
 
@@ -57,6 +58,17 @@ pub trait Publisher: Send + Sync + 'static {
         &self,
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<Ack, PublishError>> + Send;
+
+    /// How long the broker remembers a message id to drop a copy published again (JetStream's
+    /// stream `duplicate_window`), or `None` when it does not deduplicate by id (the default:
+    /// RabbitMQ, a log; the consumers' inbox absorbs the copies).
+    /// [`Relay::check_duplicate_window`](crate::Relay::check_duplicate_window) compares it
+    /// with the relay's republish window at start-up.
+    fn duplicate_window(
+        &self,
+    ) -> impl Future<Output = Result<Option<Duration>, PublishError>> + Send {
+        std::future::ready(Ok(None))
+    }
 }
 
 impl<P: Publisher> Publisher for Arc<P> {
@@ -69,6 +81,12 @@ impl<P: Publisher> Publisher for Arc<P> {
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<Ack, PublishError>> + Send {
         (**self).publish(message)
+    }
+
+    fn duplicate_window(
+        &self,
+    ) -> impl Future<Output = Result<Option<Duration>, PublishError>> + Send {
+        (**self).duplicate_window()
     }
 }
 

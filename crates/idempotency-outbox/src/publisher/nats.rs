@@ -117,9 +117,10 @@ impl NatsPublisher {
     /// Makes sure the JetStream stream `name` exists and captures
     /// [`subject_filter`](Self::subject_filter), with `duplicate_window` as its message-id
     /// deduplication window (it absorbs a relay's re-publish of a message whose ack was lost;
-    /// make it longer than the relay's lease). Creates the stream when it is missing; adds the
-    /// filter to an existing stream's subjects when they lack it; leaves every other setting of
-    /// an existing stream alone.
+    /// pass [`RelayConfig::republish_window`] or longer). Creates the stream when it is
+    /// missing; adds the filter to an existing stream's subjects when they lack it and lengthens
+    /// its duplicate window when it is shorter (never shortens it); leaves every other setting
+    /// of an existing stream alone.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -155,9 +156,13 @@ impl NatsPublisher {
             .subjects
             .iter()
             .any(|subject| subject == &filter || subject == ">");
-        if !covered {
+        let short = info.config.duplicate_window < duplicate_window;
+        if !covered || short {
             let mut config = info.config.clone();
-            config.subjects.push(filter);
+            if !covered {
+                config.subjects.push(filter);
+            }
+            config.duplicate_window = config.duplicate_window.max(duplicate_window);
             self.jetstream
                 .update_stream(config)
                 .await
@@ -288,6 +293,54 @@ impl Publisher for NatsPublisher {
             duplicate: ack.duplicate,
         })
     }
+
+    /// The shortest duplicate window of the streams that capture a subject this publisher can
+    /// publish to ([`subject_filter`](NatsPublisher::subject_filter)). No such stream is
+    /// [`Unavailable`](PublishErrorKind::Unavailable): every publish would be refused.
+    async fn duplicate_window(&self) -> Result<Option<std::time::Duration>, PublishError> {
+        use futures_util::TryStreamExt;
+        let filter = self.subject_filter();
+        let unavailable = |e: Box<dyn std::error::Error + Send + Sync>| {
+            PublishError::new(PublishErrorKind::Unavailable, e)
+        };
+        let streams: Vec<_> = self
+            .jetstream
+            .streams()
+            .try_collect()
+            .await
+            .map_err(|e| unavailable(Box::new(e)))?;
+        let window = streams
+            .iter()
+            .filter(|info| {
+                info.config
+                    .subjects
+                    .iter()
+                    .any(|subject| overlaps(subject, &filter))
+            })
+            .map(|info| info.config.duplicate_window)
+            .min();
+        match window {
+            Some(window) => Ok(Some(window)),
+            None => Err(unavailable(
+                format!("no JetStream stream captures the subjects {filter}").into(),
+            )),
+        }
+    }
+}
+
+/// Whether two subject filters can match one same subject: token by token, `*` matches any
+/// one token, `>` any rest of at least one token.
+fn overlaps(a: &str, b: &str) -> bool {
+    let mut a = a.split('.');
+    let mut b = b.split('.');
+    loop {
+        match (a.next(), b.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(x), Some(y)) if x == y || x == "*" || y == "*" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -295,6 +348,24 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn subject_filters_overlap_token_by_token() {
+        for (a, b, both) in [
+            ("outbox.>", "outbox.>", true),
+            ("outbox.>", ">", true),
+            ("outbox.>", "outbox.order.*", true),
+            ("outbox.*.OrderPlaced", "outbox.order.>", true),
+            ("outbox.order", "outbox.order", true),
+            ("outbox.>", "outbox", false),
+            ("outbox.order", "outbox.order.placed", false),
+            ("billing.>", "outbox.>", false),
+            ("outbox.*", "outbox.order.placed", false),
+        ] {
+            assert_eq!(overlaps(a, b), both, "{a} / {b}");
+            assert_eq!(overlaps(b, a), both, "{b} / {a}");
+        }
+    }
 
     #[test]
     fn names_are_valid() {

@@ -159,6 +159,32 @@ where
         housekeeping::purge(&self.shared).await
     }
 
+    /// Fails when the publisher's broker deduplicates message ids for less time than this
+    /// relay may take to publish a message again
+    /// ([`RelayConfig::republish_window`](crate::config::RelayConfig::republish_window)): a
+    /// copy published again after a lost ack would then be delivered twice. The error names
+    /// the keys to change. Passes when the broker does not deduplicate
+    /// ([`Publisher::duplicate_window`] is `None`). Call it before [`spawn`](Self::spawn); the
+    /// `idempotency` facade does.
+    ///
+    /// ```
+    /// use idempotency_outbox::{Housekeeping, Relay, RelayStore};
+    /// use idempotency_outbox::{config::OutboxConfig, publisher::LoggingPublisher};
+    ///
+    /// async fn start<S: RelayStore + Housekeeping>(store: S) -> Result<(), idempotency_outbox::Error> {
+    /// let relay = Relay::new(store, LoggingPublisher::new(), &OutboxConfig::default())?;
+    /// relay.check_duplicate_window().await?; // a log does not deduplicate: nothing to compare
+    /// let _workers = relay.spawn();
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_duplicate_window(&self) -> Result<(), Error> {
+        match self.shared.publisher.duplicate_window().await {
+            Ok(Some(window)) => self.shared.config.check_duplicate_window(window),
+            Ok(None) => Ok(()),
+            Err(error) => Err(Error::Publisher(error)),
+        }
+    }
+
     /// Starts `workers` worker tasks, the listener (with `wake-up: listen`) and the
     /// housekeeping task on the current tokio runtime. A worker that panics is restarted
     /// after a second and counted in [`RelayHandle::health`].
