@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests talk to are installed, running and answering:
 # PostgreSQL, Redis, a six-node Redis Cluster, NATS (JetStream), RabbitMQ and MariaDB on
-# 127.0.0.1. Source it, then call `ensure_services`; it exports DATABASE_URL, REDIS_URL,
-# REDIS_CLUSTER_URL, NATS_URL, AMQP_URL and MYSQL_URL (keeping any value already set, in which
-# case that server is not started here, only waited for).
+# 127.0.0.1, and tansu, a Kafka-protocol broker. Source it, then call `ensure_services`; it
+# exports DATABASE_URL, REDIS_URL, REDIS_CLUSTER_URL, NATS_URL, AMQP_URL, MYSQL_URL and
+# KAFKA_URL (keeping any value already set, in which case that server is not started here, only
+# waited for), and TANSU_BIN.
 #
 # Run directly, it starts or stops the Redis Cluster alone:
 #
@@ -222,6 +223,38 @@ ensure_rabbitmq() {
   wait_for RabbitMQ 127.0.0.1 5672 120
 }
 
+# tansu 0.6.0, a Kafka-protocol broker written in Rust: no Apache Kafka or Redpanda package is
+# reachable here. Built once with cargo into a directory outside the clone and reused (about
+# 15 min on 2 cores, then a 62 MB binary); started on 127.0.0.1:9092 with in-memory storage.
+TOOLS_DIR="${IDEMPOTENCY_TOOLS_DIR:-/var/tmp/tools}"
+TANSU_VERSION=0.6.0
+
+tansu_bin() {
+  if [ -n "${TANSU_BIN:-}" ]; then echo "$TANSU_BIN"; return; fi
+  local bin="$TOOLS_DIR/tansu/bin/tansu"
+  if ! [ -x "$bin" ] || ! "$bin" --version 2>/dev/null | grep -q " $TANSU_VERSION"; then
+    log "building tansu $TANSU_VERSION into $TOOLS_DIR/tansu (once; about 15 minutes)"
+    mkdir -p "$TOOLS_DIR"
+    CARGO_TARGET_DIR="$TOOLS_DIR/tansu-target" cargo install tansu --version "$TANSU_VERSION" \
+      --locked --features dynostore,postgres --root "$TOOLS_DIR/tansu" >&2
+    rm -rf "$TOOLS_DIR/tansu-target"
+  fi
+  echo "$bin"
+}
+
+ensure_kafka() {
+  TANSU_BIN="$(tansu_bin)"
+  export TANSU_BIN
+  if [ -n "${KAFKA_URL:-}" ]; then given Kafka "kafka://$KAFKA_URL" 9092 30; return; fi
+  export KAFKA_URL="127.0.0.1:9092"
+  port_open 127.0.0.1 9092 && return 0
+  log "starting tansu (Kafka protocol) on 127.0.0.1:9092"
+  nohup "$TANSU_BIN" broker --listener-url tcp://127.0.0.1:9092 \
+    --advertised-listener-url tcp://127.0.0.1:9092 --storage-engine memory://tansu/ \
+    >"$TOOLS_DIR/tansu.log" 2>&1 </dev/null &
+  wait_for Kafka 127.0.0.1 9092 30
+}
+
 mysql_answers() { mysql -uroot -h127.0.0.1 -P3306 -e "SELECT 1" >/dev/null 2>&1; }
 
 ensure_mysql() {
@@ -253,7 +286,8 @@ ensure_services() {
   ensure_nats
   ensure_rabbitmq
   ensure_mysql
-  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URL=$REDIS_CLUSTER_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL"
+  ensure_kafka
+  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URL=$REDIS_CLUSTER_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL KAFKA_URL=$KAFKA_URL"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: starts (or installs) PostgreSQL, Redis, NATS and RabbitMQ when they are not
+# The test command: starts (or installs) PostgreSQL, Redis, NATS, RabbitMQ and Kafka (tansu) when they are not
 # answering, waits for them, then runs every test of the workspace against them (and, without
 # arguments, the outbox's RabbitMQ tests, behind a feature no workspace crate enables).
 #
@@ -13,6 +13,8 @@ ensure_services
 cargo test --workspace "$@"
 # No workspace crate enables the outbox's `rabbitmq` feature, so `--workspace` builds its
 # RabbitMQ tests out; the full run (no arguments) runs them against the real broker.
+# The same for the Kafka publisher (`kafka`, against tansu on KAFKA_URL).
 if [ "$#" -eq 0 ]; then
   cargo test -p idempotency-outbox --features rabbitmq --test rabbitmq
+  cargo test -p idempotency-outbox --features kafka --test kafka
 fi

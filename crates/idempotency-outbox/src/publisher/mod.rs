@@ -14,6 +14,9 @@ use idempotency_core::BoxError;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
 mod logging;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -37,6 +40,9 @@ pub mod headers {
     pub const EVENT_TYPE: &str = "Outbox-Event-Type";
     /// The per-aggregate sequence (absent for unordered events).
     pub const SEQUENCE: &str = "Outbox-Sequence";
+    /// The outbox id, where the broker has no message-id field of its own (Kafka). NATS carries
+    /// it as `Nats-Msg-Id`, RabbitMQ as `message_id`.
+    pub const ID: &str = "Outbox-Id";
 }
 
 /// What the broker said about a confirmed message.

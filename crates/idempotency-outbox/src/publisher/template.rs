@@ -85,6 +85,25 @@ impl Template {
         }
     }
 
+    /// The template `<prefix>{aggregate_type}` (the Kafka publisher's default shape: one topic
+    /// per aggregate type).
+    ///
+    /// ```
+    /// use idempotency_outbox::publisher::Template;
+    /// assert_eq!(Template::aggregate("outbox.").as_str(), "outbox.{aggregate_type}");
+    /// ```
+    pub fn aggregate(prefix: &str) -> Self {
+        let mut parts = Vec::new();
+        if !prefix.is_empty() {
+            parts.push(Part::Text(prefix.to_owned()));
+        }
+        parts.push(Part::AggregateType);
+        Self {
+            parts,
+            source: format!("{prefix}{{aggregate_type}}"),
+        }
+    }
+
     /// The template as written.
     pub fn as_str(&self) -> &str {
         &self.source

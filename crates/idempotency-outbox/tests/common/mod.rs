@@ -118,6 +118,8 @@ where
 
 #[cfg(feature = "rabbitmq")]
 pub mod amqp;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 mod proxy;

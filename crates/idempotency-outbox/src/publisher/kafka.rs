@@ -1,0 +1,420 @@
+//! [`KafkaPublisher`]: Kafka, with an idempotent producer, `acks=all`, the aggregate id as the
+//! record key and the outbox id as a header.
+//!
+//! Each message goes to a topic derived from it ([`Template`], default
+//! `outbox.{aggregate_type}`), keyed by its aggregate id, so every event of one aggregate lands
+//! in one partition and, with the relay's ordered claim, a consumer of that partition reads an
+//! aggregate's events in commit order. The payload bytes are sent unchanged; the event headers
+//! and the outbox [`headers`] (with [`headers::ID`], the outbox id: Kafka records have no
+//! message id of their own) travel as Kafka headers. A publish resolves when the broker's
+//! delivery report is in: with `acks=all`, once every in-sync replica has the record.
+//!
+//! The producer is librdkafka's idempotent producer (`enable.idempotence=true`), so its own
+//! retries never write a record twice or out of order. Across producer sessions Kafka does not
+//! deduplicate: a relay that republishes after a lost ack or a crash writes a second record with
+//! the same [`headers::ID`], which the consumer's inbox drops
+//! ([`Publisher::duplicate_window`] is `None`).
+//!
+//! Failures: a record over the broker's or the producer's size limit, or a topic name Kafka
+//! cannot take, is an [`InvalidMessage`](PublishErrorKind::InvalidMessage) (dead-lettered at
+//! once); no delivery report within `message.timeout.ms` (an unknown topic, a broker down) is a
+//! [`Timeout`](PublishErrorKind::Timeout), retried without counting an attempt; a broker that
+//! cannot be reached is [`Unavailable`](PublishErrorKind::Unavailable).
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+
+use crate::error::Error;
+use crate::message::OutboxMessage;
+use crate::publisher::{Ack, PublishError, PublishErrorKind, Publisher, Template, headers};
+
+/// The rdkafka version this publisher is built on.
+pub use rdkafka;
+
+/// The default topic template.
+pub const DEFAULT_TOPIC: &str = "outbox.{aggregate_type}";
+
+/// How long the producer tries to deliver a record by default (`message.timeout.ms`): the
+/// relay's default `publish-timeout`. Set it to yours with
+/// [`with_message_timeout`](KafkaPublisher::with_message_timeout).
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest topic name Kafka accepts.
+const MAX_TOPIC_LEN: usize = 249;
+
+/// A rendered topic Kafka cannot take.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the topic {topic:?} is not a Kafka topic name (1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or `..`)"
+)]
+struct BadTopic {
+    topic: String,
+}
+
+/// Publishes to Kafka and awaits each record's delivery report.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idempotency_outbox::Error> {
+/// use idempotency_outbox::publisher::kafka::KafkaPublisher;
+///
+/// let publisher = KafkaPublisher::new("127.0.0.1:9092")
+///     .with_topic("billing.{aggregate_type}")?
+///     .connect()?;
+/// publisher.ensure_topic("billing.charge", 3).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct KafkaPublisher {
+    config: ClientConfig,
+    topic: Template,
+    destination: String,
+    producer: Option<Arc<Producers>>,
+}
+
+/// The producer in use, replaced when librdkafka declares it fatally failed (an idempotent
+/// producer fenced after its records timed out, on brokers that cannot bump its epoch).
+struct Producers {
+    config: ClientConfig,
+    current: RwLock<(u64, FutureProducer)>,
+}
+
+impl Producers {
+    fn current(&self) -> (u64, FutureProducer) {
+        match self.current.read() {
+            Ok(current) => current.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces generation `failed` by a new producer, once however many publishes saw it fail.
+    fn replace(&self, failed: u64) {
+        let mut current = match self.current.write() {
+            Ok(current) => current,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if current.0 != failed {
+            return;
+        }
+        match self.config.create::<FutureProducer>() {
+            Ok(producer) => {
+                tracing::warn!(
+                    generation = failed + 1,
+                    "kafka producer failed fatally; replaced by a new one"
+                );
+                *current = (failed + 1, producer);
+            }
+            Err(error) => tracing::warn!(%error, "kafka producer could not be replaced"),
+        }
+    }
+}
+
+impl std::fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaPublisher")
+            .field("config", &self.config)
+            .field("topic", &self.topic)
+            .field("destination", &self.destination)
+            .field("connected", &self.producer.is_some())
+            .finish()
+    }
+}
+
+impl KafkaPublisher {
+    /// A publisher for the brokers `bootstrap_servers` (`host:port[,host:port...]`), with the
+    /// default topic template, an idempotent producer, `acks=all` and
+    /// [`DEFAULT_MESSAGE_TIMEOUT`]. Nothing connects before [`connect`](Self::connect).
+    pub fn new(bootstrap_servers: &str) -> Self {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set(
+                "message.timeout.ms",
+                DEFAULT_MESSAGE_TIMEOUT.as_millis().to_string(),
+            );
+        Self {
+            config,
+            topic: Template::aggregate("outbox."),
+            destination: "kafka".to_owned(),
+            producer: None,
+        }
+    }
+
+    /// Sets the topic template (placeholders `{aggregate_type}`, `{aggregate_id}`,
+    /// `{event_type}`). Keep `{aggregate_id}` out of it unless every aggregate has a topic:
+    /// order holds within a partition.
+    pub fn with_topic(mut self, template: &str) -> Result<Self, Error> {
+        self.topic = Template::parse(template)?;
+        Ok(self)
+    }
+
+    /// How long the producer tries to deliver one record (`message.timeout.ms`, librdkafka's
+    /// retries included) before the publish fails with `Timeout`. Keep it at most the relay's
+    /// `publish-timeout`, so a record the relay gave up on is not delivered later beside its
+    /// republished copy.
+    #[must_use]
+    pub fn with_message_timeout(mut self, timeout: Duration) -> Self {
+        self.config
+            .set("message.timeout.ms", timeout.as_millis().max(1).to_string());
+        self
+    }
+
+    /// Sets any librdkafka property (`linger.ms`, `compression.type`, `security.protocol`...).
+    /// `enable.idempotence` and `acks` may be changed too: then the guarantees above are yours.
+    #[must_use]
+    pub fn with_property(mut self, key: &str, value: &str) -> Self {
+        self.config.set(key, value);
+        self
+    }
+
+    /// Sets the metrics label (default `kafka`).
+    #[must_use]
+    pub fn with_destination(mut self, destination: impl Into<String>) -> Self {
+        self.destination = destination.into();
+        self
+    }
+
+    /// Creates the producer. Fails on a property librdkafka refuses, naming it; connects to
+    /// the brokers in the background (a broker down shows as publishes that time out).
+    pub fn connect(mut self) -> Result<Self, Error> {
+        let producer: FutureProducer = self.config.create().map_err(setup)?;
+        self.producer = Some(Arc::new(Producers {
+            config: self.config.clone(),
+            current: RwLock::new((0, producer)),
+        }));
+        Ok(self)
+    }
+
+    /// The topic `message` is published to.
+    pub fn topic(&self, message: &OutboxMessage) -> String {
+        self.topic.render(message)
+    }
+
+    /// Makes sure topic `name` exists, creating it with `partitions` partitions (replication
+    /// factor 1 on a one-broker cluster, else the broker's default) when it is missing; an
+    /// existing topic is left as it is. Kafka brokers that create topics on first use do not
+    /// need it; brokers that do not (tansu) time out on records to an unknown topic.
+    pub async fn ensure_topic(&self, name: &str, partitions: i32) -> Result<(), Error> {
+        let admin: AdminClient<DefaultClientContext> = self.config.create().map_err(setup)?;
+        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(-1));
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = admin
+            .create_topics([&topic], &options)
+            .await
+            .map_err(setup)?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    return Err(setup(KafkaError::AdminOp(code)).context(&topic));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the brokers for the cluster's metadata within `timeout`: whether they answer.
+    pub async fn check_connection(&self, timeout: Duration) -> Result<(), Error> {
+        let (_, producer) = self.producers()?.current();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, Timeout::After(timeout))
+                .map(|_| ())
+        })
+        .await
+        .map_err(|e| setup_boxed(Box::new(e)))?
+        .map_err(setup)
+    }
+
+    fn producers(&self) -> Result<&Producers, Error> {
+        self.producer.as_deref().ok_or_else(|| {
+            Error::invalid_config("KafkaPublisher::connect was not called before publishing")
+        })
+    }
+}
+
+trait Context {
+    fn context(self, topic: &str) -> Self;
+}
+
+impl Context for Error {
+    fn context(self, topic: &str) -> Self {
+        match self {
+            Error::Publisher(error) => Error::Publisher(PublishError::new(
+                error.kind(),
+                format!("topic {topic}: {}", source_text(&error)),
+            )),
+            other => other,
+        }
+    }
+}
+
+fn source_text(error: &PublishError) -> String {
+    std::error::Error::source(error).map_or_else(|| error.to_string(), ToString::to_string)
+}
+
+fn setup(error: KafkaError) -> Error {
+    setup_boxed(Box::new(error))
+}
+
+fn setup_boxed(error: Box<dyn std::error::Error + Send + Sync>) -> Error {
+    Error::Publisher(PublishError::new(PublishErrorKind::Unavailable, error))
+}
+
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.len() <= MAX_TOPIC_LEN
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn headers_of(message: &OutboxMessage) -> OwnedHeaders {
+    let id = message.id.hyphenated().to_string();
+    let sequence = message.sequence.map(|s| s.to_string());
+    let mut map = OwnedHeaders::new_with_capacity(message.headers.len() + 5);
+    for (name, value) in &message.headers {
+        map = map.insert(Header {
+            key: name,
+            value: Some(value.as_bytes()),
+        });
+    }
+    map = map
+        .insert(Header {
+            key: headers::ID,
+            value: Some(id.as_bytes()),
+        })
+        .insert(Header {
+            key: headers::AGGREGATE_TYPE,
+            value: Some(message.aggregate_type.as_bytes()),
+        })
+        .insert(Header {
+            key: headers::AGGREGATE_ID,
+            value: Some(message.aggregate_id.as_bytes()),
+        })
+        .insert(Header {
+            key: headers::EVENT_TYPE,
+            value: Some(message.event_type.as_bytes()),
+        });
+    if let Some(sequence) = &sequence {
+        map = map.insert(Header {
+            key: headers::SEQUENCE,
+            value: Some(sequence.as_bytes()),
+        });
+    }
+    map
+}
+
+fn kind(error: &KafkaError) -> PublishErrorKind {
+    match error.rdkafka_error_code() {
+        // Over the producer's `message.max.bytes` or the broker's limit: never fits.
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidTopic,
+        ) => PublishErrorKind::InvalidMessage,
+        Some(RDKafkaErrorCode::MessageTimedOut | RDKafkaErrorCode::RequestTimedOut) => {
+            PublishErrorKind::Timeout
+        }
+        Some(
+            RDKafkaErrorCode::QueueFull
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::UnknownTopic
+            | RDKafkaErrorCode::UnknownTopicOrPartition
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::NotLeaderForPartition
+            | RDKafkaErrorCode::NotEnoughReplicas
+            | RDKafkaErrorCode::NotEnoughReplicasAfterAppend,
+        ) => PublishErrorKind::Unavailable,
+        _ => PublishErrorKind::Rejected,
+    }
+}
+
+impl Publisher for KafkaPublisher {
+    fn destination(&self) -> &str {
+        &self.destination
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        let producers = self
+            .producers()
+            .map_err(|e| PublishError::new(PublishErrorKind::Other, e.to_string()))?;
+        let (generation, producer) = producers.current();
+        let topic = self.topic.render(message);
+        if !valid_topic(&topic) {
+            return Err(PublishError::new(
+                PublishErrorKind::InvalidMessage,
+                BadTopic { topic },
+            ));
+        }
+        let record = FutureRecord::to(&topic)
+            .key(message.aggregate_id.as_bytes())
+            .payload(message.payload.as_bytes())
+            .headers(headers_of(message));
+        // A full local queue waits for room (bounded by the relay's `publish-timeout`).
+        match producer.send(record, Timeout::Never).await {
+            Ok(_) => Ok(Ack { duplicate: false }),
+            Err((error, _)) => {
+                if producer.client().fatal_error().is_some()
+                    || error.rdkafka_error_code() == Some(RDKafkaErrorCode::ProducerFenced)
+                {
+                    // The producer is done for; the message is not at fault.
+                    producers.replace(generation);
+                    return Err(PublishError::new(PublishErrorKind::Unavailable, error));
+                }
+                Err(PublishError::new(kind(&error), error))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_are_checked_as_kafka_does() {
+        for good in ["outbox.order", "a", "A-b_c.9", &"t".repeat(249)] {
+            assert!(valid_topic(good), "{good}");
+        }
+        for bad in ["", ".", "..", "has space", "slash/y", "ü", &"t".repeat(250)] {
+            assert!(!valid_topic(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn size_and_name_failures_are_permanent_and_broker_ones_transient() {
+        let code = |c| kind(&KafkaError::MessageProduction(c));
+        assert_eq!(
+            code(RDKafkaErrorCode::MessageSizeTooLarge),
+            PublishErrorKind::InvalidMessage
+        );
+        assert_eq!(
+            code(RDKafkaErrorCode::MessageTimedOut),
+            PublishErrorKind::Timeout
+        );
+        assert_eq!(
+            code(RDKafkaErrorCode::AllBrokersDown),
+            PublishErrorKind::Unavailable
+        );
+        assert_eq!(
+            code(RDKafkaErrorCode::UnknownTopicOrPartition),
+            PublishErrorKind::Unavailable
+        );
+        assert!(code(RDKafkaErrorCode::AllBrokersDown).is_transient());
+    }
+}
