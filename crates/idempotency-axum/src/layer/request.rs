@@ -78,11 +78,15 @@ impl Settings {
     /// the key is acquired or the handler runs, so nothing is stored and a retry is refused the
     /// same way. Nothing deeper could be stored on every backend (an outcome or an outbox event
     /// built from it would fail after the handler ran).
-    pub(super) fn refuse_too_deep(&self, parts: &Parts, body: &Bytes) -> Result<(), Problem> {
+    pub(super) fn refuse_too_deep(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<(), idempotency_core::JsonTooDeep> {
         if !is_json(&parts.headers) {
             return Ok(());
         }
-        idempotency_core::check_json_depth(body).map_err(crate::json::too_deep_problem)
+        idempotency_core::check_json_depth(body)
     }
 
     /// The fingerprint of method, route template, concrete target (path, query, host when
