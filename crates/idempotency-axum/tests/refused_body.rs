@@ -1,6 +1,7 @@
 //! A body the handler's extractors refuse stores nothing under the key: the corrected retry
 //! runs (it is not `422 idempotency-key-reused`). A rejection the handler itself returns (a
-//! business 422) is stored and replayed as before. Both modes, on PostgreSQL and SQLite.
+//! business 422) is stored and replayed as before. A JSON body nested deeper than
+//! `MAX_JSON_DEPTH` never reaches the handler. Both modes, on PostgreSQL and SQLite.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
@@ -54,12 +55,41 @@ async fn problem(
     answer(&calls, &deposit)
 }
 
+/// Any JSON value, as axum's `Json` reads it (serde_json reads 128 levels).
+async fn value(
+    State(calls): State<Arc<AtomicUsize>>,
+    Json(_): Json<serde_json::Value>,
+) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, "stored").into_response()
+}
+
+/// Any JSON value, through `ProblemJson`.
+async fn problem_value(
+    State(calls): State<Arc<AtomicUsize>>,
+    ProblemJson(_): ProblemJson<serde_json::Value>,
+) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, "stored").into_response()
+}
+
+/// A JSON object `depth` levels deep: `{"amount": 10, "x": [[...]]}`.
+fn nested_body(depth: usize) -> String {
+    format!(
+        r#"{{"amount": 10, "x": {}"]]"{}}}"#,
+        "[".repeat(depth - 1),
+        "]".repeat(depth - 1)
+    )
+}
+
 fn app<B: Backend>(store: B, mode: Mode) -> (Router, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(IdempotencyService::new(store)).scope::<SharedScope>();
     let routes = Router::new()
         .route("/plain", post(plain))
-        .route("/problem", post(problem));
+        .route("/problem", post(problem))
+        .route("/value", post(value))
+        .route("/problem-value", post(problem_value));
     let routes = match mode {
         Mode::Transactional => routes.route_layer(layer),
         Mode::Leased => routes.route_layer(layer.leased(Duration::from_secs(60))),
@@ -135,6 +165,95 @@ async fn a_body_the_extractors_refuse_stores_nothing<B: Backend>(mode: Mode) {
     );
 }
 
+/// A JSON body nested deeper than `MAX_JSON_DEPTH` is refused by the layer before the key is
+/// acquired: `422 invalid-request-body` (`reason: too-deep`), the handler never runs (even one
+/// whose extractor would take it), nothing is stored, a retry is refused the same way, and the
+/// key stays free for a body of the deepest allowed nesting.
+async fn a_body_nested_deeper_than_the_limit_never_reaches_the_handler<B: Backend>(mode: Mode) {
+    let (store, _cleanup) = B::fresh().await;
+    let (app, calls) = app(store, mode);
+    let depth = idempotency_core::MAX_JSON_DEPTH;
+    for uri in ["/value", "/problem-value", "/plain"] {
+        let key = idempotency_testing::unique_name("too-deep");
+        for attempt in 0..2 {
+            let refused = send(&app, uri, &key, JSON, &nested_body(depth + 1)).await;
+            let problem = refused.assert_problem(422, "invalid-request-body");
+            assert_eq!(problem["reason"], "too-deep", "{uri}: {problem}");
+            assert_eq!(problem["maxDepth"], depth, "{uri}: {problem}");
+            assert!(!refused.is_replay(), "{uri}, attempt {attempt}");
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                0,
+                "{uri}, attempt {attempt}: the handler never ran"
+            );
+        }
+        // Far beyond serde_json's own 128 levels: the same answer.
+        send(&app, uri, &key, JSON, &nested_body(1000))
+            .await
+            .assert_problem(422, "invalid-request-body");
+    }
+    // Nothing was stored under the keys: the deepest allowed body runs, then replays.
+    let key = idempotency_testing::unique_name("deepest");
+    let _ = send(&app, "/value", &key, JSON, &nested_body(depth + 1)).await;
+    let first = send(&app, "/value", &key, JSON, &nested_body(depth)).await;
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (StatusCode::CREATED, "stored"),
+        "{first:?}"
+    );
+    assert!(!first.is_replay());
+    let again = send(&app, "/value", &key, JSON, &nested_body(depth)).await;
+    assert!(again.is_replay());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // A body not declared JSON is the handler's to judge (axum's Json answers 415).
+    let key = idempotency_testing::unique_name("not-json");
+    let not_json = send(
+        &app,
+        "/value",
+        &key,
+        Some("text/plain"),
+        &nested_body(depth + 1),
+    )
+    .await;
+    assert_eq!(not_json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+}
+
+/// `ProblemJson` without the layer refuses a body nested deeper than `MAX_JSON_DEPTH` the same
+/// way, before the handler: `422 invalid-request-body`, `reason: too-deep`; a body of the
+/// deepest allowed nesting reaches it; media type and syntax are judged as before.
+#[tokio::test]
+async fn problem_json_refuses_a_body_nested_deeper_than_the_limit() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/problem-value", post(problem_value))
+        .with_state(Arc::clone(&calls));
+    let depth = idempotency_core::MAX_JSON_DEPTH;
+    for body in [nested_body(depth + 1), nested_body(200)] {
+        let refused = send(&app, "/problem-value", "k", JSON, &body).await;
+        let problem = refused.assert_problem(422, "invalid-request-body");
+        assert_eq!(problem["reason"], "too-deep");
+    }
+    send(
+        &app,
+        "/problem-value",
+        "k",
+        Some("application/vnd.api+json"),
+        &nested_body(depth + 1),
+    )
+    .await
+    .assert_problem(422, "invalid-request-body");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    send(&app, "/problem-value", "k", None, &nested_body(depth + 1))
+        .await
+        .assert_problem(415, "unsupported-media-type");
+    send(&app, "/problem-value", "k", JSON, r#"{"x": [[["#)
+        .await
+        .assert_problem(400, "invalid-request-body");
+    let ok = send(&app, "/problem-value", "k", JSON, &nested_body(depth)).await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{ok:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 async fn a_rejection_the_handler_returns_is_stored<B: Backend>(mode: Mode) {
     let (store, _cleanup) = B::fresh().await;
     let (app, calls) = app(store, mode);
@@ -178,6 +297,7 @@ macro_rules! every_case {
 mod postgres {
     every_case!(idempotency_pg::PgStore;
         a_body_the_extractors_refuse_stores_nothing,
+        a_body_nested_deeper_than_the_limit_never_reaches_the_handler,
         a_rejection_the_handler_returns_is_stored,
     );
 }
@@ -185,6 +305,7 @@ mod postgres {
 mod sqlite {
     every_case!(idempotency_sqlite::SqliteStore;
         a_body_the_extractors_refuse_stores_nothing,
+        a_body_nested_deeper_than_the_limit_never_reaches_the_handler,
         a_rejection_the_handler_returns_is_stored,
     );
 }

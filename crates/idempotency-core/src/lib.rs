@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod cleanup;
 pub mod config;
+mod depth;
 mod error;
 pub mod fingerprint;
 mod key;
@@ -21,6 +22,7 @@ mod tx;
 pub mod testing;
 
 pub use cache::{CacheError, DistributedCache, FailurePolicy, LocalCache, NoCache};
+pub use depth::{JsonTooDeep, MAX_JSON_DEPTH, check_json_depth, json_depth};
 pub use error::Error;
 pub use fingerprint::{
     Fingerprint, FingerprintError, FingerprintStrategy, HashAlgorithm, JcsFingerprint,

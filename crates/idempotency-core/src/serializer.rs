@@ -26,6 +26,13 @@ pub enum SerializationError {
         /// The length of the code, in characters.
         len: usize,
     },
+    /// The stored text of a result (or of a rejection's details) nests JSON deeper than
+    /// [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH), which not every backend can store. Found
+    /// after the action ran and before anything of its outcome was written: `execute` rolls
+    /// the transaction back (the action's changes with it), `execute_in`'s caller must. A
+    /// retry of the same request fails the same way; keep results shallower.
+    #[error("the result cannot be stored")]
+    TooDeep(#[from] crate::JsonTooDeep),
 }
 
 /// The longest rejection code a store keeps (the `error_code` column is `VARCHAR(128)`).
@@ -35,6 +42,8 @@ pub const MAX_REJECTION_CODE_LEN: usize = 128;
 ///
 /// The stored text must be a JSON document, because stores keep it in JSON columns (`JSONB` on
 /// PostgreSQL). Replace the default to encrypt or sign payloads at rest, wrapping the JSON.
+/// The service checks the text it returns against [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH)
+/// (envelope included) before anything is written: deeper is [`SerializationError::TooDeep`].
 pub trait ResultSerializer: Send + Sync + std::fmt::Debug + 'static {
     /// The stored JSON text of `value`.
     fn serialize<T: Serialize + ?Sized>(&self, value: &T) -> Result<String, SerializationError>;

@@ -167,6 +167,9 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     }
 
     /// Stores the outcome on the caller's `PROCESSING` record and returns the terminal record.
+    ///
+    /// The service hands it outcomes at most [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH) deep; a
+    /// store whose database refuses deeper JSON (MariaDB) refuses it before its statement.
     fn complete(
         &self,
         conn: &mut Self::Connection,

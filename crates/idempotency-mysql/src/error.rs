@@ -181,62 +181,6 @@ impl TransactionRolledBack {
     }
 }
 
-/// The deepest nesting of JSON arrays and objects this crate stores: MariaDB's `json_valid`,
-/// which checks outcomes and outbox payloads, refuses 32 levels (MySQL 8 allows 100; one
-/// limit for both). Deeper values are refused before any statement runs: an outbox event as
-/// `idempotency_outbox::Error::InvalidEvent`, an outcome with [`JsonTooDeep`].
-pub const MAX_JSON_DEPTH: usize = 31;
-
-/// An outcome nests JSON deeper than [`MAX_JSON_DEPTH`]; nothing was written, and the
-/// transaction stays usable. The source of [`StoreError::Database`]; every retry of the same
-/// request fails the same way, so keep outcomes shallower.
-///
-/// ```
-/// let error = idempotency_mysql::JsonTooDeep { depth: 40 };
-/// assert!(error.to_string().contains("31"));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the JSON nests {depth} levels deep; MySQL / MariaDB store at most {MAX_JSON_DEPTH}")]
-pub struct JsonTooDeep {
-    /// How deep the value nests.
-    pub depth: usize,
-}
-
-/// The deepest nesting of arrays and objects in `json` (JSON text; brackets inside strings do
-/// not count).
-pub(crate) fn json_depth(json: &str) -> usize {
-    let (mut depth, mut deepest, mut in_string, mut escaped) = (0_usize, 0_usize, false, false);
-    for byte in json.bytes() {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match byte {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    deepest
-}
-
-/// Refuses `json` nested deeper than [`MAX_JSON_DEPTH`].
-pub(crate) fn check_json_depth(json: &str) -> Result<(), JsonTooDeep> {
-    match json_depth(json) {
-        depth if depth > MAX_JSON_DEPTH => Err(JsonTooDeep { depth }),
-        _ => Ok(()),
-    }
-}
-
 /// A statement of this crate that failed in the caller's transaction.
 #[derive(Debug)]
 pub(crate) enum InTransaction {
@@ -351,18 +295,6 @@ mod tests {
             "table t does not match the idempotency schema: column status is missing; key column \
              idempotency_key has the collation utf8mb4_general_ci, which would merge keys that \
              differ only in case; use a binary collation (utf8mb4_bin)"
-        );
-    }
-
-    #[test]
-    fn json_depth_counts_brackets_outside_strings() {
-        assert_eq!(json_depth("1"), 0);
-        assert_eq!(json_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
-        assert_eq!(json_depth(r#"["[[[\"{{", {}]"#), 2);
-        assert!(check_json_depth(&"[".repeat(31)).is_ok());
-        assert_eq!(
-            check_json_depth(&"[".repeat(32)),
-            Err(JsonTooDeep { depth: 32 })
         );
     }
 

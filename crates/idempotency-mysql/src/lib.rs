@@ -13,9 +13,7 @@ mod records;
 mod table;
 
 pub use connect::begin;
-pub use error::{
-    Error, JsonTooDeep, MAX_JSON_DEPTH, SchemaProblem, TransactionRolledBack, store_error,
-};
+pub use error::{Error, SchemaProblem, TransactionRolledBack, store_error};
 #[cfg(feature = "outbox")]
 pub use inbox::{INBOX_DDL_TEMPLATE, MysqlInbox, inbox_ddl};
 #[cfg(feature = "outbox")]

@@ -346,36 +346,64 @@ async fn replays_of_a_committed_key_do_not_block_each_other() {
     open.commit().await.unwrap();
 }
 
-/// An outcome nested deeper than `MAX_JSON_DEPTH` is refused before the statement, with an
-/// error that names the limit; the transaction stays usable (31 levels are stored).
+/// The store's own defence: an outcome nested deeper than `idempotency_core::MAX_JSON_DEPTH`
+/// handed to `complete` directly (the service refuses it before, with
+/// `SerializationError::TooDeep`: the conformance case
+/// `outcomes_nested_deeper_than_the_limit_are_refused_before_writing`) is refused before the
+/// statement, with `JsonTooDeep` as the source; the transaction stays usable and the record is
+/// completed with a shallower outcome.
 #[tokio::test]
 async fn outcomes_nested_deeper_than_the_limit_are_refused_before_the_statement() {
+    use idempotency_core::store::{Acquire, Claim, LockWait};
+    use idempotency_core::{Fingerprint, RecordId, Scope, StoreError, StoredOutcome};
+
     let store = fresh_store().await;
-    let service = IdempotencyService::new(store.clone());
-    let nested = |depth: usize| -> Value {
-        serde_json::from_str(&format!("{}{}", "[".repeat(depth), "]".repeat(depth))).unwrap()
+    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let deepest = idempotency_core::MAX_JSON_DEPTH;
+    let id = RecordId::new(
+        idempotency_core::testing::op("OP"),
+        Scope::default(),
+        key("deep"),
+    );
+    let fingerprint = Fingerprint::new("ab".repeat(32));
+    let claim = Claim {
+        id: &id,
+        fingerprint: &fingerprint,
+        ttl: None,
+        wait: LockWait::NoWait,
     };
-    let deepest = idempotency_mysql::MAX_JSON_DEPTH;
-    let ok: Outcome<Value> = service
-        .execute(Call::new("OP", key("deep-ok"), &json!({})), async |_conn| {
-            Ok::<_, AppError>(ExecutionResult::success(nested(deepest)))
-        })
-        .await
-        .unwrap();
-    assert!(ok.is_executed());
-    let refused: Result<Outcome<Value>, AppError> = service
-        .execute(Call::new("OP", key("deep"), &json!({})), async |_conn| {
-            Ok::<_, AppError>(ExecutionResult::success(nested(deepest + 1)))
-        })
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.acquire(&mut tx, &claim).await.unwrap(),
+        Acquire::Acquired
+    );
+    let refused = store
+        .complete(
+            &mut tx,
+            &id,
+            &StoredOutcome::Completed {
+                payload: nested(deepest + 1),
+            },
+        )
         .await;
-    let Err(AppError::Idempotency(Error::Store(error))) = refused else {
+    let Err(StoreError::Database(source)) = &refused else {
         panic!("{refused:?}");
     };
-    let source = std::error::Error::source(&error).unwrap();
-    assert!(
-        source
-            .downcast_ref::<idempotency_mysql::JsonTooDeep>()
-            .is_some(),
+    assert_eq!(
+        source.downcast_ref::<idempotency_core::JsonTooDeep>(),
+        Some(&idempotency_core::JsonTooDeep { depth: deepest + 1 }),
         "{source:?}"
     );
+    let stored = store
+        .complete(
+            &mut tx,
+            &id,
+            &StoredOutcome::Completed {
+                payload: nested(deepest),
+            },
+        )
+        .await
+        .expect("the transaction is still usable and the deepest outcome is stored");
+    assert!(stored.is_terminal());
+    idempotency_mysql::MysqlStore::commit(tx).await.unwrap();
 }

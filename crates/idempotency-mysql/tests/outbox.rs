@@ -182,28 +182,3 @@ async fn values_with_a_trailing_space_are_refused_instead_of_merged() {
     tx.commit().await.unwrap();
     assert_eq!(pending(&pool).await, 1);
 }
-
-/// JSON nested deeper than `MAX_JSON_DEPTH` (MariaDB's `json_valid` refuses 32 levels) is an
-/// invalid event before anything is written, not a database error; 31 levels are stored.
-#[tokio::test]
-async fn payloads_nested_deeper_than_the_limit_are_invalid_events() {
-    let pool = idempotency_testing::mysql_pool().await;
-    let outbox = MysqlOutbox::from_config(pool.clone(), &outbox_config("outbox"))
-        .await
-        .unwrap();
-    let nested = |depth: usize| -> serde_json::Value {
-        serde_json::from_str(&format!("{}{}", "[".repeat(depth), "]".repeat(depth))).unwrap()
-    };
-    let deepest = idempotency_mysql::MAX_JSON_DEPTH;
-    let mut tx = idempotency_mysql::begin(&pool).await.unwrap();
-    let ok = NewEvent::new("order", "o-1", "Placed", &nested(deepest)).unwrap();
-    outbox.enqueue(&mut tx, &ok).await.unwrap();
-    let deep = NewEvent::new("order", "o-1", "Placed", &nested(deepest + 1)).unwrap();
-    let refused = outbox.enqueue(&mut tx, &deep).await;
-    assert!(
-        matches!(refused, Err(Error::InvalidEvent { .. })),
-        "{refused:?}"
-    );
-    tx.commit().await.unwrap();
-    assert_eq!(pending(&pool).await, 1);
-}

@@ -118,12 +118,29 @@ impl NewEvent {
         &self.headers
     }
 
-    /// Checks the lengths, the header syntax and the JSON payload the stores and brokers need.
+    /// Checks the lengths, the header syntax and the JSON payload the stores and brokers need:
+    /// the payload must be JSON nested at most
+    /// [`MAX_JSON_DEPTH`](idempotency_core::MAX_JSON_DEPTH) (31) levels deep, the limit every
+    /// backend shares (MariaDB's `json_valid` refuses 32).
     ///
     /// Every backend calls it before writing anything, so an invalid event is the same
     /// [`Error::InvalidEvent`] everywhere and leaves the caller's transaction usable (a payload
     /// refused by the database instead would abort a PostgreSQL transaction).
+    ///
+    /// ```
+    /// use idempotency_outbox::{Error, NewEvent};
+    ///
+    /// let deep = format!("{}{}", "[".repeat(32), "]".repeat(32));
+    /// let event = NewEvent::from_json_text("order", "o-1", "Placed", deep);
+    /// assert!(matches!(event.validate(), Err(Error::InvalidEvent { .. })));
+    /// ```
     pub fn validate(&self) -> Result<(), Error> {
+        if let Err(too_deep) = idempotency_core::check_json_depth(&self.payload) {
+            return Err(Error::invalid_event(format!(
+                "the payload of {}: {too_deep}",
+                self.id
+            )));
+        }
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&self.payload) {
             return Err(Error::invalid_event(format!(
                 "the payload of {} is not JSON: {e}",

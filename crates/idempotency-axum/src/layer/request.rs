@@ -73,6 +73,22 @@ impl Settings {
         }
     }
 
+    /// Refuses a body declared JSON that nests deeper than
+    /// [`MAX_JSON_DEPTH`](idempotency_core::MAX_JSON_DEPTH): `422 invalid-request-body`, before
+    /// the key is acquired or the handler runs, so nothing is stored and a retry is refused the
+    /// same way. Nothing deeper could be stored on every backend (an outcome or an outbox event
+    /// built from it would fail after the handler ran).
+    pub(super) fn refuse_too_deep(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<(), idempotency_core::JsonTooDeep> {
+        if !is_json(&parts.headers) {
+            return Ok(());
+        }
+        idempotency_core::check_json_depth(body)
+    }
+
     /// The fingerprint of method, route template, concrete target (path, query, host when
     /// configured), body and the opted-in headers, the previous algorithm's while a
     /// transition accepts it, and whether the body is declared JSON and does not parse.

@@ -134,6 +134,9 @@ where
             tier = tracing::field::Empty,
         );
         let body = settings.buffer(body).instrument(span.clone()).await?;
+        settings
+            .refuse_too_deep(&parts, &body)
+            .map_err(|too_deep| crate::json::too_deep_problem(too_deep).into_response())?;
         let (fingerprint, previous_fingerprint, malformed_json) = span
             .in_scope(|| {
                 settings.fingerprint(self.service.fingerprint_strategy(), &parts, &route, &body)

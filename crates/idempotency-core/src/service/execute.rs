@@ -385,13 +385,15 @@ where
         }
     }
 
+    /// The stored form of `result`; refuses a rejection code that cannot be stored and stored
+    /// text nested deeper than [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH), before any write.
     pub(super) fn encode<T: Serialize>(
         &self,
         result: &ExecutionResult<T>,
     ) -> Result<StoredOutcome, Error> {
         Ok(match result {
             ExecutionResult::Success(value) => StoredOutcome::Completed {
-                payload: self.serializer.serialize(value)?,
+                payload: self.stored_text(value)?,
             },
             ExecutionResult::Rejected(rejection) => StoredOutcome::Rejected {
                 code: {
@@ -403,10 +405,18 @@ where
                 },
                 details: rejection
                     .details()
-                    .map(|details| self.serializer.serialize(details))
+                    .map(|details| self.stored_text(details))
                     .transpose()?,
             },
         })
+    }
+
+    /// The serializer's text of `value`, checked against [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH)
+    /// as it will be stored (a wrapping serializer's envelope counts).
+    fn stored_text<T: Serialize + ?Sized>(&self, value: &T) -> Result<String, SerializationError> {
+        let text = self.serializer.serialize(value)?;
+        crate::check_json_depth(&text)?;
+        Ok(text)
     }
 
     /// Checks the fingerprint and decodes a terminal record.

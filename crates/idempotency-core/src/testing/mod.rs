@@ -72,6 +72,7 @@ macro_rules! store_conformance_tests {
             first_run_executes_and_replay_does_not,
             rejected_outcome_is_replayed,
             rejection_codes_are_checked_before_writing,
+            outcomes_nested_deeper_than_the_limit_are_refused_before_writing,
             payload_conflict_is_an_error,
             equivalent_payloads_replay,
             operations_are_independent,

@@ -209,6 +209,99 @@ pub async fn rejection_codes_are_checked_before_writing<S: IdempotencyStore>(
     assert_eq!(counter.count(), 3);
 }
 
+/// JSON `depth` levels deep: `depth` nested arrays around a string.
+fn nested_json(depth: usize) -> Value {
+    (0..depth).fold(json!("leaf"), |inner, _| Value::Array(vec![inner]))
+}
+
+/// An outcome nested deeper than [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH) (a value, or a
+/// rejection's details) fails with `SerializationError::TooDeep` before anything is written, on
+/// every backend alike: nothing is stored, a retry runs again and fails the same way, and in
+/// `execute_in` the caller's commit refuses the unfinished claim. The deepest allowed outcome
+/// is stored and replayed.
+pub async fn outcomes_nested_deeper_than_the_limit_are_refused_before_writing<
+    S: IdempotencyStore,
+>(
+    store: S,
+    _caps: Capabilities,
+) {
+    let service = IdempotencyService::new(store);
+    let counter = CountingAction::default();
+    let request = json!({"amount": "1.00"});
+    let too_deep = nested_json(crate::MAX_JSON_DEPTH + 1);
+    let is_too_deep = |failed: &Result<Outcome<Value>, SuiteError>| {
+        matches!(
+            failed.as_ref().map_err(SuiteError::idempotency),
+            Err(Some(Error::Serialization(crate::SerializationError::TooDeep(
+                crate::JsonTooDeep { depth }
+            )))) if *depth == crate::MAX_JSON_DEPTH + 1
+        )
+    };
+    let outcomes = [
+        ExecutionResult::success(too_deep.clone()),
+        ExecutionResult::rejected_with("DEEP", &too_deep).expect("details"),
+    ];
+    for (n, outcome) in outcomes.iter().enumerate() {
+        let k = key("too-deep");
+        let id = RecordId::new(
+            crate::Operation::new("OP").expect("op"),
+            Scope::default(),
+            k.clone(),
+        );
+        for attempt in 0..2 {
+            let failed: Result<Outcome<Value>, SuiteError> = service
+                .execute(Call::new("OP", k.clone(), &request), async |_conn| {
+                    counter.hit();
+                    Ok(outcome.clone())
+                })
+                .await;
+            assert!(
+                is_too_deep(&failed),
+                "outcome {n}, attempt {attempt}: {failed:?}"
+            );
+            assert!(
+                record_of(service.store(), &id).await.is_none(),
+                "outcome {n}, attempt {attempt}: nothing stored"
+            );
+        }
+        let mut tx: Tx<S> = service.begin().await.expect("begin");
+        let failed: Result<Outcome<Value>, SuiteError> = service
+            .execute_in(
+                &mut tx,
+                Call::new("OP", k.clone(), &request),
+                async |_conn| {
+                    counter.hit();
+                    Ok(outcome.clone())
+                },
+            )
+            .await;
+        assert!(is_too_deep(&failed), "execute_in, outcome {n}: {failed:?}");
+        let committed = tx.commit().await;
+        assert!(
+            matches!(
+                committed,
+                Err(crate::StoreError::UnfinishedClaim { count: 1 })
+            ),
+            "the caller's commit is refused: {committed:?}"
+        );
+        assert!(
+            record_of(service.store(), &id).await.is_none(),
+            "execute_in, outcome {n}: nothing stored"
+        );
+    }
+    assert_eq!(counter.count(), 6, "every attempt ran the action");
+    let deepest = nested_json(crate::MAX_JSON_DEPTH);
+    let k = key("deepest");
+    for round in 0..2 {
+        let outcome = run(&service, "OP", &k, &request, &counter, deepest.clone())
+            .await
+            .expect("the deepest outcome allowed is stored");
+        assert_eq!(outcome.is_replayed(), round == 1);
+        assert_eq!(outcome.result().value(), Some(&deepest));
+    }
+    assert_eq!(counter.count(), 7);
+}
+
 /// The same key with another payload is a `PayloadConflict`, and the action does not run.
 pub async fn payload_conflict_is_an_error<S: IdempotencyStore>(store: S, _caps: Capabilities) {
     let service = IdempotencyService::new(store);

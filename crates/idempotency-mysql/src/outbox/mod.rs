@@ -20,7 +20,7 @@ pub(crate) use error::{from_crate_error, in_transaction_error, outbox_error};
 pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
 
 use crate::connect::{self, in_transaction};
-use crate::error::{InTransaction, TransactionRolledBack, check_json_depth};
+use crate::error::{InTransaction, TransactionRolledBack};
 use crate::table::TableName;
 use schema::Names;
 use statements::{CHUNK, Statements};
@@ -233,9 +233,6 @@ impl MysqlOutbox {
         for event in events {
             event.validate()?;
             refuse_trailing_space("aggregate type", event.aggregate_type())?;
-            check_json_depth(event.payload()).map_err(|too_deep| Error::InvalidEvent {
-                reason: format!("the payload of {}: {too_deep}", event.id()),
-            })?;
             refuse_trailing_space("aggregate id", event.aggregate_id())?;
         }
         if events.is_empty() {

@@ -24,8 +24,7 @@ use crate::connect::{
     set_lock_wait,
 };
 use crate::error::{
-    ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, Error, SchemaProblem, check_json_depth, error_number,
-    store_error,
+    ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, Error, SchemaProblem, error_number, store_error,
 };
 use crate::table::TableName;
 
@@ -268,10 +267,13 @@ impl MysqlStore {
     }
 }
 
-/// Refuses an outcome payload nested deeper than `MAX_JSON_DEPTH`, before its statement.
+/// Refuses an outcome payload nested deeper than [`MAX_JSON_DEPTH`](idempotency_core::MAX_JSON_DEPTH)
+/// (MariaDB's `json_valid` refuses 32 levels), before its statement. The service refuses
+/// such outcomes before calling the store (`SerializationError::TooDeep`); this is for a
+/// caller of the SPI that did not.
 fn check_outcome(payload: Option<&str>) -> Result<(), StoreError> {
     payload
-        .map_or(Ok(()), check_json_depth)
+        .map_or(Ok(()), idempotency_core::check_json_depth)
         .map_err(|too_deep| StoreError::Database(Box::new(too_deep)))
 }
 

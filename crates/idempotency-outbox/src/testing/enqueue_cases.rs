@@ -163,6 +163,66 @@ pub async fn invalid_events_are_refused_before_writing<B: OutboxBackend>(
     assert_eq!(got, [(ids[0], Some(1)), (ids[1], Some(2))]);
 }
 
+/// A payload nested deeper than [`MAX_JSON_DEPTH`](idempotency_core::MAX_JSON_DEPTH) is
+/// `Error::InvalidEvent` on every backend, before anything is written (not a database error:
+/// MariaDB's `json_valid` refuses 32 levels, the others would store it); the transaction goes
+/// on and the deepest allowed payload is stored and claimed byte for byte.
+pub async fn payloads_nested_deeper_than_the_limit_are_invalid_events<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let depth = idempotency_core::MAX_JSON_DEPTH;
+    let nested = |depth: usize| {
+        format!(
+            r#"{}{{"k":"[["}}{}"#,
+            "[".repeat(depth - 1),
+            "]".repeat(depth - 1)
+        )
+    };
+    let outbox = backend.outbox(&suite_config(Ordering::Ordered)).await;
+    let mut tx = backend.begin().await;
+    for too_deep in [
+        NewEvent::from_json_text("order", "a", "Deep", nested(depth + 1)),
+        NewEvent::new(
+            "order",
+            "a",
+            "Deep",
+            &(0..depth + 1).fold(serde_json::json!(1), |inner, _| serde_json::json!([inner])),
+        )
+        .expect("serializable"),
+        NewEvent::from_json_text("order", "a", "Deep", nested(500)),
+    ] {
+        let error = outbox
+            .enqueue_all(&mut tx, &[event("a", 1), too_deep])
+            .await
+            .expect_err("a payload nested too deep is refused");
+        assert!(
+            matches!(&error, Error::InvalidEvent { reason } if reason.contains("levels deep")),
+            "{error:?}"
+        );
+    }
+    let deepest = NewEvent::from_json_text("order", "a", "Deepest", nested(depth));
+    let ids = outbox
+        .enqueue_all(&mut tx, std::slice::from_ref(&deepest))
+        .await
+        .expect("the deepest payload allowed");
+    B::commit(tx).await;
+    let claimed = outbox
+        .claim(&request(Ordering::Unordered, LEASE))
+        .await
+        .expect("claim")
+        .messages;
+    let got: Vec<_> = claimed
+        .iter()
+        .map(|m| (m.id, m.sequence, m.payload.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [(ids[0], Some(1), deepest.payload())],
+        "nothing else enqueued"
+    );
+}
+
 /// Enqueueing no events writes nothing and returns no ids.
 pub async fn enqueue_of_nothing_is_a_no_op<B: OutboxBackend>(backend: B, _caps: Capabilities) {
     let outbox = backend.outbox(&suite_config(Ordering::Ordered)).await;

@@ -39,6 +39,7 @@ macro_rules! outbox_conformance_tests {
             ordered_events_are_numbered_per_aggregate_in_commit_order,
             unordered_events_have_no_sequence,
             invalid_events_are_refused_before_writing,
+            payloads_nested_deeper_than_the_limit_are_invalid_events,
             enqueue_of_nothing_is_a_no_op,
             writes_outside_a_transaction_are_refused,
             a_second_writer_of_an_aggregate_numbers_after_the_first,
