@@ -191,8 +191,6 @@ pub struct Run {
     pub entries: Vec<Entry>,
     /// The broken invariants (empty: the history holds).
     pub violations: Vec<Violation>,
-    /// Known, open findings seen in it: printed, not counted as violations.
-    pub known: Vec<String>,
 }
 
 impl Run {
@@ -201,14 +199,10 @@ impl Run {
         mut violations: Vec<Violation>,
         unclean: Vec<String>,
     ) -> Self {
-        let (known, unclean): (Vec<String>, Vec<String>) = unclean
-            .into_iter()
-            .partition(|u| u.starts_with(backend::KNOWN));
         violations.extend(invariants::pool(unclean));
         Self {
             entries,
             violations,
-            known,
         }
     }
 }
@@ -226,8 +220,6 @@ pub struct Report {
     pub entries: Vec<Entry>,
     /// The broken invariants.
     pub violations: Vec<Violation>,
-    /// Known, open findings seen in the history (not counted).
-    pub known: Vec<String>,
 }
 
 impl Report {
@@ -254,9 +246,6 @@ impl fmt::Display for Report {
         )?;
         for violation in &self.violations {
             writeln!(f, "  VIOLATION {violation}")?;
-        }
-        for known in &self.known {
-            writeln!(f, "  {known}")?;
         }
         let groups: Vec<_> = self
             .violations
@@ -327,6 +316,5 @@ pub async fn check(subject: Subject, seed: u64, ctx: &Ctx) -> Result<Report, Che
         plan,
         entries: run.entries,
         violations: run.violations,
-        known: run.known,
     })
 }

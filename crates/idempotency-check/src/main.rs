@@ -103,9 +103,6 @@ async fn main() -> ExitCode {
                     histories += 1;
                     operations += report.operations();
                     faults += report.plan.faults();
-                    for known in &report.known {
-                        println!("seed {seed} {subject}: {known}");
-                    }
                     if report.violations.is_empty() {
                         println!(
                             "ok   seed {seed} {subject} ({} operations, {} faults, caches {})",
