@@ -227,6 +227,42 @@ impl Report {
     pub fn operations(&self) -> usize {
         self.entries.len()
     }
+
+    /// The faults the plan put into this history, by kind: requests dropped at a random point
+    /// (`drop`), transactions committed after an error (`commit-after-error`), and database
+    /// connections killed mid-transaction (`kill`: the service and the layer on PostgreSQL and
+    /// MariaDB; SQLite has no server, the outbox's actions kill nothing). Wire stalls,
+    /// late leased holders, aborted relay workers, refused publishes and redeliveries are drawn
+    /// while the history runs and are not counted here.
+    pub fn faults_by_kind(&self) -> [(&'static str, usize); 3] {
+        let ops = || self.plan.clients.iter().flatten();
+        let kills = matches!(
+            self.subject.mode,
+            Mode::Service | Mode::Layer | Mode::Leased
+        ) && self.subject.database != Database::Sqlite;
+        [
+            (
+                "drop",
+                ops()
+                    .filter(|op| matches!(op.fault, plan::Fault::Drop(_)))
+                    .count(),
+            ),
+            (
+                "commit-after-error",
+                ops()
+                    .filter(|op| op.fault == plan::Fault::CommitAfterError)
+                    .count(),
+            ),
+            (
+                "kill",
+                if kills {
+                    ops().filter(|op| op.kind == plan::Kind::Kill).count()
+                } else {
+                    0
+                },
+            ),
+        ]
+    }
 }
 
 impl fmt::Display for Report {
