@@ -279,3 +279,23 @@ async fn a_store_transaction_dropped_during_a_prepare_does_not_keep_the_connecti
     );
     assert_pool_is_clean(&direct, &proxied).await;
 }
+
+/// A statement dropped during its prepare on the pool itself, outside a transaction: nothing
+/// is queued after it, the release ping reads the prepare's answer and then fails, and sqlx
+/// closes the connection; the pool opens a fresh one.
+#[tokio::test]
+async fn a_statement_on_the_pool_dropped_during_its_prepare_does_not_keep_the_connection() {
+    let (direct, proxied, proxy) = pools().await;
+    proxy
+        .drop_while_held(
+            sqlx::query("INSERT INTO written (n) VALUES (?)")
+                .bind(1)
+                .execute(&proxied),
+        )
+        .await;
+    assert!(
+        comes_back(&proxied).await,
+        "the connection did not come back"
+    );
+    assert_pool_is_clean(&direct, &proxied).await;
+}
