@@ -299,3 +299,42 @@ async fn a_statement_on_the_pool_dropped_during_its_prepare_does_not_keep_the_co
     );
     assert_pool_is_clean(&direct, &proxied).await;
 }
+
+/// `MysqlTransaction` counts its transaction on the connection as sqlx's does: a nested begin
+/// on it is a savepoint (a plain `BEGIN` there would commit the outer transaction at once).
+#[tokio::test]
+async fn a_nested_begin_in_the_public_begin_is_a_savepoint() {
+    let (direct, proxied, _proxy) = pools().await;
+    let count = async || -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM written")
+            .fetch_one(&direct)
+            .await
+            .unwrap()
+    };
+    let mut tx = idempotency_mysql::begin(&proxied).await.unwrap();
+    sqlx::query("INSERT INTO written (n) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let mut savepoint = sqlx::Connection::begin(&mut *tx).await.unwrap();
+    sqlx::query("INSERT INTO written (n) VALUES (2)")
+        .execute(&mut *savepoint)
+        .await
+        .unwrap();
+    savepoint.rollback().await.unwrap();
+    assert_eq!(
+        count().await,
+        0,
+        "the nested begin committed the outer transaction"
+    );
+    tx.commit().await.unwrap();
+    let rows: Vec<i32> = sqlx::query_scalar("SELECT n FROM written")
+        .fetch_all(&direct)
+        .await
+        .unwrap();
+    assert_eq!(
+        rows,
+        [1],
+        "the savepoint's row was rolled back, the outer one committed"
+    );
+}
