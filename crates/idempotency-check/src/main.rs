@@ -11,6 +11,7 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -83,6 +84,7 @@ async fn main() -> ExitCode {
     let started = Instant::now();
     let budget = args.budget.map(Duration::from_secs);
     let (mut histories, mut operations, mut faults, mut failed) = (0usize, 0usize, 0usize, 0usize);
+    let mut by_kind: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut next_fresh = args.fresh;
     let mut i = 0;
     loop {
@@ -103,8 +105,8 @@ async fn main() -> ExitCode {
                     histories += 1;
                     operations += report.operations();
                     faults += report.plan.faults();
-                    for known in &report.known {
-                        println!("seed {seed} {subject}: {known}");
+                    for (kind, n) in report.faults_by_kind() {
+                        *by_kind.entry(kind).or_default() += n;
                     }
                     if report.violations.is_empty() {
                         println!(
@@ -130,6 +132,15 @@ async fn main() -> ExitCode {
          checked on each, {failed} failed, in {:.0} s",
         idempotency_check::INVARIANTS.len(),
         started.elapsed().as_secs_f64()
+    );
+    println!(
+        "faults by kind: {}; seeds: {}",
+        by_kind
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        seeds.len()
     );
     println!("check: {} passed, {failed} failed", histories - failed);
     if failed > 0 {

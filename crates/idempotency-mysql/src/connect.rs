@@ -2,8 +2,10 @@
 //! short READ COMMITTED transactions for the relay and cleanup, and a per-statement lock wait
 //! budget.
 
-use sqlx::{MySqlConnection, MySqlPool, MySqlTransaction, SqlStr};
+use sqlx::{MySqlConnection, MySqlPool, SqlStr};
 use tracing::Instrument as _;
+
+use crate::transaction::MysqlTransaction;
 
 use crate::error::{
     ER_LOCK_DEADLOCK, ER_SP_DOES_NOT_EXIST, Error, InTransaction, TransactionRolledBack,
@@ -37,11 +39,12 @@ const BEGIN: &str = concat!(heal_lock_wait!(), "START TRANSACTION");
 
 pub(crate) async fn begin_read_committed(
     pool: &MySqlPool,
-) -> Result<MySqlTransaction<'static>, sqlx::Error> {
+) -> Result<MysqlTransaction, sqlx::Error> {
     begin_with(pool, BEGIN_READ_COMMITTED).await
 }
 
-/// Begins a transaction on a connection of `pool`: `pool.begin()`, safe to cancel.
+/// Begins a transaction on a connection of `pool`: `pool.begin()`, safe to cancel, as a
+/// [`MysqlTransaction`].
 ///
 /// sqlx 0.9 counts a transaction only once its `START TRANSACTION` is answered. If the future of
 /// `pool.begin()` is dropped while that answer is on the wire (a client hung up, a timeout
@@ -51,11 +54,14 @@ pub(crate) async fn begin_read_committed(
 /// the answer, and the transaction that nobody takes is rolled back before the connection
 /// returns to the pool.
 ///
+/// The transaction itself, dropped before it ended, closes its connection rather than
+/// returning it to the pool (sqlx's MySQL connection is not safe to drop in the middle of a
+/// statement; see [`MysqlTransaction`]).
+///
 /// Use it wherever a request begins a transaction of its own: for the outbox's
 /// `MysqlOutbox::enqueue` (feature `outbox`), the inbox, or
 /// [`MysqlTx::new`](crate::MysqlTx). [`MysqlStore`](crate::MysqlStore) and the idempotency
-/// service already begin this way. The returned transaction is sqlx's own: commit it, or drop it
-/// to roll back.
+/// service already begin this way. Commit the returned transaction, roll it back, or drop it.
 ///
 /// It needs a Tokio runtime (sqlx's `runtime-tokio`), as the rest of this crate does. The error
 /// is sqlx's, as from `pool.begin()`; if the runtime is shutting down it is
@@ -71,7 +77,7 @@ pub(crate) async fn begin_read_committed(
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
-pub async fn begin(pool: &MySqlPool) -> Result<MySqlTransaction<'static>, sqlx::Error> {
+pub async fn begin(pool: &MySqlPool) -> Result<MysqlTransaction, sqlx::Error> {
     begin_with(pool, BEGIN).await
 }
 
@@ -79,15 +85,36 @@ pub async fn begin(pool: &MySqlPool) -> Result<MySqlTransaction<'static>, sqlx::
 pub(crate) async fn begin_with(
     pool: &MySqlPool,
     statement: &'static str,
-) -> Result<MySqlTransaction<'static>, sqlx::Error> {
+) -> Result<MysqlTransaction, sqlx::Error> {
     let pool = pool.clone();
+    let (sender, receiver) = tokio::sync::oneshot::channel();
     // In the caller's span, so that what the pool logs stays attached to the request.
-    let begun = tokio::spawn(async move { pool.begin_with(statement).await }.in_current_span());
-    match begun.await {
+    let task = tokio::spawn(
+        async move {
+            let begun = match pool.acquire().await {
+                Ok(conn) => MysqlTransaction::begin(conn, SqlStr::from_static(statement)).await,
+                Err(error) => Err(error),
+            };
+            // Nobody takes it (the caller's future was dropped): the begin ran to its end, so
+            // the connection is in step with the server, and a rollback hands it back clean.
+            if let Err(Ok(tx)) = sender.send(begun)
+                && let Err(error) = tx.rollback().await
+            {
+                tracing::debug!(%error, "rolling back a transaction nobody took");
+            }
+        }
+        .in_current_span(),
+    );
+    match receiver.await {
         Ok(begun) => begun,
-        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-        // The runtime is shutting down: no transaction was handed out.
-        Err(join) => Err(sqlx::Error::Io(std::io::Error::other(join))),
+        Err(_) => match task.await {
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            // The runtime is shutting down: no transaction was handed out.
+            Err(join) => Err(sqlx::Error::Io(std::io::Error::other(join))),
+            Ok(()) => Err(sqlx::Error::Io(std::io::Error::other(
+                "the begin's task ended without an answer",
+            ))),
+        },
     }
 }
 

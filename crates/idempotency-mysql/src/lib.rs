@@ -11,6 +11,7 @@ mod introspect;
 mod outbox;
 mod records;
 mod table;
+mod transaction;
 
 pub use connect::begin;
 pub use error::{Error, SchemaProblem, TransactionRolledBack, store_error};
@@ -20,6 +21,7 @@ pub use inbox::{INBOX_DDL_TEMPLATE, MysqlInbox, inbox_ddl};
 pub use outbox::{DEFAULT_RELAY_LOCK, MysqlOutbox, OUTBOX_DDL_TEMPLATE, outbox_ddl};
 pub use records::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, MysqlStore, ddl};
 pub use table::TableName;
+pub use transaction::MysqlTransaction;
 
 /// The sqlx version this crate is built on.
 pub use sqlx;

@@ -9,10 +9,11 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use idempotency_core::config::SchemaMode;
+use idempotency_mysql::MysqlTransaction;
 use idempotency_mysql::{MysqlInbox, MysqlOutbox, TransactionRolledBack};
 use idempotency_outbox::config::{InboxConfig, OutboxConfig};
 use idempotency_outbox::{Error, NewEvent};
-use sqlx::{MySqlPool, MySqlTransaction};
+use sqlx::MySqlPool;
 
 fn event(aggregate: &str) -> NewEvent {
     NewEvent::new("order", aggregate, "Placed", &serde_json::json!({"n": 1})).unwrap()
@@ -32,7 +33,7 @@ enum Step {
 }
 
 impl Step {
-    async fn run(&self, tx: &mut MySqlTransaction<'static>, name: &str) -> Result<(), Error> {
+    async fn run(&self, tx: &mut MysqlTransaction, name: &str) -> Result<(), Error> {
         match self {
             Self::Enqueue(outbox) => outbox.enqueue(tx, &event(name)).await.map(drop),
             Self::Record(inbox) => inbox.record(tx, "consumer", name).await.map(drop),
@@ -49,10 +50,7 @@ impl Step {
 /// Runs the step on `x` in a, on `y` in b, then on `y` in a (which waits for b) and on `x` in b
 /// (which closes the cycle): InnoDB rolls one of them back with 1213. Returns both
 /// transactions with the results of their second steps.
-async fn deadlock(
-    pool: &MySqlPool,
-    step: Step,
-) -> Vec<(MySqlTransaction<'static>, Result<(), Error>)> {
+async fn deadlock(pool: &MySqlPool, step: Step) -> Vec<(MysqlTransaction, Result<(), Error>)> {
     let mut a = idempotency_mysql::begin(pool).await.unwrap();
     let mut b = idempotency_mysql::begin(pool).await.unwrap();
     sqlx::query("INSERT INTO business (name) VALUES ('a')")

@@ -78,14 +78,14 @@ fn inbox_config() -> InboxConfig {
 /// Implements the suite's backend and [`OutboxDb`] for one database; `$p(n)` is its `n`th
 /// placeholder.
 macro_rules! outbox_db {
-    ($ty:ident, $pool:ty, $db:ty, $outbox:ty, $inbox:ty, $begin:expr, $fresh:expr, $ph:expr) => {
+    ($ty:ident, $pool:ty, $db:ty, $tx:ty, $outbox:ty, $inbox:ty, $begin:expr, $fresh:expr, $ph:expr) => {
         /// The outbox subject's database.
         #[derive(Debug, Clone)]
         pub struct $ty($pool);
 
         impl OutboxBackend for $ty {
             type Connection = <$db as sqlx::Database>::Connection;
-            type Transaction = sqlx::Transaction<'static, $db>;
+            type Transaction = $tx;
             type Pooled = sqlx::pool::PoolConnection<$db>;
             type Outbox = $outbox;
             type Inbox = $inbox;
@@ -231,6 +231,7 @@ outbox_db!(
     PgDb,
     PgPool,
     sqlx::Postgres,
+    sqlx::Transaction<'static, sqlx::Postgres>,
     PgOutbox,
     PgInbox,
     idempotency_pg::begin,
@@ -241,6 +242,7 @@ outbox_db!(
     MysqlDb,
     MySqlPool,
     sqlx::MySql,
+    idempotency_mysql::MysqlTransaction,
     MysqlOutbox,
     MysqlInbox,
     idempotency_mysql::begin,
@@ -251,6 +253,7 @@ outbox_db!(
     SqliteDb,
     SqlitePool,
     sqlx::Sqlite,
+    sqlx::Transaction<'static, sqlx::Sqlite>,
     SqliteOutbox,
     SqliteInbox,
     sqlite_begin,

@@ -1,5 +1,6 @@
 //! The SPI implementations of [`MysqlOutbox`]: what the relay and operators call.
 
+use std::ops::DerefMut;
 use std::time::Duration;
 
 use idempotency_outbox::config::Ordering;
@@ -8,13 +9,14 @@ use idempotency_outbox::store::{
     OutboxStats, RelayStore,
 };
 use idempotency_outbox::{DeadLetter, Error, NewEvent};
-use sqlx::{Connection, MySqlConnection, MySqlTransaction, SqlStr};
+use sqlx::{Connection, MySql, MySqlConnection, SqlStr};
 use uuid::Uuid;
 
 use super::MysqlOutbox;
 use super::error::outbox_error;
 use super::row::{self, ClaimRow, DeadLetterRow, MessageRow};
 use super::statements::CHUNK;
+use crate::MysqlTransaction;
 use crate::clock::micros;
 use crate::connect::{self, BEGIN_READ_COMMITTED, begin_read_committed};
 
@@ -30,6 +32,25 @@ impl Enqueue for MysqlOutbox {
     }
 }
 
+/// The transaction a claim runs in: this crate's own ([`MysqlTransaction`]), or sqlx's on the
+/// connection that holds the single-relay lock.
+trait ClaimTx: DerefMut<Target = MySqlConnection> + Send {
+    /// Commits it.
+    fn commit(self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+impl ClaimTx for MysqlTransaction {
+    fn commit(self) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        MysqlTransaction::commit(self)
+    }
+}
+
+impl ClaimTx for sqlx::Transaction<'_, MySql> {
+    fn commit(self) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        sqlx::Transaction::commit(self)
+    }
+}
+
 impl MysqlOutbox {
     /// One short READ COMMITTED transaction, `tx`: `SELECT ... FOR UPDATE SKIP LOCKED` of
     /// the due rows (rows another claim is taking are passed over, never waited for; READ
@@ -38,7 +59,7 @@ impl MysqlOutbox {
     /// times.
     async fn claim_on(
         &self,
-        mut tx: MySqlTransaction<'_>,
+        mut tx: impl ClaimTx,
         request: &ClaimRequest,
     ) -> Result<Claimed, Error> {
         let sql = match request.ordering {

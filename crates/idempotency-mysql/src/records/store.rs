@@ -328,10 +328,11 @@ async fn insert_polling<'q>(
 
 impl IdempotencyStore for MysqlStore {
     type Connection = MySqlConnection;
-    type Transaction = sqlx::Transaction<'static, MySql>;
+    type Transaction = crate::MysqlTransaction;
 
     /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
-    /// returns to the pool.
+    /// returns to the pool; a transaction dropped before it ended closes its connection (see
+    /// [`MysqlTransaction`](crate::MysqlTransaction)).
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
         connect::begin(&self.pool).await.map_err(store_error)
     }
