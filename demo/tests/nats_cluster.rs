@@ -119,7 +119,10 @@ async fn the_demo_takes_a_list_of_cluster_nodes_and_publishes_to_the_replicated_
         .await
         .unwrap();
     let info = stream.info().await.unwrap();
-    assert_eq!(info.config.num_replicas, 3, "the demo's stream is replicated");
+    assert_eq!(
+        info.config.num_replicas, 3,
+        "the demo's stream is replicated"
+    );
     let before = info.state.messages;
 
     // A node that is not there first, then the cluster's nodes, spaces after the commas.
