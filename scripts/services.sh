@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests talk to are installed, running and answering:
-# PostgreSQL, Redis, a six-node Redis Cluster, NATS (JetStream), RabbitMQ and MariaDB on
-# 127.0.0.1, and tansu, a Kafka-protocol broker. Source it, then call `ensure_services`; it
-# exports DATABASE_URL, REDIS_URL, REDIS_CLUSTER_URL, NATS_URL, AMQP_URL, MYSQL_URL and
-# KAFKA_URL (keeping any value already set, in which case that server is not started here, only
-# waited for), and TANSU_BIN.
+# PostgreSQL, Redis, a six-node Redis Cluster, NATS (JetStream), a three-node NATS JetStream
+# cluster, RabbitMQ and MariaDB on 127.0.0.1, and tansu, a Kafka-protocol broker. Source it,
+# then call `ensure_services`; it exports DATABASE_URL, REDIS_URL, REDIS_CLUSTER_URL, NATS_URL,
+# NATS_CLUSTER_URL, AMQP_URL, MYSQL_URL and KAFKA_URL (keeping any value already set, in which
+# case that server is not started here, only waited for), and TANSU_BIN.
 #
-# Run directly, it starts or stops the Redis Cluster alone:
+# Run directly, it starts or stops the Redis Cluster or the NATS cluster alone:
 #
 #   scripts/services.sh redis-cluster start [BASE_PORT [DIR]]   # default 7000 /var/tmp/idempotency-redis-cluster
 #   scripts/services.sh redis-cluster stop  [BASE_PORT]
 #   scripts/services.sh redis-cluster status [BASE_PORT]
+#   scripts/services.sh nats-cluster start  [BASE_PORT [DIR]]    # default 4232 /var/tmp/idempotency-nats-cluster
+#   scripts/services.sh nats-cluster stop   [BASE_PORT [DIR]]
+#   scripts/services.sh nats-cluster status [BASE_PORT]
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -213,6 +216,127 @@ ensure_nats() {
   wait_for NATS 127.0.0.1 4222 30
 }
 
+# ---------------------------------------------------------------- NATS JetStream cluster
+# Three nats-server nodes (n0, n1, n2) clustered with JetStream: clients on BASE_PORT ..
+# BASE_PORT+2, cluster routes on port + 2000, HTTP monitoring on port + 4000; each node's
+# JetStream store, log and pid file under DIR/n<i>. Started again on the same DIR, a node
+# rejoins its cluster with its store (the chaos script's restart after a SIGKILL).
+NATS_CLUSTER_BASE_PORT="${NATS_CLUSTER_BASE_PORT:-4232}"
+NATS_CLUSTER_DIR="${NATS_CLUSTER_DIR:-/var/tmp/idempotency-nats-cluster}"
+NATS_CLUSTER_NAME="${NATS_CLUSTER_NAME:-idempotency}"
+
+nats_server_bin() { command -v nats-server || echo /usr/sbin/nats-server; }
+
+# nats_cluster_url BASE_PORT: the URL list clients read (every node, comma-separated).
+nats_cluster_url() {
+  local base=$1 i nodes=()
+  for i in 0 1 2; do nodes+=("nats://127.0.0.1:$((base + i))"); done
+  local IFS=,
+  echo "${nodes[*]}"
+}
+
+# nats_cluster_jsz BASE_PORT I [QUERY]: node I's /jsz (JSON), nothing when it does not answer.
+nats_cluster_jsz() { curl -fs -m 1 "http://127.0.0.1:$(($1 + $2 + 4000))/jsz${3:-}" 2>/dev/null; }
+
+# nats_cluster_ok BASE_PORT: every node answers and names the same JetStream meta leader, one
+# of the three, in a cluster of three.
+nats_cluster_ok() {
+  local base=$1 i leader="" seen
+  for i in 0 1 2; do
+    seen=$(nats_cluster_jsz "$base" "$i" | jq -r 'select(.meta_cluster.cluster_size == 3) | .meta_cluster.leader // empty' 2>/dev/null)
+    [ -n "$seen" ] || return 1
+    [ -z "$leader" ] || [ "$leader" = "$seen" ] || return 1
+    leader=$seen
+  done
+  [[ "$leader" =~ ^n[012]$ ]]
+}
+
+# nats_cluster_node_pid DIR I: the pid of node I if it is still a nats-server of ours.
+nats_cluster_node_pid() {
+  local pid
+  pid=$(cat "$1/n$2/nats.pid" 2>/dev/null) || return 1
+  [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "nats-server.*$1/n$2" || return 1
+  echo "$pid"
+}
+
+# nats_cluster_node_start BASE_PORT DIR I: node I in the background (its own session, so that
+# it outlives the shell that started it), pid in DIR/n<I>/nats.pid.
+nats_cluster_node_start() {
+  local base=$1 dir=$2 i=$3 j routes=()
+  for j in 0 1 2; do [ "$j" = "$i" ] || routes+=("nats://127.0.0.1:$((base + j + 2000))"); done
+  mkdir -p "$dir/n$i"
+  local IFS=,
+  setsid "$(nats_server_bin)" -n "n$i" -a 127.0.0.1 -p $((base + i)) -m $((base + i + 4000)) \
+    -js -sd "$dir/n$i" --cluster_name "$NATS_CLUSTER_NAME" \
+    --cluster "nats://127.0.0.1:$((base + i + 2000))" --routes "${routes[*]}" \
+    -l "$dir/n$i/nats.log" -P "$dir/n$i/nats.pid" </dev/null >/dev/null 2>&1 &
+  disown # no job report when a chaos script kills it
+}
+
+# nats_cluster_stop BASE_PORT DIR: stops the nodes this script started there (by their pid
+# files), and waits until their ports are closed.
+nats_cluster_stop() {
+  local base=${1:-$NATS_CLUSTER_BASE_PORT} dir=${2:-$NATS_CLUSTER_DIR} i pid
+  for i in 0 1 2; do
+    pid=$(nats_cluster_node_pid "$dir" "$i") && kill -TERM "$pid" 2>/dev/null
+  done
+  for i in 0 1 2; do
+    for _ in $(seq 1 100); do port_open 127.0.0.1 $((base + i)) || break; sleep 0.1; done
+  done
+  log "NATS cluster on $base-$((base + 2)) stopped"
+}
+
+# nats_cluster_wait BASE_PORT SECONDS: until nats_cluster_ok.
+nats_cluster_wait() {
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do
+    nats_cluster_ok "$1" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# nats_cluster_start BASE_PORT DIR: reuses a cluster that already answers with a meta leader;
+# otherwise stops whatever of ours is left, wipes DIR, starts three nodes and waits for their
+# meta leader.
+nats_cluster_start() {
+  local base=${1:-$NATS_CLUSTER_BASE_PORT} dir=${2:-$NATS_CLUSTER_DIR} i port
+  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || apt_install nats-server
+  command -v jq >/dev/null || apt_install jq
+  if nats_cluster_ok "$base"; then
+    log "NATS cluster on $base-$((base + 2)) already up (meta leader elected)"
+    return 0
+  fi
+  nats_cluster_stop "$base" "$dir" 2>/dev/null
+  for i in 0 1 2; do
+    for port in $((base + i)) $((base + i + 2000)) $((base + i + 4000)); do
+      if port_open 127.0.0.1 "$port"; then
+        log "port $port is taken by something else; set NATS_CLUSTER_BASE_PORT"
+        return 1
+      fi
+    done
+  done
+  log "starting a NATS JetStream cluster on $base-$((base + 2)) ($dir)"
+  rm -rf "$dir"
+  for i in 0 1 2; do nats_cluster_node_start "$base" "$dir" "$i"; done
+  if ! nats_cluster_wait "$base" 60; then
+    log "the NATS cluster on $base-$((base + 2)) elected no meta leader within 60s (logs in $dir/n*/nats.log)"
+    return 1
+  fi
+  log "NATS cluster on $base-$((base + 2)) is up (meta leader $(nats_cluster_jsz "$base" 0 | jq -r .meta_cluster.leader))"
+}
+
+ensure_nats_cluster() {
+  if [ -n "${NATS_CLUSTER_URL:-}" ]; then
+    local first=${NATS_CLUSTER_URL%%,*}
+    given "NATS cluster" "$first" 4222 30
+    return
+  fi
+  nats_cluster_start "$NATS_CLUSTER_BASE_PORT" "$NATS_CLUSTER_DIR"
+  NATS_CLUSTER_URL="$(nats_cluster_url "$NATS_CLUSTER_BASE_PORT")"
+  export NATS_CLUSTER_URL
+}
+
 ensure_rabbitmq() {
   if [ -n "${AMQP_URL:-}" ]; then given RabbitMQ "$AMQP_URL" 5672 120; return; fi
   export AMQP_URL="amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -284,10 +408,11 @@ ensure_services() {
   ensure_redis
   ensure_redis_cluster
   ensure_nats
+  ensure_nats_cluster
   ensure_rabbitmq
   ensure_mysql
   ensure_kafka
-  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URL=$REDIS_CLUSTER_URL NATS_URL=$NATS_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL KAFKA_URL=$KAFKA_URL"
+  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URL=$REDIS_CLUSTER_URL NATS_URL=$NATS_URL NATS_CLUSTER_URL=$NATS_CLUSTER_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL KAFKA_URL=$KAFKA_URL"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
@@ -297,6 +422,11 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     "redis-cluster stop") redis_cluster_stop "${3:-$REDIS_CLUSTER_BASE_PORT}" ;;
     "redis-cluster status")
       if redis_cluster_ok "${3:-$REDIS_CLUSTER_BASE_PORT}"; then echo ok; else echo "not ok"; exit 1; fi ;;
-    *) echo "usage: $0 redis-cluster start|stop|status [BASE_PORT [DIR]]" >&2; exit 2 ;;
+    "nats-cluster start") nats_cluster_start "${3:-$NATS_CLUSTER_BASE_PORT}" "${4:-$NATS_CLUSTER_DIR}"
+      echo "NATS_CLUSTER_URL=$(nats_cluster_url "${3:-$NATS_CLUSTER_BASE_PORT}")" ;;
+    "nats-cluster stop") nats_cluster_stop "${3:-$NATS_CLUSTER_BASE_PORT}" "${4:-$NATS_CLUSTER_DIR}" ;;
+    "nats-cluster status")
+      if nats_cluster_ok "${3:-$NATS_CLUSTER_BASE_PORT}"; then echo ok; else echo "not ok"; exit 1; fi ;;
+    *) echo "usage: $0 redis-cluster|nats-cluster start|stop|status [BASE_PORT [DIR]]" >&2; exit 2 ;;
   esac
 fi

@@ -8,7 +8,7 @@ use idempotency::Idempotency;
 use idempotency_demo::config::DemoConfig;
 use idempotency_demo::db::{Database, Mysql, Postgres, Sqlite};
 use idempotency_demo::{App, StartupError, assemble, router};
-use idempotency_outbox::publisher::nats::NatsPublisher;
+use idempotency_outbox::publisher::nats::{NatsPublisher, server_addrs};
 use idempotency_outbox::{LoggingPublisher, Publisher};
 
 /// The JetStream stream that captures the demo's events.
@@ -64,12 +64,17 @@ async fn run() -> Result<(), StartupError> {
     let redis = &mut config.idempotency.distributed_cache;
     redis.url = redis.url.take().or_else(|| env("REDIS_URL"));
     redis.enabled &= redis.url.is_some();
+    // One URL or a cluster's comma-separated list: the client reconnects to another node of
+    // the list when its own dies.
     let nats = match env("NATS_URL") {
-        Some(url) => Some(
-            async_nats::connect(&url)
-                .await
-                .map_err(|e| StartupError::Nats(e.to_string()))?,
-        ),
+        Some(urls) => {
+            let servers = server_addrs(&urls).map_err(|e| StartupError::Nats(e.to_string()))?;
+            Some(
+                async_nats::connect(servers.as_slice())
+                    .await
+                    .map_err(|e| StartupError::Nats(e.to_string()))?,
+            )
+        }
         None => None,
     };
     let database_url = env("DATABASE_URL");

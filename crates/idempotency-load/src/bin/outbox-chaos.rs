@@ -7,6 +7,8 @@
 //! outbox-chaos enqueue --database-url postgres://... --table outbox_chaos --count 10000
 //! outbox-chaos relay   --database-url ... --nats-url ... --table outbox_chaos \
 //!                      --subject 'chaos.{aggregate_type}.{event_type}' --life 1 > life-1.acks  # kill -9 it
+//! outbox-chaos republish --database-url ... --nats-url ... --table outbox_chaos \
+//!                      --subject 'chaos.{aggregate_type}.{event_type}' --count 100
 //! outbox-chaos verify  --database-url ... --nats-url ... --table outbox_chaos --stream CHAOS \
 //!                      --acks-dir . --watch watch.json
 //! outbox-chaos consume --database-url ... --nats-url ... --table outbox --stream CHAOS \
@@ -23,7 +25,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use idempotency_core::config::SchemaMode;
 use idempotency_load::Error;
-use idempotency_load::chaos::{self, acks, consume, enqueue, relay, stream, verify, watch};
+use idempotency_load::chaos::{
+    self, acks, consume, enqueue, relay, republish, stream, verify, watch,
+};
 use idempotency_outbox::config::{InboxConfig, Ordering, OutboxConfig};
 use idempotency_pg::{PgInbox, PgOutbox};
 use sqlx::PgPool;
@@ -53,6 +57,9 @@ enum Step {
         /// Duplicate window: longer than the whole run.
         #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
         duplicate_window: Duration,
+        /// Replicas of the stream (3 on a three-node cluster).
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
     },
     /// Count every copy published on the subjects until SIGTERM, then write the counts.
     Watch {
@@ -83,7 +90,7 @@ enum Step {
     Relay {
         #[command(flatten)]
         outbox: Outbox,
-        /// NATS server.
+        /// NATS server (or a cluster's comma-separated URL list).
         #[arg(long)]
         nats_url: String,
         /// Subject template.
@@ -92,12 +99,32 @@ enum Step {
         /// This process's number, sent as the `Chaos-Relay-Life` header of each copy.
         #[arg(long, default_value_t = 1)]
         life: u64,
+        /// `relay.max-attempts`: failed publishes (the broker's own failures aside) before a
+        /// message is dead-lettered. High by default (the kills are the point there); the
+        /// library's default, 10, to see whether a broker's failover dead-letters anything.
+        #[arg(long, default_value_t = 1000)]
+        max_attempts: u32,
+    },
+    /// Publish the earliest-published rows once more (a relay's republish after a lost ack);
+    /// print how many JetStream acked as duplicates.
+    Republish {
+        #[command(flatten)]
+        outbox: Outbox,
+        /// NATS server (or a cluster's comma-separated URL list).
+        #[arg(long)]
+        nats_url: String,
+        /// Subject template (the relay's).
+        #[arg(long)]
+        subject: String,
+        /// Rows to publish again.
+        #[arg(long, default_value_t = 100)]
+        count: u32,
     },
     /// Check the outbox, the stream, the ack logs and the watch counts against each other.
     Verify {
         #[command(flatten)]
         outbox: Outbox,
-        /// NATS server.
+        /// NATS server (or a cluster's comma-separated URL list).
         #[arg(long)]
         nats_url: String,
         /// Stream name.
@@ -123,7 +150,7 @@ struct Consume {
     /// The outbox table (a plain identifier).
     #[arg(long, default_value = "outbox")]
     table: String,
-    /// NATS server.
+    /// NATS server (or a cluster's comma-separated URL list).
     #[arg(long)]
     nats_url: String,
     /// Stream name.
@@ -181,7 +208,7 @@ async fn run_consume(args: Consume) -> Result<bool, Error> {
         }
         _ => None,
     };
-    let client = stream::connect(&args.nats_url).await?;
+    let client = stream::connect(&args.nats_url, "outbox-chaos consume").await?;
     let config = consume::ConsumerConfig {
         stream: args.stream.clone(),
         durable: args.durable.clone(),
@@ -207,7 +234,7 @@ async fn run_consume(args: Consume) -> Result<bool, Error> {
 
 #[derive(Debug, Args)]
 struct Nats {
-    /// NATS server.
+    /// NATS server (or a cluster's comma-separated URL list).
     #[arg(long)]
     nats_url: String,
     /// Subjects (`chaos.>`).
@@ -292,12 +319,13 @@ async fn main_inner(step: Step) -> Result<bool, Error> {
             nats,
             stream,
             duplicate_window,
+            replicas,
         } => {
-            let client = stream::connect(&nats.nats_url).await?;
-            stream::create(&client, &stream, &nats.subjects, duplicate_window).await?;
+            let client = stream::connect(&nats.nats_url, "outbox-chaos stream").await?;
+            stream::create(&client, &stream, &nats.subjects, duplicate_window, replicas).await?;
         }
         Step::Watch { nats, out } => {
-            let client = stream::connect(&nats.nats_url).await?;
+            let client = stream::connect(&nats.nats_url, "outbox-chaos watch").await?;
             let ready = || eprintln!("watching {}", nats.subjects);
             let watched = watch::run(&client, &nats.subjects, ready, terminated()).await?;
             write_json(&out, &watched)?;
@@ -318,17 +346,24 @@ async fn main_inner(step: Step) -> Result<bool, Error> {
             nats_url,
             subject,
             life,
+            max_attempts,
         } => {
             let (_, store) = outbox.open(SchemaMode::Validate).await?;
-            let client = stream::connect(&nats_url).await?;
-            relay::run(
-                store,
-                client,
-                &subject,
-                &outbox.config(SchemaMode::Validate),
-                life,
-            )
-            .await?;
+            let client = stream::connect(&nats_url, &format!("outbox-chaos relay {life}")).await?;
+            let mut config = outbox.config(SchemaMode::Validate);
+            config.relay.max_attempts = max_attempts;
+            relay::run(store, client, &subject, &config, life).await?;
+        }
+        Step::Republish {
+            outbox,
+            nats_url,
+            subject,
+            count,
+        } => {
+            let (pool, _) = outbox.open(SchemaMode::Validate).await?;
+            let client = stream::connect(&nats_url, "outbox-chaos republish").await?;
+            let republished = republish::run(&pool, &outbox.table, client, &subject, count).await?;
+            println!("{}", serde_json::to_string(&republished)?);
         }
         Step::Verify {
             outbox,
@@ -338,7 +373,7 @@ async fn main_inner(step: Step) -> Result<bool, Error> {
             watch,
         } => {
             let (pool, _) = outbox.open(SchemaMode::Validate).await?;
-            let client = stream::connect(&nats_url).await?;
+            let client = stream::connect(&nats_url, "outbox-chaos verify").await?;
             let acks = acks::AckLogs::read(&acks_dir)?;
             let text = std::fs::read_to_string(&watch).map_err(|source| Error::File {
                 path: watch.clone(),

@@ -11,6 +11,10 @@
 //! 5. [`verify::run`]: every row published, every id in the stream exactly once, and the
 //!    duplicates each kill caused.
 //!
+//! [`republish::run`] publishes rows already published once more (a relay's republish after a
+//! lost ack): `scripts/chaos/nats-cluster.sh` runs it after a stream leader change, to see
+//! JetStream's duplicate window survive the change.
+//!
 //! [`consume::run`] is a real consumer of such a stream (`scripts/chaos/instances.sh`): a
 //! durable pull consumer with explicit acks that checks arrival, per-aggregate order and
 //! duplicates against the outbox table, and optionally applies every event through the inbox.
@@ -24,6 +28,7 @@ pub mod acks;
 pub mod consume;
 pub mod enqueue;
 pub mod relay;
+pub mod republish;
 pub mod stream;
 pub mod verify;
 pub mod watch;

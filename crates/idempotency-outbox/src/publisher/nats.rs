@@ -205,6 +205,63 @@ impl NatsPublisher {
     }
 }
 
+/// The servers of a NATS URL as operators write it: one URL, or several comma-separated
+/// (`nats://n1:4222,nats://n2:4222,nats://n3:4222`, the nodes of a cluster), spaces around each
+/// ignored; a URL without a scheme is `nats://`. Pass them to `async_nats::connect` (or
+/// `ConnectOptions::connect`): the client connects to the first that answers and, when its
+/// node dies, reconnects to the others (and to those the cluster advertises). A single string
+/// given to `async_nats::connect` is one URL: a list in it does not parse.
+///
+/// Fails with [`Error::InvalidConfig`] on an empty list or an entry that is not a URL, naming
+/// the entry by its position (not its text, which may carry credentials).
+///
+/// ```
+/// use idempotency_outbox::publisher::nats::server_addrs;
+///
+/// let servers = server_addrs("nats://127.0.0.1:4232, nats://127.0.0.1:4233,127.0.0.1:4234")?;
+/// assert_eq!(servers.len(), 3);
+/// assert_eq!(servers[2].port(), 4234);
+/// assert!(server_addrs("nats://127.0.0.1:4232,,").is_err());
+/// # Ok::<(), idempotency_outbox::Error>(())
+/// ```
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_outbox::publisher::nats::{NatsPublisher, server_addrs};
+///
+/// let servers = server_addrs("nats://n1:4222,nats://n2:4222,nats://n3:4222")?;
+/// let client = async_nats::connect(servers.as_slice()).await?;
+/// let publisher = NatsPublisher::new(client);
+/// # Ok(()) }
+/// ```
+pub fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, Error> {
+    let entries: Vec<&str> = urls.split(',').map(str::trim).collect();
+    if entries.iter().all(|entry| entry.is_empty()) {
+        return Err(Error::InvalidConfig {
+            reason: "the NATS URL list is empty".to_owned(),
+        });
+    }
+    entries
+        .iter()
+        .enumerate()
+        .map(|(n, entry)| {
+            let invalid = |why: String| Error::InvalidConfig {
+                reason: format!(
+                    "entry {} of {} of the NATS URL list: {why}",
+                    n + 1,
+                    entries.len()
+                ),
+            };
+            if entry.is_empty() {
+                return Err(invalid("empty".to_owned()));
+            }
+            entry
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| invalid(e.to_string()))
+        })
+        .collect()
+}
+
 // The names the outbox adds, made once: `from_static` neither parses nor allocates, where
 // parsing them cost every publish. `names_are_valid` checks that each one is what parsing
 // would give.
