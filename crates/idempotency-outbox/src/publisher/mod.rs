@@ -13,6 +13,7 @@ use idempotency_core::BoxError;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 
+mod health;
 mod logging;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -22,6 +23,7 @@ pub mod nats;
 pub mod rabbitmq;
 mod template;
 
+pub use health::BrokerHealth;
 pub use logging::LoggingPublisher;
 pub use template::Template;
 
@@ -57,6 +59,14 @@ pub trait Publisher: Send + Sync + 'static {
         &self,
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<Ack, PublishError>> + Send;
+
+    /// Whether the broker can be reached now, for health endpoints (the `idempotency`
+    /// facade's `/health/ready`). It should answer from the connection's state or one cheap
+    /// round trip, never publish; the caller bounds it with a timeout. The default,
+    /// for publishers that cannot tell, is [`BrokerHealth::Unknown`].
+    fn health(&self) -> impl Future<Output = BrokerHealth> + Send {
+        std::future::ready(BrokerHealth::Unknown)
+    }
 }
 
 impl<P: Publisher> Publisher for Arc<P> {
@@ -69,6 +79,10 @@ impl<P: Publisher> Publisher for Arc<P> {
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<Ack, PublishError>> + Send {
         (**self).publish(message)
+    }
+
+    fn health(&self) -> impl Future<Output = BrokerHealth> + Send {
+        (**self).health()
     }
 }
 
