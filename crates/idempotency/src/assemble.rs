@@ -218,8 +218,10 @@ impl<D: Database> Idempotency<D> {
     /// An axum router answering `GET /health/live` (200 while the process answers; no
     /// dependency is asked), `GET /health/ready` (the [`health`](Self::health) report as
     /// JSON, 200 when ready, 503 when not) and `GET /health` (the same as `/health/ready`).
-    /// Merge it into the application's router, on a listener the orchestrator reaches; the
-    /// router owns a [`health_check`](Self::health_check) and outlives `self`.
+    /// Merge it into the application's router, on a listener the orchestrator reaches (axum
+    /// panics at the merge if the router already has one of these paths: `nest` it under
+    /// another prefix then); the router owns a [`health_check`](Self::health_check) and
+    /// outlives `self`.
     ///
     /// ```no_run
     /// # #[cfg(feature = "sqlite")]

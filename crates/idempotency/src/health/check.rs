@@ -187,37 +187,45 @@ impl<D: Database> HealthCheck<D> {
     }
 
     async fn outbox(&self) -> OutboxHealth {
-        let mut health = OutboxHealth {
+        #[cfg(feature = "outbox")]
+        if let Some(outbox) = &self.outbox {
+            return self.backlog(outbox).await;
+        }
+        OutboxHealth {
             status: Status::Disabled,
             pending: None,
             oldest_pending_age_seconds: None,
             max_pending_age_seconds: None,
             dead_lettered: None,
             error: None,
+        }
+    }
+
+    #[cfg(feature = "outbox")]
+    async fn backlog(&self, outbox: &D::Outbox) -> OutboxHealth {
+        use idempotency_outbox::Housekeeping;
+        let mut health = OutboxHealth {
+            status: Status::Down,
+            pending: None,
+            oldest_pending_age_seconds: None,
+            max_pending_age_seconds: self.max_pending_age.map(|age| age.as_secs_f64()),
+            dead_lettered: None,
+            error: None,
         };
-        #[cfg(feature = "outbox")]
-        if let Some(outbox) = &self.outbox {
-            use idempotency_outbox::Housekeeping;
-            health.max_pending_age_seconds = self.max_pending_age.map(|age| age.as_secs_f64());
-            match self.bounded(outbox.stats()).await {
-                Some(Ok(stats)) => {
-                    let late = self
-                        .max_pending_age
-                        .is_some_and(|max| stats.oldest_pending_age > max.as_secs_f64());
-                    health.status = if late { Status::Down } else { Status::Up };
-                    health.pending = Some(stats.pending);
-                    health.oldest_pending_age_seconds = Some(stats.oldest_pending_age);
-                    health.dead_lettered = Some(stats.dead_lettered);
+        match self.bounded(outbox.stats()).await {
+            Some(Ok(stats)) => {
+                let late = self
+                    .max_pending_age
+                    .is_some_and(|max| stats.oldest_pending_age > max.as_secs_f64());
+                if !late {
+                    health.status = Status::Up;
                 }
-                Some(Err(error)) => {
-                    health.status = Status::Down;
-                    health.error = Some(chain(&error));
-                }
-                None => {
-                    health.status = Status::Down;
-                    health.error = Some(TIMED_OUT.to_owned());
-                }
+                health.pending = Some(stats.pending);
+                health.oldest_pending_age_seconds = Some(stats.oldest_pending_age);
+                health.dead_lettered = Some(stats.dead_lettered);
             }
+            Some(Err(error)) => health.error = Some(chain(&error)),
+            None => health.error = Some(TIMED_OUT.to_owned()),
         }
         health
     }
