@@ -15,6 +15,11 @@
 //! - an outcome from an older generation is ignored: a slow call admitted before the breaker
 //!   opened cannot close it, and one admitted before it closed cannot count against the new run.
 //!
+//! Every change of state is counted in [`BREAKER_METRIC`](crate::BREAKER_METRIC) and logged
+//! once, not once per refused call: `warn` when it opens (Redis is skipped), `info` at the first
+//! trial of an outage and when it closes again (with how long the outage lasted), `debug` for the
+//! trials in between (one per cool-down), so an outage of any length leaves a handful of lines.
+//!
 //! Hand-written on purpose: it is a few lines of state under a mutex that is never held across
 //! an `.await`, and the crates that offer one are either tied to `tower` services or unmaintained.
 
@@ -53,17 +58,76 @@ enum State {
 struct Inner {
     state: State,
     generation: u64,
+    /// When the breaker last opened from closed: the outage's start, for the log line that
+    /// closes it; `None` while closed.
+    outage_since: Option<Instant>,
+    /// Whether this outage's first trial was logged (later ones log at `debug`).
+    trial_logged: bool,
 }
 
 impl Inner {
-    fn enter(&mut self, state: State) {
+    /// Moves to `state`, counting and logging the change (`name`: which breaker).
+    fn enter(&mut self, state: State, now: Instant, name: &'static str, cool_down: Duration) {
+        let from = self.state;
         self.state = state;
         self.generation = self.generation.wrapping_add(1);
+        let to = match (from, state) {
+            (State::Closed { .. }, State::Open { .. }) => {
+                self.outage_since = Some(now);
+                self.trial_logged = false;
+                tracing::warn!(
+                    breaker = name,
+                    cool_down = ?cool_down,
+                    "distributed cache circuit breaker opened: Redis is skipped (requests read \
+                     the database) and tried again once per cool-down; further failures are \
+                     counted, not logged, until it closes"
+                );
+                "open"
+            }
+            (_, State::HalfOpen { .. }) => {
+                if self.trial_logged {
+                    tracing::debug!(
+                        breaker = name,
+                        "distributed cache circuit breaker half-open"
+                    );
+                } else {
+                    self.trial_logged = true;
+                    tracing::info!(
+                        breaker = name,
+                        "distributed cache circuit breaker half-open: one trial call (then one \
+                         per cool-down until one succeeds)"
+                    );
+                }
+                "half_open"
+            }
+            (_, State::Open { .. }) => {
+                tracing::debug!(
+                    breaker = name,
+                    "distributed cache trial call failed; open again"
+                );
+                "open"
+            }
+            (_, State::Closed { .. }) => {
+                let outage = self
+                    .outage_since
+                    .take()
+                    .map(|since| now.saturating_duration_since(since));
+                tracing::info!(
+                    breaker = name,
+                    outage = ?outage,
+                    "distributed cache circuit breaker closed: Redis answers again"
+                );
+                "closed"
+            }
+        };
+        metrics::counter!(crate::BREAKER_METRIC, "breaker" => name, "state" => to).increment(1);
     }
 }
 
 #[derive(Debug)]
 pub(crate) struct Breaker {
+    /// Which breaker, in logs and meters: `requests` or `write_behind`.
+    name: &'static str,
     threshold: u32,
     cool_down: Duration,
     trial_timeout: Duration,
@@ -121,23 +185,32 @@ fn later(now: Instant, d: Duration) -> Instant {
 }
 
 impl Breaker {
-    pub(crate) fn new(threshold: u32, cool_down: Duration, trial_timeout: Duration) -> Self {
-        Self::with_clock(threshold, cool_down, trial_timeout, Instant::now)
+    pub(crate) fn new(
+        name: &'static str,
+        threshold: u32,
+        cool_down: Duration,
+        trial_timeout: Duration,
+    ) -> Self {
+        Self::with_clock(name, threshold, cool_down, trial_timeout, Instant::now)
     }
 
     fn with_clock(
+        name: &'static str,
         threshold: u32,
         cool_down: Duration,
         trial_timeout: Duration,
         now: fn() -> Instant,
     ) -> Self {
         Self {
+            name,
             threshold: threshold.max(1),
             cool_down,
             trial_timeout,
             inner: Mutex::new(Inner {
                 state: State::Closed { failures: 0 },
                 generation: 0,
+                outage_since: None,
+                trial_logged: false,
             }),
             now,
         }
@@ -153,22 +226,32 @@ impl Breaker {
         if let State::HalfOpen { deadline } = inner.state
             && now >= deadline
         {
-            inner.enter(State::Open {
-                until: later(deadline, self.cool_down),
-            });
+            inner.enter(
+                State::Open {
+                    until: later(deadline, self.cool_down),
+                },
+                now,
+                self.name,
+                self.cool_down,
+            );
         }
         f(&mut inner, now)
     }
 
     /// A permit if a call may go out now.
     pub(crate) fn allow(&self) -> Option<Permit<'_>> {
-        let trial_timeout = self.trial_timeout;
+        let (trial_timeout, name, cool_down) = (self.trial_timeout, self.name, self.cool_down);
         let generation = self.with(|inner, now| match inner.state {
             State::Closed { .. } => Some(inner.generation),
             State::Open { until } if now >= until => {
-                inner.enter(State::HalfOpen {
-                    deadline: later(now, trial_timeout),
-                });
+                inner.enter(
+                    State::HalfOpen {
+                        deadline: later(now, trial_timeout),
+                    },
+                    now,
+                    name,
+                    cool_down,
+                );
                 Some(inner.generation)
             }
             State::Open { .. } | State::HalfOpen { .. } => None,
@@ -181,7 +264,7 @@ impl Breaker {
     }
 
     fn report(&self, generation: u64, report: Report) {
-        let (threshold, cool_down) = (self.threshold, self.cool_down);
+        let (threshold, cool_down, name) = (self.threshold, self.cool_down, self.name);
         self.with(|inner, now| {
             if generation != inner.generation {
                 return; // admitted under an older state
@@ -192,7 +275,7 @@ impl Breaker {
                     inner.state = State::Closed { failures: 0 };
                 }
                 (State::HalfOpen { .. }, Report::Success) => {
-                    inner.enter(State::Closed { failures: 0 });
+                    inner.enter(State::Closed { failures: 0 }, now, name, cool_down);
                 }
                 (State::Closed { failures }, Report::Failure) if failures + 1 < threshold => {
                     inner.state = State::Closed {
@@ -201,9 +284,14 @@ impl Breaker {
                 }
                 (State::Closed { .. }, Report::Failure)
                 | (State::HalfOpen { .. }, Report::Failure | Report::Dropped) => {
-                    inner.enter(State::Open {
-                        until: later(now, cool_down),
-                    });
+                    inner.enter(
+                        State::Open {
+                            until: later(now, cool_down),
+                        },
+                        now,
+                        name,
+                        cool_down,
+                    );
                 }
                 (State::Open { .. }, _) => {} // nothing is admitted while open
             }
@@ -243,7 +331,7 @@ mod tests {
     }
 
     fn test_breaker(threshold: u32, cool_down: Duration, trial_timeout: Duration) -> Breaker {
-        Breaker::with_clock(threshold, cool_down, trial_timeout, clock)
+        Breaker::with_clock("test", threshold, cool_down, trial_timeout, clock)
     }
 
     #[test]

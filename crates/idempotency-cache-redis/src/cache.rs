@@ -46,6 +46,18 @@ pub enum Error {
 /// succeeds once the entry is queued.
 pub const WRITE_BEHIND_METRIC: &str = "idempotency_cache_write_behind_entries_total";
 
+/// The counter of circuit-breaker changes of state, labels `breaker` (`requests`: reads and the
+/// `put`s that write themselves; `write_behind`: the background writer's own) and `state` (the
+/// state entered: `open`, `half_open`, `closed`). Each change is also logged once (see the crate
+/// docs, "Logs during an outage").
+pub const BREAKER_METRIC: &str = "idempotency_cache_breaker_transitions_total";
+
+/// The counter of Redis outages as the cache's calls see them, label `state`: `lost` (a call
+/// failed after one succeeded: logged once at `warn`) and `back` (a call succeeded after
+/// failures: logged once at `info`). The calls that failed in between are counted in
+/// [`RedisCacheStats`] and the service's `idempotency_cache_errors_total`, not logged.
+pub const CONNECTION_METRIC: &str = "idempotency_cache_connection_changes_total";
+
 /// Counts `n` write-behind entries with `outcome` in [`WRITE_BEHIND_METRIC`].
 fn write_behind_metric(outcome: &'static str, n: u64) {
     if n > 0 {
@@ -83,6 +95,9 @@ pub struct RedisCacheStats {
 
 #[derive(Debug, Default)]
 struct Counters {
+    /// Calls failed since the last one that succeeded (0 while Redis answers): the outage
+    /// that [`CONNECTION_METRIC`] counts, logged when it starts and when it ends.
+    failing: AtomicU64,
     timeouts: AtomicU64,
     errors: AtomicU64,
     short_circuited: AtomicU64,
@@ -146,8 +161,9 @@ const GRACE: Duration = Duration::from_millis(20);
 
 /// A breaker as `config` says: a trial that runs is over after one timeout; one that has not
 /// reported after the cool-down plus the timeout is held by a future nobody polls any more.
-fn breaker(config: &DistributedCacheConfig) -> Arc<Breaker> {
+fn breaker(name: &'static str, config: &DistributedCacheConfig) -> Arc<Breaker> {
     Arc::new(Breaker::new(
+        name,
         config.circuit_breaker.failure_threshold,
         config.circuit_breaker.cool_down,
         config
@@ -192,8 +208,8 @@ where
                 ..Options::default()
             },
             policy: config.failure_policy,
-            breaker: breaker(config),
-            write_breaker: breaker(config),
+            breaker: breaker("requests", config),
+            write_breaker: breaker("write_behind", config),
             counters: Arc::new(Counters::default()),
             write_behind: config
                 .write_behind
@@ -302,21 +318,53 @@ where
         match tokio::time::timeout(self.timeout + GRACE, call).await {
             Ok(Ok(value)) => {
                 permit.success();
+                self.answered();
                 Ok(value)
             }
             Ok(Err(error)) if *error.kind() != ErrorKind::Timeout => {
                 permit.failure();
+                self.failed(&error);
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 Err(CacheError::Backend(Box::new(error)))
             }
             Ok(Err(_)) | Err(_) => {
                 permit.failure();
+                self.failed(&format_args!("no answer within {:?}", self.timeout));
                 self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
                 if let Some(refresh) = &self.refresh {
                     refresh.after_timeout();
                 }
                 Err(CacheError::Timeout(self.timeout))
             }
+        }
+    }
+
+    /// A call failed: the first failure after an answer starts an outage, logged once.
+    fn failed(&self, error: &dyn fmt::Display) {
+        if self.counters.failing.fetch_add(1, Ordering::Relaxed) == 0 {
+            metrics::counter!(CONNECTION_METRIC, "state" => "lost").increment(1);
+            tracing::warn!(
+                %error,
+                "distributed cache call failed: Redis is treated as down (requests read the \
+                 database); further failures are counted (idempotency_cache_errors_total), not \
+                 logged, until a call succeeds"
+            );
+        }
+    }
+
+    /// A call succeeded: it ends the outage, if there was one, logged once.
+    fn answered(&self) {
+        // A load first: the common case (no outage) writes nothing shared.
+        if self.counters.failing.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let failed = self.counters.failing.swap(0, Ordering::Relaxed);
+        if failed > 0 {
+            metrics::counter!(CONNECTION_METRIC, "state" => "back").increment(1);
+            tracing::info!(
+                failed_calls = failed,
+                "distributed cache call succeeded: Redis answers again"
+            );
         }
     }
 
@@ -410,7 +458,8 @@ where
                 .unwritten
                 .fetch_add(entries, Ordering::Relaxed);
             write_behind_metric("unwritten", entries);
-            tracing::warn!(entries, %error, "distributed cache write-behind failed");
+            // Counted; an outage is logged once by `call` and the breaker, not per batch.
+            tracing::debug!(entries, %error, "distributed cache write-behind failed");
         }
     }
 }

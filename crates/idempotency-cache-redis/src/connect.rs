@@ -74,19 +74,36 @@ impl RedisCache<Client> {
     }
 }
 
+/// At most one `warn` per this long about the connection task ending: a Redis that stays away
+/// ends it again every [`RESTART_DELAY`] or so.
+const RESTART_WARN_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Waits for the client's connection task to end, and connects again when it ended on an
-/// error (or a panic); returns when it ended cleanly (`quit`).
+/// error (or a panic); returns when it ended cleanly (`quit`). The restarts are logged at
+/// `warn` at most once per [`RESTART_WARN_INTERVAL`] (with how many were not), at `debug`
+/// otherwise.
 async fn supervise(client: Client, mut task: ConnectHandle) {
+    let mut warned: Option<tokio::time::Instant> = None;
+    let mut unlogged = 0u64;
     loop {
-        match task.await {
+        let error = match task.await {
             Ok(Ok(())) => return,
             Ok(Err(error)) if error.is_canceled() => return, // `quit` while connecting
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "the Redis connection task ended; connecting again");
-            }
-            Err(error) => {
-                tracing::warn!(%error, "the Redis connection task failed; connecting again");
-            }
+            Ok(Err(error)) => error.to_string(),
+            Err(error) => error.to_string(),
+        };
+        let now = tokio::time::Instant::now();
+        if warned.is_none_or(|at| now.duration_since(at) >= RESTART_WARN_INTERVAL) {
+            tracing::warn!(
+                %error,
+                restarts_not_logged = unlogged,
+                "the Redis connection task ended; connecting again (logged at most once a minute)"
+            );
+            warned = Some(now);
+            unlogged = 0;
+        } else {
+            unlogged += 1;
+            tracing::debug!(%error, "the Redis connection task ended; connecting again");
         }
         tokio::time::sleep(RESTART_DELAY).await;
         task = client.connect();

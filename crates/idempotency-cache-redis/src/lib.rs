@@ -13,7 +13,10 @@ mod url;
 mod write_behind;
 
 pub use breaker::BreakerState;
-pub use cache::{Error, RedisCache, RedisCacheStats, WRITE_BEHIND_METRIC, is_connected};
+pub use cache::{
+    BREAKER_METRIC, CONNECTION_METRIC, Error, RedisCache, RedisCacheStats, WRITE_BEHIND_METRIC,
+    is_connected,
+};
 pub use config::{CircuitBreakerConfig, DistributedCacheConfig, WriteBehindConfig};
 pub use key::redis_key;
 pub use sign::{CacheSecret, MIN_SECRET_LEN, SecretTooShort};

@@ -64,6 +64,11 @@ pub trait LocalCache: Send + Sync + 'static {
 }
 
 /// The L2 cache: shared between instances, asynchronous, fallible.
+///
+/// The service counts each failed call (`IdempotencyMetrics::cache_error`) and logs it at
+/// `debug` only: an outage must not log once per request. An implementation logs its own
+/// outages, once per change of state (as `idempotency-cache-redis` does: lost / back, circuit
+/// breaker opened / half-open / closed).
 pub trait DistributedCache: Send + Sync + 'static {
     /// The cached terminal record for `id`, if any.
     fn get(

@@ -43,6 +43,13 @@ pub mod names {
     pub const LOCAL_CACHE_EVICTIONS: &str = "idempotency_local_cache_evictions_total";
     /// Counter: L1 entries removed because their TTL or the record's `expires_at` passed.
     pub const LOCAL_CACHE_EXPIRATIONS: &str = "idempotency_local_cache_expirations_total";
+    /// Counter, labels `breaker` (`requests`, `write_behind`), `state` (`open`, `half_open`,
+    /// `closed`): the L2 cache's circuit breaker changed state (recorded by
+    /// `idempotency-cache-redis`, `BREAKER_METRIC`).
+    pub const CACHE_BREAKER_TRANSITIONS: &str = "idempotency_cache_breaker_transitions_total";
+    /// Counter, label `state` (`lost`, `back`): the L2 cache's calls started failing, or
+    /// succeeded again (recorded by `idempotency-cache-redis`, `CONNECTION_METRIC`).
+    pub const CACHE_CONNECTION_CHANGES: &str = "idempotency_cache_connection_changes_total";
 }
 
 #[cfg(feature = "prometheus")]
@@ -135,6 +142,16 @@ impl FacadeMetrics {
             names::LOCAL_CACHE_EXPIRATIONS,
             Unit::Count,
             "L1 cache entries expired"
+        );
+        describe_counter!(
+            names::CACHE_BREAKER_TRANSITIONS,
+            Unit::Count,
+            "L2 cache circuit breaker changes of state, by breaker and state entered"
+        );
+        describe_counter!(
+            names::CACHE_CONNECTION_CHANGES,
+            Unit::Count,
+            "L2 cache outages as its calls see them: lost, back"
         );
     }
 

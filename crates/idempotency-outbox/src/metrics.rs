@@ -15,6 +15,7 @@
 //! | `outbox_relay_worker_panics_total` | counter | | relay worker tasks that panicked outside a publish (each is restarted) |
 //! | `outbox_broker_duplicates_total` | counter | `destination` | confirmed copies the broker reported as duplicates |
 //! | `outbox_publish_latency_seconds` | histogram | `destination` | enqueue (commit) to broker ack |
+//! | `outbox_broker_state_changes_total` | counter | `destination`, `state` | the broker as one relay sees it: `lost` (a publish failed on the broker's side after one was confirmed), `back` (a publish confirmed after such failures); each also logged once |
 //!
 //! Gauges are refreshed every `relay.stats-interval` by one query per relay process.
 
@@ -41,6 +42,8 @@ pub const WORKER_PANICS: &str = "outbox_relay_worker_panics_total";
 pub const BROKER_DUPLICATES: &str = "outbox_broker_duplicates_total";
 /// Histogram: enqueue (commit) to broker ack, in seconds.
 pub const LATENCY: &str = "outbox_publish_latency_seconds";
+/// Counter: the broker lost (`state="lost"`) and back (`state="back"`), as one relay sees it.
+pub const BROKER_STATE_CHANGES: &str = "outbox_broker_state_changes_total";
 
 /// Registers the help text and unit of every outbox meter with the installed recorder (the
 /// Prometheus exporter prints them as `# HELP` / `# TYPE`). Call it once after installing it.
@@ -87,6 +90,11 @@ pub fn describe() {
         LATENCY,
         Unit::Seconds,
         "Commit of the enqueue to the broker's confirmation"
+    );
+    describe_counter!(
+        BROKER_STATE_CHANGES,
+        Unit::Count,
+        "The broker lost (state=lost) and back (state=back), as a relay sees it"
     );
 }
 
@@ -164,4 +172,9 @@ pub(crate) fn failed(destination: &str, kind: PublishErrorKind, dead_lettered: b
         metrics::counter!(DEAD_LETTERED_TOTAL, "destination" => destination.to_owned())
             .increment(1);
     }
+}
+
+pub(crate) fn broker_state(destination: &str, state: &'static str) {
+    metrics::counter!(BROKER_STATE_CHANGES, "destination" => destination.to_owned(), "state" => state)
+        .increment(1);
 }

@@ -583,3 +583,28 @@ async fn a_body_over_max_message_size_is_dead_lettered_at_once() {
     assert!(error.contains("larger than max-message-size"), "{error}");
     queue.delete().await;
 }
+
+/// `Publisher::health`: `Up` through a proxy that forwards (connecting as a publish would),
+/// `Down` naming the failure once the proxy refuses, `Up` again when it forwards again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_broker_connection() {
+    use idempotency_outbox::{BrokerHealth, Publisher};
+    let queue = TestQueue::new().await;
+    let url = idempotency_testing::amqp_url();
+    let proxy = Proxy::start(host_port(&url), true).await;
+    let publisher = publisher(&via_port(&url, proxy.port), &queue);
+    assert_eq!(publisher.health().await, BrokerHealth::Up, "connects");
+    assert_eq!(
+        publisher.health().await,
+        BrokerHealth::Up,
+        "stays connected"
+    );
+    proxy.disable();
+    eventually("down", || async {
+        matches!(publisher.health().await, BrokerHealth::Down(_))
+    })
+    .await;
+    proxy.enable();
+    assert_eq!(publisher.health().await, BrokerHealth::Up, "reconnects");
+    queue.delete().await;
+}

@@ -4,6 +4,7 @@
 mod assemble;
 mod backend;
 mod error;
+pub mod health;
 mod load;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

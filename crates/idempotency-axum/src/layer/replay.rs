@@ -131,7 +131,8 @@ where
         let fail_fast = self.service.distributed_cache().failure_policy()
             == FailurePolicy::FailFast
             && !matches!(error, CacheError::Corrupt(_));
-        tracing::warn!(operation = op, %error, fail_fast, "distributed cache read failed");
+        // Counted; the cache logs its outages once per change of state, not per call.
+        tracing::debug!(operation = op, %error, fail_fast, "distributed cache read failed");
         if fail_fast {
             return Err(Core::Cache(error).into());
         }
@@ -202,7 +203,8 @@ where
             service
                 .metrics()
                 .cache_error(op, Level::Distributed, &error);
-            tracing::warn!(operation = op, %error, "distributed cache write failed");
+            // Counted; the cache logs its outages once per change of state, not per call.
+            tracing::debug!(operation = op, %error, "distributed cache write failed");
         }
         service.local_cache().put(id, record);
     }

@@ -353,7 +353,8 @@ where
                 self.metrics.cache_error(op, Level::Distributed, &error);
                 let fail_fast = self.distributed.failure_policy() == FailurePolicy::FailFast
                     && !matches!(error, crate::CacheError::Corrupt(_));
-                tracing::warn!(operation = op, error = %error, fail_fast, "distributed cache read failed");
+                // Counted; the cache logs its outages once per change of state, not per call.
+                tracing::debug!(operation = op, error = %error, fail_fast, "distributed cache read failed");
                 if fail_fast {
                     Err(Error::Cache(error))
                 } else {
@@ -455,8 +456,8 @@ where
         Ok(Outcome::new(result, Origin::Replayed { from: level }))
     }
 
-    /// Writes a terminal record to L2, then L1. Never fails: a cache write error is logged and
-    /// counted, because the record is already committed.
+    /// Writes a terminal record to L2, then L1. Never fails: a cache write error is counted
+    /// (and logged at `debug`), because the record is already committed.
     pub(super) async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
         if !record.is_terminal() {
             return;
@@ -464,7 +465,8 @@ where
         if let Err(error) = self.distributed.put(id, &record).await {
             self.metrics
                 .cache_error(id.operation.as_str(), Level::Distributed, &error);
-            tracing::warn!(operation = id.operation.as_str(), error = %error, "distributed cache write failed");
+            // Counted; the cache logs its outages once per change of state, not per call.
+            tracing::debug!(operation = id.operation.as_str(), error = %error, "distributed cache write failed");
         }
         self.local.put(id, record);
     }

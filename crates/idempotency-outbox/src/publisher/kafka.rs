@@ -34,7 +34,9 @@ use rdkafka::util::Timeout;
 
 use crate::error::Error;
 use crate::message::OutboxMessage;
-use crate::publisher::{Ack, PublishError, PublishErrorKind, Publisher, Template, headers};
+use crate::publisher::{
+    Ack, BrokerHealth, PublishError, PublishErrorKind, Publisher, Template, headers,
+};
 
 /// The rdkafka version this publisher is built on.
 pub use rdkafka;
@@ -347,6 +349,22 @@ fn kind(error: &KafkaError) -> PublishErrorKind {
 impl Publisher for KafkaPublisher {
     fn destination(&self) -> &str {
         &self.destination
+    }
+
+    /// `Up` when the brokers answer a metadata request within a second.
+    async fn health(&self) -> BrokerHealth {
+        match self.check_connection(Duration::from_secs(1)).await {
+            Ok(()) => BrokerHealth::Up,
+            Err(error) => {
+                let mut why = error.to_string();
+                let mut source = std::error::Error::source(&error);
+                while let Some(cause) = source {
+                    why = format!("{why}: {cause}");
+                    source = cause.source();
+                }
+                BrokerHealth::Down(why)
+            }
+        }
     }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {

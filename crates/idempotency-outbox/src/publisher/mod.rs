@@ -14,6 +14,7 @@ use idempotency_core::BoxError;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 
+mod health;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
@@ -26,6 +27,7 @@ pub mod nats;
 pub mod rabbitmq;
 mod template;
 
+pub use health::BrokerHealth;
 pub use logging::LoggingPublisher;
 pub use template::Template;
 
@@ -75,6 +77,14 @@ pub trait Publisher: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Duration>, PublishError>> + Send {
         std::future::ready(Ok(None))
     }
+
+    /// Whether the broker can be reached now, for health endpoints (the `idempotency`
+    /// facade's `/health/ready`). It should answer from the connection's state or one cheap
+    /// round trip, never publish; the caller bounds it with a timeout. The default,
+    /// for publishers that cannot tell, is [`BrokerHealth::Unknown`].
+    fn health(&self) -> impl Future<Output = BrokerHealth> + Send {
+        std::future::ready(BrokerHealth::Unknown)
+    }
 }
 
 impl<P: Publisher> Publisher for Arc<P> {
@@ -93,6 +103,10 @@ impl<P: Publisher> Publisher for Arc<P> {
         &self,
     ) -> impl Future<Output = Result<Option<Duration>, PublishError>> + Send {
         (**self).duplicate_window()
+    }
+
+    fn health(&self) -> impl Future<Output = BrokerHealth> + Send {
+        (**self).health()
     }
 }
 

@@ -44,32 +44,40 @@ impl Default for Outage {
 }
 
 impl Outage {
-    /// A publish failed transiently: how long the outage has lasted (zero at its start).
-    fn failed(&self) -> Duration {
+    /// A publish failed transiently: how long the outage has lasted (zero at its start), and
+    /// whether this failure started it.
+    fn failed(&self) -> (Duration, bool) {
         let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
-        let start = match self.since.compare_exchange(
+        let (start, started) = match self.since.compare_exchange(
             0,
             now + 1,
             AtomicOrdering::Relaxed,
             AtomicOrdering::Relaxed,
         ) {
-            Ok(_) => now,
-            Err(since) => since - 1,
+            Ok(_) => (now, true),
+            Err(since) => (since - 1, false),
         };
-        Duration::from_millis(now.saturating_sub(start))
+        (Duration::from_millis(now.saturating_sub(start)), started)
     }
 
-    /// A publish was confirmed: the broker is back.
-    pub(crate) fn ended(&self) {
-        self.since.store(0, AtomicOrdering::Relaxed);
+    /// A publish was confirmed: the broker is back. How long the outage it ended lasted, if
+    /// there was one (exactly one caller sees it end).
+    pub(crate) fn ended(&self) -> Option<Duration> {
+        // A load first: the common case (no outage) writes nothing shared.
+        if self.since.load(AtomicOrdering::Relaxed) == 0 {
+            return None;
+        }
+        let since = self.since.swap(0, AtomicOrdering::Relaxed);
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        (since > 0).then(|| Duration::from_millis(now.saturating_sub(since - 1)))
     }
 
-    /// The delay before the next attempt of `id` after a transient failure.
-    pub(crate) fn delay(&self, config: &BackoffConfig, id: Uuid, attempt: u32) -> Duration {
-        let lasted = self
-            .failed()
-            .clamp(config.base, config.max.max(config.base));
-        lasted.mul_f64(jitter(id, attempt))
+    /// The delay before the next attempt of `id` after a transient failure, and whether this
+    /// failure started the outage.
+    pub(crate) fn delay(&self, config: &BackoffConfig, id: Uuid, attempt: u32) -> (Duration, bool) {
+        let (lasted, started) = self.failed();
+        let lasted = lasted.clamp(config.base, config.max.max(config.base));
+        (lasted.mul_f64(jitter(id, attempt)), started)
     }
 }
 
@@ -108,20 +116,27 @@ mod tests {
         };
         let outage = Outage::default();
         let id = Uuid::now_v7();
-        let first = outage.delay(&config, id, 1);
+        assert_eq!(outage.ended(), None, "no outage yet");
+        let (first, started) = outage.delay(&config, id, 1);
+        assert!(started, "the first failure starts the outage");
+        assert!(!outage.delay(&config, id, 1).1, "the next ones do not");
         assert!(first >= config.base / 2 && first < config.base, "{first:?}");
         std::thread::sleep(Duration::from_millis(200));
-        let later = outage.delay(&config, id, 1);
+        let later = outage.delay(&config, id, 1).0;
         assert!(
             later >= Duration::from_millis(100),
             "grows with the outage: {later:?}"
         );
         std::thread::sleep(Duration::from_millis(300));
-        assert!(outage.delay(&config, id, 1) < config.max, "never past max");
-        outage.ended();
         assert!(
-            outage.delay(&config, id, 1) < config.base,
-            "a new outage starts small"
+            outage.delay(&config, id, 1).0 < config.max,
+            "never past max"
         );
+        let lasted = outage.ended().expect("the outage ends once");
+        assert!(lasted >= Duration::from_millis(500), "{lasted:?}");
+        assert_eq!(outage.ended(), None, "and only once");
+        let (again, started) = outage.delay(&config, id, 1);
+        assert!(again < config.base, "a new outage starts small");
+        assert!(started);
     }
 }

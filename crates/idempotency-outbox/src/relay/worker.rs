@@ -242,7 +242,14 @@ where
     for (message, (result, elapsed)) in batch.iter().zip(results) {
         match result {
             Ok(Ack { duplicate }) => {
-                shared.outage.ended();
+                if let Some(lasted) = shared.outage.ended() {
+                    metrics::broker_state(destination, "back");
+                    tracing::info!(
+                        destination,
+                        outage = ?lasted,
+                        "outbox broker back: a publish was confirmed"
+                    );
+                }
                 published.ids.push(message.id);
                 report.published += 1;
                 report.duplicates += u64::from(duplicate);
@@ -257,7 +264,8 @@ where
                 if failure.dead_letter {
                     tracing::error!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox message dead-lettered");
                 } else if failure.transient {
-                    tracing::warn!(id = %message.id, error = %failure.error, "outbox publish failed on the broker's side; will retry, not counted towards max-attempts");
+                    // Counted; the outage is logged once, when it starts and when it ends.
+                    tracing::debug!(id = %message.id, error = %failure.error, "outbox publish failed on the broker's side; will retry, not counted towards max-attempts");
                 } else {
                     tracing::warn!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox publish failed; will retry");
                 }
@@ -302,7 +310,11 @@ pub(super) fn panic_text(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-fn failure<S, P>(shared: &Shared<S, P>, message: &OutboxMessage, error: &PublishError) -> Failure {
+fn failure<S, P: Publisher>(
+    shared: &Shared<S, P>,
+    message: &OutboxMessage,
+    error: &PublishError,
+) -> Failure {
     let mut text = error.chain();
     if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_LEN) {
         text.truncate(cut);
@@ -311,12 +323,25 @@ fn failure<S, P>(shared: &Shared<S, P>, message: &OutboxMessage, error: &Publish
     // The broker's failure, not the message's: retried without counting the attempt, after
     // a delay that grows with the outage.
     if error.kind().is_transient() {
+        let (retry_in, started) =
+            shared
+                .outage
+                .delay(&config.backoff, message.id, message.attempts);
+        if started {
+            let destination = shared.publisher.destination();
+            metrics::broker_state(destination, "lost");
+            tracing::warn!(
+                destination,
+                error = %text,
+                "outbox broker lost: publishes fail on the broker's side; events wait in the \
+                 outbox and are retried (not counted towards max-attempts); further failures \
+                 are counted (outbox_publish_failures_total), not logged, until one is confirmed"
+            );
+        }
         return Failure {
             id: message.id,
             error: text,
-            retry_in: shared
-                .outage
-                .delay(&config.backoff, message.id, message.attempts),
+            retry_in,
             dead_letter: false,
             transient: true,
         };
