@@ -347,7 +347,18 @@ async fn the_broker_is_reported_from_the_relays_publisher() {
         .connect(format!("nats://{}", proxy.addr))
         .await
         .unwrap();
-    let publisher = idempotency::outbox::publisher::nats::NatsPublisher::new(client);
+    let unique_subject = unique();
+    let publisher = idempotency::outbox::publisher::nats::NatsPublisher::new(client)
+        .with_subject(&format!("health{unique_subject}.{{aggregate_type}}"))
+        .unwrap();
+    // The relay refuses to start without a stream that keeps ids long enough.
+    publisher
+        .ensure_stream(
+            &format!("HEALTH_{unique_subject}"),
+            idempotency::outbox::config::RelayConfig::default().republish_window(),
+        )
+        .await
+        .unwrap();
     let outbox = "  relay:\n    enabled: true\n    workers: 1\n";
     let idempotency = Builder::new(&settings(&with_outbox(outbox)))
         .publisher(publisher)
