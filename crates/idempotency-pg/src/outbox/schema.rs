@@ -211,7 +211,7 @@ pub(crate) async fn create(
         .await
         .map_err(outbox_error)?;
     // An instance starting at the same time may have created everything meanwhile.
-    if !crate::table::all_exist(&mut *tx, objects)
+    if !crate::table::all_exist(&mut tx, objects)
         .await
         .map_err(outbox_error)?
     {

@@ -111,7 +111,7 @@ pub(crate) async fn create(pool: &PgPool, pooler: Pooler, table: &TableName) -> 
         .execute(&mut *tx)
         .await?;
     // An instance starting at the same time may have created both meanwhile.
-    if !crate::table::all_exist(&mut *tx, &objects).await? {
+    if !crate::table::all_exist(&mut tx, &objects).await? {
         sqlx::raw_sql(AssertSqlSafe(ddl(table)))
             .execute(&mut *tx)
             .await?;
