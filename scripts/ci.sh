@@ -9,7 +9,8 @@
 #   test       scripts/test.sh (the README's test command: starts servers, cargo test)
 #   check      scripts/check.sh: the randomized checker on the fixed seeds and fresh ones
 #   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, on PostgreSQL with
-#              the Redis Cluster, on MariaDB/MySQL,
+#              the Redis Cluster, on PostgreSQL through PgBouncer (transaction pooling), on
+#              MariaDB/MySQL,
 #              then on SQLite, the facade's SQLite example over HTTP,
 #              then schemathesis against its OpenAPI document
 #   hack       cargo hack check --each-feature --no-dev-deps
@@ -51,6 +52,8 @@ scenarios() {
   bash scripts/demo-scenarios.sh postgres
   step "demo scenarios on PostgreSQL + the Redis Cluster + NATS"
   bash scripts/demo-scenarios.sh postgres-cluster
+  step "demo scenarios on PostgreSQL through PgBouncer (pool_mode = transaction)"
+  bash scripts/demo-scenarios.sh postgres-pgbouncer
   step "demo scenarios on MariaDB / MySQL + Redis + NATS"
   bash scripts/demo-scenarios.sh mysql
   step "demo scenarios on the embedded default (SQLite, no DATABASE_URL)"
@@ -117,7 +120,8 @@ testcontainers() {
   # A Redis Cluster has no container here: the cluster tests use the one services.sh starts.
   bash scripts/services.sh redis-cluster start
   env -u DATABASE_URL -u REDIS_URL -u REDIS_CLUSTER_URL \
-    cargo test --features idempotency-testing/testcontainers -p idempotency-pg -p idempotency-cache-redis
+    cargo test --features idempotency-testing/testcontainers -p idempotency-pg -p idempotency-cache-redis \
+    -- --skip through_pgbouncer # PgBouncer stands in front of the local PostgreSQL, not the container
 }
 
 case "${1:-all}" in

@@ -3,6 +3,8 @@
 #
 #   scripts/demo-scenarios.sh postgres   # PostgreSQL + Redis + NATS (DATABASE_URL, REDIS_URL, NATS_URL)
 #   scripts/demo-scenarios.sh postgres-cluster  # the same with the Redis Cluster as L2 (REDIS_CLUSTER_URL)
+#   scripts/demo-scenarios.sh postgres-pgbouncer  # the same through PgBouncer in pool_mode = transaction
+#                                        # (PGBOUNCER_URL; persistence.pooler: transaction, the relay polls)
 #   scripts/demo-scenarios.sh mysql      # MariaDB / MySQL (MYSQL_URL) + Redis + NATS
 #   scripts/demo-scenarios.sh sqlite     # nothing installed: SQLite file, moka, logging publisher
 #
@@ -25,14 +27,21 @@ cleanup() {
 trap cleanup EXIT
 
 case "$mode" in
-  postgres | postgres-cluster)
+  postgres | postgres-cluster | postgres-pgbouncer)
     source scripts/services.sh
     ensure_services
     [ "$mode" = postgres-cluster ] && REDIS_URL="$REDIS_CLUSTER_URL"
     admin="${DATABASE_URL%/*}/postgres"
     psql "$admin" -qc "DROP DATABASE IF EXISTS idempotency_demo_scenarios WITH (FORCE)"
     psql "$admin" -qc "CREATE DATABASE idempotency_demo_scenarios"
-    env DATABASE_URL="${DATABASE_URL%/*}/idempotency_demo_scenarios" SERVER__PORT="$port" \
+    url="${DATABASE_URL%/*}/idempotency_demo_scenarios"
+    extra=()
+    if [ "$mode" = postgres-pgbouncer ]; then
+      # PgBouncer passes every database name through to the PostgreSQL behind it.
+      url="${PGBOUNCER_URL%/*}/idempotency_demo_scenarios"
+      extra=(IDEMPOTENCY__PERSISTENCE__POOLER=transaction OUTBOX__RELAY__WAKE_UP=poll)
+    fi
+    env DATABASE_URL="$url" SERVER__PORT="$port" "${extra[@]}" \
       REDIS_URL="$REDIS_URL" DEMO_CONFIG="$PWD/demo/config/demo.yaml" "$binary" >"$log" 2>&1 &
     ;;
   mysql)
@@ -53,7 +62,7 @@ case "$mode" in
     (cd "$workdir" && exec env -u DATABASE_URL -u MYSQL_URL -u REDIS_URL -u NATS_URL SERVER__PORT="$port" \
       DEMO_CONFIG="$root/demo/config/demo.yaml" "$binary" >"$log" 2>&1) &
     ;;
-  *) echo "usage: $0 postgres|postgres-cluster|mysql|sqlite" >&2; exit 2 ;;
+  *) echo "usage: $0 postgres|postgres-cluster|postgres-pgbouncer|mysql|sqlite" >&2; exit 2 ;;
 esac
 demo_pid=$!
 

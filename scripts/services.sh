@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests talk to are installed, running and answering:
-# PostgreSQL, Redis, a six-node Redis Cluster, NATS (JetStream), a three-node NATS JetStream
-# cluster, RabbitMQ and MariaDB on 127.0.0.1, and tansu, a Kafka-protocol broker. Source it,
-# then call `ensure_services`; it exports DATABASE_URL, REDIS_URL, REDIS_CLUSTER_URL, NATS_URL,
-# NATS_CLUSTER_URL, AMQP_URL, MYSQL_URL and KAFKA_URL (keeping any value already set, in which
-# case that server is not started here, only waited for), and TANSU_BIN.
+# PostgreSQL, PgBouncer (transaction pooling, in front of that PostgreSQL), Redis, a six-node
+# Redis Cluster, NATS (JetStream), a three-node NATS JetStream cluster, RabbitMQ and MariaDB on
+# 127.0.0.1, and tansu, a Kafka-protocol broker. Source it, then call `ensure_services`; it
+# exports DATABASE_URL, PGBOUNCER_URL, REDIS_URL, REDIS_CLUSTER_URL, NATS_URL, NATS_CLUSTER_URL,
+# AMQP_URL, MYSQL_URL and KAFKA_URL (keeping any value already set, in which case that server is
+# not started here, only waited for), and TANSU_BIN.
 #
-# Run directly, it starts or stops the Redis Cluster or the NATS cluster alone:
+# Run directly, it starts or stops the Redis Cluster, the NATS cluster or a PgBouncer alone:
 #
 #   scripts/services.sh redis-cluster start [BASE_PORT [DIR]]   # default 7000 /var/tmp/idempotency-redis-cluster
 #   scripts/services.sh redis-cluster stop  [BASE_PORT]
@@ -14,6 +15,8 @@
 #   scripts/services.sh nats-cluster start  [BASE_PORT [DIR]]    # default 4232 /var/tmp/idempotency-nats-cluster
 #   scripts/services.sh nats-cluster stop   [BASE_PORT [DIR]]
 #   scripts/services.sh nats-cluster status [BASE_PORT]
+#   scripts/services.sh pgbouncer start [PORT [SERVER_PORT [DIR]]]  # default 6432 5432 /var/tmp/idempotency-pgbouncer-PORT
+#   scripts/services.sh pgbouncer stop  [PORT [DIR]]
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -71,6 +74,101 @@ ensure_postgres() {
     log "creating database test"
     psql "postgres://postgres@127.0.0.1:5432/postgres" -qc "CREATE DATABASE test"
   fi
+}
+
+# ---------------------------------------------------------------- PgBouncer
+# PgBouncer (Debian's `pgbouncer`) in `pool_mode = transaction` on PGBOUNCER_PORT (default 6432)
+# in front of the PostgreSQL on SERVER_PORT (default 5432): every database name is passed
+# through (`* =`), users postgres and root are trusted (as the local PostgreSQL trusts 127.0.0.1). Its
+# configuration, pid file and log are generated into DIR (default
+# /var/tmp/idempotency-pgbouncer-PORT), never into the clone. What it needs for sqlx clients:
+#
+#   ignore_startup_parameters = extra_float_digits   sqlx sends it at every connection; PgBouncer
+#                                                    refuses unknown startup parameters
+#
+# and on the library's side `persistence.pooler: transaction` (see CONFIGURATION.md): no named
+# prepared statements, every statement inside a transaction, no LISTEN through it.
+PGBOUNCER_PORT="${PGBOUNCER_PORT:-6432}"
+
+pgbouncer_dir() { echo "${PGBOUNCER_DIR:-/var/tmp/idempotency-pgbouncer-$1}"; }
+
+pgbouncer_bin() {
+  command -v pgbouncer 2>/dev/null || { [ -x /usr/sbin/pgbouncer ] && echo /usr/sbin/pgbouncer; }
+}
+
+# pgbouncer_config PORT SERVER_PORT DIR [POOL_MODE]: writes DIR/pgbouncer.ini.
+pgbouncer_config() {
+  local port=$1 server_port=$2 dir=$3 mode=${4:-transaction}
+  mkdir -p "$dir"
+  # `trust` still wants the user in auth_file: the users the tests and the demo connect as.
+  printf '"postgres" ""\n"root" ""\n' >"$dir/userlist.txt"
+  cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$server_port
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/userlist.txt
+admin_users = postgres
+pool_mode = $mode
+ignore_startup_parameters = extra_float_digits
+max_client_conn = 2000
+default_pool_size = 20
+server_idle_timeout = 10
+server_login_retry = 1
+server_connect_timeout = 5
+pidfile = $dir/pgbouncer.pid
+logfile = $dir/pgbouncer.log
+INI
+}
+
+pgbouncer_answers() { # PORT
+  psql "postgres://postgres@127.0.0.1:$1/pgbouncer" -qAtc "SHOW VERSION" >/dev/null 2>&1
+}
+
+# pgbouncer_start PORT SERVER_PORT DIR: reuses a PgBouncer already answering on PORT.
+pgbouncer_start() {
+  local port=${1:-$PGBOUNCER_PORT} server_port=${2:-5432} dir=${3:-} bin i
+  dir=${dir:-$(pgbouncer_dir "$port")}
+  if pgbouncer_answers "$port"; then return 0; fi
+  bin=$(pgbouncer_bin) || true
+  if [ -z "$bin" ]; then apt_install pgbouncer; bin=$(pgbouncer_bin); fi
+  if port_open 127.0.0.1 "$port"; then
+    log "port $port is taken by something other than PgBouncer; set PGBOUNCER_PORT"
+    return 1
+  fi
+  pgbouncer_config "$port" "$server_port" "$dir"
+  log "starting PgBouncer (pool_mode = transaction) on $port in front of 127.0.0.1:$server_port ($dir)"
+  # -u: PgBouncer refuses to run as root.
+  if [ "$(id -u)" = 0 ]; then
+    chown -R postgres "$dir"
+    "$bin" -d -u postgres "$dir/pgbouncer.ini"
+  else
+    "$bin" -d "$dir/pgbouncer.ini"
+  fi
+  for ((i = 0; i < 80; i++)); do pgbouncer_answers "$port" && return 0; sleep 0.25; done
+  log "PgBouncer did not answer on $port within 20s; its log:"
+  tail -n 20 "$dir/pgbouncer.log" >&2 || true
+  return 1
+}
+
+pgbouncer_stop() { # PORT [DIR]
+  local port=${1:-$PGBOUNCER_PORT} dir=${2:-} pid
+  dir=${dir:-$(pgbouncer_dir "$port")}
+  [ -f "$dir/pgbouncer.pid" ] || return 0
+  pid=$(cat "$dir/pgbouncer.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  log "PgBouncer on $port stopped"
+}
+
+ensure_pgbouncer() {
+  if [ -n "${PGBOUNCER_URL:-}" ]; then given PgBouncer "$PGBOUNCER_URL" 6432 30; return; fi
+  pgbouncer_start "$PGBOUNCER_PORT" 5432
+  export PGBOUNCER_URL="postgres://postgres@127.0.0.1:$PGBOUNCER_PORT/test"
 }
 
 ensure_redis() {
@@ -405,6 +503,7 @@ ensure_mysql() {
 
 ensure_services() {
   ensure_postgres
+  ensure_pgbouncer
   ensure_redis
   ensure_redis_cluster
   ensure_nats
@@ -412,7 +511,7 @@ ensure_services() {
   ensure_rabbitmq
   ensure_mysql
   ensure_kafka
-  log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URL=$REDIS_CLUSTER_URL NATS_URL=$NATS_URL NATS_CLUSTER_URL=$NATS_CLUSTER_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL KAFKA_URL=$KAFKA_URL"
+  log "DATABASE_URL=$DATABASE_URL PGBOUNCER_URL=$PGBOUNCER_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URL=$REDIS_CLUSTER_URL NATS_URL=$NATS_URL NATS_CLUSTER_URL=$NATS_CLUSTER_URL AMQP_URL=$AMQP_URL MYSQL_URL=$MYSQL_URL KAFKA_URL=$KAFKA_URL"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
@@ -427,6 +526,9 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     "nats-cluster stop") nats_cluster_stop "${3:-$NATS_CLUSTER_BASE_PORT}" "${4:-$NATS_CLUSTER_DIR}" ;;
     "nats-cluster status")
       if nats_cluster_ok "${3:-$NATS_CLUSTER_BASE_PORT}"; then echo ok; else echo "not ok"; exit 1; fi ;;
-    *) echo "usage: $0 redis-cluster|nats-cluster start|stop|status [BASE_PORT [DIR]]" >&2; exit 2 ;;
+    "pgbouncer start") pgbouncer_start "${3:-$PGBOUNCER_PORT}" "${4:-5432}" "${5:-}"
+      echo "PGBOUNCER_URL=postgres://postgres@127.0.0.1:${3:-$PGBOUNCER_PORT}/test" ;;
+    "pgbouncer stop") pgbouncer_stop "${3:-$PGBOUNCER_PORT}" "${4:-}" ;;
+    *) echo "usage: $0 redis-cluster|nats-cluster start|stop|status [BASE_PORT [DIR]] | pgbouncer start|stop [PORT ...]" >&2; exit 2 ;;
   esac
 fi

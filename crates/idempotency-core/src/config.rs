@@ -105,6 +105,10 @@ pub struct PersistenceConfig {
     pub schema: SchemaConfig,
     /// The expired-record cleanup job.
     pub cleanup: CleanupConfig,
+    /// What stands between the pool and the database: `none` (default: direct connections,
+    /// or a pooler in session mode) or `transaction` (PgBouncer's `pool_mode = transaction`;
+    /// PostgreSQL only). See [`Pooler`].
+    pub pooler: Pooler,
 }
 
 impl Default for PersistenceConfig {
@@ -116,8 +120,43 @@ impl Default for PersistenceConfig {
             lookup_before_acquire: false,
             schema: SchemaConfig::default(),
             cleanup: CleanupConfig::default(),
+            pooler: Pooler::None,
         }
     }
+}
+
+/// `idempotency.persistence.pooler`: what stands between the pool's connections and the
+/// database server.
+///
+/// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`) hands each
+/// transaction, and each statement outside one, to whichever server connection is free: a
+/// client's session is not kept from one transaction to the next. What a store keeps in a
+/// session then breaks: named prepared statements (sqlx prepares and caches every statement
+/// by name per connection: `prepared statement "sqlx_s_1" already exists`, or does not exist),
+/// an unnamed statement outside a transaction (sqlx parses it and binds it in two exchanges,
+/// which the pooler may send to two server connections), `LISTEN`, session `SET`s and advisory
+/// locks. `transaction` makes the PostgreSQL stores use unnamed statements, run every
+/// statement inside a transaction, and never `LISTEN` through the pool.
+///
+/// ```
+/// use idempotency_core::config::{PersistenceConfig, Pooler};
+///
+/// let config: PersistenceConfig = serde_json::from_value(serde_json::json!({ "pooler": "transaction" }))?;
+/// assert_eq!(config.pooler, Pooler::Transaction);
+/// assert_eq!(PersistenceConfig::default().pooler, Pooler::None);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Pooler {
+    /// Direct connections, or a pooler that keeps a server connection per client connection
+    /// (PgBouncer's `pool_mode = session`). Prepared statements are named and cached.
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`). PostgreSQL
+    /// only: the SQLite and MySQL stores refuse it.
+    Transaction,
 }
 
 /// `idempotency.persistence.schema`.

@@ -9,6 +9,7 @@ mod error;
 mod inbox;
 #[cfg(feature = "outbox")]
 mod outbox;
+mod pooler;
 mod records;
 mod table;
 
@@ -23,6 +24,7 @@ pub use outbox::{
     Channel, LISTEN_KEEPALIVE, OUTBOX_DDL_TEMPLATE, OUTBOX_PARTITIONED_DDL_TEMPLATE,
     OutboxPartition, PgNotificationListener, PgOutbox, outbox_ddl, outbox_partitioned_ddl,
 };
+pub use pooler::Pooler;
 pub use records::{
     DDL_TEMPLATE, PgStore, RECORDS_HASH_PARTITION_KEY, ddl, records_hash_partitioned_ddl,
 };

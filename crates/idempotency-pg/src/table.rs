@@ -203,15 +203,17 @@ impl fmt::Display for TableName {
 /// A catalog lookup only: `to_regclass` takes no lock on the relations, unlike
 /// `CREATE INDEX IF NOT EXISTS`, which waits for a SHARE lock on the table even when the index
 /// exists, behind every open write transaction on it (and holds every new writer behind it).
-pub(crate) async fn all_exist<'e, E>(executor: E, names: &[String]) -> Result<bool, sqlx::Error>
-where
-    E: sqlx::PgExecutor<'e>,
-{
+/// Unnamed (it runs once per start), so that it also runs behind a transaction pooler.
+pub(crate) async fn all_exist(
+    conn: &mut sqlx::PgConnection,
+    names: &[String],
+) -> Result<bool, sqlx::Error> {
     let found: Option<bool> = sqlx::query_scalar(
         "SELECT bool_and(to_regclass(n) IS NOT NULL) FROM unnest($1::text[]) AS n",
     )
+    .persistent(false)
     .bind(names)
-    .fetch_one(executor)
+    .fetch_one(conn)
     .await?;
     Ok(found == Some(true))
 }

@@ -37,6 +37,50 @@ pub fn database_url() -> String {
     servers::resolve(&servers::POSTGRES)
 }
 
+/// `PGBOUNCER_URL`, or the PgBouncer `scripts/services.sh` starts on the local port 6432
+/// (`pool_mode = transaction`, in front of the PostgreSQL of [`database_url`]).
+pub fn pgbouncer_url() -> String {
+    std::env::var("PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".to_owned())
+}
+
+/// A pool through PgBouncer in transaction pooling ([`pgbouncer_url`]), and a schema of its own
+/// created for this call (on a direct connection to [`database_url`], the database PgBouncer
+/// passes through to).
+///
+/// PgBouncer refuses sqlx's `options` startup parameter, so the pool's connections have no
+/// `search_path` of their own: qualify table names with the returned schema.
+pub async fn pgbouncer_pool(max_connections: u32) -> (PgPool, String) {
+    let schema = unique_name("it");
+    let mut admin = admin_connection().await;
+    drop_stale_schemas(&mut admin).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
+        .execute(&mut admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create test schema {schema}: {e}"));
+    let _ = admin.close().await;
+    let url = pgbouncer_url();
+    let options = url
+        .parse::<PgConnectOptions>()
+        .unwrap_or_else(|e| panic!("PGBOUNCER_URL={url} is not a PostgreSQL URL: {e}"));
+    let pool = tokio::time::timeout(
+        Duration::from_secs(10),
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("PgBouncer at {url} did not answer within 10 s"))
+    .unwrap_or_else(|e| {
+        panic!(
+            "cannot connect to PgBouncer at {url}: {e}. Start it (scripts/test.sh does, or \
+             `scripts/services.sh pgbouncer start`), or set PGBOUNCER_URL."
+        )
+    });
+    (pool, schema)
+}
+
 /// `REDIS_URL`, or the local Redis; with the `testcontainers` feature, a Redis container when
 /// neither is there and Docker is (chosen once per process).
 pub fn redis_url() -> String {

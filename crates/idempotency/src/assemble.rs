@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use idempotency_core::cleanup::{CleanupJob, CleanupSchedule};
-use idempotency_core::config::{InFlightConfig, InFlightPolicyKind};
+use idempotency_core::config::{InFlightConfig, InFlightPolicyKind, Pooler};
 use idempotency_core::{IdempotencyService, ServiceConfig};
 
 use crate::Error;
@@ -387,6 +387,14 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
              your own, build the service with IdempotencyService::builder",
         ));
     }
+    let behind_transaction_pooler = properties.persistence.pooler == Pooler::Transaction;
+    if behind_transaction_pooler && !D::TRANSACTION_POOLER {
+        return Err(Error::property(
+            "idempotency.persistence.pooler",
+            "is transaction, but only the PostgreSQL store works behind a pooler in \
+             transaction mode; set it to none",
+        ));
+    }
     #[cfg(feature = "moka")]
     if properties.local_cache.statistics && !properties.local_cache.enabled {
         return Err(Error::property(
@@ -472,6 +480,20 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
                      polls every outbox.relay.poll-interval)",
                 ));
             }
+            if behind_transaction_pooler
+                && outbox.relay.enabled
+                && outbox.notify_channel.is_some()
+                && outbox.relay.wake_up == idempotency_outbox::config::WakeUp::Listen
+            {
+                return Err(Error::property(
+                    "outbox.relay.wake-up",
+                    "is listen, but idempotency.persistence.pooler is transaction: a pooler in \
+                     transaction mode gives the LISTEN session to other clients after the \
+                     statement, and its notifications with it; set it to poll (the relay \
+                     claims every outbox.relay.poll-interval), or build the outbox yourself \
+                     with PgOutbox::with_listen_pool on a direct connection",
+                ));
+            }
             if outbox.partitioning.enabled && !partitions {
                 return Err(Error::property(
                     "outbox.partitioning.enabled",
@@ -515,7 +537,12 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
         None => {}
     }
     #[cfg(not(feature = "outbox"))]
-    let _ = (notifications, partitions, publisher);
+    let _ = (
+        notifications,
+        partitions,
+        publisher,
+        behind_transaction_pooler,
+    );
     Ok(schedule)
 }
 
@@ -706,7 +733,11 @@ where
         let store = pool.clone().store(&properties.persistence).await?;
         #[cfg(feature = "outbox")]
         let outbox = match &settings.outbox {
-            Some(config) => Some(pool.clone().outbox(config).await?),
+            Some(config) => Some(
+                pool.clone()
+                    .outbox(config, properties.persistence.pooler)
+                    .await?,
+            ),
             None => None,
         };
         #[cfg(feature = "moka")]

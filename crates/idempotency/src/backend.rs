@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use idempotency_core::config::PersistenceConfig;
+use idempotency_core::config::{PersistenceConfig, Pooler};
 use idempotency_core::{BoxError, ExpiredCleanup, IdempotencyStore};
 
 use crate::Error;
@@ -33,6 +33,9 @@ pub trait Database: Clone + Send + Sync + 'static {
     /// Whether the outbox table can be time-partitioned (`outbox.partitioning.enabled`):
     /// PostgreSQL only. Default `false`.
     const PARTITIONED_OUTBOX: bool = false;
+    /// Whether the store and the outbox can work behind a pooler in transaction mode
+    /// (`persistence.pooler: transaction`): PostgreSQL only. Default `false`.
+    const TRANSACTION_POOLER: bool = false;
     /// What tells this database apart from every other one the application could be pointed
     /// at (server, port and database; the file for SQLite; never a password). With
     /// `persistence.table-name` it makes the Redis key prefix of the deployment, so that two
@@ -50,12 +53,14 @@ pub trait Database: Clone + Send + Sync + 'static {
         config: &PersistenceConfig,
     ) -> impl Future<Output = Result<Self::Store, Error>> + Send;
     /// The outbox, with `outbox.table-name`, `ordering`, `notify-channel` and `schema.mode`
-    /// applied.
+    /// applied, for a pool behind `pooler` (`persistence.pooler`: the outbox shares the
+    /// store's pool).
     #[cfg(feature = "outbox")]
     #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
     fn outbox(
         self,
         config: &idempotency_outbox::config::OutboxConfig,
+        pooler: Pooler,
     ) -> impl Future<Output = Result<Self::Outbox, Error>> + Send;
 }
 
@@ -90,10 +95,31 @@ fn server_deployment(
     format!("{scheme}://{server}/{}", database.unwrap_or(user))
 }
 
+/// The SQLite and MySQL outboxes have no transaction pooler to honour (`check` refuses
+/// `persistence.pooler: transaction` for them before this runs).
+#[cfg(all(feature = "outbox", feature = "sqlite"))]
+async fn sqlite_outbox(
+    pool: sqlx::SqlitePool,
+    config: &idempotency_outbox::config::OutboxConfig,
+    _pooler: Pooler,
+) -> Result<idempotency_sqlite::SqliteOutbox, idempotency_outbox::Error> {
+    idempotency_sqlite::SqliteOutbox::from_config(pool, config).await
+}
+
+/// See [`sqlite_outbox`].
+#[cfg(all(feature = "outbox", feature = "mysql"))]
+async fn mysql_outbox(
+    pool: sqlx::MySqlPool,
+    config: &idempotency_outbox::config::OutboxConfig,
+    _pooler: Pooler,
+) -> Result<idempotency_mysql::MysqlOutbox, idempotency_outbox::Error> {
+    idempotency_mysql::MysqlOutbox::from_config(pool, config).await
+}
+
 macro_rules! database {
     (
-        $feature:literal, $pool:ty, $store:ty, $outbox:ty, $notifications:expr, $partitions:expr,
-        $in_flight:expr, |$options:ident| $deployment:expr
+        $feature:literal, $pool:ty, $store:ty, $outbox:ty, $outbox_new:path, $notifications:expr,
+        $partitions:expr, $in_flight:expr, $pooler:expr, |$options:ident| $deployment:expr
     ) => {
         #[cfg(feature = $feature)]
         #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
@@ -104,6 +130,7 @@ macro_rules! database {
             const NOTIFICATIONS: bool = $notifications;
             const IN_FLIGHT_POLICY: bool = $in_flight;
             const PARTITIONED_OUTBOX: bool = $partitions;
+            const TRANSACTION_POOLER: bool = $pooler;
 
             fn deployment(&self) -> String {
                 let $options = self.connect_options();
@@ -128,8 +155,9 @@ macro_rules! database {
             async fn outbox(
                 self,
                 config: &idempotency_outbox::config::OutboxConfig,
+                pooler: Pooler,
             ) -> Result<Self::Outbox, Error> {
-                <$outbox>::from_config(self, config)
+                $outbox_new(self, config, pooler)
                     .await
                     .map_err(outbox_error)
             }
@@ -142,6 +170,8 @@ database!(
     sqlx::PgPool,
     idempotency_pg::PgStore,
     idempotency_pg::PgOutbox,
+    idempotency_pg::PgOutbox::from_config_with_pooler,
+    true,
     true,
     true,
     true,
@@ -159,6 +189,8 @@ database!(
     sqlx::SqlitePool,
     idempotency_sqlite::SqliteStore,
     idempotency_sqlite::SqliteOutbox,
+    sqlite_outbox,
+    false,
     false,
     false,
     false,
@@ -169,9 +201,11 @@ database!(
     sqlx::MySqlPool,
     idempotency_mysql::MysqlStore,
     idempotency_mysql::MysqlOutbox,
+    mysql_outbox,
     false,
     false,
     true,
+    false,
     |o| server_deployment(
         "mysql",
         o.get_host(),

@@ -1,5 +1,7 @@
 //! The PostgreSQL database of the demo.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use chrono::{DateTime, SecondsFormat, Utc};
 use idempotency::pool::TestWhenIdle;
 use idempotency_core::StoreError;
@@ -36,6 +38,16 @@ CREATE TABLE IF NOT EXISTS charges (
 );
 ";
 
+/// Whether the pool is behind a pooler in transaction mode (`idempotency.persistence.pooler`),
+/// set once by [`Postgres::connect`]: the business statements are then unnamed, as the
+/// stores' are (the demo has one pool per process).
+static UNNAMED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the business statements may be named and cached on the connection.
+fn persistent() -> bool {
+    !UNNAMED.load(Ordering::Relaxed)
+}
+
 /// PostgreSQL: records, outbox and business tables in one database.
 #[derive(Debug, Clone)]
 pub struct Postgres {
@@ -45,8 +57,14 @@ pub struct Postgres {
 }
 
 impl Postgres {
-    /// Connects the pool to `url` (`database.*`).
+    /// Connects the pool to `url` (`database.*`); behind a pooler in transaction mode
+    /// (`idempotency.persistence.pooler: transaction`) the business statements are unnamed.
     pub async fn connect(url: &str, config: &DemoConfig) -> Result<PgPool, StartupError> {
+        let pooler = config.idempotency.persistence.pooler;
+        UNNAMED.store(
+            pooler == idempotency_core::config::Pooler::Transaction,
+            Ordering::Relaxed,
+        );
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(config.database.max_connections.get())
             .acquire_timeout(config.database.acquire_timeout)
@@ -113,6 +131,7 @@ impl Database for Postgres {
             "INSERT INTO payments (payment_id, order_id, recipient, amount, status) \
              VALUES ($1::uuid, $2, $3, $4::numeric, $5)",
         )
+        .persistent(persistent())
         .bind(payment.payment_id.to_string())
         .bind(&payment.order_id)
         .bind(recipient)
@@ -127,6 +146,7 @@ impl Database for Postgres {
         sqlx::query(
             "INSERT INTO refunds (refund_id, payment_id, amount, status) VALUES ($1::uuid, $2, $3::numeric, $4)",
         )
+        .persistent(persistent())
         .bind(refund.refund_id.to_string())
         .bind(&refund.payment_id)
         .bind(refund.amount.to_string())
@@ -142,6 +162,7 @@ impl Database for Postgres {
         amount_cents: i64,
     ) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO charges (id, amount_cents) VALUES ($1::uuid, $2)")
+            .persistent(persistent())
             .bind(id.to_string())
             .bind(amount_cents)
             .execute(conn)
@@ -150,11 +171,16 @@ impl Database for Postgres {
     }
 
     async fn find_charge(&self, id: Uuid) -> Result<Option<Charge>, sqlx::Error> {
+        // In a transaction: behind a transaction pooler a statement on its own may be parsed
+        // on one server connection and bound on another.
+        let mut tx = idempotency_pg::begin(&self.pool).await?;
         let row: Option<(i64, DateTime<Utc>)> =
             sqlx::query_as("SELECT amount_cents, created_at FROM charges WHERE id = $1::uuid")
+                .persistent(persistent())
                 .bind(id.to_string())
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *tx)
                 .await?;
+        tx.commit().await?;
         Ok(row.map(|(amount_cents, created_at)| Charge {
             id,
             amount_cents,
@@ -169,14 +195,19 @@ impl Database for Postgres {
              AND o.aggregate_id = c.id::text AND o.event_type = 'ChargeCreated')",
             self.outbox.table().quoted()
         );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        let mut tx = idempotency_pg::begin(&self.pool).await?;
+        let count = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .persistent(persistent())
             .bind(window_secs as f64)
-            .fetch_one(&self.pool)
-            .await
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(count)
     }
 
     async fn ping(&self) -> Result<(), sqlx::Error> {
-        sqlx::query("SELECT 1")
+        // The simple protocol: one exchange, whatever stands in front of the server.
+        sqlx::raw_sql("SELECT 1")
             .execute(&self.pool)
             .await
             .map(|_| ())

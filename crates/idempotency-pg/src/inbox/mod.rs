@@ -10,6 +10,7 @@ use uuid::Uuid;
 use crate::outbox::error::outbox_error;
 use crate::outbox::schema::{self, Column, Index, TEXT, TIME, col};
 use crate::outbox::statements::sql;
+use crate::pooler::{Own, Pooler};
 use crate::table::TableName;
 use idempotency_outbox::config::InboxConfig;
 use idempotency_outbox::store::Inbox;
@@ -73,6 +74,7 @@ pub struct PgInbox {
     pool: PgPool,
     table: Arc<TableName>,
     sql: Arc<Statements>,
+    pooler: Pooler,
 }
 
 impl PgInbox {
@@ -96,16 +98,50 @@ impl PgInbox {
             pool,
             table: Arc::new(table),
             sql: Arc::new(sql),
+            pooler: Pooler::None,
         }
+    }
+
+    /// This inbox for a pool behind `pooler`: with [`Pooler::Transaction`] (PgBouncer's
+    /// `pool_mode = transaction`) its statements are unnamed, and the purge runs in a
+    /// transaction of its own (see [`PgStore::with_pooler`](crate::PgStore::with_pooler)).
+    ///
+    /// ```
+    /// # fn demo(pool: sqlx::PgPool) -> Result<(), idempotency_pg::Error> {
+    /// use idempotency_pg::{PgInbox, Pooler, TableName};
+    ///
+    /// let inbox = PgInbox::with_table(pool, TableName::parse("inbox")?).with_pooler(Pooler::Transaction);
+    /// assert_eq!(inbox.pooler(), Pooler::Transaction);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
+    /// What stands between the pool and the database.
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
     }
 
     /// An inbox configured by the `inbox` section: validates `table-name`, applies
     /// `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &InboxConfig) -> Result<Self, Error> {
+        Self::from_config_with_pooler(pool, config, Pooler::None).await
+    }
+
+    /// [`from_config`](Self::from_config) for a pool behind `pooler`
+    /// ([`with_pooler`](Self::with_pooler)), which the schema's statements need already.
+    pub async fn from_config_with_pooler(
+        pool: PgPool,
+        config: &InboxConfig,
+        pooler: Pooler,
+    ) -> Result<Self, Error> {
         let inbox = Self::with_table(
             pool,
             TableName::parse(&config.table_name).map_err(crate::outbox::error::from_crate_error)?,
-        );
+        )
+        .with_pooler(pooler);
         match config.schema.mode {
             SchemaMode::Create => inbox.create_schema().await?,
             SchemaMode::Validate => inbox.validate_schema().await?,
@@ -120,7 +156,14 @@ impl PgInbox {
             self.table.quoted().to_owned(),
             self.table.sibling("received_at_idx").quoted().to_owned(),
         ];
-        schema::create(&self.pool, &self.table, &objects, inbox_ddl(&self.table)).await
+        schema::create(
+            &self.pool,
+            self.pooler,
+            &self.table,
+            &objects,
+            inbox_ddl(&self.table),
+        )
+        .await
     }
 
     /// Checks the table, failing with [`Error::Schema`] naming every difference.
@@ -138,7 +181,14 @@ impl PgInbox {
 
     /// Every difference between the table and the canonical schema.
     pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
-        schema::problems(&self.pool, &self.table, INBOX_COLUMNS, INBOX_INDEXES).await
+        schema::problems(
+            &self.pool,
+            self.pooler,
+            &self.table,
+            INBOX_COLUMNS,
+            INBOX_INDEXES,
+        )
+        .await
     }
 
     /// Records `(consumer, message_id)` in the caller's transaction; `true` when new.
@@ -164,6 +214,7 @@ impl PgInbox {
             });
         }
         let inserted = sqlx::query(self.sql.record.clone())
+            .persistent(crate::pooler::persistent(self.pooler))
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
@@ -220,12 +271,18 @@ impl Inbox for PgInbox {
     }
 
     async fn purge(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
-        Ok(sqlx::query(self.sql.purge.clone())
+        let mut own = Own::open(&self.pool, self.pooler)
+            .await
+            .map_err(outbox_error)?;
+        let deleted = sqlx::query(self.sql.purge.clone())
+            .persistent(crate::pooler::persistent(self.pooler))
             .bind(older_than)
             .bind(i64::from(limit))
-            .execute(&self.pool)
+            .execute(&mut *own)
             .await
             .map_err(outbox_error)?
-            .rows_affected())
+            .rows_affected();
+        own.finish().await.map_err(outbox_error)?;
+        Ok(deleted)
     }
 }

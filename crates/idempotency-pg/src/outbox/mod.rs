@@ -8,6 +8,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::outbox::error::{from_crate_error, outbox_error};
+use crate::pooler::Pooler;
 use crate::table::TableName;
 use idempotency_outbox::NewEvent;
 use idempotency_outbox::config::{Ordering, OutboxConfig, PartitioningConfig};
@@ -57,6 +58,8 @@ pub struct PgOutbox {
     gate: Arc<NotifyGate>,
     sql: Arc<Statements>,
     partitioning: Option<PartitioningConfig>,
+    pooler: Pooler,
+    listen_pool: Option<PgPool>,
 }
 
 impl PgOutbox {
@@ -86,7 +89,67 @@ impl PgOutbox {
             gate: Arc::new(NotifyGate::new(OutboxConfig::default().notify_interval)),
             sql: Arc::new(sql),
             partitioning: None,
+            pooler: Pooler::None,
+            listen_pool: None,
         }
+    }
+
+    /// This outbox for a pool behind `pooler` (`idempotency.persistence.pooler` in the
+    /// facade). With [`Pooler::Transaction`] (PgBouncer's `pool_mode = transaction`) its
+    /// statements are unnamed, the relay's statements that run on their own (the unordered
+    /// claim, marking published or failed, statistics, retention) run in a transaction of
+    /// their own, and [`listen`](idempotency_outbox::RelayStore::listen) does not `LISTEN`
+    /// through the pool (a pooler in transaction mode gives the `LISTEN` session away after
+    /// the statement, and its notifications with it): it listens through the pool of
+    /// [`with_listen_pool`](Self::with_listen_pool), a direct connection to the server, or
+    /// answers `None` and the relay polls (`outbox.relay.poll-interval`). `NOTIFY` at commit
+    /// still works through the pooler.
+    ///
+    /// ```
+    /// use idempotency_pg::{PgOutbox, Pooler};
+    ///
+    /// # fn demo(pool: sqlx::PgPool) {
+    /// let outbox = PgOutbox::new(pool).with_pooler(Pooler::Transaction);
+    /// assert_eq!(outbox.pooler(), Pooler::Transaction);
+    /// # }
+    /// ```
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
+    /// What stands between the pool and the database.
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
+    }
+
+    /// The relay's wake-up `LISTEN`s through `pool` (one connection, opened by
+    /// [`listen`](idempotency_outbox::RelayStore::listen)) instead of this outbox's pool:
+    /// behind a pooler in transaction mode, a pool of direct connections to the same
+    /// database (PgBouncer's server, not its port).
+    ///
+    /// ```
+    /// use idempotency_pg::{PgOutbox, Pooler};
+    ///
+    /// # fn demo(bouncer: sqlx::PgPool, direct: sqlx::PgPool) {
+    /// let outbox = PgOutbox::new(bouncer)
+    ///     .with_pooler(Pooler::Transaction)
+    ///     .with_listen_pool(direct);
+    /// assert!(outbox.listen_pool().is_some());
+    /// # }
+    /// ```
+    pub fn with_listen_pool(mut self, pool: PgPool) -> Self {
+        self.listen_pool = Some(pool);
+        self
+    }
+
+    /// The pool the wake-up listens through, when it is not this outbox's pool.
+    pub fn listen_pool(&self) -> Option<&PgPool> {
+        self.listen_pool.as_ref()
+    }
+
+    fn persistent(&self) -> bool {
+        crate::pooler::persistent(self.pooler)
     }
 
     /// This outbox notifying at most once per `interval` (`outbox.notify-interval`): an enqueue
@@ -149,6 +212,16 @@ impl PgOutbox {
     /// An outbox configured by the `outbox` section: validates `table-name`,
     /// `notify-channel`, `notify-interval` and `partitioning`, then applies `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &OutboxConfig) -> Result<Self, Error> {
+        Self::from_config_with_pooler(pool, config, Pooler::None).await
+    }
+
+    /// [`from_config`](Self::from_config) for a pool behind `pooler`
+    /// ([`with_pooler`](Self::with_pooler)), which the schema's statements need already.
+    pub async fn from_config_with_pooler(
+        pool: PgPool,
+        config: &OutboxConfig,
+        pooler: Pooler,
+    ) -> Result<Self, Error> {
         let table = TableName::parse(&config.table_name).map_err(from_crate_error)?;
         let channel = config
             .notify_channel
@@ -157,7 +230,8 @@ impl PgOutbox {
             .transpose()?;
         let outbox = Self::with_options(pool, table, config.ordering, channel)
             .with_notify_interval(config.notify_interval)
-            .with_partitioning(&config.partitioning)?;
+            .with_partitioning(&config.partitioning)?
+            .with_pooler(pooler);
         outbox.apply_schema(config.schema.mode).await?;
         Ok(outbox)
     }
@@ -182,8 +256,13 @@ impl PgOutbox {
         };
         // Before the DDL: over a table of the other layout its `IF NOT EXISTS` statements
         // would be skipped or fail on the first partition.
-        if let Some(problem) =
-            schema::layout_problem(&self.pool, &self.table, self.partitioning.is_some()).await?
+        if let Some(problem) = schema::layout_problem(
+            &self.pool,
+            self.pooler,
+            &self.table,
+            self.partitioning.is_some(),
+        )
+        .await?
         {
             return Err(Error::Schema {
                 table: self.table.to_string(),
@@ -194,7 +273,7 @@ impl PgOutbox {
             schema::OutboxNames::new(&self.table, self.partitioning.is_some()).objects(&self.table);
         // Over a complete schema only the catalog is read: no lock on the tables, so
         // enqueuing writers do not wait for it, nor it for them.
-        schema::create(&self.pool, &self.table, &objects, ddl).await?;
+        schema::create(&self.pool, self.pooler, &self.table, &objects, ddl).await?;
         self.prepare_partitions().await?;
         Ok(())
     }
@@ -211,7 +290,7 @@ impl PgOutbox {
     /// [`Housekeeping::prepare_storage`]: idempotency_outbox::Housekeeping::prepare_storage
     pub async fn prepare_partitions(&self) -> Result<u32, Error> {
         match &self.partitioning {
-            Some(config) => partitions::prepare(&self.pool, &self.table, config).await,
+            Some(config) => partitions::prepare(&self.pool, self.pooler, &self.table, config).await,
             None => Ok(0),
         }
     }
@@ -231,7 +310,14 @@ impl PgOutbox {
     ) -> Result<u32, Error> {
         match self.partitioning {
             Some(_) => {
-                partitions::drop_expired(&self.pool, &self.table, published, dead_lettered).await
+                partitions::drop_expired(
+                    &self.pool,
+                    self.pooler,
+                    &self.table,
+                    published,
+                    dead_lettered,
+                )
+                .await
             }
             None => Ok(0),
         }
@@ -240,7 +326,7 @@ impl PgOutbox {
     /// The partitions of the table with their bounds, ordered by lower bound (the default
     /// partition first); empty on a plain table.
     pub async fn partitions(&self) -> Result<Vec<OutboxPartition>, Error> {
-        partitions::list(&self.pool, &self.table).await
+        partitions::list(&self.pool, self.pooler, &self.table).await
     }
 
     /// Checks both tables (columns, types, nullability, the indexes the queries rely on),
@@ -268,15 +354,25 @@ impl PgOutbox {
             schema::OUTBOX_INDEXES
         };
         let mut problems = Vec::new();
-        if let Some(problem) = schema::layout_problem(&self.pool, &self.table, partitioned).await? {
+        if let Some(problem) =
+            schema::layout_problem(&self.pool, self.pooler, &self.table, partitioned).await?
+        {
             problems.push(problem);
         }
         problems.extend(
-            schema::problems(&self.pool, &self.table, schema::OUTBOX_COLUMNS, indexes).await?,
+            schema::problems(
+                &self.pool,
+                self.pooler,
+                &self.table,
+                schema::OUTBOX_COLUMNS,
+                indexes,
+            )
+            .await?,
         );
         problems.extend(
             schema::problems(
                 &self.pool,
+                self.pooler,
                 &self.table.sibling("sequences"),
                 schema::SEQUENCE_COLUMNS,
                 schema::SEQUENCE_INDEXES,
@@ -340,6 +436,7 @@ impl PgOutbox {
             None => &self.sql.enqueue_quiet,
         };
         let query = sqlx::query(sql.clone())
+            .persistent(self.persistent())
             .bind(&ids)
             .bind(&aggregate_types)
             .bind(&aggregate_ids)

@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::outbox::error::outbox_error;
+use crate::pooler::{Own, Pooler};
 use crate::table::TableName;
 use idempotency_outbox::Error;
 use idempotency_outbox::config::PartitioningConfig;
@@ -69,7 +70,8 @@ impl Bounds {
 }
 
 /// The partitions of `table` with their bounds.
-async fn bounds(pool: &PgPool, table: &TableName) -> Result<Vec<Bounds>, Error> {
+async fn bounds(pool: &PgPool, pooler: Pooler, table: &TableName) -> Result<Vec<Bounds>, Error> {
+    let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
     // Bounds are printed by `pg_get_expr` as timestamptz literals in the session's settings
     // and read back with the same settings. A partition dropped by a concurrent retention
     // pass while this waited for its lock has no bound (null) any more: left out.
@@ -92,10 +94,12 @@ async fn bounds(pool: &PgPool, table: &TableName) -> Result<Vec<Bounds>, Error> 
                      THEN floor(extract(epoch FROM btrim(m[2], '''')::timestamptz))::int8 END \
          FROM parsed ORDER BY 3 NULLS FIRST",
     )
+    .persistent(false)
     .bind(table.quoted())
-    .fetch_all(pool)
+    .fetch_all(&mut *own)
     .await
     .map_err(outbox_error)?;
+    own.finish().await.map_err(outbox_error)?;
     Ok(rows
         .into_iter()
         .map(|(name, default, from, to)| Bounds {
@@ -111,8 +115,12 @@ fn time(seconds: Option<i64>) -> Option<DateTime<Utc>> {
     seconds.and_then(|s| DateTime::from_timestamp(s, 0))
 }
 
-pub(crate) async fn list(pool: &PgPool, table: &TableName) -> Result<Vec<OutboxPartition>, Error> {
-    Ok(bounds(pool, table)
+pub(crate) async fn list(
+    pool: &PgPool,
+    pooler: Pooler,
+    table: &TableName,
+) -> Result<Vec<OutboxPartition>, Error> {
+    Ok(bounds(pool, pooler, table)
         .await?
         .into_iter()
         .map(|b| OutboxPartition {
@@ -146,6 +154,7 @@ fn is_code(error: &sqlx::Error, code: &str) -> bool {
 /// empty unless maintenance fell behind), so nothing waits for it.
 async fn default_holds_rows(
     pool: &PgPool,
+    pooler: Pooler,
     existing: &[Bounds],
     lo: i64,
     hi: i64,
@@ -158,12 +167,18 @@ async fn default_holds_rows(
                         WHERE created_at >= to_timestamp($1) AND created_at < to_timestamp($2))",
         default.name
     );
+    let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
     let holds = sqlx::query_scalar(AssertSqlSafe(probe))
+        .persistent(false)
         .bind(lo)
         .bind(hi)
-        .fetch_one(pool)
+        .fetch_one(&mut *own)
         .await;
-    Ok(gone_if_undefined(holds)?.unwrap_or(false))
+    let holds = gone_if_undefined(holds)?;
+    if holds.is_some() {
+        own.finish().await.map_err(outbox_error)?;
+    }
+    Ok(holds.unwrap_or(false))
 }
 
 /// Creates the partitions of the current interval and of the `ahead` next ones that do not
@@ -173,18 +188,22 @@ async fn default_holds_rows(
 /// skipped (and retried by the next pass); one a concurrent pass created meanwhile is done.
 pub(crate) async fn prepare(
     pool: &PgPool,
+    pooler: Pooler,
     table: &TableName,
     config: &PartitioningConfig,
 ) -> Result<u32, Error> {
     let interval = i64::try_from(config.interval.as_secs())
         .unwrap_or(i64::MAX)
         .max(1);
+    let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
     let now: i64 = sqlx::query_scalar("SELECT floor(extract(epoch FROM clock_timestamp()))::int8")
-        .fetch_one(pool)
+        .persistent(false)
+        .fetch_one(&mut *own)
         .await
         .map_err(outbox_error)?;
+    own.finish().await.map_err(outbox_error)?;
     let current = now.div_euclid(interval) * interval;
-    let existing = bounds(pool, table).await?;
+    let existing = bounds(pool, pooler, table).await?;
     let mut created = 0;
     for k in 0..=i64::from(config.ahead) {
         let lo = current.saturating_add(k.saturating_mul(interval));
@@ -193,7 +212,7 @@ pub(crate) async fn prepare(
             continue;
         }
         let name = partition_name(table, lo)?;
-        if default_holds_rows(pool, &existing, lo, hi).await? {
+        if default_holds_rows(pool, pooler, &existing, lo, hi).await? {
             tracing::warn!(
                 partition = %name,
                 "outbox partition not created: the default partition holds rows of its range \
@@ -271,6 +290,7 @@ pub(crate) enum Expiry {
 /// parameter, may be planned as a hash join over a sequential scan of every partition.
 pub(crate) async fn delete_expired_rows(
     pool: &PgPool,
+    pooler: Pooler,
     table: &TableName,
     expiry: Expiry,
     older_than: Duration,
@@ -281,7 +301,7 @@ pub(crate) async fn delete_expired_rows(
         Expiry::DeadLettered => "dead_lettered_at",
     };
     let mut deleted = 0;
-    for partition in bounds(pool, table).await? {
+    for partition in bounds(pool, pooler, table).await? {
         let left = u64::from(limit).saturating_sub(deleted);
         if left == 0 {
             break;
@@ -295,12 +315,15 @@ pub(crate) async fn delete_expired_rows(
              DELETE FROM {p} AS o USING doomed \
              WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
         );
+        let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
         let done = sqlx::query(AssertSqlSafe(statement))
+            .persistent(false)
             .bind(older_than)
             .bind(i64::try_from(left).unwrap_or(i64::MAX))
-            .execute(pool)
+            .execute(&mut *own)
             .await;
         if let Some(done) = gone_if_undefined(done)? {
+            own.finish().await.map_err(outbox_error)?;
             deleted += done.rows_affected();
         }
     }
@@ -314,30 +337,41 @@ pub(crate) async fn delete_expired_rows(
 /// concurrent pass detached or dropped first is done, not an error.
 pub(crate) async fn drop_expired(
     pool: &PgPool,
+    pooler: Pooler,
     table: &TableName,
     published: Duration,
     dead_lettered: Option<Duration>,
 ) -> Result<u32, Error> {
+    let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
     let cutoff: i64 = sqlx::query_scalar(
         "SELECT floor(extract(epoch FROM clock_timestamp() - $1::interval))::int8",
     )
+    .persistent(false)
     .bind(published)
-    .fetch_one(pool)
+    .fetch_one(&mut *own)
     .await
     .map_err(outbox_error)?;
+    own.finish().await.map_err(outbox_error)?;
     let mut dropped = 0;
-    for partition in bounds(pool, table).await? {
+    for partition in bounds(pool, pooler, table).await? {
         let Some(to) = partition.to else { continue };
         if partition.default || to > cutoff {
             continue;
         }
         let check = keeps_rows(&partition.name);
+        let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
         let keeps = sqlx::query_scalar(AssertSqlSafe(check.clone()))
+            .persistent(false)
             .bind(published)
             .bind(dead_lettered)
-            .fetch_one(pool)
+            .fetch_one(&mut *own)
             .await;
-        match gone_if_undefined(keeps)? {
+        let keeps = gone_if_undefined(keeps)?;
+        if keeps.is_some() {
+            // Ended before the detach below: a transaction of its own holds no lock past here.
+            own.finish().await.map_err(outbox_error)?;
+        }
+        match keeps {
             Some(false) => {}
             // Kept, or dropped by a concurrent pass since it was listed.
             Some(true) | None => continue,
@@ -368,6 +402,7 @@ pub(crate) async fn drop_expired(
             Err(error) => return Err(outbox_error(error)),
         }
         let keeps: bool = sqlx::query_scalar(AssertSqlSafe(check))
+            .persistent(false)
             .bind(published)
             .bind(dead_lettered)
             .fetch_one(&mut *tx)

@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use crate::outbox::error::outbox_error;
+use crate::pooler::{Own, Pooler};
 use crate::table::TableName;
 use idempotency_outbox::{Error, SchemaProblem};
 
@@ -131,16 +132,20 @@ const PLAIN: &str = "a plain table";
 /// reverse, or partitioned by another key.
 pub(crate) async fn layout_problem(
     pool: &PgPool,
+    pooler: Pooler,
     table: &TableName,
     partitioned: bool,
 ) -> Result<Option<SchemaProblem>, Error> {
+    let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
     let row: Option<(String, Option<String>)> = sqlx::query_as(
         "SELECT c.relkind::text,                 (SELECT p.partstrat::text || ':' ||                         array_to_string(ARRAY(SELECT a.attname::text                             FROM unnest(p.partattrs::int2[]) AS k(attnum)                             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum), ',')                  FROM pg_partitioned_table p WHERE p.partrelid = c.oid)          FROM pg_class c WHERE c.oid = to_regclass($1)",
     )
+    .persistent(false)
     .bind(table.quoted())
-    .fetch_optional(pool)
+    .fetch_optional(&mut *own)
     .await
     .map_err(outbox_error)?;
+    own.finish().await.map_err(outbox_error)?;
     let Some((kind, key)) = row else {
         return Ok(None);
     };
@@ -178,14 +183,17 @@ pub(crate) async fn layout_problem(
 /// on the table, and every writer arriving meanwhile wait behind it.
 pub(crate) async fn create(
     pool: &PgPool,
+    pooler: Pooler,
     lock_name: &TableName,
     objects: &[String],
     ddl: String,
 ) -> Result<(), Error> {
-    if crate::table::all_exist(pool, objects)
+    let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
+    let exist = crate::table::all_exist(&mut own, objects)
         .await
-        .map_err(outbox_error)?
-    {
+        .map_err(outbox_error)?;
+    own.finish().await.map_err(outbox_error)?;
+    if exist {
         return Ok(());
     }
     // Concurrent `CREATE ... IF NOT EXISTS` can still collide in the catalog; serialize
@@ -197,12 +205,13 @@ pub(crate) async fn create(
         .await
         .map_err(outbox_error)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .persistent(false)
         .bind(lock_name.quoted())
         .execute(&mut *tx)
         .await
         .map_err(outbox_error)?;
     // An instance starting at the same time may have created everything meanwhile.
-    if !crate::table::all_exist(&mut *tx, objects)
+    if !crate::table::all_exist(&mut tx, objects)
         .await
         .map_err(outbox_error)?
     {
@@ -344,6 +353,19 @@ fn satisfies(index: &Index, (unique, partial, columns): &IndexRow) -> bool {
 /// Every difference between `table` and `columns` / `indexes`.
 pub(crate) async fn problems(
     pool: &PgPool,
+    pooler: Pooler,
+    table: &TableName,
+    columns: &[Column],
+    indexes: &[Index],
+) -> Result<Vec<SchemaProblem>, Error> {
+    let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
+    let problems = problems_on(&mut own, table, columns, indexes).await?;
+    own.finish().await.map_err(outbox_error)?;
+    Ok(problems)
+}
+
+async fn problems_on(
+    conn: &mut PgConnection,
     table: &TableName,
     columns: &[Column],
     indexes: &[Index],
@@ -351,7 +373,8 @@ pub(crate) async fn problems(
     let name = table.to_string();
     let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(table.quoted())
-        .fetch_one(pool)
+        .persistent(false)
+        .fetch_one(&mut *conn)
         .await
         .map_err(outbox_error)?;
     if exists != Some(true) {
@@ -363,7 +386,8 @@ pub(crate) async fn problems(
          WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
     )
     .bind(table.quoted())
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *conn)
     .await
     .map_err(outbox_error)?;
     let live: HashMap<String, (String, bool)> = live
@@ -398,7 +422,8 @@ pub(crate) async fn problems(
          FROM pg_index i WHERE i.indrelid = to_regclass($1)",
     )
     .bind(table.quoted())
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *conn)
     .await
     .map_err(outbox_error)?;
     for index in indexes {

@@ -11,6 +11,7 @@ use crate::outbox::PgOutbox;
 use crate::outbox::error::outbox_error;
 use crate::outbox::listen::PgNotificationListener;
 use crate::outbox::partitions::{self, Expiry};
+use crate::pooler::Own;
 use idempotency_outbox::Error;
 use idempotency_outbox::config::Ordering;
 use idempotency_outbox::store::{
@@ -126,10 +127,18 @@ impl RelayStore for PgOutbox {
                 tx.commit().await.map_err(outbox_error)?;
                 rows
             }
-            Ordering::Unordered => claim_query(self.sql.claim_unordered.clone(), true, request)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(outbox_error)?,
+            Ordering::Unordered => {
+                let mut own = Own::open(&self.pool, self.pooler)
+                    .await
+                    .map_err(outbox_error)?;
+                let rows =
+                    claim_query(self.sql.claim_unordered.clone(), self.persistent(), request)
+                        .fetch_all(&mut *own)
+                        .await
+                        .map_err(outbox_error)?;
+                own.finish().await.map_err(outbox_error)?;
+                rows
+            }
         };
         let messages = rows
             .into_iter()
@@ -139,13 +148,17 @@ impl RelayStore for PgOutbox {
     }
 
     async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
-        Ok(sqlx::query(self.sql.mark_published.clone())
+        let mut own = self.own().await?;
+        let marked = sqlx::query(self.sql.mark_published.clone())
+            .persistent(self.persistent())
             .bind(ids)
             .bind(token)
-            .execute(&self.pool)
+            .execute(&mut *own)
             .await
             .map_err(outbox_error)?
-            .rows_affected())
+            .rows_affected();
+        own.finish().await.map_err(outbox_error)?;
+        Ok(marked)
     }
 
     async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
@@ -157,35 +170,55 @@ impl RelayStore for PgOutbox {
             .collect();
         let dead: Vec<bool> = failures.iter().map(|f| f.dead_letter).collect();
         let transient: Vec<bool> = failures.iter().map(|f| f.transient).collect();
-        Ok(sqlx::query(self.sql.mark_failed.clone())
+        let mut own = self.own().await?;
+        let marked = sqlx::query(self.sql.mark_failed.clone())
+            .persistent(self.persistent())
             .bind(&ids)
             .bind(&errors)
             .bind(&delays)
             .bind(&dead)
             .bind(token)
             .bind(&transient)
-            .execute(&self.pool)
+            .execute(&mut *own)
             .await
             .map_err(outbox_error)?
-            .rows_affected())
+            .rows_affected();
+        own.finish().await.map_err(outbox_error)?;
+        Ok(marked)
     }
 
     async fn listen(&self) -> Result<Option<PgNotificationListener>, Error> {
-        match &self.channel {
-            Some(channel) => PgNotificationListener::connect(&self.pool, channel)
-                .await
-                .map(Some),
-            None => Ok(None),
-        }
+        let Some(channel) = &self.channel else {
+            return Ok(None);
+        };
+        let pool = match (&self.listen_pool, self.pooler) {
+            (Some(pool), _) => pool,
+            (None, crate::Pooler::Transaction) => {
+                tracing::warn!(
+                    channel = channel.as_str(),
+                    "the outbox's pool is behind a pooler in transaction mode, where LISTEN \
+                     does not hold: no wake-up by notification, the relay polls (give the \
+                     outbox a direct pool with `with_listen_pool`)"
+                );
+                return Ok(None);
+            }
+            (None, _) => &self.pool,
+        };
+        PgNotificationListener::connect(pool, channel)
+            .await
+            .map(Some)
     }
 }
 
 impl Housekeeping for PgOutbox {
     async fn stats(&self) -> Result<OutboxStats, Error> {
+        let mut own = self.own().await?;
         let (pending, age, dead): (i64, f64, i64) = sqlx::query_as(self.sql.stats.clone())
-            .fetch_one(&self.pool)
+            .persistent(self.persistent())
+            .fetch_one(&mut *own)
             .await
             .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
         Ok(OutboxStats::new(
             u64::try_from(pending).unwrap_or_default(),
             age,
@@ -197,6 +230,7 @@ impl Housekeeping for PgOutbox {
         if self.partitioning.is_some() {
             return partitions::delete_expired_rows(
                 &self.pool,
+                self.pooler,
                 &self.table,
                 Expiry::Published,
                 older_than,
@@ -204,19 +238,24 @@ impl Housekeeping for PgOutbox {
             )
             .await;
         }
-        Ok(sqlx::query(self.sql.delete_published.clone())
+        let mut own = self.own().await?;
+        let deleted = sqlx::query(self.sql.delete_published.clone())
+            .persistent(self.persistent())
             .bind(older_than)
             .bind(limit(limit_))
-            .execute(&self.pool)
+            .execute(&mut *own)
             .await
             .map_err(outbox_error)?
-            .rows_affected())
+            .rows_affected();
+        own.finish().await.map_err(outbox_error)?;
+        Ok(deleted)
     }
 
     async fn delete_dead_lettered(&self, older_than: Duration, limit_: u32) -> Result<u64, Error> {
         if self.partitioning.is_some() {
             return partitions::delete_expired_rows(
                 &self.pool,
+                self.pooler,
                 &self.table,
                 Expiry::DeadLettered,
                 older_than,
@@ -224,13 +263,17 @@ impl Housekeeping for PgOutbox {
             )
             .await;
         }
-        Ok(sqlx::query(self.sql.delete_dead_lettered.clone())
+        let mut own = self.own().await?;
+        let deleted = sqlx::query(self.sql.delete_dead_lettered.clone())
+            .persistent(self.persistent())
             .bind(older_than)
             .bind(limit(limit_))
-            .execute(&self.pool)
+            .execute(&mut *own)
             .await
             .map_err(outbox_error)?
-            .rows_affected())
+            .rows_affected();
+        own.finish().await.map_err(outbox_error)?;
+        Ok(deleted)
     }
 
     async fn prepare_storage(&self) -> Result<u32, Error> {
@@ -263,11 +306,14 @@ type DeadLetterRow = (
 
 impl DeadLetters for PgOutbox {
     async fn dead_letters(&self, limit_: u32) -> Result<Vec<DeadLetter>, Error> {
+        let mut own = self.own().await?;
         let rows: Vec<DeadLetterRow> = sqlx::query_as(self.sql.dead_letters.clone())
+            .persistent(self.persistent())
             .bind(limit(limit_))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *own)
             .await
             .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
         rows.into_iter()
             .map(|(a, b, c, d, e, f, g, h, i, j, last_error, at)| {
                 Ok(DeadLetter::new(
@@ -280,19 +326,35 @@ impl DeadLetters for PgOutbox {
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        let mut own = self.own().await?;
         let late: Vec<Uuid> = sqlx::query_scalar(self.sql.published_after.clone())
+            .persistent(self.persistent())
             .bind(ids)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *own)
             .await
             .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
         if !late.is_empty() {
             return Err(Error::RequeueOutOfOrder { ids: late });
         }
-        Ok(sqlx::query(self.sql.requeue.clone())
+        let mut own = self.own().await?;
+        let requeued = sqlx::query(self.sql.requeue.clone())
+            .persistent(self.persistent())
             .bind(ids)
-            .execute(&self.pool)
+            .execute(&mut *own)
             .await
             .map_err(outbox_error)?
-            .rows_affected())
+            .rows_affected();
+        own.finish().await.map_err(outbox_error)?;
+        Ok(requeued)
+    }
+}
+
+impl PgOutbox {
+    /// A connection for a statement on its own (see [`Own`]).
+    async fn own(&self) -> Result<Own, Error> {
+        Own::open(&self.pool, self.pooler)
+            .await
+            .map_err(outbox_error)
     }
 }

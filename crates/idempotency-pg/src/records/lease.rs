@@ -14,6 +14,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use super::store::PgStore;
 use crate::error::store_error;
+use crate::pooler::Own;
 use crate::table::TableName;
 
 /// Claims that find the record gone between the upsert and the read retry this often.
@@ -72,7 +73,7 @@ fn sequence_start(table: &TableName) -> String {
 
 impl LeasedClaims for PgStore {
     async fn prepare_leases(&self) -> Result<(), StoreError> {
-        let missing = super::schema::lease_problems(self.pool(), self.table())
+        let missing = super::schema::lease_problems(self.pool(), self.pooler(), self.table())
             .await
             .map_err(store_error)?;
         if missing.is_empty() {
@@ -137,16 +138,21 @@ impl LeasedClaims for PgStore {
         });
         let id = claim.id;
         for _ in 0..CLAIM_ROUNDS {
+            let mut own = Own::open(self.pool(), self.pooler())
+                .await
+                .map_err(store_error)?;
             let token: Option<(i64, bool)> = sqlx::query_as(upsert.clone())
+                .persistent(self.persistent())
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
                 .bind(id.key.as_str())
                 .bind(claim.fingerprint.as_str())
                 .bind(claim.ttl.map(interval))
                 .bind(interval(lease))
-                .fetch_optional(self.pool())
+                .fetch_optional(&mut *own)
                 .await
                 .map_err(store_error)?;
+            own.finish().await.map_err(store_error)?;
             if let Some((token, takeover)) = token {
                 return Ok(LeaseClaim::Acquired {
                     token: FencingToken(token),
@@ -159,13 +165,18 @@ impl LeasedClaims for PgStore {
             let lease_left = if record.is_terminal() {
                 None
             } else {
+                let mut own = Own::open(self.pool(), self.pooler())
+                    .await
+                    .map_err(store_error)?;
                 let seconds: Option<Option<f64>> = sqlx::query_scalar(left.clone())
+                    .persistent(self.persistent())
                     .bind(id.operation.as_str())
                     .bind(id.scope.as_str())
                     .bind(id.key.as_str())
-                    .fetch_optional(self.pool())
+                    .fetch_optional(&mut *own)
                     .await
                     .map_err(store_error)?;
+                own.finish().await.map_err(store_error)?;
                 let seconds = seconds.flatten().unwrap_or(0.0).max(0.0);
                 Some(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::ZERO))
             };
@@ -190,7 +201,11 @@ impl LeasedClaims for PgStore {
             )
         });
         let (payload, code) = outcome.to_columns();
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(store_error)?;
         let updated = sqlx::query(sql)
+            .persistent(self.persistent())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -198,9 +213,10 @@ impl LeasedClaims for PgStore {
             .bind(outcome.status().as_str())
             .bind(payload)
             .bind(code)
-            .execute(self.pool())
+            .execute(&mut *own)
             .await
             .map_err(store_error)?;
+        own.finish().await.map_err(store_error)?;
         if updated.rows_affected() == 0 {
             return Ok(None);
         }
@@ -211,14 +227,19 @@ impl LeasedClaims for PgStore {
         let sql = self.lease_sql(|t, _| {
             format!("DELETE FROM {t} WHERE {KEY} AND status = 'PROCESSING' AND lease_token = $4")
         });
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(store_error)?;
         let deleted = sqlx::query(sql)
+            .persistent(self.persistent())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
             .bind(token.0)
-            .execute(self.pool())
+            .execute(&mut *own)
             .await
             .map_err(store_error)?;
+        own.finish().await.map_err(store_error)?;
         Ok(deleted.rows_affected() > 0)
     }
 }

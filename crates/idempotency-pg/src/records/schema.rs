@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use crate::error::{Error, SchemaProblem};
+use crate::pooler::{Own, Pooler};
 use crate::table::TableName;
 
 /// The canonical DDL template; `{table}`, `{expires_index}` and `{lease_sequence}` are replaced
@@ -87,12 +88,15 @@ pub(crate) const QUIET: &str = "SET LOCAL client_min_messages = warning";
 /// SHARE lock on the table even when the index exists, so running the DDL at every start would
 /// make an instance restarting under load wait for the longest open write transaction on the
 /// table, and every writer arriving meanwhile wait behind it.
-pub(crate) async fn create(pool: &PgPool, table: &TableName) -> Result<(), Error> {
+pub(crate) async fn create(pool: &PgPool, pooler: Pooler, table: &TableName) -> Result<(), Error> {
     let objects = [
         table.quoted().to_owned(),
         table.sibling("expires_at_idx").quoted().to_owned(),
     ];
-    if crate::table::all_exist(pool, &objects).await? {
+    let mut own = Own::open(pool, pooler).await?;
+    let exist = crate::table::all_exist(&mut own, &objects).await?;
+    own.finish().await?;
+    if exist {
         return Ok(());
     }
     // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the catalog; serialize
@@ -102,11 +106,12 @@ pub(crate) async fn create(pool: &PgPool, table: &TableName) -> Result<(), Error
     // which sqlx logs; the transaction keeps warnings and errors only.
     sqlx::raw_sql(QUIET).execute(&mut *tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .persistent(false)
         .bind(table.quoted())
         .execute(&mut *tx)
         .await?;
     // An instance starting at the same time may have created both meanwhile.
-    if !crate::table::all_exist(&mut *tx, &objects).await? {
+    if !crate::table::all_exist(&mut tx, &objects).await? {
         sqlx::raw_sql(AssertSqlSafe(ddl(table)))
             .execute(&mut *tx)
             .await?;
@@ -222,11 +227,23 @@ fn is_starter_table(columns: &HashMap<String, (String, bool, Option<i32>)>) -> b
 /// Everything that differs between the live table and the canonical schema.
 pub(crate) async fn problems(
     pool: &PgPool,
+    pooler: Pooler,
+    table: &TableName,
+) -> Result<Vec<SchemaProblem>, Error> {
+    let mut own = Own::open(pool, pooler).await?;
+    let problems = problems_on(&mut own, table).await?;
+    own.finish().await?;
+    Ok(problems)
+}
+
+async fn problems_on(
+    conn: &mut PgConnection,
     table: &TableName,
 ) -> Result<Vec<SchemaProblem>, Error> {
     let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(table.quoted())
-        .fetch_one(pool)
+        .persistent(false)
+        .fetch_one(&mut *conn)
         .await?;
     if exists != Some(true) {
         return Ok(vec![SchemaProblem::MissingTable]);
@@ -238,7 +255,8 @@ pub(crate) async fn problems(
          WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
     )
     .bind(table.quoted())
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *conn)
     .await?;
     let columns: HashMap<String, (String, bool, Option<i32>)> = columns
         .into_iter()
@@ -254,7 +272,8 @@ pub(crate) async fn problems(
          FROM pg_index i WHERE i.indrelid = to_regclass($1)",
     )
     .bind(table.quoted())
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *conn)
     .await?;
     let unique_on = |key: &[&str]| {
         indexes.iter().any(|(unique, plain, columns)| {
@@ -317,7 +336,8 @@ pub(crate) async fn problems(
     )
     .bind(table.quoted())
     .bind(&KEY_COLUMNS[..])
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *conn)
     .await?;
     for (column, collation) in collations {
         if let Some(column) = KEY_COLUMNS.iter().find(|c| **c == column) {
@@ -343,6 +363,17 @@ const LEASE_COLUMNS: [&str; 2] = ["lease_token", "lease_expires_at"];
 /// What leased claims need and the table lacks: the lease columns and the token sequence.
 pub(crate) async fn lease_problems(
     pool: &PgPool,
+    pooler: Pooler,
+    table: &TableName,
+) -> Result<Vec<SchemaProblem>, sqlx::Error> {
+    let mut own = Own::open(pool, pooler).await?;
+    let problems = lease_problems_on(&mut own, table).await?;
+    own.finish().await?;
+    Ok(problems)
+}
+
+async fn lease_problems_on(
+    conn: &mut PgConnection,
     table: &TableName,
 ) -> Result<Vec<SchemaProblem>, sqlx::Error> {
     let present: Vec<String> = sqlx::query_scalar(
@@ -352,7 +383,8 @@ pub(crate) async fn lease_problems(
     )
     .bind(table.quoted())
     .bind(&LEASE_COLUMNS[..])
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *conn)
     .await?;
     let mut problems: Vec<SchemaProblem> = LEASE_COLUMNS
         .iter()
@@ -360,7 +392,7 @@ pub(crate) async fn lease_problems(
         .map(|column| SchemaProblem::MissingColumn { column })
         .collect();
     let sequence = super::lease::lease_sequence(table);
-    if !crate::table::all_exist(pool, &[sequence.quoted().to_owned()]).await? {
+    if !crate::table::all_exist(&mut *conn, &[sequence.quoted().to_owned()]).await? {
         problems.push(SchemaProblem::MissingLeaseSequence {
             sequence: sequence.to_string(),
         });
@@ -369,8 +401,12 @@ pub(crate) async fn lease_problems(
 }
 
 /// What leased claims need and the table lacks, as a schema error naming each.
-pub(crate) async fn validate_leases(pool: &PgPool, table: &TableName) -> Result<(), Error> {
-    let problems = lease_problems(pool, table).await?;
+pub(crate) async fn validate_leases(
+    pool: &PgPool,
+    pooler: Pooler,
+    table: &TableName,
+) -> Result<(), Error> {
+    let problems = lease_problems(pool, pooler, table).await?;
     if problems.is_empty() {
         Ok(())
     } else {
@@ -381,8 +417,12 @@ pub(crate) async fn validate_leases(pool: &PgPool, table: &TableName) -> Result<
     }
 }
 
-pub(crate) async fn validate(pool: &PgPool, table: &TableName) -> Result<(), Error> {
-    let problems = problems(pool, table).await?;
+pub(crate) async fn validate(
+    pool: &PgPool,
+    pooler: Pooler,
+    table: &TableName,
+) -> Result<(), Error> {
+    let problems = problems(pool, pooler, table).await?;
     if problems.is_empty() {
         Ok(())
     } else {

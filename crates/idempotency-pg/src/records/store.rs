@@ -15,6 +15,7 @@ use super::row::{CompleteRow, FindRow, InsertedRow, record_from_row};
 use super::schema;
 use super::statements::Statements;
 use crate::error::{Error, SchemaProblem, store_error, wait_error};
+use crate::pooler::{Own, Pooler};
 use crate::table::TableName;
 
 /// The PostgreSQL idempotency store.
@@ -37,6 +38,7 @@ pub struct PgStore {
     pool: PgPool,
     table: Arc<TableName>,
     sql: Arc<Statements>,
+    pooler: Pooler,
 }
 
 impl PgStore {
@@ -51,13 +53,47 @@ impl PgStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table: Arc::new(table),
+            pooler: Pooler::None,
         }
     }
 
-    /// A store configured by `idempotency.persistence`: validates `table-name`, then applies
-    /// `schema.mode`.
+    /// This store for a pool behind `pooler` (`idempotency.persistence.pooler`). With
+    /// [`Pooler::Transaction`] (PgBouncer's `pool_mode = transaction`) every statement is
+    /// unnamed (parsed again at every call: no `sqlx_s_N` to collide with on a shared server
+    /// connection) and every statement the store runs on its own (a replay's look-up, the
+    /// leased claims, cleanup) runs in a transaction of its own, two round trips more. A
+    /// caller's transaction ([`PgTx`](crate::PgTx), [`begin`](crate::begin)) needs nothing
+    /// more: PgBouncer keeps it on one server connection.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotency_pg::{PgStore, Pooler};
+    ///
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:6432/test").await?; // PgBouncer
+    /// let store = PgStore::new(pool).with_pooler(Pooler::Transaction);
+    /// assert_eq!(store.pooler(), Pooler::Transaction);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
+    /// What stands between the pool and the database.
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
+    }
+
+    /// Whether statements may be named and cached (not behind a transaction pooler).
+    pub(super) fn persistent(&self) -> bool {
+        crate::pooler::persistent(self.pooler)
+    }
+
+    /// A store configured by `idempotency.persistence`: validates `table-name`, takes `pooler`
+    /// ([`with_pooler`](Self::with_pooler)), then applies `schema.mode`.
     pub async fn from_config(pool: PgPool, config: &PersistenceConfig) -> Result<Self, Error> {
-        let store = Self::with_table(pool, TableName::parse(&config.table_name)?);
+        let store = Self::with_table(pool, TableName::parse(&config.table_name)?)
+            .with_pooler(config.pooler);
         store.apply_schema(config.schema.mode).await?;
         Ok(store)
     }
@@ -73,13 +109,13 @@ impl PgStore {
 
     /// Runs the canonical DDL (`CREATE ... IF NOT EXISTS`); safe to run again and concurrently.
     pub async fn create_schema(&self) -> Result<(), Error> {
-        schema::create(&self.pool, &self.table).await
+        schema::create(&self.pool, self.pooler, &self.table).await
     }
 
     /// Checks columns, types, nullability, the key `ON CONFLICT` relies on and the expiry index,
     /// failing with [`Error::Schema`] naming every difference.
     pub async fn validate_schema(&self) -> Result<(), Error> {
-        schema::validate(&self.pool, &self.table).await
+        schema::validate(&self.pool, self.pooler, &self.table).await
     }
 
     /// Checks what leased claims ([`LeasedClaims`](idempotency_core::LeasedClaims), the
@@ -91,12 +127,12 @@ impl PgStore {
     /// [`prepare_leases`](idempotency_core::LeasedClaims::prepare_leases), and is refused with
     /// [`Error::Schema`] naming what is missing.
     pub async fn validate_leases(&self) -> Result<(), Error> {
-        schema::validate_leases(&self.pool, &self.table).await
+        schema::validate_leases(&self.pool, self.pooler, &self.table).await
     }
 
     /// Every difference between the table and the canonical schema (empty when it matches).
     pub async fn schema_problems(&self) -> Result<Vec<SchemaProblem>, Error> {
-        schema::problems(&self.pool, &self.table).await
+        schema::problems(&self.pool, self.pooler, &self.table).await
     }
 
     /// The pool.
@@ -185,6 +221,7 @@ impl IdempotencyStore for PgStore {
         let id = claim.id;
         let inserted = match lock_timeout(claim.wait) {
             None => sqlx::query(self.sql.acquire.clone())
+                .persistent(self.persistent())
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
                 .bind(id.key.as_str())
@@ -197,6 +234,7 @@ impl IdempotencyStore for PgStore {
             Some(timeout) => {
                 let (count, _restored): (i64, String) =
                     sqlx::query_as(self.sql.acquire_bounded.clone())
+                        .persistent(self.persistent())
                         .bind(id.operation.as_str())
                         .bind(id.scope.as_str())
                         .bind(id.key.as_str())
@@ -222,6 +260,7 @@ impl IdempotencyStore for PgStore {
         id: &RecordId,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+            .persistent(self.persistent())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -268,13 +307,18 @@ impl IdempotencyStore for PgStore {
     }
 
     async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let mut own = Own::open(&self.pool, self.pooler)
+            .await
+            .map_err(store_error)?;
         let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
+            .persistent(self.persistent())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *own)
             .await
             .map_err(store_error)?;
+        own.finish().await.map_err(store_error)?;
         row.map(record_from_row).transpose()
     }
 
@@ -286,6 +330,7 @@ impl IdempotencyStore for PgStore {
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
+            .persistent(self.persistent())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -297,6 +342,7 @@ impl IdempotencyStore for PgStore {
             .map_err(store_error)?;
         let Some((hash, created_at, completed_at, expires_at)) = row else {
             let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
+                .persistent(self.persistent())
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
                 .bind(id.key.as_str())
@@ -334,6 +380,7 @@ impl InsertCompleted for PgStore {
             Some(_) => self.sql.insert_completed_bounded.clone(),
         };
         let mut query = sqlx::query_as::<_, InsertedRow>(sql)
+            .persistent(self.persistent())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -363,11 +410,17 @@ impl InsertCompleted for PgStore {
 impl ExpiredCleanup for PgStore {
     async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
         // One statement, so one short transaction; SKIP LOCKED never waits on request traffic.
-        Ok(sqlx::query(self.sql.delete_expired.clone())
+        let mut own = Own::open(&self.pool, self.pooler)
+            .await
+            .map_err(store_error)?;
+        let deleted = sqlx::query(self.sql.delete_expired.clone())
+            .persistent(self.persistent())
             .bind(i64::from(batch_size))
-            .execute(&self.pool)
+            .execute(&mut *own)
             .await
             .map_err(store_error)?
-            .rows_affected())
+            .rows_affected();
+        own.finish().await.map_err(store_error)?;
+        Ok(deleted)
     }
 }
