@@ -246,7 +246,7 @@ impl Housekeeping for PgOutbox {
     }
 }
 
-type DeadLetterRow = (
+pub(crate) type DeadLetterRow = (
     Uuid,
     String,
     String,
@@ -261,6 +261,16 @@ type DeadLetterRow = (
     DateTime<Utc>,
 );
 
+/// A dead letter from its row.
+pub(crate) fn dead_letter(row: DeadLetterRow) -> Result<DeadLetter, Error> {
+    let (a, b, c, d, e, f, g, h, i, j, last_error, at) = row;
+    Ok(DeadLetter::new(
+        message((a, b, c, d, e, f, g, h, i, j))?,
+        last_error,
+        at,
+    ))
+}
+
 impl DeadLetters for PgOutbox {
     async fn dead_letters(&self, limit_: u32) -> Result<Vec<DeadLetter>, Error> {
         let rows: Vec<DeadLetterRow> = sqlx::query_as(self.sql.dead_letters.clone())
@@ -268,15 +278,7 @@ impl DeadLetters for PgOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(outbox_error)?;
-        rows.into_iter()
-            .map(|(a, b, c, d, e, f, g, h, i, j, last_error, at)| {
-                Ok(DeadLetter::new(
-                    message((a, b, c, d, e, f, g, h, i, j))?,
-                    last_error,
-                    at,
-                ))
-            })
-            .collect()
+        rows.into_iter().map(dead_letter).collect()
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {
