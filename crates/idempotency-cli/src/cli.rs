@@ -32,7 +32,13 @@ pub(crate) struct Global {
     #[arg(long, global = true, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
     /// postgres://…, sqlite:…, mysql://… or mariadb://…
-    #[arg(long, global = true, env = "DATABASE_URL", value_name = "URL", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     pub(crate) database_url: Option<String>,
     /// Machine-readable JSON on stdout instead of tables.
     #[arg(long, global = true)]

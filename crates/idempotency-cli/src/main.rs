@@ -55,11 +55,15 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
     if let Command::Schema(SchemaCommand::Print(inbox)) = &cli.command {
         let inbox = inbox.inbox_table.as_deref();
         return match backend {
-            Backend::Postgres => commands::schema_print::<sqlx::PgPool>(&settings, inbox, &cli.global),
+            Backend::Postgres => {
+                commands::schema_print::<sqlx::PgPool>(&settings, inbox, &cli.global)
+            }
             Backend::Sqlite => {
                 commands::schema_print::<sqlx::SqlitePool>(&settings, inbox, &cli.global)
             }
-            Backend::Mysql => commands::schema_print::<sqlx::MySqlPool>(&settings, inbox, &cli.global),
+            Backend::Mysql => {
+                commands::schema_print::<sqlx::MySqlPool>(&settings, inbox, &cli.global)
+            }
         };
     }
     let (global, command) = (&cli.global, &cli.command);
@@ -69,8 +73,8 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
             commands::run(pool, &settings, global, command).await
         }
         Backend::Sqlite => {
-            let create = matches!(command, Command::Schema(SchemaCommand::Apply(_)))
-                && !global.dry_run;
+            let create =
+                matches!(command, Command::Schema(SchemaCommand::Apply(_))) && !global.dry_run;
             let pool = setup::sqlite(url, create).await?;
             let result = commands::run(pool.clone(), &settings, global, command).await;
             let _ = idempotency::sqlite::close_pool(&pool).await;

@@ -59,8 +59,14 @@ async fn show<D: AdminDatabase>(
                     ["completed".to_owned(), or_dash(view.completed_at.map(time))],
                     ["expires".to_owned(), or_dash(view.expires_at.map(time))],
                     ["fingerprint".to_owned(), view.fingerprint.clone()],
-                    ["rejection code".to_owned(), or_dash(view.rejection_code.clone())],
-                    ["outcome size".to_owned(), format!("{} bytes", view.outcome_size)],
+                    [
+                        "rejection code".to_owned(),
+                        or_dash(view.rejection_code.clone()),
+                    ],
+                    [
+                        "outcome size".to_owned(),
+                        format!("{} bytes", view.outcome_size),
+                    ],
                     ["preview".to_owned(), or_dash(view.preview.clone())],
                 ],
             )

@@ -108,7 +108,14 @@ pub(super) async fn dead<D: AdminDatabase>(
             out.emit(
                 || {
                     table(
-                        ["id", "aggregate", "event", "attempts", "dead since", "last error"],
+                        [
+                            "id",
+                            "aggregate",
+                            "event",
+                            "attempts",
+                            "dead since",
+                            "last error",
+                        ],
                         letters.iter().map(|d| {
                             let m = &d.message;
                             [
@@ -122,7 +129,14 @@ pub(super) async fn dead<D: AdminDatabase>(
                         }),
                     )
                 },
-                || json!(letters.iter().map(|d| letter_json(d, false)).collect::<Vec<_>>()),
+                || {
+                    json!(
+                        letters
+                            .iter()
+                            .map(|d| letter_json(d, false))
+                            .collect::<Vec<_>>()
+                    )
+                },
             );
             Ok(())
         }
@@ -142,7 +156,10 @@ pub(super) async fn dead<D: AdminDatabase>(
                                 "aggregate".to_owned(),
                                 format!("{}/{}", m.aggregate_type, m.aggregate_id),
                             ],
-                            ["sequence".to_owned(), or_dash(m.sequence.map(|s| s.to_string()))],
+                            [
+                                "sequence".to_owned(),
+                                or_dash(m.sequence.map(|s| s.to_string())),
+                            ],
                             ["event".to_owned(), m.event_type.clone()],
                             ["attempts".to_owned(), m.attempts.to_string()],
                             ["created".to_owned(), m.created_at.to_rfc3339()],
@@ -180,6 +197,13 @@ impl Change {
         match self {
             Self::Requeue => "requeue",
             Self::Discard => "discard",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            Self::Requeue => "requeued",
+            Self::Discard => "discarded",
         }
     }
 }
@@ -267,12 +291,15 @@ async fn change<D: AdminDatabase>(
             "requeue refused: the aggregates of {} already published a later event, so these \
              would be published out of order: {}",
             ids.len(),
-            ids.iter().map(Uuid::to_string).collect::<Vec<_>>().join(", ")
+            ids.iter()
+                .map(Uuid::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
         other => other.into(),
     })?;
     out.emit(
-        || format!("{verb}d {done} dead letter(s)"),
+        || format!("{} {done} dead letter(s)", change.done()),
         || json!({ "action": verb, "count": done }),
     );
     Ok(())
@@ -350,17 +377,25 @@ pub(super) async fn partitions<D: AdminDatabase>(
             list.iter().map(|p| {
                 [
                     p.name.clone(),
-                    if p.default { "DEFAULT".to_owned() } else { or_dash(p.from.map(time)) },
+                    if p.default {
+                        "DEFAULT".to_owned()
+                    } else {
+                        or_dash(p.from.map(time))
+                    },
                     or_dash(p.to.map(time)),
                 ]
             }),
         )
     };
     let as_json = |list: &[idempotency::ops::Partition]| {
-        json!(list.iter().map(|p| json!({
-            "name": p.name, "default": p.default,
-            "from": p.from.map(time), "to": p.to.map(time),
-        })).collect::<Vec<_>>())
+        json!(
+            list.iter()
+                .map(|p| json!({
+                    "name": p.name, "default": p.default,
+                    "from": p.from.map(time), "to": p.to.map(time),
+                }))
+                .collect::<Vec<_>>()
+        )
     };
     match command {
         PartitionsCommand::List => {

@@ -12,7 +12,14 @@ use crate::error::CliError;
 fn render(tables: &[TableDdl]) -> String {
     tables
         .iter()
-        .map(|t| format!("-- {} table {}\n{}\n", t.kind.as_str(), t.table, t.sql.trim_end()))
+        .map(|t| {
+            format!(
+                "-- {} table {}\n{}\n",
+                t.kind.as_str(),
+                t.table,
+                t.sql.trim_end()
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -65,7 +72,13 @@ pub(super) async fn apply<D: AdminDatabase>(
         || {
             tables
                 .iter()
-                .map(|t| format!("{} table {}: created or already there", t.kind.as_str(), t.table))
+                .map(|t| {
+                    format!(
+                        "{} table {}: created or already there",
+                        t.kind.as_str(),
+                        t.table
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join("\n")
         },
