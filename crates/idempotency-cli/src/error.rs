@@ -49,7 +49,7 @@ fn ops_code(error: &OpsError) -> u8 {
     match error {
         OpsError::Unsupported { .. } | OpsError::NoOutbox | OpsError::Setup(_) => 2,
         OpsError::Schema { source, .. } if invalid_name(source) => 2,
-        OpsError::Store(e) if matches!(e, idempotency::core::StoreError::Unavailable(_)) => 6,
+        OpsError::Store(idempotency::core::StoreError::Unavailable(_)) => 6,
         OpsError::Outbox(idempotency::outbox::Error::Unavailable(_)) => 6,
         OpsError::Outbox(idempotency::outbox::Error::RequeueOutOfOrder { .. }) => 4,
         _ => 1,

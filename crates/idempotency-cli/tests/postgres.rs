@@ -65,3 +65,26 @@ async fn evict_deletes_the_redis_entry_too() {
         .stdout(predicate::str::contains("Redis (L2)"))
         .stderr(predicate::str::contains("key.evict.cache"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn validate_names_the_migration_from_the_starters_table() {
+    let db = Db::postgres().await;
+    // The reference starter's table under the configured name.
+    db.exec(&format!(
+        "CREATE TABLE {} (
+            operation VARCHAR(128) NOT NULL, idempotency_key VARCHAR(255) NOT NULL,
+            request_hash VARCHAR(128) NOT NULL, status VARCHAR(32) NOT NULL,
+            result_type VARCHAR(255), result_payload JSONB, error_code VARCHAR(128),
+            created_at TIMESTAMPTZ NOT NULL, completed_at TIMESTAMPTZ, expires_at TIMESTAMPTZ,
+            PRIMARY KEY (operation, idempotency_key))",
+        db.records
+    ))
+    .await;
+    db.cli()
+        .args(["schema", "validate"])
+        .assert()
+        .code(5)
+        .stdout(predicate::str::contains(
+            "20261201120000_idempotency_from_starter.sql",
+        ));
+}
