@@ -53,17 +53,44 @@ async fn partitions_of_a_plain_outbox_are_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn evict_deletes_the_redis_entry_too() {
+    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
+
     let db = Db::postgres().await;
     db.seed().await;
     db.with_redis();
+    let shown = json(
+        db.cli()
+            .args([
+                "--json", "keys", "show", "PAY", "k-done", "--scope", "tenant-a",
+            ])
+            .assert(),
+    );
+    let key = shown["redis_key"].as_str().unwrap().to_owned();
+    assert!(key.ends_with("k-done"), "{key}");
+    // An entry under that key, as an instance's L2 write would leave it.
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let client = Builder::from_config(Config::from_url(&redis).unwrap())
+        .build()
+        .unwrap();
+    client.init().await.unwrap();
+    let () = client.set(&key, "entry", None, None, false).await.unwrap();
     db.cli()
         .args([
             "keys", "evict", "PAY", "k-done", "--scope", "tenant-a", "--yes",
         ])
         .assert()
         .success()
-        .stdout(predicate::str::contains("Redis (L2)"))
+        .stdout(predicate::str::contains("Redis (L2) entry was deleted"))
         .stderr(predicate::str::contains("key.evict.cache"));
+    let left: i64 = client.exists(&key).await.unwrap();
+    assert_eq!(left, 0, "the L2 entry {key} is gone");
+    // Evicting another key with no entry says so.
+    db.cli()
+        .args(["keys", "evict", "REFUND", "k-old", "--yes"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Redis (L2) had no entry"));
+    let _ = client.quit().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

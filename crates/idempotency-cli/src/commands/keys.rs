@@ -49,6 +49,7 @@ async fn show<D: AdminDatabase>(
     let Some(view) = ops.key_show(&id).await? else {
         return Err(CliError::NotFound(format!("no record for {}", name(args))));
     };
+    let cache_key = ops.cache_key(&id);
     out.emit(
         || {
             table(
@@ -68,6 +69,7 @@ async fn show<D: AdminDatabase>(
                         format!("{} bytes", view.outcome_size),
                     ],
                     ["preview".to_owned(), or_dash(view.preview.clone())],
+                    ["redis key".to_owned(), or_dash(cache_key.clone())],
                 ],
             )
         },
@@ -82,6 +84,7 @@ async fn show<D: AdminDatabase>(
                 "rejection_code": view.rejection_code,
                 "outcome_size": view.outcome_size,
                 "preview": view.preview,
+                "redis_key": cache_key,
             })
         },
     );

@@ -200,6 +200,23 @@ impl<D: AdminDatabase> Operations<D> {
         })
     }
 
+    /// The Redis (L2) key of `id` in this deployment, when the L2 cache is enabled: the key
+    /// every instance reads and writes (`distributed-cache.key-prefix`, then a digest of the
+    /// database and the records table).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn cache_key(&self, id: &RecordId) -> Option<String> {
+        let config = &self.settings.idempotency.distributed_cache;
+        config.enabled.then(|| {
+            let prefix = crate::assemble::deployment_key_prefix(
+                &config.key_prefix,
+                &self.pool.deployment(),
+                &self.settings.idempotency.persistence.table_name,
+            );
+            idempotency_cache_redis::redis_key(&prefix, id)
+        })
+    }
+
     #[cfg(feature = "redis")]
     async fn evict_cache_entry(&self, id: &RecordId) -> Result<Option<bool>, OpsError> {
         use idempotency_cache_redis::fred::interfaces::{ClientLike, KeysInterface};
