@@ -2,7 +2,6 @@
 //! schema checks, the inbox table and the outbox's partitions.
 
 use std::future::Future;
-use std::time::SystemTime;
 
 use idempotency_core::admin::KeyAdmin;
 use idempotency_outbox::admin::OutboxAdmin;
@@ -182,8 +181,8 @@ impl AdminDatabase for sqlx::PgPool {
             .into_iter()
             .map(|p| Partition {
                 name: p.name,
-                from: p.from.map(SystemTime::from),
-                to: p.to.map(SystemTime::from),
+                from: p.from.map(std::time::SystemTime::from),
+                to: p.to.map(std::time::SystemTime::from),
                 default: p.default,
             })
             .collect())
