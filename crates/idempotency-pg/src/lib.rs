@@ -3,6 +3,7 @@
 
 use idempotency_core::{IdempotencyService, Tx};
 
+mod admin;
 mod begin;
 mod error;
 #[cfg(feature = "outbox")]

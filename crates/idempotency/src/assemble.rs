@@ -635,7 +635,11 @@ fn check_in_flight<D: Database>(in_flight: &InFlightConfig) -> Result<(), Error>
 /// sharing one Redis with the same `key-prefix` (the default) get their own keys; every
 /// instance of one deployment gets the same.
 #[cfg(feature = "redis")]
-fn deployment_key_prefix(key_prefix: &str, deployment: &str, table_name: &str) -> String {
+pub(crate) fn deployment_key_prefix(
+    key_prefix: &str,
+    deployment: &str,
+    table_name: &str,
+) -> String {
     let digest = idempotency_core::fingerprint::short_hash(&format!("{deployment}\n{table_name}"));
     format!("{key_prefix}{digest}:")
 }
@@ -643,7 +647,7 @@ fn deployment_key_prefix(key_prefix: &str, deployment: &str, table_name: &str) -
 /// Connects the L2 cache when enabled. A cluster URL is probed before it is accepted, so the
 /// connect runs off the async threads.
 #[cfg(feature = "redis")]
-async fn redis_cache(
+pub(crate) async fn redis_cache(
     config: &idempotency_cache_redis::DistributedCacheConfig,
     key_prefix: String,
 ) -> Result<DistributedTier, Error> {

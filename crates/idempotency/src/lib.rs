@@ -9,6 +9,12 @@ mod load;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+#[cfg(all(
+    feature = "ops",
+    any(feature = "postgres", feature = "sqlite", feature = "mysql")
+))]
+#[cfg_attr(docsrs, doc(cfg(feature = "ops")))]
+pub mod ops;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[cfg_attr(
     docsrs,

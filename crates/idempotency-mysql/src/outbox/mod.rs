@@ -1,9 +1,9 @@
 //! The transactional outbox on MySQL / MariaDB: [`MysqlOutbox`], its statements and its schema.
 
 mod error;
-mod row;
+pub(crate) mod row;
 pub(crate) mod schema;
-mod statements;
+pub(crate) mod statements;
 mod store;
 
 use std::collections::BTreeMap;

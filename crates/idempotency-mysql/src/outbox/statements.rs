@@ -8,7 +8,7 @@ use crate::clock::NOW;
 use crate::records::sql;
 
 /// Columns a claim and the dead-letter listing return, in `MessageRow` order.
-const MESSAGE_COLUMNS: &str = "o.id, o.aggregate_type, o.aggregate_id, o.sequence, o.event_type, \
+pub(crate) const MESSAGE_COLUMNS: &str = "o.id, o.aggregate_type, o.aggregate_id, o.sequence, o.event_type, \
      o.payload, o.headers, o.created_at, o.attempts, \
      TIMESTAMPDIFF(MICROSECOND, o.created_at, UTC_TIMESTAMP(6)) / 1e6";
 

@@ -20,7 +20,7 @@ mod notify;
 pub(crate) mod partitions;
 pub(crate) mod schema;
 pub(crate) mod statements;
-mod store;
+pub(crate) mod store;
 
 pub use listen::{Channel, LISTEN_KEEPALIVE, PgNotificationListener};
 pub use partitions::OutboxPartition;

@@ -289,7 +289,7 @@ impl Housekeeping for PgOutbox {
     }
 }
 
-type DeadLetterRow = (
+pub(crate) type DeadLetterRow = (
     Uuid,
     String,
     String,
@@ -304,6 +304,16 @@ type DeadLetterRow = (
     DateTime<Utc>,
 );
 
+/// A dead letter from its row.
+pub(crate) fn dead_letter(row: DeadLetterRow) -> Result<DeadLetter, Error> {
+    let (a, b, c, d, e, f, g, h, i, j, last_error, at) = row;
+    Ok(DeadLetter::new(
+        message((a, b, c, d, e, f, g, h, i, j))?,
+        last_error,
+        at,
+    ))
+}
+
 impl DeadLetters for PgOutbox {
     async fn dead_letters(&self, limit_: u32) -> Result<Vec<DeadLetter>, Error> {
         let mut own = self.own().await?;
@@ -314,15 +324,7 @@ impl DeadLetters for PgOutbox {
             .await
             .map_err(outbox_error)?;
         own.finish().await.map_err(outbox_error)?;
-        rows.into_iter()
-            .map(|(a, b, c, d, e, f, g, h, i, j, last_error, at)| {
-                Ok(DeadLetter::new(
-                    message((a, b, c, d, e, f, g, h, i, j))?,
-                    last_error,
-                    at,
-                ))
-            })
-            .collect()
+        rows.into_iter().map(dead_letter).collect()
     }
 
     async fn requeue(&self, ids: &[Uuid]) -> Result<u64, Error> {

@@ -15,7 +15,7 @@ pub(crate) fn sql(text: String) -> SqlStr {
 }
 
 /// Columns a claim and the dead-letter listing return, in `MessageRow` order.
-const MESSAGE_COLUMNS: &str = "id, aggregate_type, aggregate_id, sequence, event_type, payload, \
+pub(crate) const MESSAGE_COLUMNS: &str = "id, aggregate_type, aggregate_id, sequence, event_type, payload, \
      headers, created_at, attempts";
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";

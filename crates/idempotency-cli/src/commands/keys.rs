@@ -1,0 +1,193 @@
+//! `keys show | evict | stats`.
+
+use idempotency::core::admin::Eviction;
+use idempotency::core::{IdempotencyKey, Operation, RecordId, Scope};
+use idempotency::ops::{AdminDatabase, Operations};
+use serde_json::json;
+
+use super::{Out, confirm, or_dash, table, time};
+use crate::cli::{Global, KeyArgs, KeysCommand};
+use crate::error::CliError;
+
+fn record_id(args: &KeyArgs) -> Result<RecordId, CliError> {
+    let bad = |what: &str, value: &str, e: idempotency::core::KeyError| {
+        CliError::Usage(format!("{what} {value:?}: {e}"))
+    };
+    Ok(RecordId::new(
+        Operation::new(&args.operation).map_err(|e| bad("OPERATION", &args.operation, e))?,
+        Scope::new(&args.scope).map_err(|e| bad("--scope", &args.scope, e))?,
+        IdempotencyKey::new(&args.key).map_err(|e| bad("KEY", &args.key, e))?,
+    ))
+}
+
+fn name(args: &KeyArgs) -> String {
+    format!(
+        "key {:?} of operation {:?} in scope {:?}",
+        args.key, args.operation, args.scope
+    )
+}
+
+pub(super) async fn run<D: AdminDatabase>(
+    ops: &Operations<D>,
+    global: &Global,
+    out: Out,
+    command: &KeysCommand,
+) -> Result<(), CliError> {
+    match command {
+        KeysCommand::Show(args) => show(ops, out, args).await,
+        KeysCommand::Evict { key, force } => evict(ops, global, out, key, *force).await,
+        KeysCommand::Stats => stats(ops, out).await,
+    }
+}
+
+async fn show<D: AdminDatabase>(
+    ops: &Operations<D>,
+    out: Out,
+    args: &KeyArgs,
+) -> Result<(), CliError> {
+    let id = record_id(args)?;
+    let Some(view) = ops.key_show(&id).await? else {
+        return Err(CliError::NotFound(format!("no record for {}", name(args))));
+    };
+    let cache_key = ops.cache_key(&id);
+    out.emit(
+        || {
+            table(
+                ["field", "value"],
+                [
+                    ["status".to_owned(), view.status.to_string()],
+                    ["created".to_owned(), time(view.created_at)],
+                    ["completed".to_owned(), or_dash(view.completed_at.map(time))],
+                    ["expires".to_owned(), or_dash(view.expires_at.map(time))],
+                    ["fingerprint".to_owned(), view.fingerprint.clone()],
+                    [
+                        "rejection code".to_owned(),
+                        or_dash(view.rejection_code.clone()),
+                    ],
+                    [
+                        "outcome size".to_owned(),
+                        format!("{} bytes", view.outcome_size),
+                    ],
+                    ["preview".to_owned(), or_dash(view.preview.clone())],
+                    ["redis key".to_owned(), or_dash(cache_key.clone())],
+                ],
+            )
+        },
+        || {
+            json!({
+                "operation": args.operation, "scope": args.scope, "key": args.key,
+                "status": view.status.as_str(),
+                "created_at": time(view.created_at),
+                "completed_at": view.completed_at.map(time),
+                "expires_at": view.expires_at.map(time),
+                "fingerprint": view.fingerprint,
+                "rejection_code": view.rejection_code,
+                "outcome_size": view.outcome_size,
+                "preview": view.preview,
+                "redis_key": cache_key,
+            })
+        },
+    );
+    Ok(())
+}
+
+const L1_NOTE: &str = "other instances' in-process (L1) entries of this key live until their \
+     TTL (idempotency.local-cache.ttl): until then they may still replay the old outcome";
+
+async fn evict<D: AdminDatabase>(
+    ops: &Operations<D>,
+    global: &Global,
+    out: Out,
+    args: &KeyArgs,
+    force: bool,
+) -> Result<(), CliError> {
+    let id = record_id(args)?;
+    let Some(view) = ops.key_show(&id).await? else {
+        return Err(CliError::NotFound(format!("no record for {}", name(args))));
+    };
+    let in_progress = view.status == idempotency::core::RecordStatus::Processing;
+    if in_progress && !force {
+        return Err(CliError::Refused(format!(
+            "{} is PROCESSING (its holder may still be running); pass --force to evict it anyway \
+             (nothing changed)",
+            name(args)
+        )));
+    }
+    if global.dry_run {
+        out.emit(
+            || format!("dry run: would evict {} ({})", name(args), view.status),
+            || json!({ "dry_run": true, "would_evict": true, "status": view.status.as_str() }),
+        );
+        return Ok(());
+    }
+    confirm(global, &format!("Evict {} ({})?", name(args), view.status))?;
+    let eviction = ops.key_evict(&id, force).await?;
+    match eviction.record {
+        Eviction::Evicted(status) => {
+            out.emit(
+                || {
+                    let cache = match eviction.cache_entry {
+                        Some(true) => "its Redis (L2) entry was deleted",
+                        Some(false) => "Redis (L2) had no entry for it",
+                        None => "no Redis (L2) cache is configured",
+                    };
+                    format!(
+                        "evicted {} ({status}): its next request runs again; {cache}.\nnote: {L1_NOTE}",
+                        name(args)
+                    )
+                },
+                || {
+                    json!({
+                        "evicted": true, "status": status.as_str(),
+                        "cache_entry_deleted": eviction.cache_entry,
+                        "note": L1_NOTE,
+                    })
+                },
+            );
+            Ok(())
+        }
+        Eviction::NotFound => Err(CliError::NotFound(format!(
+            "no record for {} (deleted meanwhile)",
+            name(args)
+        ))),
+        Eviction::InProgress => Err(CliError::Refused(format!(
+            "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
+            name(args)
+        ))),
+    }
+}
+
+async fn stats<D: AdminDatabase>(ops: &Operations<D>, out: Out) -> Result<(), CliError> {
+    let stats = ops.key_stats().await?;
+    out.emit(
+        || {
+            let rows = stats.groups.iter().map(|g| {
+                [
+                    g.operation.clone(),
+                    g.status.to_string(),
+                    g.count.to_string(),
+                    time(g.oldest),
+                ]
+            });
+            format!(
+                "{}\ntotal: {}  oldest: {}  expired, not cleaned yet: {}",
+                table(["operation", "status", "count", "oldest"], rows),
+                stats.total(),
+                or_dash(stats.oldest().map(time)),
+                stats.expired
+            )
+        },
+        || {
+            json!({
+                "groups": stats.groups.iter().map(|g| json!({
+                    "operation": g.operation, "status": g.status.as_str(),
+                    "count": g.count, "oldest": time(g.oldest),
+                })).collect::<Vec<_>>(),
+                "total": stats.total(),
+                "oldest": stats.oldest().map(time),
+                "expired": stats.expired,
+            })
+        },
+    );
+    Ok(())
+}

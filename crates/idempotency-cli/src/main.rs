@@ -1,0 +1,88 @@
+#![doc = include_str!("../README.md")]
+// A command line prints: its results on stdout, questions and errors on stderr.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod cli;
+mod commands;
+mod error;
+mod setup;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use idempotency::sqlx;
+
+use crate::cli::{Cli, Command, SchemaCommand};
+use crate::error::CliError;
+use crate::setup::Backend;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The audit trail (target `idempotency::audit`) and warnings on stderr; RUST_LOG overrides.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,idempotency::audit=info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", error::chain(&error));
+            error.code()
+        }
+    }
+}
+
+async fn run(cli: &Cli) -> Result<(), CliError> {
+    let settings = setup::settings(cli.global.config.as_deref())?;
+    let url = cli.global.database_url.as_deref().ok_or_else(|| {
+        CliError::Usage("no database: pass --database-url or set DATABASE_URL".to_owned())
+    })?;
+    let backend = Backend::of(url)?;
+    // `schema print` needs no connection: it only renders the configured names.
+    if let Command::Schema(SchemaCommand::Print(inbox)) = &cli.command {
+        let inbox = inbox.inbox_table.as_deref();
+        return match backend {
+            Backend::Postgres => {
+                commands::schema_print::<sqlx::PgPool>(&settings, inbox, &cli.global)
+            }
+            Backend::Sqlite => {
+                commands::schema_print::<sqlx::SqlitePool>(&settings, inbox, &cli.global)
+            }
+            Backend::Mysql => {
+                commands::schema_print::<sqlx::MySqlPool>(&settings, inbox, &cli.global)
+            }
+        };
+    }
+    let (global, command) = (&cli.global, &cli.command);
+    match backend {
+        Backend::Postgres => {
+            let pool = setup::postgres(url).await?;
+            commands::run(pool, &settings, global, command).await
+        }
+        Backend::Sqlite => {
+            let create =
+                matches!(command, Command::Schema(SchemaCommand::Apply(_))) && !global.dry_run;
+            let pool = setup::sqlite(url, create).await?;
+            let result = commands::run(pool.clone(), &settings, global, command).await;
+            let _ = idempotency::sqlite::close_pool(&pool).await;
+            result
+        }
+        Backend::Mysql => {
+            let pool = setup::mysql(url).await?;
+            commands::run(pool, &settings, global, command).await
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The `idempotency` command line on PostgreSQL: every command, the bad inputs, partitions
+//! and the Redis L2 entry of an evicted key.
+
+mod common;
+
+use common::Db;
+
+suite!(Db::postgres);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partitions_of_a_partitioned_outbox() {
+    let db =
+        Db::postgres_with("  partitioning:\n    enabled: true\n    interval: 1d\n    ahead: 2\n")
+            .await;
+    db.cli().args(["schema", "apply"]).assert().success();
+    let listed = json(
+        db.cli()
+            .args(["--json", "outbox", "partitions", "list"])
+            .assert(),
+    );
+    let partitions = listed.as_array().unwrap();
+    assert!(partitions.iter().any(|p| p["default"] == true), "{listed}");
+    assert!(partitions.len() >= 4, "default + today + 2 ahead: {listed}");
+    db.cli()
+        .args(["outbox", "partitions", "create"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("created 0 partition"));
+    db.cli()
+        .args(["outbox", "partitions", "drop-expired"])
+        .assert()
+        .code(4);
+    db.cli()
+        .args(["outbox", "partitions", "drop-expired", "--yes"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("dropped 0 partition"))
+        .stderr(predicate::str::contains("outbox.partitions.drop-expired"));
+    // The dead-letter commands reach every partition.
+    db.cli().args(["outbox", "status"]).assert().success();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partitions_of_a_plain_outbox_are_refused() {
+    let db = Db::postgres().await;
+    db.cli().args(["schema", "apply"]).assert().success();
+    db.cli()
+        .args(["outbox", "partitions", "list"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("partitioning.enabled"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn evict_deletes_the_redis_entry_too() {
+    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
+
+    let db = Db::postgres().await;
+    db.seed().await;
+    db.with_redis();
+    let shown = json(
+        db.cli()
+            .args([
+                "--json", "keys", "show", "PAY", "k-done", "--scope", "tenant-a",
+            ])
+            .assert(),
+    );
+    let key = shown["redis_key"].as_str().unwrap().to_owned();
+    assert!(key.ends_with("k-done"), "{key}");
+    // An entry under that key, as an instance's L2 write would leave it.
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let client = Builder::from_config(Config::from_url(&redis).unwrap())
+        .build()
+        .unwrap();
+    client.init().await.unwrap();
+    let () = client.set(&key, "entry", None, None, false).await.unwrap();
+    db.cli()
+        .args([
+            "keys", "evict", "PAY", "k-done", "--scope", "tenant-a", "--yes",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Redis (L2) entry was deleted"))
+        .stderr(predicate::str::contains("key.evict.cache"));
+    let left: i64 = client.exists(&key).await.unwrap();
+    assert_eq!(left, 0, "the L2 entry {key} is gone");
+    // Evicting another key with no entry says so.
+    db.cli()
+        .args(["keys", "evict", "REFUND", "k-old", "--yes"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Redis (L2) had no entry"));
+    let _ = client.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn validate_names_the_migration_from_the_starters_table() {
+    let db = Db::postgres().await;
+    // The reference starter's table under the configured name.
+    db.exec(&format!(
+        "CREATE TABLE {} (
+            operation VARCHAR(128) NOT NULL, idempotency_key VARCHAR(255) NOT NULL,
+            request_hash VARCHAR(128) NOT NULL, status VARCHAR(32) NOT NULL,
+            result_type VARCHAR(255), result_payload JSONB, error_code VARCHAR(128),
+            created_at TIMESTAMPTZ NOT NULL, completed_at TIMESTAMPTZ, expires_at TIMESTAMPTZ,
+            PRIMARY KEY (operation, idempotency_key))",
+        db.records
+    ))
+    .await;
+    db.cli()
+        .args(["schema", "validate"])
+        .assert()
+        .code(5)
+        .stdout(predicate::str::contains(
+            "20261201120000_idempotency_from_starter.sql",
+        ));
+}

@@ -1,0 +1,129 @@
+//! Operator operations on the records table: evict one key, count the table.
+//!
+//! What an operator (the `idempotency` command line, an admin page) does on day two, as an
+//! optional capability a store implements next to [`IdempotencyStore`]. Reading one key is
+//! [`IdempotencyStore::lookup`]; this trait adds what the request path never does.
+//!
+//! Nothing here audits: the caller (the facade's `ops` module) logs every change it makes.
+
+use std::future::Future;
+use std::time::SystemTime;
+
+use crate::key::RecordId;
+use crate::record::RecordStatus;
+use crate::store::{IdempotencyStore, StoreError};
+
+/// What [`KeyAdmin::evict`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eviction {
+    /// The record was deleted: the next request with the key runs the action again.
+    Evicted(RecordStatus),
+    /// No committed record has the key.
+    NotFound,
+    /// The record is `PROCESSING` (a leased claim whose holder may still be running) and
+    /// eviction was not forced: nothing was deleted.
+    InProgress,
+}
+
+/// One group of [`KeyStats`]: the records of one operation in one status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyGroup {
+    /// The operation.
+    pub operation: String,
+    /// The status.
+    pub status: RecordStatus,
+    /// How many records.
+    pub count: u64,
+    /// When the oldest of them was created (database clock).
+    pub oldest: SystemTime,
+}
+
+impl KeyGroup {
+    /// A group, as a store builds it.
+    pub fn new(operation: String, status: RecordStatus, count: u64, oldest: SystemTime) -> Self {
+        Self {
+            operation,
+            status,
+            count,
+            oldest,
+        }
+    }
+}
+
+/// The records table counted, for `keys stats`.
+///
+/// ```
+/// use idempotency_core::admin::{KeyGroup, KeyStats};
+/// use idempotency_core::RecordStatus;
+///
+/// let now = std::time::SystemTime::now();
+/// let stats = KeyStats::new(
+///     vec![KeyGroup::new("PAY".into(), RecordStatus::Completed, 3, now)],
+///     1,
+/// );
+/// assert_eq!(stats.total(), 3);
+/// assert_eq!(stats.oldest(), Some(now));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyStats {
+    /// Counts by operation and status, ordered by operation then status.
+    pub groups: Vec<KeyGroup>,
+    /// Records whose `expires_at` has passed and that cleanup has not deleted yet.
+    pub expired: u64,
+}
+
+impl KeyStats {
+    /// Stats, as a store builds them.
+    pub fn new(groups: Vec<KeyGroup>, expired: u64) -> Self {
+        Self { groups, expired }
+    }
+
+    /// All records.
+    pub fn total(&self) -> u64 {
+        self.groups.iter().map(|g| g.count).sum()
+    }
+
+    /// When the oldest record was created; `None` for an empty table.
+    pub fn oldest(&self) -> Option<SystemTime> {
+        self.groups.iter().map(|g| g.oldest).min()
+    }
+}
+
+/// Optional capability: what an operator does to the records table.
+pub trait KeyAdmin: IdempotencyStore {
+    /// Deletes the committed record of `id`, so that the next request with the key runs the
+    /// action again. A `PROCESSING` record is left alone unless `force`: its holder may still
+    /// be running, and a second run would run beside it. A key held by an uncommitted
+    /// transaction is invisible here and reads as [`Eviction::NotFound`].
+    fn evict(
+        &self,
+        id: &RecordId,
+        force: bool,
+    ) -> impl Future<Output = Result<Eviction, StoreError>> + Send;
+
+    /// Counts records by operation and status, and the expired ones cleanup has not deleted.
+    fn key_stats(&self) -> impl Future<Output = Result<KeyStats, StoreError>> + Send;
+}
+
+/// How the stores decide an eviction from the status they read before their conditional
+/// delete and the rows it deleted: shared so that the three backends answer alike.
+///
+/// ```
+/// use idempotency_core::admin::{Eviction, eviction};
+/// use idempotency_core::RecordStatus;
+///
+/// assert_eq!(eviction(None, 0), Eviction::NotFound);
+/// assert_eq!(eviction(Some(RecordStatus::Processing), 0), Eviction::InProgress);
+/// assert_eq!(eviction(Some(RecordStatus::Completed), 1), Eviction::Evicted(RecordStatus::Completed));
+/// ```
+pub fn eviction(status: Option<RecordStatus>, deleted: u64) -> Eviction {
+    match (status, deleted) {
+        (None, _) => Eviction::NotFound,
+        (Some(status), n) if n > 0 => Eviction::Evicted(status),
+        (Some(RecordStatus::Processing), _) => Eviction::InProgress,
+        // Deleted by someone else (cleanup) between the read and the delete.
+        (Some(_), _) => Eviction::NotFound,
+    }
+}

@@ -1,0 +1,146 @@
+//! [`OutboxAdmin`] for [`PgOutbox`], plain or time-partitioned (the statements name the
+//! parent table, which reaches every partition).
+
+use std::time::Duration;
+
+use idempotency_outbox::admin::{DeadLetterFilter, ExpiredCounts, OutboxAdmin, OutboxStatus};
+use idempotency_outbox::{DeadLetter, Error};
+use sqlx::AssertSqlSafe;
+use uuid::Uuid;
+
+use crate::PgOutbox;
+use crate::outbox::error::outbox_error;
+use crate::outbox::statements::MESSAGE_COLUMNS;
+use crate::outbox::store::{DeadLetterRow, dead_letter};
+
+const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
+
+/// The filter's conditions on `o`, binding `$1..$3`.
+const FILTER: &str = "o.dead_lettered_at IS NOT NULL \
+     AND ($1::text IS NULL OR o.aggregate_type = $1) \
+     AND ($2::text IS NULL OR o.aggregate_id = $2) \
+     AND ($3::text IS NULL OR o.event_type = $3)";
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or_default()
+}
+
+impl OutboxAdmin for PgOutbox {
+    async fn status(&self) -> Result<OutboxStatus, Error> {
+        let t = self.table().quoted();
+        let (pending, age, leased, dead, dead_aggregates): (i64, f64, i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL), \
+                        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - \
+                            min(created_at) FILTER (WHERE dead_lettered_at IS NULL)), 0)::float8, \
+                        count(*) FILTER (WHERE dead_lettered_at IS NULL \
+                            AND claim_token IS NOT NULL AND next_attempt_at > clock_timestamp()), \
+                        count(*) FILTER (WHERE dead_lettered_at IS NOT NULL), \
+                        count(DISTINCT (aggregate_type, aggregate_id)) \
+                            FILTER (WHERE dead_lettered_at IS NOT NULL) \
+                 FROM {t} WHERE published_at IS NULL"
+            )))
+            .fetch_one(self.pool())
+            .await
+            .map_err(outbox_error)?;
+        let blocked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {t} h \
+             WHERE h.{PENDING} AND h.sequence IS NOT NULL AND h.last_error IS NOT NULL \
+               AND h.claim_token IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.aggregate_type = h.aggregate_type \
+                   AND p.aggregate_id = h.aggregate_id AND p.{PENDING} \
+                   AND p.sequence < h.sequence) \
+               AND EXISTS (SELECT 1 FROM {t} p WHERE p.aggregate_type = h.aggregate_type \
+                   AND p.aggregate_id = h.aggregate_id AND p.{PENDING} \
+                   AND p.sequence > h.sequence)"
+        )))
+        .fetch_one(self.pool())
+        .await
+        .map_err(outbox_error)?;
+        Ok(OutboxStatus::new(
+            count(pending),
+            age,
+            count(leased),
+            count(dead),
+            count(dead_aggregates),
+            count(blocked),
+        ))
+    }
+
+    async fn find_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        let t = self.table().quoted();
+        let rows: Vec<DeadLetterRow> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \
+             WHERE {FILTER} ORDER BY o.dead_lettered_at, o.id LIMIT $4"
+        )))
+        .bind(filter.aggregate_type.as_deref())
+        .bind(filter.aggregate_id.as_deref())
+        .bind(filter.event_type.as_deref())
+        .bind(i64::from(limit))
+        .fetch_all(self.pool())
+        .await
+        .map_err(outbox_error)?;
+        rows.into_iter().map(dead_letter).collect()
+    }
+
+    async fn dead_letter(&self, id: Uuid) -> Result<Option<DeadLetter>, Error> {
+        let t = self.table().quoted();
+        let row: Option<DeadLetterRow> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \
+             WHERE o.id = $1 AND o.dead_lettered_at IS NOT NULL"
+        )))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(outbox_error)?;
+        row.map(dead_letter).transpose()
+    }
+
+    async fn dead_letter_ids(&self, filter: &DeadLetterFilter) -> Result<Vec<Uuid>, Error> {
+        let t = self.table().quoted();
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT o.id FROM {t} o WHERE {FILTER} ORDER BY o.dead_lettered_at, o.id"
+        )))
+        .bind(filter.aggregate_type.as_deref())
+        .bind(filter.aggregate_id.as_deref())
+        .bind(filter.event_type.as_deref())
+        .fetch_all(self.pool())
+        .await
+        .map_err(outbox_error)
+    }
+
+    async fn expired_counts(
+        &self,
+        published: Duration,
+        dead_lettered: Option<Duration>,
+    ) -> Result<ExpiredCounts, Error> {
+        let t = self.table().quoted();
+        let (published, dead): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT count(*) FILTER (WHERE published_at < clock_timestamp() - $1), \
+                    count(*) FILTER (WHERE dead_lettered_at < clock_timestamp() - $2::interval) \
+             FROM {t} WHERE published_at IS NOT NULL OR dead_lettered_at IS NOT NULL"
+        )))
+        .bind(published)
+        .bind(dead_lettered)
+        .fetch_one(self.pool())
+        .await
+        .map_err(outbox_error)?;
+        Ok(ExpiredCounts::new(count(published), count(dead)))
+    }
+
+    async fn discard(&self, ids: &[Uuid]) -> Result<u64, Error> {
+        let t = self.table().quoted();
+        Ok(sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {t} WHERE id = ANY($1) AND dead_lettered_at IS NOT NULL"
+        )))
+        .bind(ids)
+        .execute(self.pool())
+        .await
+        .map_err(outbox_error)?
+        .rows_affected())
+    }
+}

@@ -1,0 +1,526 @@
+//! Operator operations (feature `ops`): what the `idempotency` command line and an admin
+//! router do to a running deployment's tables, on PostgreSQL, SQLite and MySQL.
+//!
+//! [`Operations`] is built from the same [`Settings`] as the service and a pool. Reads return
+//! the stores' own types; every change is written to the audit trail first-hand (see
+//! [`AUDIT_TARGET`]): who, what, on which target, how many, when.
+//!
+//! ```no_run
+//! use idempotency::ops::{Actor, Operations};
+//!
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), idempotency::ops::OpsError> {
+//! let settings = idempotency::Settings::default();
+//! let ops = Operations::new(pool, &settings, Actor::new("alice")).await?;
+//! for table in ops.schema_validate().await? {
+//!     for problem in &table.problems {
+//!         eprintln!("{}: {problem}", table.table);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+mod audit;
+mod backend;
+mod error;
+mod view;
+
+use std::time::Duration;
+
+use idempotency_core::admin::{Eviction, KeyAdmin, KeyStats};
+use idempotency_core::config::SchemaMode;
+use idempotency_core::{ExpiredCleanup, IdempotencyStore, RecordId};
+use idempotency_outbox::admin::{DeadLetterFilter, ExpiredCounts, OutboxAdmin, OutboxStatus};
+use idempotency_outbox::config::InboxConfig;
+use idempotency_outbox::uuid::Uuid;
+use idempotency_outbox::{DeadLetter, DeadLetters, Housekeeping};
+
+pub use audit::{AUDIT_TARGET, Actor};
+pub use backend::AdminDatabase;
+pub use error::OpsError;
+pub use view::{KeyView, PREVIEW_CHARS, Partition, TableDdl, TableKind, TableProblems};
+
+use crate::Settings;
+
+/// Rows per statement of the bulk operations (requeue, discard, purge, cleanup).
+pub const BATCH: usize = 500;
+
+/// What [`Operations::key_evict`] did to the record and to its L2 entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyEviction {
+    /// What happened to the record.
+    pub record: Eviction,
+    /// `Some(deleted)` when the L2 cache (Redis) is configured and the record was evicted:
+    /// whether an entry was there. `None`: no L2 configured, or nothing evicted.
+    pub cache_entry: Option<bool>,
+}
+
+/// What [`Operations::cleanup`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CleanupReport {
+    /// Expired idempotency records.
+    pub records: u64,
+    /// Outbox rows past `outbox.retention` (when an outbox is configured and retention is on).
+    pub outbox: ExpiredCounts,
+    /// Whole outbox partitions dropped (partitioned outbox).
+    pub partitions_dropped: u32,
+}
+
+/// The operator operations on one deployment's tables.
+///
+/// The store and outbox are built with `schema.mode: none`, whatever the configuration says:
+/// looking at a deployment never changes its schema; [`schema_apply`](Self::schema_apply)
+/// does, when asked.
+#[derive(Debug)]
+pub struct Operations<D: AdminDatabase> {
+    pool: D,
+    settings: Settings,
+    store: D::Store,
+    outbox: Option<D::Outbox>,
+    inbox: Option<InboxConfig>,
+    actor: Actor,
+}
+
+impl<D: AdminDatabase> Operations<D> {
+    /// The operations on `pool`'s tables as `settings` names them; changes are audited as
+    /// made by `actor`. Fails on an invalid table name, never on the schema.
+    pub async fn new(pool: D, settings: &Settings, actor: Actor) -> Result<Self, OpsError> {
+        let mut persistence = settings.idempotency.persistence.clone();
+        persistence.schema.mode = SchemaMode::None;
+        let store = pool.clone().store(&persistence).await?;
+        let outbox = match &settings.outbox {
+            Some(config) => {
+                let mut config = config.clone();
+                config.schema.mode = SchemaMode::None;
+                Some(pool.clone().outbox(&config, persistence.pooler).await?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            pool,
+            settings: settings.clone(),
+            store,
+            outbox,
+            inbox: None,
+            actor,
+        })
+    }
+
+    /// The operations with the inbox table too (schema commands): the inbox is configured by
+    /// the consumer, not by [`Settings`].
+    pub fn with_inbox(mut self, inbox: InboxConfig) -> Self {
+        self.inbox = Some(inbox);
+        self
+    }
+
+    /// The settings the operations were built from.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The records store.
+    pub fn store(&self) -> &D::Store {
+        &self.store
+    }
+
+    /// The outbox, or [`OpsError::NoOutbox`] when none is configured.
+    pub fn outbox(&self) -> Result<&D::Outbox, OpsError> {
+        self.outbox.as_ref().ok_or(OpsError::NoOutbox)
+    }
+
+    fn audit(&self, action: &'static str, target: &str, count: u64) {
+        audit::record(&self.actor, action, target, count);
+    }
+
+    // ---- schema ----
+
+    /// The DDL of every configured table.
+    pub fn schema_ddl(&self) -> Result<Vec<TableDdl>, OpsError> {
+        D::ddl(&self.settings, self.inbox.as_ref())
+    }
+
+    /// Runs the canonical DDL of every configured table (`CREATE ... IF NOT EXISTS`, safe to
+    /// run again); returns the tables. Audited.
+    pub async fn schema_apply(&self) -> Result<Vec<TableDdl>, OpsError> {
+        let tables = self.schema_ddl()?;
+        let mut persistence = self.settings.idempotency.persistence.clone();
+        persistence.schema.mode = SchemaMode::Create;
+        self.pool.clone().store(&persistence).await?;
+        if let Some(config) = &self.settings.outbox {
+            let mut config = config.clone();
+            config.schema.mode = SchemaMode::Create;
+            self.pool
+                .clone()
+                .outbox(&config, persistence.pooler)
+                .await?;
+        }
+        if let Some(inbox) = &self.inbox {
+            self.pool.create_inbox(inbox).await?;
+        }
+        let names: Vec<&str> = tables.iter().map(|t| t.table.as_str()).collect();
+        self.audit("schema.apply", &names.join(","), tables.len() as u64);
+        Ok(tables)
+    }
+
+    /// Every difference between the live tables and the canonical schema.
+    pub async fn schema_validate(&self) -> Result<Vec<TableProblems>, OpsError> {
+        self.pool
+            .problems(&self.store, self.outbox.as_ref(), self.inbox.as_ref())
+            .await
+    }
+
+    // ---- keys ----
+
+    /// One key's committed record, `None` when there is none.
+    pub async fn key_show(&self, id: &RecordId) -> Result<Option<KeyView>, OpsError> {
+        Ok(self.store.lookup(id).await?.as_ref().map(KeyView::of))
+    }
+
+    /// Deletes one key's record so that its next request runs again (a `PROCESSING` one only
+    /// when `force`), then its L2 entry when Redis is configured. Other instances' L1 entries
+    /// live until their TTL (`idempotency.local-cache.ttl`). Audited when something was
+    /// deleted.
+    pub async fn key_evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
+        let record = self.store.evict(id, force).await?;
+        let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
+        let mut cache_entry = None;
+        if let Eviction::Evicted(status) = record {
+            self.audit(
+                if force && status == idempotency_core::RecordStatus::Processing {
+                    "key.evict.forced"
+                } else {
+                    "key.evict"
+                },
+                &target,
+                1,
+            );
+            cache_entry = self.evict_cache_entry(id).await?;
+        }
+        Ok(KeyEviction {
+            record,
+            cache_entry,
+        })
+    }
+
+    /// The Redis (L2) key of `id` in this deployment, when the L2 cache is enabled: the key
+    /// every instance reads and writes (`distributed-cache.key-prefix`, then a digest of the
+    /// database and the records table).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn cache_key(&self, id: &RecordId) -> Option<String> {
+        let config = &self.settings.idempotency.distributed_cache;
+        config.enabled.then(|| {
+            let prefix = crate::assemble::deployment_key_prefix(
+                &config.key_prefix,
+                &self.pool.deployment(),
+                &self.settings.idempotency.persistence.table_name,
+            );
+            idempotency_cache_redis::redis_key(&prefix, id)
+        })
+    }
+
+    #[cfg(feature = "redis")]
+    async fn evict_cache_entry(&self, id: &RecordId) -> Result<Option<bool>, OpsError> {
+        use idempotency_cache_redis::fred::interfaces::{ClientLike, KeysInterface};
+        let config = &self.settings.idempotency.distributed_cache;
+        let prefix = crate::assemble::deployment_key_prefix(
+            &config.key_prefix,
+            &self.pool.deployment(),
+            &self.settings.idempotency.persistence.table_name,
+        );
+        let Some(cache) = crate::assemble::redis_cache(config, prefix).await? else {
+            return Ok(None);
+        };
+        let key = cache.key_for(id);
+        let client = cache.client().clone();
+        let deleted = tokio::time::timeout(Duration::from_secs(5), async move {
+            client.wait_for_connect().await?;
+            let deleted: i64 = client.del(key).await?;
+            let _ = client.quit().await;
+            Ok::<_, idempotency_cache_redis::fred::error::Error>(deleted)
+        })
+        .await
+        .map_err(|elapsed| OpsError::Cache(Box::new(elapsed)))?
+        .map_err(|e| OpsError::Cache(Box::new(e)))?;
+        self.audit(
+            "key.evict.cache",
+            &format!("{}/{}/{}", id.operation, id.scope, id.key),
+            u64::try_from(deleted).unwrap_or_default(),
+        );
+        Ok(Some(deleted > 0))
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn evict_cache_entry(&self, _id: &RecordId) -> Result<Option<bool>, OpsError> {
+        Ok(None)
+    }
+
+    /// The records counted by operation and status.
+    pub async fn key_stats(&self) -> Result<KeyStats, OpsError> {
+        Ok(self.store.key_stats().await?)
+    }
+
+    // ---- outbox ----
+
+    /// Pending, leased, dead-lettered, and the aggregates held up.
+    pub async fn outbox_status(&self) -> Result<OutboxStatus, OpsError> {
+        Ok(self.outbox()?.status().await?)
+    }
+
+    /// The oldest dead letters matching `filter`, at most `limit`.
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, OpsError> {
+        Ok(self.outbox()?.find_dead_letters(filter, limit).await?)
+    }
+
+    /// One dead letter.
+    pub async fn dead_letter(&self, id: Uuid) -> Result<Option<DeadLetter>, OpsError> {
+        Ok(self.outbox()?.dead_letter(id).await?)
+    }
+
+    /// The ids of every dead letter matching `filter`.
+    pub async fn dead_letter_ids(&self, filter: &DeadLetterFilter) -> Result<Vec<Uuid>, OpsError> {
+        Ok(self.outbox()?.dead_letter_ids(filter).await?)
+    }
+
+    /// Puts dead letters back to pending, [`BATCH`] per statement, calling `progress` with
+    /// the rows done after each. A batch refused for order
+    /// ([`Error::RequeueOutOfOrder`](idempotency_outbox::Error::RequeueOutOfOrder)) stops the
+    /// run; the batches before it stay requeued (and audited). Audited.
+    pub async fn requeue(
+        &self,
+        ids: &[Uuid],
+        mut progress: impl FnMut(u64) + Send,
+    ) -> Result<u64, OpsError> {
+        let outbox = self.outbox()?;
+        let mut done = 0;
+        for chunk in ids.chunks(BATCH) {
+            match outbox.requeue(chunk).await {
+                Ok(n) => done += n,
+                Err(e) => {
+                    self.audit("outbox.dead.requeue", &self.outbox_target(ids), done);
+                    return Err(e.into());
+                }
+            }
+            progress(chunk.len() as u64);
+        }
+        self.audit("outbox.dead.requeue", &self.outbox_target(ids), done);
+        Ok(done)
+    }
+
+    /// Deletes dead letters, [`BATCH`] per statement. Audited.
+    pub async fn discard(
+        &self,
+        ids: &[Uuid],
+        mut progress: impl FnMut(u64) + Send,
+    ) -> Result<u64, OpsError> {
+        let outbox = self.outbox()?;
+        let mut done = 0;
+        for chunk in ids.chunks(BATCH) {
+            match outbox.discard(chunk).await {
+                Ok(n) => done += n,
+                Err(e) => {
+                    self.audit("outbox.dead.discard", &self.outbox_target(ids), done);
+                    return Err(e.into());
+                }
+            }
+            progress(chunk.len() as u64);
+        }
+        self.audit("outbox.dead.discard", &self.outbox_target(ids), done);
+        Ok(done)
+    }
+
+    /// How many rows a purge with these ages would delete.
+    pub async fn expired_counts(
+        &self,
+        published: Duration,
+        dead_lettered: Option<Duration>,
+    ) -> Result<ExpiredCounts, OpsError> {
+        Ok(self
+            .outbox()?
+            .expired_counts(published, dead_lettered)
+            .await?)
+    }
+
+    /// Deletes rows published more than `published` ago and, with `dead_lettered`, dead
+    /// letters older than that, [`BATCH`] per statement. Audited.
+    pub async fn purge(
+        &self,
+        published: Duration,
+        dead_lettered: Option<Duration>,
+        mut progress: impl FnMut(u64) + Send,
+    ) -> Result<ExpiredCounts, OpsError> {
+        let outbox = self.outbox()?;
+        let limit = BATCH as u32;
+        let mut report = ExpiredCounts::default();
+        let result = async {
+            loop {
+                let n = outbox.delete_published(published, limit).await?;
+                report.published += n;
+                progress(n);
+                if n < u64::from(limit) {
+                    break;
+                }
+            }
+            if let Some(older_than) = dead_lettered {
+                loop {
+                    let n = outbox.delete_dead_lettered(older_than, limit).await?;
+                    report.dead_lettered += n;
+                    progress(n);
+                    if n < u64::from(limit) {
+                        break;
+                    }
+                }
+            }
+            Ok::<_, idempotency_outbox::Error>(())
+        }
+        .await;
+        let target = self.outbox_target(&[]);
+        self.audit("outbox.purge.published", &target, report.published);
+        if dead_lettered.is_some() {
+            self.audit("outbox.purge.dead-lettered", &target, report.dead_lettered);
+        }
+        result?;
+        Ok(report)
+    }
+
+    /// The partitions of a partitioned outbox.
+    pub async fn partitions(&self) -> Result<Vec<Partition>, OpsError> {
+        D::partitions(self.outbox()?).await
+    }
+
+    /// Creates the partitions of the current and the `partitioning.ahead` next intervals that
+    /// do not exist yet; returns how many. Audited.
+    pub async fn create_partitions(&self) -> Result<u32, OpsError> {
+        let outbox = self.outbox()?;
+        D::partitions(outbox).await?;
+        let created = outbox.prepare_storage().await?;
+        self.audit(
+            "outbox.partitions.create",
+            &self.outbox_target(&[]),
+            created.into(),
+        );
+        Ok(created)
+    }
+
+    /// Drops the partitions every row of which `outbox.retention` would delete; returns how
+    /// many. Audited.
+    pub async fn drop_expired_partitions(&self) -> Result<u32, OpsError> {
+        let outbox = self.outbox()?;
+        D::partitions(outbox).await?;
+        let retention = &self.retention()?;
+        let dropped = outbox
+            .drop_expired(retention.published, retention.dead_lettered)
+            .await?;
+        self.audit(
+            "outbox.partitions.drop-expired",
+            &self.outbox_target(&[]),
+            dropped.into(),
+        );
+        Ok(dropped)
+    }
+
+    fn outbox_target(&self, ids: &[Uuid]) -> String {
+        let table = self
+            .settings
+            .outbox
+            .as_ref()
+            .map_or("outbox", |o| o.table_name.as_str());
+        outbox_target(table, ids)
+    }
+
+    fn retention(&self) -> Result<idempotency_outbox::config::RetentionConfig, OpsError> {
+        Ok(self
+            .settings
+            .outbox
+            .as_ref()
+            .ok_or(OpsError::NoOutbox)?
+            .retention
+            .clone())
+    }
+
+    /// What cleanup would delete now: expired records, and the outbox rows past
+    /// `outbox.retention` when it is enabled.
+    pub async fn cleanup_preview(&self) -> Result<CleanupReport, OpsError> {
+        let mut report = CleanupReport {
+            records: self.store.key_stats().await?.expired,
+            ..CleanupReport::default()
+        };
+        if let Some(outbox) = &self.outbox {
+            let retention = self.retention()?;
+            if retention.enabled {
+                report.outbox = outbox
+                    .expired_counts(retention.published, retention.dead_lettered)
+                    .await?;
+            }
+        }
+        Ok(report)
+    }
+
+    /// One cleanup run now: expired records in batches of
+    /// `persistence.cleanup.batch-size`, then the outbox's retention as the relay runs it
+    /// (partitions ahead, whole partitions dropped, then batched deletes). Audited.
+    pub async fn cleanup(
+        &self,
+        mut progress: impl FnMut(u64) + Send,
+    ) -> Result<CleanupReport, OpsError> {
+        let batch = self
+            .settings
+            .idempotency
+            .persistence
+            .cleanup
+            .batch_size
+            .max(1);
+        let mut report = CleanupReport::default();
+        let records = async {
+            loop {
+                let n = self.store.delete_expired_batch(batch).await?;
+                report.records += n;
+                progress(n);
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            Ok::<_, OpsError>(())
+        }
+        .await;
+        self.audit(
+            "cleanup.records",
+            &self.settings.idempotency.persistence.table_name,
+            report.records,
+        );
+        records?;
+        if let Some(outbox) = &self.outbox {
+            let retention = self.retention()?;
+            if retention.enabled {
+                outbox.prepare_storage().await?;
+                report.partitions_dropped = outbox
+                    .drop_expired(retention.published, retention.dead_lettered)
+                    .await?;
+                report.outbox = self
+                    .purge(retention.published, retention.dead_lettered, progress)
+                    .await?;
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// The audit target of an outbox change: the outbox table, with the first ids.
+fn outbox_target(table: &str, ids: &[Uuid]) -> String {
+    const SHOWN: usize = 3;
+    let mut target = table.to_owned();
+    if !ids.is_empty() {
+        let shown: Vec<String> = ids.iter().take(SHOWN).map(Uuid::to_string).collect();
+        target.push(':');
+        target.push_str(&shown.join(","));
+        if ids.len() > SHOWN {
+            target.push_str(&format!(",+{}", ids.len() - SHOWN));
+        }
+    }
+    target
+}
