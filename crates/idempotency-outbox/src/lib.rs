@@ -3,6 +3,7 @@
 
 pub mod config;
 mod error;
+mod inbox;
 mod message;
 pub mod metrics;
 pub mod publisher;
@@ -13,6 +14,7 @@ pub mod store;
 pub mod testing;
 
 pub use error::{Error, SchemaProblem};
+pub use inbox::inbox_span;
 pub use message::{DeadLetter, MAX_NAME_LEN, NewEvent, OutboxMessage};
 pub use publisher::{Ack, LoggingPublisher, PublishError, PublishErrorKind, Publisher};
 pub use relay::{Relay, RelayHandle, RelayHealth, RelayMonitor, RelayTotals, ShutdownReport};

@@ -327,6 +327,7 @@ async fn insert_polling<'q>(
 impl IdempotencyStore for MysqlStore {
     type Connection = MySqlConnection;
     type Transaction = sqlx::Transaction<'static, MySql>;
+    const DB_SYSTEM: &'static str = "mysql";
 
     /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
     /// returns to the pool.
