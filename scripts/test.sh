@@ -15,4 +15,6 @@ cargo test --workspace "$@"
 # RabbitMQ tests out; the full run (no arguments) runs them against the real broker.
 if [ "$#" -eq 0 ]; then
   cargo test -p idempotency-outbox --features rabbitmq --test rabbitmq
+  # Traces from the request to the consumer (NATS and RabbitMQ, the `otel` feature).
+  cargo test -p idempotency-outbox --features nats,rabbitmq,otel --test otel
 fi

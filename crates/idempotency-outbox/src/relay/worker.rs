@@ -136,32 +136,10 @@ where
     P: Publisher,
 {
     let batch = claim(shared).await?;
-    if batch.messages.is_empty() {
-        // An empty poll is not a batch: no span.
-        let published = publish(shared, batch).await;
-        let report = published.report;
-        mark(shared, published).await;
-        return Ok(report);
-    }
-    let span = tracing::info_span!(
-        "outbox.relay.batch",
-        messaging.operation.type = "send",
-        messaging.batch.message_count = batch.messages.len(),
-        outbox.destination = shared.publisher.destination(),
-        outbox.published = tracing::field::Empty,
-        outbox.failed = tracing::field::Empty,
-    );
-    async {
-        let published = publish(shared, batch).await;
-        let report = published.report;
-        mark(shared, published).await;
-        let span = tracing::Span::current();
-        span.record("outbox.published", report.published);
-        span.record("outbox.failed", report.failed);
-        Ok(report)
-    }
-    .instrument(span)
-    .await
+    let published = publish(shared, batch).await;
+    let report = published.report;
+    mark(shared, published).await;
+    Ok(report)
 }
 
 /// A claimed batch, leased to `token`.
@@ -242,8 +220,36 @@ where
     }
     let destination = shared.publisher.destination();
     metrics::attempts(destination, batch.len());
+    // One span per claimed batch (an empty poll has none); each publish is its child.
+    let span = tracing::info_span!(
+        "outbox.relay.batch",
+        messaging.operation.type = "send",
+        messaging.batch.message_count = batch.len(),
+        outbox.destination = destination,
+        outbox.published = tracing::field::Empty,
+        outbox.failed = tracing::field::Empty,
+    );
+    let published = publish_batch(shared, batch, claimed_at, published, report)
+        .instrument(span.clone())
+        .await;
+    span.record("outbox.published", published.report.published);
+    span.record("outbox.failed", published.report.failed);
+    published
+}
 
-    let timeout = config.publish_timeout;
+/// The publishes of a non-empty batch.
+async fn publish_batch<S, P>(
+    shared: &Shared<S, P>,
+    batch: Vec<OutboxMessage>,
+    claimed_at: Instant,
+    published: Published,
+    report: BatchReport,
+) -> Published
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    let timeout = shared.config.publish_timeout;
     let results = join_all(batch.iter().map(|message| {
         let span = publish_span(message);
         let publish = publish_one(shared, message, timeout, claimed_at);
