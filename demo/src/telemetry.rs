@@ -138,8 +138,8 @@ pub fn provider_from(
 mod tests {
     use super::*;
 
-    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        |name| {
+    fn vars<'a>(pairs: &'a [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
             pairs
                 .iter()
                 .find(|(n, _)| *n == name)
