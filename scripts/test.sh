@@ -17,4 +17,6 @@ cargo test --workspace "$@"
 if [ "$#" -eq 0 ]; then
   cargo test -p idempotency-outbox --features rabbitmq --test rabbitmq
   cargo test -p idempotency-outbox --features kafka --test kafka
+  # Traces from the request to the consumer (NATS and RabbitMQ, the `otel` feature).
+  cargo test -p idempotency-outbox --features nats,rabbitmq,otel --test otel
 fi

@@ -14,6 +14,7 @@ pub mod ops;
 pub mod problem;
 pub mod reconcile;
 pub mod scope;
+pub mod telemetry;
 mod v2;
 
 pub use app::{App, DemoService, router};

@@ -18,26 +18,38 @@ const SUBJECT: &str = "demo.{aggregate_type}.{event_type}";
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
-    match run().await {
+    let telemetry = match idempotency_demo::telemetry::init() {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            tracing::error!("the demo could not start: {}", chain(&error));
+            return ExitCode::FAILURE;
+        }
+    };
+    if telemetry.exporting() {
+        tracing::info!("traces: exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
+    }
+    let ran = run().await;
+    // The batch exporter's last spans, before the process ends (blocking: off the runtime).
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            let mut message = error.to_string();
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                message.push_str(": ");
-                message.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            tracing::error!("the demo could not start: {message}");
+            tracing::error!("the demo could not start: {}", chain(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, `: `-separated.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
 }
 
 /// `DEMO_CONFIG`, else `config/demo.yaml` or `demo/config/demo.yaml`, whichever exists.

@@ -16,6 +16,7 @@ mod result;
 mod serializer;
 mod service;
 pub mod store;
+pub mod trace;
 mod tx;
 
 #[cfg(feature = "test-utils")]

@@ -126,6 +126,10 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// An open transaction; it dereferences to the connection.
     type Transaction: Send + DerefMut<Target = Self::Connection>;
 
+    /// The database, as OpenTelemetry's `db.system` names it (`postgresql`, `sqlite`,
+    /// `mysql`...), for the spans of the store's statements. Defaults to `other_sql`.
+    const DB_SYSTEM: &'static str = "other_sql";
+
     /// Begins a transaction on a connection from the store's pool.
     fn begin(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
 

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod config;
 mod error;
+mod inbox;
 mod message;
 pub mod metrics;
 pub mod publisher;
@@ -14,6 +15,7 @@ pub mod store;
 pub mod testing;
 
 pub use error::{Error, SchemaProblem};
+pub use inbox::inbox_span;
 pub use message::{DeadLetter, MAX_NAME_LEN, NewEvent, OutboxMessage};
 pub use publisher::{
     Ack, BrokerHealth, LoggingPublisher, PublishError, PublishErrorKind, Publisher,

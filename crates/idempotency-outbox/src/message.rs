@@ -1,6 +1,9 @@
 //! [`NewEvent`], what an application enqueues, and [`OutboxMessage`], what a relay publishes.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+use idempotency_core::trace;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -16,6 +19,11 @@ pub const MAX_NAME_LEN: usize = 255;
 /// Its id is a UUID v7 (time-ordered), generated when the event is built; it travels to the
 /// broker as the message id (`Nats-Msg-Id`, AMQP `message_id`) so brokers and consumers can
 /// drop duplicates.
+///
+/// At enqueue, the W3C trace context of the current span (`traceparent`, and `tracestate` when
+/// it has one) is added to the headers, unless the caller set either header (any case) or
+/// turned it off with [`without_trace_context`](Self::without_trace_context); without the
+/// `otel` feature (or without a `tracing-opentelemetry` layer) there is no context to add.
 ///
 /// ```
 /// use idempotency_outbox::NewEvent;
@@ -34,6 +42,7 @@ pub struct NewEvent {
     event_type: String,
     payload: String,
     headers: BTreeMap<String, String>,
+    trace_context: bool,
 }
 
 impl NewEvent {
@@ -67,6 +76,7 @@ impl NewEvent {
             event_type: event_type.into(),
             payload: payload.into(),
             headers: BTreeMap::new(),
+            trace_context: true,
         }
     }
 
@@ -78,6 +88,39 @@ impl NewEvent {
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
         self
+    }
+
+    /// Enqueues the event without the current span's trace context (the headers are stored as
+    /// given).
+    #[must_use]
+    pub fn without_trace_context(mut self) -> Self {
+        self.trace_context = false;
+        self
+    }
+
+    /// The headers as enqueue stores them: the event's own, plus the current span's W3C trace
+    /// context (`traceparent`, `tracestate`) unless the caller set either of them or turned it
+    /// off with [`without_trace_context`](Self::without_trace_context). Backends call it in
+    /// `enqueue`, inside the caller's span.
+    pub fn headers_to_store(&self) -> Cow<'_, BTreeMap<String, String>> {
+        let set_by_caller = || {
+            self.headers.keys().any(|name| {
+                name.eq_ignore_ascii_case(trace::TRACEPARENT)
+                    || name.eq_ignore_ascii_case(trace::TRACESTATE)
+            })
+        };
+        if !self.trace_context || set_by_caller() {
+            return Cow::Borrowed(&self.headers);
+        }
+        let Some((parent, state)) = trace::current_context() else {
+            return Cow::Borrowed(&self.headers);
+        };
+        let mut headers = self.headers.clone();
+        headers.insert(trace::TRACEPARENT.to_owned(), parent.to_string());
+        if let Some(state) = state {
+            headers.insert(trace::TRACESTATE.to_owned(), state);
+        }
+        Cow::Owned(headers)
     }
 
     /// Replaces the generated id (for example with an id derived from a request, so that a

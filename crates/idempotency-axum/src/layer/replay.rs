@@ -10,6 +10,9 @@ use idempotency_core::{
     RecordId, StoredOutcome,
 };
 
+use idempotency_core::trace;
+use tracing::Instrument;
+
 use super::Shared;
 use crate::error::Error;
 use crate::header::IDEMPOTENT_REPLAYED;
@@ -85,10 +88,12 @@ where
             return Ok(None);
         }
         // Boxed: the lookup acquires a pooled connection, a large future (see `Tx::begin`).
-        let Some(record) = Box::pin(service.store().lookup(id))
-            .await
-            .map_err(Core::Store)?
-        else {
+        let lookup = service.store().lookup(id).instrument(trace::store_span(
+            S::DB_SYSTEM,
+            "lookup",
+            "SELECT",
+        ));
+        let Some(record) = Box::pin(lookup).await.map_err(Core::Store)? else {
             return Ok(None);
         };
         let record = Arc::new(record);
@@ -106,10 +111,22 @@ where
     ) -> Result<Option<(Answer, Response)>, Error> {
         let service = &self.service;
         let id = &keyed.id;
-        if let Some(record) = service.local_cache().get(id) {
+        let hit = trace::cache_span("local", "get").in_scope(|| {
+            let hit = service.local_cache().get(id);
+            tracing::Span::current().record("idempotency.cache.hit", hit.is_some());
+            hit
+        });
+        if let Some(record) = hit {
             return Ok(Some(self.replay(keyed, &record, Level::Local)));
         }
-        match service.distributed_cache().get(id).await {
+        let span = trace::cache_span("distributed", "get");
+        let found = service
+            .distributed_cache()
+            .get(id)
+            .instrument(span.clone())
+            .await;
+        span.record("idempotency.cache.hit", matches!(found, Ok(Some(_))));
+        match found {
             Ok(Some(record)) => {
                 let record = Arc::new(record);
                 let answer = self.replay(keyed, &record, Level::Distributed);
@@ -198,7 +215,12 @@ where
             return;
         }
         let service = &self.service;
-        if let Err(error) = service.distributed_cache().put(id, &record).await {
+        let put = service
+            .distributed_cache()
+            .put(id, &record)
+            .instrument(trace::cache_span("distributed", "put"))
+            .await;
+        if let Err(error) = put {
             let op = id.operation.as_str();
             service
                 .metrics()

@@ -14,6 +14,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::fingerprint::short_hash;
+use idempotency_core::trace;
 use idempotency_core::{
     Acquire, Claim, IdempotencyMetrics, IdempotencyStore, InFlightPolicy, Level, LockWait,
     RecordId, StoreError, Tx,
@@ -133,6 +134,7 @@ where
             outcome = tracing::field::Empty,
             tier = tracing::field::Empty,
         );
+        remote_parent(&span, &parts.headers);
         let body = settings.buffer(body).instrument(span.clone()).await?;
         settings
             .refuse_too_deep(&parts, &body)
@@ -204,7 +206,10 @@ where
         let attempts = config.max_acquire_attempts.max(1);
         for _ in 0..attempts {
             let started = Instant::now();
-            let acquired = store.acquire(tx.connection(), &claim).await;
+            let acquired = store
+                .acquire(tx.connection(), &claim)
+                .instrument(trace::store_span(S::DB_SYSTEM, "acquire", "INSERT"))
+                .await;
             metrics.acquire_wait(op, started.elapsed());
             match acquired {
                 Ok(Acquire::Acquired) => {
@@ -213,7 +218,11 @@ where
                 }
                 Ok(Acquire::Exists) => {
                     metrics.acquire_conflict(op);
-                    match store.find(tx.connection(), &keyed.id).await {
+                    let found = store
+                        .find(tx.connection(), &keyed.id)
+                        .instrument(trace::store_span(S::DB_SYSTEM, "find", "SELECT"))
+                        .await;
+                    match found {
                         Ok(Some(record)) => {
                             rollback(tx).await;
                             let record = Arc::new(record);
@@ -363,7 +372,11 @@ where
         outcome: &idempotency_core::StoredOutcome,
     ) -> Result<idempotency_core::IdempotencyRecord, StoreError> {
         let store = self.service.store();
-        let error = match store.complete(tx.connection(), &keyed.id, outcome).await {
+        let completed = store
+            .complete(tx.connection(), &keyed.id, outcome)
+            .instrument(trace::store_span(S::DB_SYSTEM, "complete", "UPDATE"))
+            .await;
+        let error = match completed {
             Ok(record) => return Ok(record),
             Err(error) => error,
         };
@@ -383,6 +396,24 @@ where
         );
         Ok(record)
     }
+}
+
+/// A request's W3C context becomes the parent of the layer's span when the span has no
+/// OpenTelemetry parent of its own (no enclosing server span that extracted it already). One
+/// `traceparent` header, valid by the W3C rules; anything else (absent, repeated, malformed)
+/// is ignored and the span starts a new trace.
+fn remote_parent(span: &tracing::Span, headers: &axum::http::HeaderMap) {
+    if trace::current_context().is_some() {
+        return;
+    }
+    let single = |name: &str| {
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => value.to_str().ok(),
+            _ => None,
+        }
+    };
+    trace::set_remote_parent(span, single(trace::TRACEPARENT), single(trace::TRACESTATE));
 }
 
 async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use super::{Call, IdempotencyService, InFlightPolicy, Inner};
 use crate::cache::{DistributedCache, FailurePolicy, LocalCache};
@@ -12,11 +13,46 @@ use crate::error::Error;
 use crate::fingerprint::{Fingerprints, short_hash};
 use crate::key::{Operation, RecordId};
 use crate::metrics::IdempotencyMetrics;
-use crate::record::{IdempotencyRecord, StoredOutcome};
+use crate::record::{IdempotencyRecord, RecordStatus, StoredOutcome};
 use crate::result::{ExecutionResult, Level, Origin, Outcome, Rejection};
 use crate::serializer::{MAX_REJECTION_CODE_LEN, ResultSerializer, SerializationError};
 use crate::store::{Acquire, Claim, IdempotencyStore, LockWait, StoreError};
+use crate::trace::{self, SpanOutcome};
 use crate::tx::Tx;
+
+/// The span of one `execute`: operation, scope, a hash of the key (never the key), and, once
+/// known, the outcome, the tier that answered and the wait for a concurrent holder.
+pub(super) fn execute_span<R: ?Sized>(call: &Call<'_, R>) -> tracing::Span {
+    tracing::info_span!(
+        "idempotency.execute",
+        idempotency.operation = call.operation,
+        idempotency.scope = call.scope.as_str(),
+        idempotency.key_hash = %short_hash(call.key.as_str()),
+        idempotency.outcome = tracing::field::Empty,
+        idempotency.tier = tracing::field::Empty,
+        idempotency.wait_ms = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// Records the outcome and the answering tier on the current (`execute`) span.
+pub(super) fn mark(outcome: SpanOutcome, tier: &'static str) {
+    let span = tracing::Span::current();
+    span.record("idempotency.outcome", outcome.as_str());
+    span.record("idempotency.tier", tier);
+}
+
+/// Runs `future` in `span`; an error marks the span's status.
+pub(super) async fn traced<T, E>(
+    span: tracing::Span,
+    future: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let result = future.instrument(span.clone()).await;
+    if result.is_err() {
+        span.record("otel.status_code", "ERROR");
+    }
+    result
+}
 
 /// A call whose operation is valid and whose request is fingerprinted.
 pub(super) struct Prepared {
@@ -41,6 +77,20 @@ where
     /// error the transaction is rolled back: the action's changes and the record go away
     /// together, and a retry with the same key runs from scratch.
     pub async fn execute<R, T, E, A>(&self, call: Call<'_, R>, action: A) -> Result<Outcome<T>, E>
+    where
+        R: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
+        traced(execute_span(&call), self.execute_untraced(call, action)).await
+    }
+
+    async fn execute_untraced<R, T, E, A>(
+        &self,
+        call: Call<'_, R>,
+        action: A,
+    ) -> Result<Outcome<T>, E>
     where
         R: Serialize + ?Sized,
         T: Serialize + DeserializeOwned,
@@ -115,6 +165,25 @@ where
         E: From<Error>,
         A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
     {
+        traced(
+            execute_span(&call),
+            self.execute_in_untraced(tx, call, action),
+        )
+        .await
+    }
+
+    async fn execute_in_untraced<R, T, E, A>(
+        &self,
+        tx: &mut Tx<S>,
+        call: Call<'_, R>,
+        action: A,
+    ) -> Result<Outcome<T>, E>
+    where
+        R: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
         let inner = &*self.inner;
         let Some(prepared) = inner.prepare(call)? else {
             let result = action(tx.connection()).await?;
@@ -127,7 +196,11 @@ where
             return Ok(outcome);
         }
         if inner.config.lookup_before_acquire {
-            let found = inner.store.find(tx.connection(), &prepared.id).await;
+            let found = inner
+                .store
+                .find(tx.connection(), &prepared.id)
+                .instrument(trace::store_span(S::DB_SYSTEM, "find", "SELECT"))
+                .await;
             if let Some(record) = tx.watch(found).map_err(Error::from)? {
                 return Ok(self.replay_stored(tx, prepared.id, record, &prepared.fingerprint)?);
             }
@@ -163,8 +236,14 @@ where
         let attempts = inner.config.max_acquire_attempts.max(1);
         for _ in 0..attempts {
             let started = Instant::now();
-            let acquired = inner.store.acquire(tx.connection(), &claim).await;
-            inner.metrics.acquire_wait(op, started.elapsed());
+            let acquired = inner
+                .store
+                .acquire(tx.connection(), &claim)
+                .instrument(trace::store_span(S::DB_SYSTEM, "acquire", "INSERT"))
+                .await;
+            let waited = started.elapsed();
+            inner.metrics.acquire_wait(op, waited);
+            tracing::Span::current().record("idempotency.wait_ms", waited.as_secs_f64() * 1e3);
             match tx.watch(acquired) {
                 Ok(Acquire::Acquired) => {
                     inner.metrics.acquired(op);
@@ -173,7 +252,11 @@ where
                 }
                 Ok(Acquire::Exists) => {
                     inner.metrics.acquire_conflict(op);
-                    let found = inner.store.find(tx.connection(), &id).await;
+                    let found = inner
+                        .store
+                        .find(tx.connection(), &id)
+                        .instrument(trace::store_span(S::DB_SYSTEM, "find", "SELECT"))
+                        .await;
                     if let Some(record) = tx.watch(found).map_err(Error::from)? {
                         return Ok(self.replay_stored(tx, id, record, &fingerprint)?);
                     }
@@ -184,6 +267,7 @@ where
                 }
                 Err(StoreError::LockTimeout(_)) => {
                     inner.metrics.in_flight(op);
+                    mark(SpanOutcome::InFlight, Level::Persistence.as_str());
                     return Err(Error::InFlight.into());
                 }
                 Err(error) => return Err(Error::Store(error).into()),
@@ -204,11 +288,17 @@ where
             return Ok(Some(outcome));
         }
         // Boxed like `Tx::begin`: the lookup acquires a pooled connection, a large future.
-        let Some(record) = Box::pin(inner.store.lookup(id)).await? else {
+        let lookup =
+            inner
+                .store
+                .lookup(id)
+                .instrument(trace::store_span(S::DB_SYSTEM, "lookup", "SELECT"));
+        let Some(record) = Box::pin(lookup).await? else {
             return Ok(None);
         };
         if !record.is_terminal() {
             inner.metrics.in_flight(id.operation.as_str());
+            mark(SpanOutcome::InFlight, Level::Persistence.as_str());
             return Err(Error::InFlight);
         }
         let outcome = inner.replay(id, &record, fingerprint, Level::Persistence)?;
@@ -232,7 +322,11 @@ where
         let inner = &*self.inner;
         let result = action(tx.connection()).await?;
         let stored = inner.encode(&result)?;
-        let completed = inner.store.complete(tx.connection(), &id, &stored).await;
+        let completed = inner
+            .store
+            .complete(tx.connection(), &id, &stored)
+            .instrument(trace::store_span(S::DB_SYSTEM, "complete", "UPDATE"))
+            .await;
         let record = tx.watch(completed).map_err(Error::from)?;
         tx.claim_completed();
         if record.fingerprint != fingerprint.current {
@@ -243,6 +337,13 @@ where
             .into());
         }
         let status = stored.status();
+        mark(
+            match status {
+                RecordStatus::Rejected => SpanOutcome::Rejected,
+                _ => SpanOutcome::Executed,
+            },
+            "action",
+        );
         let service = Arc::clone(&self.inner);
         let record = Arc::new(record);
         tx.after_commit(async move {
@@ -264,6 +365,7 @@ where
         if !record.is_terminal() {
             // Only visible if a PROCESSING record was committed, which the store contract forbids.
             inner.metrics.in_flight(id.operation.as_str());
+            mark(SpanOutcome::InFlight, Level::Persistence.as_str());
             return Err(Error::InFlight);
         }
         let outcome = inner.replay(&id, &record, fingerprint, Level::Persistence)?;
@@ -336,16 +438,24 @@ where
         id: &RecordId,
         fingerprint: &Fingerprints,
     ) -> Result<Option<Outcome<T>>, Error> {
-        if let Some(record) = self.local.get(id) {
+        let hit = trace::cache_span("local", "get").in_scope(|| {
+            let hit = self.local.get(id);
+            tracing::Span::current().record("idempotency.cache.hit", hit.is_some());
+            hit
+        });
+        if let Some(record) = hit {
             return self
                 .replay(id, &record, fingerprint, Level::Local)
                 .map(Some);
         }
         let op = id.operation.as_str();
-        match self.distributed.get(id).await {
+        let span = trace::cache_span("distributed", "get");
+        let found = self.distributed.get(id).instrument(span.clone()).await;
+        span.record("idempotency.cache.hit", matches!(found, Ok(Some(_))));
+        match found {
             Ok(Some(record)) => {
                 let outcome = self.replay(id, &record, fingerprint, Level::Distributed)?;
-                self.local.put(id, Arc::new(record));
+                trace::cache_span("local", "put").in_scope(|| self.local.put(id, Arc::new(record)));
                 Ok(Some(outcome))
             }
             Ok(None) => Ok(None),
@@ -432,6 +542,7 @@ where
         self.metrics.lookup_hit(op, level);
         if !fingerprint.accepts(&record.fingerprint) {
             self.metrics.payload_conflict(op);
+            mark(SpanOutcome::Conflict, level.as_str());
             tracing::debug!(operation = op, level = level.as_str(), "payload conflict");
             return Err(Error::PayloadConflict);
         }
@@ -448,10 +559,12 @@ where
             }
             None => {
                 self.metrics.in_flight(op);
+                mark(SpanOutcome::InFlight, level.as_str());
                 return Err(Error::InFlight);
             }
         };
         self.metrics.replayed(op, record.status());
+        mark(SpanOutcome::Replayed, level.as_str());
         tracing::debug!(operation = op, level = level.as_str(), "replayed");
         Ok(Outcome::new(result, Origin::Replayed { from: level }))
     }
@@ -462,12 +575,17 @@ where
         if !record.is_terminal() {
             return;
         }
-        if let Err(error) = self.distributed.put(id, &record).await {
+        let put = self
+            .distributed
+            .put(id, &record)
+            .instrument(trace::cache_span("distributed", "put"))
+            .await;
+        if let Err(error) = put {
             self.metrics
                 .cache_error(id.operation.as_str(), Level::Distributed, &error);
             // Counted; the cache logs its outages once per change of state, not per call.
             tracing::debug!(operation = id.operation.as_str(), error = %error, "distributed cache write failed");
         }
-        self.local.put(id, record);
+        trace::cache_span("local", "put").in_scope(|| self.local.put(id, record));
     }
 }

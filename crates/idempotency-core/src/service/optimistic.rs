@@ -6,7 +6,9 @@ use std::time::Instant;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::execute::Prepared;
+use tracing::Instrument;
+
+use super::execute::{Prepared, execute_span, mark, traced};
 use super::{Call, IdempotencyService};
 use crate::cache::{DistributedCache, LocalCache};
 use crate::error::Error;
@@ -14,6 +16,7 @@ use crate::metrics::IdempotencyMetrics;
 use crate::result::{ExecutionResult, Origin, Outcome};
 use crate::serializer::ResultSerializer;
 use crate::store::{Claim, IdempotencyStore, InsertCompleted, StoreError};
+use crate::trace::{self, SpanOutcome};
 use crate::tx::Tx;
 
 impl<S, L, D, M, Z> IdempotencyService<S, L, D, M, Z>
@@ -46,6 +49,20 @@ where
     /// `innodb_lock_wait_timeout` on MySQL), or use [`execute`](Self::execute), which claims
     /// the key before the action.
     pub async fn execute_optimistic<R, T, E, A>(
+        &self,
+        call: Call<'_, R>,
+        action: A,
+    ) -> Result<Outcome<T>, E>
+    where
+        R: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
+    {
+        traced(execute_span(&call), self.optimistic_untraced(call, action)).await
+    }
+
+    async fn optimistic_untraced<R, T, E, A>(
         &self,
         call: Call<'_, R>,
         action: A,
@@ -102,11 +119,25 @@ where
         let inserted = inner
             .store
             .insert_completed(tx.connection(), &claim, &stored)
+            .instrument(trace::store_span(
+                S::DB_SYSTEM,
+                "insert_completed",
+                "INSERT",
+            ))
             .await;
+        tracing::Span::current()
+            .record("idempotency.wait_ms", started.elapsed().as_secs_f64() * 1e3);
         inner.metrics.acquire_wait(op, started.elapsed());
         match inserted {
             Ok(Some(record)) => {
                 inner.metrics.acquired(op);
+                mark(
+                    match stored.status() {
+                        crate::RecordStatus::Rejected => SpanOutcome::Rejected,
+                        _ => SpanOutcome::Executed,
+                    },
+                    "action",
+                );
                 let service = Arc::clone(&self.inner);
                 let status = stored.status();
                 let record = Arc::new(record);
@@ -130,6 +161,7 @@ where
             }
             Err(StoreError::LockTimeout(_)) => {
                 inner.metrics.in_flight(op);
+                mark(SpanOutcome::InFlight, crate::Level::Persistence.as_str());
                 rollback(tx).await;
                 Err(Error::InFlight.into())
             }

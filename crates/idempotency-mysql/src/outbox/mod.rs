@@ -274,7 +274,7 @@ impl MysqlOutbox {
         };
         let headers = events
             .iter()
-            .map(|e| serde_json::to_string(e.headers()).map_err(Error::Payload))
+            .map(|e| serde_json::to_string(&*e.headers_to_store()).map_err(Error::Payload))
             .collect::<Result<Vec<_>, _>>()?;
         for start in (0..events.len()).step_by(CHUNK) {
             let end = (start + CHUNK).min(events.len());

@@ -329,6 +329,7 @@ async fn insert_polling<'q>(
 impl IdempotencyStore for MysqlStore {
     type Connection = MySqlConnection;
     type Transaction = crate::MysqlTransaction;
+    const DB_SYSTEM: &'static str = "mysql";
 
     /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
     /// returns to the pool; a transaction dropped before it ended closes its connection (see

@@ -339,6 +339,9 @@ impl Publisher for NatsPublisher {
 
     async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
         let subject = subject(self.subject.render(message))?;
+        let span = tracing::Span::current();
+        span.record("messaging.system", "nats");
+        span.record("messaging.destination.name", subject.as_str());
         let publish = PublishMessage::build()
             .payload(message.payload.clone().into())
             .headers(headers_of(message)?);

@@ -306,6 +306,13 @@ impl Publisher for RabbitMqPublisher {
         let exchange = ShortString::try_new(self.exchange.as_str())
             .map_err(|e| PublishError::new(PublishErrorKind::Other, e))?;
         let routing_key = short("routing key", &self.routing_key.render(message))?;
+        let span = tracing::Span::current();
+        span.record("messaging.system", "rabbitmq");
+        span.record("messaging.destination.name", self.exchange.as_str());
+        span.record(
+            "messaging.rabbitmq.destination.routing_key",
+            routing_key.as_str(),
+        );
         let properties = properties(message)?;
         if message.payload.len() > self.max_message_size {
             return Err(PublishError::new(

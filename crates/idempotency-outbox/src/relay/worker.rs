@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::join_all;
+use idempotency_core::trace;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{Shared, backoff};
@@ -201,9 +203,9 @@ where
         token,
         claimed_at,
         messages: batch,
-        mut report,
+        report,
     } = batch;
-    let mut published = Published {
+    let published = Published {
         token,
         ids: Vec::with_capacity(batch.len()),
         failures: Vec::new(),
@@ -218,26 +220,121 @@ where
     }
     let destination = shared.publisher.destination();
     metrics::attempts(destination, batch.len());
+    // One span per claimed batch (an empty poll has none); each publish is its child.
+    let span = tracing::info_span!(
+        "outbox.relay.batch",
+        messaging.operation.type = "send",
+        messaging.batch.message_count = batch.len(),
+        outbox.destination = destination,
+        outbox.published = tracing::field::Empty,
+        outbox.failed = tracing::field::Empty,
+    );
+    let published = publish_batch(shared, batch, claimed_at, published, report)
+        .instrument(span.clone())
+        .await;
+    span.record("outbox.published", published.report.published);
+    span.record("outbox.failed", published.report.failed);
+    published
+}
 
-    let timeout = config.publish_timeout;
-    let results = join_all(batch.iter().map(|message| async move {
-        // A panic is this message's failure: the batch's other messages are still marked and
-        // the worker lives on. `publish` is called inside the guarded future, so a publisher
-        // that panics before returning its future is caught too.
-        let publish =
-            AssertUnwindSafe(async { shared.publisher.publish(message).await }).catch_unwind();
-        let result = match tokio::time::timeout(timeout, publish).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(panic)) => Err(PublishError::new(
-                PublishErrorKind::Panicked,
-                panic_text(panic.as_ref()),
-            )),
-            Err(_) => Err(PublishError::kind_only(PublishErrorKind::Timeout)),
-        };
-        (result, claimed_at.elapsed())
+/// The publishes of a non-empty batch.
+async fn publish_batch<S, P>(
+    shared: &Shared<S, P>,
+    batch: Vec<OutboxMessage>,
+    claimed_at: Instant,
+    published: Published,
+    report: BatchReport,
+) -> Published
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    let timeout = shared.config.publish_timeout;
+    let results = join_all(batch.iter().map(|message| {
+        let span = publish_span(message);
+        let publish = publish_one(shared, message, timeout, claimed_at);
+        async move {
+            let (result, elapsed) = publish.instrument(span.clone()).await;
+            if let Err(error) = &result {
+                span.record("otel.status_code", "ERROR");
+                span.record("error.type", tracing::field::debug(error.kind()));
+            }
+            (result, elapsed)
+        }
     }))
     .await;
+    publish_results(shared, &batch, results, published, report)
+}
 
+/// The span of one publish: a producer span with OpenTelemetry's messaging attributes (the
+/// publisher records `messaging.system` and `messaging.destination.name`), linked to the span
+/// that enqueued the message when its headers carry a valid `traceparent`. A link, not a
+/// parent: a batch holds messages of many requests, and the relay's work is not part of any
+/// of them.
+fn publish_span(message: &OutboxMessage) -> tracing::Span {
+    let span = tracing::info_span!(
+        "outbox.publish",
+        otel.kind = "producer",
+        otel.status_code = tracing::field::Empty,
+        messaging.operation.type = "send",
+        messaging.system = tracing::field::Empty,
+        messaging.destination.name = tracing::field::Empty,
+        messaging.rabbitmq.destination.routing_key = tracing::field::Empty,
+        messaging.message.id = %message.id,
+        outbox.attempt = message.attempts,
+        error.type = tracing::field::Empty,
+    );
+    let traceparent = message
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(trace::TRACEPARENT))
+        .and_then(|(_, value)| trace::TraceParent::parse(value));
+    if let Some(producer) = traceparent {
+        trace::link(&span, &producer);
+    }
+    span
+}
+
+/// One message's publish, bounded by `timeout`, a panic caught as its failure.
+async fn publish_one<S, P>(
+    shared: &Shared<S, P>,
+    message: &OutboxMessage,
+    timeout: Duration,
+    claimed_at: Instant,
+) -> (Result<Ack, PublishError>, Duration)
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    // A panic is this message's failure: the batch's other messages are still marked and
+    // the worker lives on. `publish` is called inside the guarded future, so a publisher
+    // that panics before returning its future is caught too.
+    let publish =
+        AssertUnwindSafe(async { shared.publisher.publish(message).await }).catch_unwind();
+    let result = match tokio::time::timeout(timeout, publish).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => Err(PublishError::new(
+            PublishErrorKind::Panicked,
+            panic_text(panic.as_ref()),
+        )),
+        Err(_) => Err(PublishError::kind_only(PublishErrorKind::Timeout)),
+    };
+    (result, claimed_at.elapsed())
+}
+
+/// Counts and logs the results of a batch's publishes.
+fn publish_results<S, P>(
+    shared: &Shared<S, P>,
+    batch: &[OutboxMessage],
+    results: Vec<(Result<Ack, PublishError>, Duration)>,
+    mut published: Published,
+    mut report: BatchReport,
+) -> Published
+where
+    S: RelayStore,
+    P: Publisher,
+{
+    let destination = shared.publisher.destination();
     let mut confirmed = metrics::Confirmed::new(destination);
     for (message, (result, elapsed)) in batch.iter().zip(results) {
         match result {

@@ -428,7 +428,8 @@ impl PgOutbox {
             aggregate_ids.push(event.aggregate_id());
             event_types.push(event.event_type());
             payloads.push(event.payload());
-            headers.push(serde_json::to_string(event.headers()).map_err(Error::Payload)?);
+            headers
+                .push(serde_json::to_string(&*event.headers_to_store()).map_err(Error::Payload)?);
         }
         let channel = self.channel.as_ref().filter(|_| self.gate.admit());
         let sql = match channel {

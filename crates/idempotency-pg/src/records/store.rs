@@ -198,6 +198,7 @@ fn corrupt(reason: impl Into<String>) -> StoreError {
 impl IdempotencyStore for PgStore {
     type Connection = PgConnection;
     type Transaction = sqlx::Transaction<'static, Postgres>;
+    const DB_SYSTEM: &'static str = "postgresql";
 
     /// Safe to cancel: a `BEGIN` whose answer nobody reads is rolled back before its connection
     /// returns to the pool.

@@ -120,7 +120,7 @@ pub(crate) fn events_json(events: &[NewEvent]) -> Result<String, Error> {
             a: event.aggregate_id(),
             e: event.event_type(),
             p: event.payload(),
-            h: serde_json::to_string(event.headers()).map_err(Error::Payload)?,
+            h: serde_json::to_string(&*event.headers_to_store()).map_err(Error::Payload)?,
         });
     }
     serde_json::to_string(&rows).map_err(Error::Payload)

@@ -139,6 +139,7 @@ impl SqliteStore {
 impl IdempotencyStore for SqliteStore {
     type Connection = SqliteConnection;
     type Transaction = sqlx::Transaction<'static, Sqlite>;
+    const DB_SYSTEM: &'static str = "sqlite";
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
         self.pool
