@@ -13,6 +13,7 @@ use idempotency_core::BoxError;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 
+mod configured;
 mod logging;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -22,6 +23,7 @@ pub mod nats;
 pub mod rabbitmq;
 mod template;
 
+pub use configured::ConfiguredPublisher;
 pub use logging::LoggingPublisher;
 pub use template::Template;
 
