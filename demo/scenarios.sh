@@ -245,9 +245,14 @@ done
 [ "${PUBLISHED%.*}" -gt 0 ] || fail "no event was published"; ok
 
 # ---------------------------------------------------------------- operations
-step "health: 200 UP"
+step "health: readiness 200 UP, liveness 200 UP"
+req GET /health/ready
+expect_status 200; expect_json "b['status']" UP; expect_json "b['database']['status']" UP
+expect_json "b['outbox']['status']" UP; ok
+req GET /health/live
+expect_status 200; expect_json "b['status']" UP; ok
 req GET /health
-expect_status 200; expect_json "b['status']" UP; expect_json "b['database']" UP; ok
+expect_status 200; expect_json "b['status']" UP; ok
 
 step "metrics: idempotency meters are exposed"
 req GET /metrics

@@ -11,7 +11,6 @@ use axum::{Json, Router};
 use idempotency_axum::{
     Error, IdempotencyKeyHeader, OutcomeExt, ProblemJson, ScopedKey, UuidKeyHeader,
 };
-use idempotency_cache_redis::RedisCache;
 use idempotency_core::ExecutionResult;
 use idempotency_outbox::{Enqueue, NewEvent};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -40,12 +39,9 @@ pub struct App<DB: Database> {
     pub service: DemoService<DB::Store>,
     /// The business rules.
     pub rules: Arc<BusinessConfig>,
-    /// The Redis cache, for health checks.
-    pub redis: Option<RedisCache>,
-    /// The NATS connection, for health checks.
-    pub nats: Option<async_nats::Client>,
-    /// The outbox relay's workers, for health checks.
-    pub relay: Option<idempotency_outbox::RelayMonitor>,
+    /// The facade's health probes (`Idempotency::health_check`): `/health/live`,
+    /// `/health/ready` and `/health` are served from them when set.
+    pub health: Option<idempotency::health::HealthCheck<DB::Pool>>,
     /// The Prometheus recorder, for `GET /metrics`.
     pub prometheus: Option<PrometheusHandle>,
     /// Keys whose `FAIL_ONCE` payment already failed once.
@@ -58,9 +54,7 @@ impl<DB: Database> Clone for App<DB> {
             db: self.db.clone(),
             service: self.service.clone(),
             rules: Arc::clone(&self.rules),
-            redis: self.redis.clone(),
-            nats: self.nats.clone(),
-            relay: self.relay.clone(),
+            health: self.health.clone(),
             prometheus: self.prometheus.clone(),
             failed_once: Arc::clone(&self.failed_once),
         }
@@ -74,9 +68,7 @@ impl<DB: Database> App<DB> {
             db,
             service,
             rules: Arc::new(rules),
-            redis: None,
-            nats: None,
-            relay: None,
+            health: None,
             prometheus: None,
             failed_once: Arc::default(),
         }
@@ -143,6 +135,10 @@ impl<DB: Database> std::fmt::Debug for App<DB> {
 /// Every route of the demo.
 pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
     let v2 = crate::v2::routes(&app, max_body_bytes);
+    let health = match app.health.clone() {
+        Some(check) => check.router(),
+        None => Router::new(),
+    };
     Router::new()
         .route("/api/payments", post(create_payment::<DB>))
         .route(
@@ -152,9 +148,9 @@ pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
         .route("/api/refunds", post(create_refund::<DB>))
         .route("/charges", post(create_charge::<DB>))
         .route("/charges/{id}", get(get_charge::<DB>))
-        .route("/health", get(ops::health::<DB>))
         .route("/metrics", get(ops::metrics::<DB>))
         .route("/openapi.json", get(crate::openapi::document))
+        .merge(health)
         .merge(v2)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(Arc::new(app))

@@ -127,10 +127,8 @@ async fn serve<DB: Database>(
         idempotency.service().clone(),
         config.demo.clone(),
     );
-    app.redis = idempotency.service().distributed_cache().clone();
-    app.nats = nats.clone();
     app.prometheus = Some(prometheus);
-    app.relay = idempotency.relay();
+    app.health = Some(idempotency.health_check());
 
     let address = SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(address).await?;

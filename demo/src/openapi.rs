@@ -10,7 +10,6 @@ use crate::model::{
     Charge, ChargeCreated, CreateCharge, CreateDeposit, CreatePayment, CreateRefund, Deposit,
     InsufficientFunds, Payment, Refund, RefundLimit,
 };
-use crate::ops::{Health, RelayWorkers, Status};
 
 /// An RFC 9457 problem, as every error of the demo is answered.
 #[derive(Debug, ToSchema)]
@@ -128,6 +127,8 @@ pub enum IdempotencyProblems {
         crate::v2::create_charge,
         crate::v2::create_deposit,
         crate::ops::health,
+        crate::ops::health_live,
+        crate::ops::health_ready,
         crate::ops::metrics,
     ),
     components(schemas(
@@ -142,10 +143,7 @@ pub enum IdempotencyProblems {
         CreateDeposit,
         Deposit,
         ChargeCreated,
-        Charge,
-        Health,
-        RelayWorkers,
-        Status
+        Charge
     ))
 )]
 pub struct ApiDoc;

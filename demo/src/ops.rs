@@ -1,122 +1,47 @@
-//! Operations endpoints: `GET /health` and `GET /metrics`.
+//! Operations endpoints: `GET /metrics`, and the documentation of the facade's
+//! `GET /health/live`, `/health/ready` and `/health` (`idempotency::Idempotency::health_router`).
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 use crate::app::App;
 use crate::db::Database;
 
-/// The state of one dependency.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Status {
-    /// Answering.
-    Up,
-    /// Not answering.
-    Down,
-    /// Not configured.
-    Disabled,
-}
+/// `GET /health/ready`: the facade's readiness report (`idempotency::health::Health`),
+/// served by `Idempotency::health_router`; this function only documents it.
+#[utoipa::path(
+    get,
+    path = "/health/ready",
+    responses(
+        (status = 200, description = "Ready: the database answers and the outbox backlog is within `outbox.health.max-pending-age`. Each dependency is listed: database, cache (with its breaker), relay (configured, running, panics), outbox (pending, oldest pending age, threshold, dead letters), broker, cleanup.", body = serde_json::Value),
+        (status = 503, description = "Not ready: the database does not answer, or the outbox backlog is older than its threshold", body = serde_json::Value),
+    )
+)]
+pub async fn health_ready() {}
 
-/// The body of `GET /health`.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Health {
-    /// `UP` when the database answers (the caches, the broker and the relay only degrade the
-    /// service: requests are served, events wait in the outbox).
-    pub status: Status,
-    /// The database.
-    pub database: Status,
-    /// The Redis cache.
-    pub cache: Status,
-    /// The message broker (NATS), or `DISABLED` with the logging publisher.
-    pub broker: Status,
-    /// The outbox relay: `DOWN` while one of its workers is not running (stopped, or
-    /// panicked and waiting for its restart), `DISABLED` when none runs in this process.
-    pub relay: Status,
-    /// The relay's workers, when one runs in this process.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub relay_workers: Option<RelayWorkers>,
-}
-
-/// The relay's workers in `GET /health`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct RelayWorkers {
-    /// Workers configured.
-    pub configured: usize,
-    /// Workers running now.
-    pub running: usize,
-    /// Worker panics since the start (each worker was restarted); above zero, a bug to look
-    /// at in the logs.
-    pub panics: u64,
-}
-
-/// `GET /health`: 200 when the database answers, 503 otherwise; each dependency is listed.
+/// `GET /health`: the same report as `/health/ready`.
 #[utoipa::path(
     get,
     path = "/health",
     responses(
-        (status = 200, description = "The database answers", body = Health),
-        (status = 503, description = "The database does not answer", body = Health),
+        (status = 200, description = "Ready (the report of `/health/ready`)", body = serde_json::Value),
+        (status = 503, description = "Not ready", body = serde_json::Value),
     )
 )]
-pub async fn health<DB: Database>(State(app): State<Arc<App<DB>>>) -> Response {
-    let database =
-        match tokio::time::timeout(std::time::Duration::from_secs(2), app.db.ping()).await {
-            Ok(Ok(())) => Status::Up,
-            _ => Status::Down,
-        };
-    // The breaker and a bounded PING, not fred's connection state (which a cluster that
-    // recovered through redirections never sets back to connected).
-    let cache = match &app.redis {
-        Some(redis) if redis.is_healthy().await => Status::Up,
-        Some(_) => Status::Down,
-        None => Status::Disabled,
-    };
-    let broker = match &app.nats {
-        Some(nats) if nats.connection_state() == async_nats::connection::State::Connected => {
-            Status::Up
-        }
-        Some(_) => Status::Down,
-        None => Status::Disabled,
-    };
-    let health = app
-        .relay
-        .as_ref()
-        .map(idempotency_outbox::RelayMonitor::health);
-    let relay = match health {
-        Some(health) if health.all_running() => Status::Up,
-        Some(_) => Status::Down,
-        None => Status::Disabled,
-    };
-    let relay_workers = health.map(|health| RelayWorkers {
-        configured: health.workers,
-        running: health.running,
-        panics: health.worker_panics,
-    });
-    let status = database;
-    let code = if status == Status::Up {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        code,
-        Json(Health {
-            status,
-            database,
-            cache,
-            broker,
-            relay,
-            relay_workers,
-        }),
+pub async fn health() {}
+
+/// `GET /health/live`: `{"status":"UP"}` while the process answers; no dependency is asked.
+#[utoipa::path(
+    get,
+    path = "/health/live",
+    responses(
+        (status = 200, description = "The process answers", body = serde_json::Value),
     )
-        .into_response()
-}
+)]
+pub async fn health_live() {}
 
 /// `GET /metrics`: Prometheus text exposition of every metric (idempotency, outbox, process).
 #[utoipa::path(

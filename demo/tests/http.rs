@@ -30,7 +30,7 @@ async fn demo_with(config: DemoConfig) -> (Router, PgPool) {
         .await
         .unwrap();
     let mut app = App::new(db, idempotency.service().clone(), config.demo.clone());
-    app.redis = idempotency.service().distributed_cache().clone();
+    app.health = Some(idempotency.health_check());
     (router(app, config.server.max_body_bytes), pool)
 }
 
@@ -490,16 +490,25 @@ async fn tenants_never_see_each_others_responses() {
     assert_eq!(twice.problem_type(), "scope-invalid");
 }
 
-/// `/health` lists each dependency; `/metrics` is Prometheus text (without a recorder here: 404).
+/// `/health` (the facade's readiness report, as `/health/ready`) lists each dependency;
+/// `/health/live` asks none.
 #[tokio::test]
 async fn health_reports_the_database() {
     let (app, _pool) = demo().await;
-    let health = send(&app, "GET", "/health", &[], "").await;
-    assert_eq!(health.status, StatusCode::OK);
-    assert_eq!(
-        health.body,
-        json!({"status": "UP", "database": "UP", "cache": "DISABLED", "broker": "DISABLED", "relay": "DISABLED"})
-    );
+    for path in ["/health", "/health/ready"] {
+        let health = send(&app, "GET", path, &[], "").await;
+        assert_eq!(health.status, StatusCode::OK, "{path}");
+        assert_eq!(health.body["status"], "UP", "{path}: {}", health.body);
+        assert_eq!(health.body["database"], json!({"status": "UP"}));
+        assert_eq!(health.body["cache"], json!({"status": "DISABLED"}));
+        assert_eq!(health.body["broker"], json!({"status": "DISABLED"}));
+        assert_eq!(health.body["relay"], json!({"status": "DISABLED"}));
+        assert_eq!(health.body["outbox"]["status"], "UP");
+        assert_eq!(health.body["outbox"]["pending"], 0);
+    }
+    let live = send(&app, "GET", "/health/live", &[], "").await;
+    assert_eq!(live.status, StatusCode::OK);
+    assert_eq!(live.body, json!({"status": "UP"}));
 }
 
 /// `/health` reports the cache from `RedisCache::is_healthy` (its breaker and a bounded `PING`):
@@ -520,12 +529,16 @@ async fn health_reports_the_cache_up_when_redis_answers_and_down_when_not() {
         let (app, _pool) = demo_with(config).await;
         let started = std::time::Instant::now();
         let mut health = send(&app, "GET", "/health", &[], "").await;
-        while health.body["cache"] != expected && started.elapsed().as_secs() < 10 {
+        while health.body["cache"]["status"] != expected && started.elapsed().as_secs() < 10 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             health = send(&app, "GET", "/health", &[], "").await;
         }
         assert_eq!(health.status, StatusCode::OK, "{url}");
-        assert_eq!(health.body["cache"], expected, "{url}: {}", health.body);
+        assert_eq!(
+            health.body["cache"]["status"], expected,
+            "{url}: {}",
+            health.body
+        );
     }
 }
 
@@ -544,20 +557,23 @@ async fn health_reports_the_relay_workers() {
     .await
     .unwrap();
     let mut app = App::new(db, idempotency.service().clone(), config.demo.clone());
-    app.relay = idempotency.relay();
+    app.health = Some(idempotency.health_check());
     let app = router(app, config.server.max_body_bytes);
     let health = send(&app, "GET", "/health", &[], "").await;
     assert_eq!(health.status, StatusCode::OK);
-    assert_eq!(health.body["relay"], "UP");
     assert_eq!(
-        health.body["relay_workers"],
-        json!({"configured": 2, "running": 2, "panics": 0})
+        health.body["relay"],
+        json!({"status": "UP", "configured": 2, "running": 2, "panics": 0})
+    );
+    assert_eq!(
+        health.body["broker"],
+        json!({"status": "UP", "destination": "log"})
     );
     idempotency.shutdown().await;
     let health = send(&app, "GET", "/health", &[], "").await;
     assert_eq!(health.status, StatusCode::OK, "requests are still served");
-    assert_eq!(health.body["relay"], "DOWN");
-    assert_eq!(health.body["relay_workers"]["running"], 0);
+    assert_eq!(health.body["relay"]["status"], "DOWN");
+    assert_eq!(health.body["relay"]["running"], 0);
 }
 
 /// `GET /openapi.json` documents every endpoint, its key header and its problem responses.
@@ -573,6 +589,8 @@ async fn openapi_document_lists_every_endpoint() {
         "/charges",
         "/charges/{id}",
         "/health",
+        "/health/live",
+        "/health/ready",
         "/metrics",
     ] {
         assert!(doc.body["paths"][path].is_object(), "{path} missing");

@@ -133,7 +133,7 @@ async fn every_metric_the_dashboard_and_the_alerts_query_is_exposed() {
         config.demo.clone(),
     );
     app.prometheus = Some(prometheus);
-    app.relay = idempotency.relay();
+    app.health = Some(idempotency.health_check());
     let app = router(app, config.server.max_body_bytes);
 
     // First execution, replays (L1), a reused key.

@@ -68,6 +68,8 @@ pub struct OutboxConfig {
     /// gives its own publisher.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub publisher: Option<PublisherConfig>,
+    /// What the `idempotency` facade's readiness check asks of the outbox.
+    pub health: HealthConfig,
 }
 
 /// `outbox.publisher`: `logging`, or a table with one of the keys `nats`, `rabbitmq`.
@@ -182,7 +184,58 @@ impl Default for OutboxConfig {
             retention: RetentionConfig::default(),
             partitioning: PartitioningConfig::default(),
             publisher: None,
+            health: HealthConfig::default(),
         }
+    }
+}
+
+/// `outbox.health`: when the outbox's backlog makes the service unready.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_outbox::config::OutboxConfig;
+///
+/// let config: OutboxConfig = serde_json::from_value(serde_json::json!({
+///     "health": { "max-pending-age": "2m" }
+/// }))?;
+/// assert_eq!(config.health.max_pending_age, Some(Duration::from_secs(120)));
+/// config.health.validate()?;
+/// let zero: OutboxConfig = serde_json::from_value(serde_json::json!({
+///     "health": { "max-pending-age": "0s" }
+/// }))?;
+/// assert!(zero.health.validate().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct HealthConfig {
+    /// The readiness check fails (503) while the oldest pending event is older than this: a
+    /// relay that stopped publishing, or a broker outage that outlasted it. `null` reports
+    /// the backlog without failing on it. Default `5m`, the threshold of the `OutboxRelayStuck`
+    /// alert in `deploy/prometheus`.
+    #[serde(with = "humantime_serde")]
+    pub max_pending_age: Option<Duration>,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            max_pending_age: Some(Duration::from_secs(5 * 60)),
+        }
+    }
+}
+
+impl HealthConfig {
+    /// Refuses a zero `max-pending-age`: every event waits for its relay a moment, so the
+    /// service would be unready whenever one is pending (`null` turns the check off).
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.max_pending_age.is_some_and(|age| age.is_zero()) {
+            return Err(Error::invalid_config(
+                "health.max-pending-age must not be zero: every pending event would make the \
+                 service unready; use null to report the backlog without failing on it",
+            ));
+        }
+        Ok(())
     }
 }
 

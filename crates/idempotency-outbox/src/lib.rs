@@ -14,7 +14,9 @@ pub mod testing;
 
 pub use error::{Error, SchemaProblem};
 pub use message::{DeadLetter, MAX_NAME_LEN, NewEvent, OutboxMessage};
-pub use publisher::{Ack, LoggingPublisher, PublishError, PublishErrorKind, Publisher};
+pub use publisher::{
+    Ack, BrokerHealth, LoggingPublisher, PublishError, PublishErrorKind, Publisher,
+};
 pub use relay::{Relay, RelayHandle, RelayHealth, RelayMonitor, RelayTotals, ShutdownReport};
 pub use store::{DeadLetters, Enqueue, Housekeeping, Inbox, RelayStore};
 

@@ -469,3 +469,45 @@ async fn messages_nats_can_never_take_are_dead_lettered_at_once() {
     assert!(delivered.contains(&good[2].id()));
     stream.delete().await;
 }
+
+/// `Publisher::health`: `Up` while connected and JetStream answers, `Down` naming the
+/// connection's state once the proxy cuts it, `Up` again after the client reconnected; the
+/// relay's monitor asks the same publisher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_connection_and_jetstream() {
+    use idempotency_outbox::publisher::nats::NatsPublisher;
+    use idempotency_outbox::{BrokerHealth, Publisher};
+    let url = idempotency_testing::nats_url();
+    let proxy = Proxy::start(host_port(&url), true).await;
+    let client = async_nats::ConnectOptions::new()
+        .connect(format!("nats://127.0.0.1:{}", proxy.port))
+        .await
+        .unwrap();
+    let publisher = Arc::new(NatsPublisher::new(client));
+    assert_eq!(publisher.health().await, BrokerHealth::Up);
+
+    let config = config(Ordering::Unordered);
+    let (_pool, outbox) = outbox(&config).await;
+    let handle = Relay::new(outbox, Arc::clone(&publisher), &config)
+        .unwrap()
+        .spawn();
+    let monitor = handle.monitor();
+    assert_eq!(monitor.destination(), "nats");
+    assert_eq!(monitor.broker_health().await, BrokerHealth::Up);
+
+    proxy.disable();
+    eventually("down", || async {
+        matches!(publisher.health().await, BrokerHealth::Down(_))
+    })
+    .await;
+    assert!(matches!(
+        monitor.broker_health().await,
+        BrokerHealth::Down(_)
+    ));
+    proxy.enable();
+    eventually("up again", || async {
+        publisher.health().await == BrokerHealth::Up
+    })
+    .await;
+    handle.shutdown().await;
+}

@@ -680,3 +680,28 @@ async fn the_configured_rabbitmq_publisher_declares_its_exchange_and_refuses_wha
         .await
         .unwrap();
 }
+
+/// `Publisher::health`: `Up` through a proxy that forwards (connecting as a publish would),
+/// `Down` naming the failure once the proxy refuses, `Up` again when it forwards again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_broker_connection() {
+    use idempotency_outbox::{BrokerHealth, Publisher};
+    let queue = TestQueue::new().await;
+    let url = idempotency_testing::amqp_url();
+    let proxy = Proxy::start(host_port(&url), true).await;
+    let publisher = publisher(&via_port(&url, proxy.port), &queue);
+    assert_eq!(publisher.health().await, BrokerHealth::Up, "connects");
+    assert_eq!(
+        publisher.health().await,
+        BrokerHealth::Up,
+        "stays connected"
+    );
+    proxy.disable();
+    eventually("down", || async {
+        matches!(publisher.health().await, BrokerHealth::Down(_))
+    })
+    .await;
+    proxy.enable();
+    assert_eq!(publisher.health().await, BrokerHealth::Up, "reconnects");
+    queue.delete().await;
+}

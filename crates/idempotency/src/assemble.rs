@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idempotency_core::cleanup::{CleanupHandle, CleanupJob, CleanupSchedule};
+use idempotency_core::cleanup::{CleanupJob, CleanupSchedule};
 use idempotency_core::config::{InFlightConfig, InFlightPolicyKind};
 use idempotency_core::{IdempotencyService, ServiceConfig};
 
@@ -105,7 +105,8 @@ pub struct Builder<'a, P = NoPublisher> {
 pub struct Idempotency<D: Database> {
     service: Service<D::Store>,
     settings: Settings,
-    cleanup: Option<CleanupHandle>,
+    pool: D,
+    cleanup: crate::health::CleanupSlot,
     #[cfg(feature = "outbox")]
     outbox: Option<D::Outbox>,
     #[cfg(feature = "outbox")]
@@ -173,7 +174,73 @@ impl<D: Database> Idempotency<D> {
 
     /// Whether the cleanup job runs (`persistence.cleanup.enabled`).
     pub fn cleanup_running(&self) -> bool {
-        self.cleanup.as_ref().is_some_and(|job| !job.is_finished())
+        self.cleanup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|job| !job.is_finished())
+    }
+
+    /// The probes of this service, detached from it (cheap to clone, `'static`): the
+    /// database, the L2 cache and its breaker, the relay's workers, the outbox's backlog
+    /// against `outbox.health.max-pending-age`, the broker, the cleanup job. See
+    /// [`health`](crate::health).
+    pub fn health_check(&self) -> crate::health::HealthCheck<D> {
+        crate::health::HealthCheck {
+            pool: self.pool.clone(),
+            cache: self.service.distributed_cache().clone(),
+            #[cfg(feature = "outbox")]
+            outbox: self.outbox.clone(),
+            #[cfg(feature = "outbox")]
+            relay: self.relay(),
+            #[cfg(feature = "outbox")]
+            max_pending_age: self
+                .settings
+                .outbox
+                .as_ref()
+                .and_then(|outbox| outbox.health.max_pending_age),
+            cleanup: std::sync::Arc::clone(&self.cleanup),
+            cleanup_enabled: self.settings.idempotency.persistence.cleanup.enabled,
+            timeout: crate::health::DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Checks every dependency now (each probe bounded by
+    /// [`DEFAULT_TIMEOUT`](crate::health::DEFAULT_TIMEOUT)): the report `/health/ready`
+    /// answers. [`Health::is_ready`](crate::health::Health::is_ready) is false when the
+    /// database does not answer or the outbox's backlog is older than
+    /// `outbox.health.max-pending-age`.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn demo(idempotency: idempotency::Idempotency<sqlx::SqlitePool>) {
+    /// let health = idempotency.health().await;
+    /// assert_eq!(health.database.status, idempotency::health::Status::Up);
+    /// println!("{}", serde_json::to_string(&health).unwrap());
+    /// # }
+    /// ```
+    pub async fn health(&self) -> crate::health::Health {
+        self.health_check().check().await
+    }
+
+    /// An axum router answering `GET /health/live` (200 while the process answers; no
+    /// dependency is asked), `GET /health/ready` (the [`health`](Self::health) report as
+    /// JSON, 200 when ready, 503 when not) and `GET /health` (the same as `/health/ready`).
+    /// Merge it into the application's router, on a listener the orchestrator reaches; the
+    /// router owns a [`health_check`](Self::health_check) and outlives `self`.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn demo(idempotency: idempotency::Idempotency<sqlx::SqlitePool>) {
+    /// let app: axum::Router = axum::Router::new()
+    ///     // .route("/orders", post(create_order))
+    ///     .merge(idempotency.health_router());
+    /// # }
+    /// ```
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn health_router<T: Clone + Send + Sync + 'static>(&self) -> axum::Router<T> {
+        self.health_check().router()
     }
 
     /// The Prometheus exposition text: the L1 statistics (with `local-cache.statistics`) are
@@ -228,7 +295,12 @@ impl<D: Database> Idempotency<D> {
         if let Some(relay) = self.relay {
             report.relay = Some(relay.shutdown().await);
         }
-        if let Some(cleanup) = self.cleanup {
+        let cleanup = self
+            .cleanup
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(cleanup) = cleanup {
             report.cleanup = true;
             cleanup.shutdown().await;
         }
@@ -439,6 +511,10 @@ fn check<D: Database>(settings: &Settings, given: bool) -> Result<CleanupSchedul
             }
             outbox
                 .partitioning
+                .validate()
+                .map_err(|e| Error::Outbox(Box::new(e)))?;
+            outbox
+                .health
                 .validate()
                 .map_err(|e| Error::Outbox(Box::new(e)))?;
             if !outbox.relay.enabled && publisher {
@@ -780,7 +856,8 @@ where
         Ok(Idempotency {
             service,
             settings,
-            cleanup,
+            pool,
+            cleanup: std::sync::Arc::new(std::sync::Mutex::new(cleanup)),
             #[cfg(feature = "outbox")]
             outbox,
             #[cfg(feature = "outbox")]

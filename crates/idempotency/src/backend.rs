@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use idempotency_core::config::PersistenceConfig;
-use idempotency_core::{ExpiredCleanup, IdempotencyStore};
+use idempotency_core::{BoxError, ExpiredCleanup, IdempotencyStore};
 
 use crate::Error;
 
@@ -40,6 +40,10 @@ pub trait Database: Clone + Send + Sync + 'static {
     fn deployment(&self) -> String {
         String::new()
     }
+    /// Asks the database one round trip (`SELECT 1`) through the pool, for the health check.
+    /// Unbounded as the pool makes it (a pool waits up to its `acquire_timeout` for a
+    /// connection): the caller bounds it.
+    fn ping(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
     /// The store, with `persistence.table-name` and `persistence.schema.mode` applied.
     fn store(
         self,
@@ -104,6 +108,14 @@ macro_rules! database {
             fn deployment(&self) -> String {
                 let $options = self.connect_options();
                 $deployment
+            }
+
+            async fn ping(&self) -> Result<(), BoxError> {
+                sqlx::query("SELECT 1")
+                    .execute(self)
+                    .await
+                    .map(|_| ())
+                    .map_err(|error| Box::new(error) as BoxError)
             }
 
             async fn store(self, config: &PersistenceConfig) -> Result<Self::Store, Error> {

@@ -6,6 +6,7 @@ mod backend;
 #[cfg(feature = "outbox")]
 mod enqueue;
 mod error;
+pub mod health;
 mod load;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

@@ -4,7 +4,7 @@
 use crate::config::{OutboxConfig, PublisherConfig};
 use crate::error::Error;
 use crate::message::OutboxMessage;
-use crate::publisher::{Ack, LoggingPublisher, PublishError, Publisher};
+use crate::publisher::{Ack, BrokerHealth, LoggingPublisher, PublishError, Publisher};
 
 /// The publisher built from `outbox.publisher`: NATS JetStream (feature `nats`), RabbitMQ
 /// (feature `rabbitmq`) or logging.
@@ -237,6 +237,16 @@ impl Publisher for ConfiguredPublisher {
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(publisher) => publisher.publish(message).await,
             Self::Logging(publisher) => publisher.publish(message).await,
+        }
+    }
+
+    async fn health(&self) -> BrokerHealth {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(publisher) => publisher.health().await,
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(publisher) => publisher.health().await,
+            Self::Logging(publisher) => publisher.health().await,
         }
     }
 }

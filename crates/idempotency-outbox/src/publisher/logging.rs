@@ -1,7 +1,7 @@
 //! [`LoggingPublisher`]: logs each message with `tracing`, for demos and local runs.
 
 use crate::message::OutboxMessage;
-use crate::publisher::{Ack, PublishError, Publisher};
+use crate::publisher::{Ack, BrokerHealth, PublishError, Publisher};
 
 /// Logs every message at `INFO` (target `idempotency_outbox::published`) and confirms it.
 ///
@@ -36,5 +36,10 @@ impl Publisher for LoggingPublisher {
             "outbox message"
         );
         Ok(Ack::default())
+    }
+
+    /// Always `Up`: the log is in the process.
+    async fn health(&self) -> BrokerHealth {
+        BrokerHealth::Up
     }
 }

@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::message::OutboxMessage;
 
 mod configured;
+mod health;
 mod logging;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -24,6 +25,7 @@ pub mod rabbitmq;
 mod template;
 
 pub use configured::ConfiguredPublisher;
+pub use health::BrokerHealth;
 pub use logging::LoggingPublisher;
 pub use template::Template;
 
@@ -59,6 +61,14 @@ pub trait Publisher: Send + Sync + 'static {
         &self,
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<Ack, PublishError>> + Send;
+
+    /// Whether the broker can be reached now, for health endpoints (the `idempotency`
+    /// facade's `/health/ready`). It should answer from the connection's state or one cheap
+    /// round trip, never publish; the caller bounds it with a timeout. The default,
+    /// for publishers that cannot tell, is [`BrokerHealth::Unknown`].
+    fn health(&self) -> impl Future<Output = BrokerHealth> + Send {
+        std::future::ready(BrokerHealth::Unknown)
+    }
 }
 
 impl<P: Publisher> Publisher for Arc<P> {
@@ -71,6 +81,10 @@ impl<P: Publisher> Publisher for Arc<P> {
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<Ack, PublishError>> + Send {
         (**self).publish(message)
+    }
+
+    fn health(&self) -> impl Future<Output = BrokerHealth> + Send {
+        (**self).health()
     }
 }
 

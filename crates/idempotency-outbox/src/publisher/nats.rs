@@ -22,7 +22,9 @@ use async_nats::jetstream::message::PublishMessage;
 use crate::config::RelayConfig;
 use crate::error::Error;
 use crate::message::OutboxMessage;
-use crate::publisher::{Ack, PublishError, PublishErrorKind, Publisher, Template, headers};
+use crate::publisher::{
+    Ack, BrokerHealth, PublishError, PublishErrorKind, Publisher, Template, headers,
+};
 
 /// The default subject template.
 pub const DEFAULT_SUBJECT: &str = "outbox.{aggregate_type}.{event_type}";
@@ -287,6 +289,26 @@ impl Publisher for NatsPublisher {
         Ok(Ack {
             duplicate: ack.duplicate,
         })
+    }
+
+    /// `Up` when the client is connected and JetStream answers its API's `INFO` request (one
+    /// round trip: a server without JetStream, or whose JetStream is down, accepts the
+    /// connection but stores nothing, and answers "no responders"); `Down` naming the
+    /// connection state or the request's error otherwise. Any answer counts, whatever it
+    /// says: the account's limits are not health.
+    async fn health(&self) -> BrokerHealth {
+        let state = self.jetstream.client().connection_state();
+        if state != async_nats::connection::State::Connected {
+            return BrokerHealth::Down(format!("NATS connection {state}"));
+        }
+        let empty = serde_json::Map::new();
+        let info = self
+            .jetstream
+            .request::<_, _, serde_json::Value>("INFO", &empty);
+        match info.await {
+            Ok(_) => BrokerHealth::Up,
+            Err(error) => BrokerHealth::Down(format!("JetStream did not answer: {error}")),
+        }
     }
 }
 

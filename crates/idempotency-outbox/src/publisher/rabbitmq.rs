@@ -26,7 +26,9 @@ use tokio::sync::Mutex;
 
 use crate::error::Error;
 use crate::message::OutboxMessage;
-use crate::publisher::{Ack, PublishError, PublishErrorKind, Publisher, Template, headers};
+use crate::publisher::{
+    Ack, BrokerHealth, PublishError, PublishErrorKind, Publisher, Template, headers,
+};
 
 /// The lapin version this publisher is built on.
 pub use lapin;
@@ -220,6 +222,25 @@ impl RabbitMqPublisher {
         declared.map_err(|e| Error::Publisher(PublishError::new(PublishErrorKind::Unavailable, e)))
     }
 
+    /// Whether the publisher's connection is up: connected now, or connected anew (as the
+    /// next publish would). `Down` names the connect error.
+    async fn check_connection(&self) -> BrokerHealth {
+        let mut held = self.connection.lock().await;
+        if held
+            .as_ref()
+            .is_some_and(|connection| connection.status().connected())
+        {
+            return BrokerHealth::Up;
+        }
+        match Connection::connect(&self.uri, ConnectionProperties::default()).await {
+            Ok(connection) => {
+                *held = Some(connection);
+                BrokerHealth::Up
+            }
+            Err(error) => BrokerHealth::Down(format!("RabbitMQ connection failed: {error}")),
+        }
+    }
+
     /// The routing key `message` is published with.
     pub fn routing_key(&self, message: &OutboxMessage) -> String {
         self.routing_key.render(message)
@@ -368,6 +389,12 @@ impl Publisher for RabbitMqPublisher {
             Confirmation::Nack(returned) => Err(refused("negative confirm", returned)),
             Confirmation::NotRequested => Err(PublishError::kind_only(PublishErrorKind::Other)),
         }
+    }
+
+    /// `Up` while the publisher's connection is connected; otherwise it connects, as the next
+    /// publish would, and is `Up` once that succeeds, `Down` naming the error if not.
+    async fn health(&self) -> BrokerHealth {
+        self.check_connection().await
     }
 }
 

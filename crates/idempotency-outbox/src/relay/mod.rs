@@ -172,7 +172,11 @@ where
                 tokio::spawn(supervisor::supervise(shared, running, n, stopped.clone()))
             })
             .collect();
-        let monitor = RelayMonitor::new(self.shared.config.workers, supervision);
+        let monitor = RelayMonitor::new(
+            self.shared.config.workers,
+            supervision,
+            Arc::clone(&self.shared) as Arc<dyn supervisor::BrokerCheck>,
+        );
         let mut background = vec![tokio::spawn(housekeeping::run(
             Arc::clone(&self.shared),
             stopped.clone(),

@@ -1,7 +1,9 @@
 //! Keeping workers alive: a worker whose task panicked (outside a publish, which the worker
 //! catches itself) is counted, logged and restarted, and health checks can see it.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
@@ -11,7 +13,7 @@ use tokio::sync::watch;
 
 use super::{Shared, worker};
 use crate::metrics;
-use crate::publisher::Publisher;
+use crate::publisher::{BrokerHealth, Publisher};
 use crate::store::{Housekeeping, RelayStore};
 
 /// Pause before a panicked worker is restarted, so a panic on every batch does not spin.
@@ -37,16 +39,63 @@ impl RelayHealth {
     }
 }
 
-/// A cheap, cloneable view of a running relay's health, for health endpoints.
-#[derive(Debug, Clone)]
+/// A cheap, cloneable view of a running relay's health, for health endpoints: its workers
+/// ([`health`](Self::health)) and its publisher's broker ([`broker_health`](Self::broker_health)).
+#[derive(Clone)]
 pub struct RelayMonitor {
     workers: usize,
     state: Arc<Supervision>,
+    broker: Arc<dyn BrokerCheck>,
+}
+
+impl std::fmt::Debug for RelayMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayMonitor")
+            .field("workers", &self.workers)
+            .field("state", &self.state)
+            .field("destination", &self.broker.destination())
+            .finish()
+    }
+}
+
+/// The relay's publisher, its type erased: what [`RelayMonitor`] asks about the broker.
+pub(super) trait BrokerCheck: Send + Sync + 'static {
+    fn destination(&self) -> &str;
+    fn check(&self) -> Pin<Box<dyn Future<Output = BrokerHealth> + Send + '_>>;
+}
+
+impl<S: Send + Sync + 'static, P: Publisher> BrokerCheck for Shared<S, P> {
+    fn destination(&self) -> &str {
+        self.publisher.destination()
+    }
+
+    fn check(&self) -> Pin<Box<dyn Future<Output = BrokerHealth> + Send + '_>> {
+        Box::pin(self.publisher.health())
+    }
 }
 
 impl RelayMonitor {
-    pub(super) fn new(workers: usize, state: Arc<Supervision>) -> Self {
-        Self { workers, state }
+    pub(super) fn new(
+        workers: usize,
+        state: Arc<Supervision>,
+        broker: Arc<dyn BrokerCheck>,
+    ) -> Self {
+        Self {
+            workers,
+            state,
+            broker,
+        }
+    }
+
+    /// The relay's publisher's label (`nats`, `rabbitmq`, `log`...).
+    pub fn destination(&self) -> &str {
+        self.broker.destination()
+    }
+
+    /// Whether the publisher's broker can be reached now ([`Publisher::health`]). Unbounded
+    /// as the publisher makes it: give it a timeout.
+    pub async fn broker_health(&self) -> BrokerHealth {
+        self.broker.check().await
     }
 
     /// The workers now.
