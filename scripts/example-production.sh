@@ -3,7 +3,7 @@
 # orders.yaml) against the real PostgreSQL, Redis and NATS JetStream, as a user would, and checks
 # over HTTP: a retry replays the first answer, a reused key with another body is 422, 20
 # concurrent duplicates make one order row, each order's event arrives on NATS, /metrics
-# answers, SIGTERM shuts it down gracefully. Also checks the example's wiring stays within 40
+# answers, /health/live and /health/ready answer (broker up), SIGTERM shuts it down gracefully. Also checks the example's wiring stays within 40
 # lines of Rust outside its business handler (issue 48).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,10 +88,14 @@ subject="$(python3 scripts/nats_stream.py subject "ORDERS_$run" 1)"
 [ "$subject" = "orders_$run.order.OrderCreated" ] || fail "event subject: $subject"
 
 curl -sS "$base/metrics" | grep -q '^idempotency_' || fail "/metrics has no idempotency meters"
+ready="$(curl -sS -w ' %{http_code}' "$base/health/ready")"
+[ "${ready##* }" = 200 ] || fail "/health/ready: $ready"
+grep -q '"broker":{[^}]*"status":"UP"' <<<"$ready" || fail "/health/ready has no broker UP: $ready"
+curl -sSf -o /dev/null "$base/health/live" || fail "/health/live"
 
 kill -TERM "$pid"
 for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$pid" 2>/dev/null && fail "still running 15 s after SIGTERM"
 wait "$pid" || fail "exited with $? after SIGTERM"
 grep -q 'stopped' "$work/log" || fail "no shutdown report in the log"
-echo "example orders_production ($wiring lines of wiring): replayed, 422 on reuse, 20 duplicates -> one row, 2 events on NATS, /metrics, SIGTERM    ok"
+echo "example orders_production ($wiring lines of wiring): replayed, 422 on reuse, 20 duplicates -> one row, 2 events on NATS, /metrics, /health ready, SIGTERM    ok"

@@ -1,5 +1,6 @@
 //! A production orders service, whole: PostgreSQL, the moka L1 and Redis L2 caches, an outbox
-//! relayed to NATS JetStream (the stream created at start-up), `/metrics`, the application's
+//! relayed to NATS JetStream (the stream created at start-up), `/metrics`, `/health/live` and
+//! `/health/ready` (database, cache, relay, broker, backlog), the application's
 //! own configuration section next to the library's in one file (`examples/orders.yaml`), and a
 //! graceful shutdown on Ctrl-C or SIGTERM that stops the relay and the cleanup job.
 //!
@@ -80,7 +81,8 @@ async fn main() -> Result<(), Report> {
         .route("/orders", post(create_order))
         .route_layer(idempotency.layer().scope::<TenantHeader>())
         .with_state(idempotency.outbox()?.clone())
-        .merge(idempotency.metrics_router());
+        .merge(idempotency.metrics_router())
+        .merge(idempotency.health_router());
     let listener = tokio::net::TcpListener::bind(&app.listen).await?;
     axum::serve(listener, router)
         .with_graceful_shutdown(idempotency::shutdown_signal())
