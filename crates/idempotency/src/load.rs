@@ -121,7 +121,7 @@ impl Loader {
     /// (its `#[serde(default)]`s).
     ///
     /// ```
-    /// #[derive(serde::Deserialize)]
+    /// #[derive(Debug, serde::Deserialize)]
     /// #[serde(deny_unknown_fields)]
     /// struct App { port: u16 }
     ///
