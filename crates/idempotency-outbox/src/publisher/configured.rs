@@ -23,6 +23,8 @@ use crate::publisher::{Ack, BrokerHealth, LoggingPublisher, PublishError, Publis
 /// ```
 #[derive(Debug)]
 #[non_exhaustive]
+// One value per process, built once and moved into the relay: boxing the variants gains nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum ConfiguredPublisher {
     /// `outbox.publisher.nats`.
     #[cfg(feature = "nats")]
