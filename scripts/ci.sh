@@ -5,13 +5,14 @@
 # `testcontainers` (needs a Docker engine and no servers on the local ports).
 #
 #   lint       cargo fmt --check, clippy -D warnings
-#   docs       rustdoc with -D warnings
+#   docs       rustdoc with -D warnings, with all features and with none of the defaults
 #   test       scripts/test.sh (the README's test command: starts servers, cargo test)
 #   check      scripts/check.sh: the randomized checker on the fixed seeds and fresh ones
 #   scenarios  demo/scenarios.sh against the demo on PostgreSQL+Redis+NATS, on PostgreSQL with
 #              the Redis Cluster, on PostgreSQL through PgBouncer (transaction pooling), on
 #              MariaDB/MySQL,
-#              then on SQLite, the facade's SQLite example over HTTP,
+#              then on SQLite, the facade's SQLite example over HTTP, its complete
+#              example on PostgreSQL+Redis+NATS (scripts/example-production.sh),
 #              then schemathesis against its OpenAPI document
 #   hack       cargo hack check --each-feature --no-dev-deps
 #   deny       cargo deny: bans, licenses, sources (blocking); advisories (reported only)
@@ -35,6 +36,8 @@ lint() {
 docs() {
   step "docs"
   RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
+  # Each crate also documents without its default features (a gated item's links must hold).
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --no-default-features
 }
 
 tests() {
@@ -60,6 +63,8 @@ scenarios() {
   bash scripts/demo-scenarios.sh sqlite
   step "the facade's SQLite example over HTTP (a YAML file and the assembly call)"
   bash scripts/example-orders.sh
+  step "the facade's complete example on PostgreSQL + Redis + NATS over HTTP (issue 48)"
+  bash scripts/example-production.sh
   step "schemathesis: property-based HTTP fuzzing from the OpenAPI document"
   bash scripts/schemathesis.sh 100
 }

@@ -86,13 +86,7 @@ where
         Some(publisher) => builder.publisher(publisher).build(pool.clone()).await?,
         None => builder.build(pool.clone()).await?,
     };
-    let outbox = idempotency
-        .outbox()
-        .cloned()
-        .ok_or_else(|| idempotency::Error::Property {
-            property: "outbox",
-            reason: "the demo needs its outbox section".to_owned(),
-        })?;
+    let outbox = idempotency.outbox()?.clone();
     let db = DB::new(pool, idempotency.store().clone(), outbox);
     Ok((db, idempotency))
 }

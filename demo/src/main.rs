@@ -101,6 +101,7 @@ async fn run() -> Result<(), StartupError> {
         (Some(url), _) => {
             // No LISTEN/NOTIFY on MySQL: the relay polls.
             config.outbox.notify_channel = None;
+            config.outbox.relay.wake_up = idempotency::outbox::config::WakeUp::Poll;
             let pool = Mysql::connect(&url, &config).await?;
             serve::<Mysql>(pool, config, nats).await
         }
@@ -113,6 +114,7 @@ async fn run() -> Result<(), StartupError> {
             // per-key in-flight wait (a duplicate waits for the write lock, up to the busy
             // timeout): the facade refuses those keys on SQLite.
             config.outbox.notify_channel = None;
+            config.outbox.relay.wake_up = idempotency::outbox::config::WakeUp::Poll;
             config.idempotency.in_flight = Default::default();
             let pool = Sqlite::open(&config.demo.sqlite_path).await?;
             serve::<Sqlite>(pool, config, nats).await

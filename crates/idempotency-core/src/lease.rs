@@ -65,7 +65,7 @@ pub enum LeaseClaim {
 ///   `token`, returning `None` otherwise (fenced out, or already terminal);
 /// - `release_leased` deletes the `PROCESSING` record only while it carries `token`.
 ///
-/// The conformance cases are in [`testing`](crate::testing) (`leased_conformance_tests!`).
+/// The conformance cases are in the `testing` module (feature `test-utils`, `leased_conformance_tests!`).
 pub trait LeasedClaims: IdempotencyStore {
     /// Prepares the store for leases (the lease columns of the records table and the token
     /// sequence); idempotent.

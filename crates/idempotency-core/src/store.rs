@@ -119,7 +119,7 @@ pub enum Acquire {
 /// - `complete` turns the caller's `PROCESSING` record terminal, failing with
 ///   [`StoreError::NotProcessing`] otherwise.
 ///
-/// The conformance suite in [`testing`](crate::testing) (feature `test-utils`) checks all of this.
+/// The conformance suite in the `testing` module (feature `test-utils`) checks all of this.
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// The connection a business action runs its statements on.
     type Connection: Send;

@@ -1,4 +1,12 @@
-#![doc = include_str!("../README.md")]
+// The README describes the outbox, the relay and the inbox, which the `outbox` feature builds:
+// without it, a shorter page whose links all resolve.
+#![cfg_attr(feature = "outbox", doc = include_str!("../README.md"))]
+#![cfg_attr(
+    not(feature = "outbox"),
+    doc = "The MySQL / MariaDB store of `idempotency-core` (this build has no `outbox` feature: \
+           the crate's README, and its documentation built with all features, describe the \
+           outbox, its relay store and the consumer inbox)."
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;

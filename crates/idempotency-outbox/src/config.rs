@@ -62,8 +62,114 @@ pub struct OutboxConfig {
     /// A time-partitioned table (PostgreSQL only): retention drops whole partitions instead
     /// of deleting their rows. Off by default (one plain table).
     pub partitioning: PartitioningConfig,
+    /// The broker the relay publishes to, built from configuration by
+    /// [`ConfiguredPublisher::from_config`](crate::publisher::ConfiguredPublisher::from_config)
+    /// (the `idempotency` facade does so at start-up). `null` (default): the application
+    /// gives its own publisher.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<PublisherConfig>,
     /// What the `idempotency` facade's readiness check asks of the outbox.
     pub health: HealthConfig,
+}
+
+/// `outbox.publisher`: `logging`, or a table with one of the keys `nats`, `rabbitmq`.
+///
+/// ```
+/// use idempotency_outbox::config::{OutboxConfig, PublisherConfig};
+///
+/// let config: OutboxConfig = serde_json::from_value(serde_json::json!({
+///     "publisher": { "nats": {
+///         "url": "nats://127.0.0.1:4222",
+///         "subject": "orders.{aggregate_type}.{event_type}",
+///         "stream": { "name": "ORDERS", "create": true }
+///     } }
+/// }))?;
+/// let Some(PublisherConfig::Nats(nats)) = &config.publisher else { panic!() };
+/// assert!(nats.stream.create);
+/// let logging: OutboxConfig = serde_json::from_value(serde_json::json!({ "publisher": "logging" }))?;
+/// assert_eq!(logging.publisher, Some(PublisherConfig::Logging));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PublisherConfig {
+    /// NATS JetStream (feature `nats`).
+    Nats(NatsPublisherConfig),
+    /// RabbitMQ with publisher confirms (feature `rabbitmq`).
+    Rabbitmq(RabbitMqPublisherConfig),
+    /// Every message logged with `tracing` and confirmed: nothing leaves the process.
+    Logging,
+}
+
+/// The default NATS subject template.
+pub const DEFAULT_NATS_SUBJECT: &str = "outbox.{aggregate_type}.{event_type}";
+
+/// The default RabbitMQ routing-key template.
+pub const DEFAULT_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
+
+/// `outbox.publisher.nats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct NatsPublisherConfig {
+    /// The server, `nats://host:4222`. Required.
+    pub url: String,
+    /// The subject template (placeholders `{aggregate_type}`, `{aggregate_id}`,
+    /// `{event_type}`). Default `outbox.{aggregate_type}.{event_type}`.
+    pub subject: String,
+    /// The JetStream stream that stores the subjects.
+    pub stream: NatsStreamConfig,
+}
+
+impl Default for NatsPublisherConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            subject: DEFAULT_NATS_SUBJECT.to_owned(),
+            stream: NatsStreamConfig::default(),
+        }
+    }
+}
+
+/// `outbox.publisher.nats.stream`: checked at start-up (it must exist, capture the subjects
+/// when `create`, and deduplicate message ids at least as long as the relay may republish).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct NatsStreamConfig {
+    /// The stream's name. Required.
+    pub name: String,
+    /// Create the stream when it is missing, and add the subject filter to it when it lacks
+    /// it. Default `false`: the stream must exist.
+    pub create: bool,
+    /// The duplicate window of a stream `create` makes. Default (`null`): the relay's
+    /// republish window (`relay.publish-timeout + relay.lease-margin + relay.backoff.max`).
+    /// Only with `create: true`.
+    #[serde(with = "humantime_serde")]
+    pub duplicate_window: Option<Duration>,
+}
+
+/// `outbox.publisher.rabbitmq`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RabbitMqPublisherConfig {
+    /// The broker, `amqp://user:password@host:5672/%2f`. Required.
+    pub url: String,
+    /// The exchange. Default `""`, the default exchange (routes by queue name).
+    pub exchange: String,
+    /// The routing-key template. Default `{aggregate_type}.{event_type}`.
+    pub routing_key: String,
+    /// Declare `exchange` (durable, type `topic`) at start-up. Default `false`.
+    pub create: bool,
+}
+
+impl Default for RabbitMqPublisherConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            exchange: String::new(),
+            routing_key: DEFAULT_ROUTING_KEY.to_owned(),
+            create: false,
+        }
+    }
 }
 
 impl Default for OutboxConfig {
@@ -77,6 +183,7 @@ impl Default for OutboxConfig {
             relay: RelayConfig::default(),
             retention: RetentionConfig::default(),
             partitioning: PartitioningConfig::default(),
+            publisher: None,
             health: HealthConfig::default(),
         }
     }

@@ -24,6 +24,15 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A configuration property cannot take effect as set; the message names it
+    /// (`outbox.publisher.nats.url`).
+    #[error("{property}: {reason}")]
+    Property {
+        /// The property, from its top-level section down.
+        property: &'static str,
+        /// Why, and what to do.
+        reason: String,
+    },
     /// An event cannot be enqueued as given (empty aggregate, header name with `:`...).
     #[error("invalid event: {reason}")]
     InvalidEvent {

@@ -584,6 +584,103 @@ async fn a_body_over_max_message_size_is_dead_lettered_at_once() {
     queue.delete().await;
 }
 
+/// `outbox.publisher.rabbitmq`: the configured publisher connects, declares its exchange with
+/// `create`, publishes there with its routing-key template; what cannot work is refused naming
+/// the property.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_rabbitmq_publisher_declares_its_exchange_and_refuses_what_cannot_work() {
+    use idempotency_outbox::Publisher;
+    use idempotency_outbox::config::{OutboxConfig, PublisherConfig, RabbitMqPublisherConfig};
+    use idempotency_outbox::publisher::ConfiguredPublisher;
+    use lapin::options::{ExchangeDeleteOptions, QueueBindOptions};
+
+    let queue = TestQueue::new().await;
+    let exchange = format!("cfg-{}", uuid::Uuid::now_v7().simple());
+    let configured = |rabbitmq: RabbitMqPublisherConfig| OutboxConfig {
+        publisher: Some(PublisherConfig::Rabbitmq(rabbitmq)),
+        ..OutboxConfig::default()
+    };
+    let good = RabbitMqPublisherConfig {
+        url: idempotency_testing::amqp_url(),
+        exchange: exchange.clone(),
+        routing_key: "orders.{event_type}".to_owned(),
+        create: true,
+    };
+    for (config, property) in [
+        (
+            RabbitMqPublisherConfig {
+                url: String::new(),
+                ..good.clone()
+            },
+            "outbox.publisher.rabbitmq.url",
+        ),
+        (
+            RabbitMqPublisherConfig {
+                url: "amqp://guest:guest@127.0.0.1:1/%2f".to_owned(),
+                ..good.clone()
+            },
+            "outbox.publisher.rabbitmq.url",
+        ),
+        (
+            RabbitMqPublisherConfig {
+                exchange: String::new(),
+                ..good.clone()
+            },
+            "outbox.publisher.rabbitmq.create",
+        ),
+        (
+            RabbitMqPublisherConfig {
+                routing_key: "{nope}".to_owned(),
+                ..good.clone()
+            },
+            "outbox.publisher.rabbitmq.routing-key",
+        ),
+    ] {
+        let error = ConfiguredPublisher::from_config(&configured(config))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with(property), "{property}: {error}");
+    }
+
+    let publisher = ConfiguredPublisher::from_config(&configured(good))
+        .await
+        .unwrap()
+        .unwrap();
+    // The exchange exists now: bind the test queue to it and publish through it.
+    queue
+        .channel
+        .queue_bind(
+            queue.name.as_str().into(),
+            exchange.as_str().into(),
+            "orders.#".into(),
+            QueueBindOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let mut consumer = queue.consumer().await;
+    let message = idempotency_outbox::OutboxMessage::new(
+        uuid::Uuid::now_v7(),
+        "order",
+        "1",
+        None,
+        "OrderCreated",
+        r#"{"n":1}"#,
+        Default::default(),
+        chrono::Utc::now(),
+        0,
+    );
+    publisher.publish(&message).await.unwrap();
+    let delivery = TestQueue::receive(&mut consumer, 1).await;
+    assert_eq!(delivery[0].routing_key.as_str(), "orders.OrderCreated");
+    queue
+        .channel
+        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+}
+
 /// `Publisher::health`: `Up` through a proxy that forwards (connecting as a publish would),
 /// `Down` naming the failure once the proxy refuses, `Up` again when it forwards again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

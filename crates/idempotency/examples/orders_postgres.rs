@@ -1,4 +1,4 @@
-//! An orders service on PostgreSQL, idempotent from `examples/orders.yaml`:
+//! An orders service on PostgreSQL, idempotent from `examples/orders_minimal.yaml`:
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test cargo run -p idempotency --features postgres,axum --example orders_postgres
@@ -53,7 +53,10 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let settings = Settings::load(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/orders.yaml"))?;
+    let settings = Settings::load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/orders_minimal.yaml"
+    ))?;
     // A connection is pinged before use only after 10 s idle: a round trip less per request.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .test_when_idle(TEST_AFTER_IDLE)

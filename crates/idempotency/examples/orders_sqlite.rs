@@ -1,4 +1,4 @@
-//! An orders service on SQLite (a file, no server), idempotent from `examples/orders.yaml`:
+//! An orders service on SQLite (a file, no server), idempotent from `examples/orders_minimal.yaml`:
 //!
 //! ```sh
 //! cargo run -p idempotency --features sqlite,axum --example orders_sqlite
@@ -52,7 +52,10 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let settings = Settings::load(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/orders.yaml"))?;
+    let settings = Settings::load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/orders_minimal.yaml"
+    ))?;
     let pool = sqlx::SqlitePool::connect("sqlite://orders.db?mode=rwc").await?;
     sqlx::raw_sql("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, body text)")
         .execute(&pool)

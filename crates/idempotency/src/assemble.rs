@@ -9,6 +9,8 @@ use idempotency_core::{IdempotencyService, ServiceConfig};
 use crate::Error;
 use crate::backend::Database;
 use crate::settings::Settings;
+#[cfg(feature = "outbox")]
+use idempotency_outbox::config::OutboxConfig;
 
 /// The L1 tier of the assembled service: moka when `local-cache.enabled` (feature `moka`).
 #[cfg(feature = "moka")]
@@ -147,12 +149,18 @@ impl<D: Database> Idempotency<D> {
         &self.settings
     }
 
-    /// The outbox, when the configuration has an `outbox` section: enqueue events with it in
-    /// the transaction of the business change.
+    /// The outbox: enqueue events with it in the transaction of the business change
+    /// ([`EnqueueInTx::enqueue`](crate::EnqueueInTx::enqueue)). An error naming `outbox` when
+    /// the configuration has no `outbox` section.
     #[cfg(feature = "outbox")]
     #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
-    pub fn outbox(&self) -> Option<&D::Outbox> {
-        self.outbox.as_ref()
+    pub fn outbox(&self) -> Result<&D::Outbox, Error> {
+        self.outbox.as_ref().ok_or_else(|| {
+            Error::property(
+                "outbox",
+                "is not configured: add an outbox section to have the outbox table set up",
+            )
+        })
     }
 
     /// The relay's health, when it runs.
@@ -350,7 +358,7 @@ pub trait MaybePublisher: Send + Sync + 'static {
     fn spawn_relay<O>(
         self,
         outbox: O,
-        config: &idempotency_outbox::config::OutboxConfig,
+        config: &OutboxConfig,
     ) -> impl Future<Output = Result<idempotency_outbox::RelayHandle, idempotency_outbox::Error>> + Send
     where
         O: idempotency_outbox::RelayStore + idempotency_outbox::Housekeeping;
@@ -361,7 +369,7 @@ impl<P: idempotency_outbox::Publisher> MaybePublisher for P {
     async fn spawn_relay<O>(
         self,
         outbox: O,
-        config: &idempotency_outbox::config::OutboxConfig,
+        config: &OutboxConfig,
     ) -> Result<idempotency_outbox::RelayHandle, idempotency_outbox::Error>
     where
         O: idempotency_outbox::RelayStore + idempotency_outbox::Housekeeping,
@@ -377,8 +385,22 @@ impl MaybePublisher for NoPublisher {}
 
 /// Refuses, before any I/O, every property that could not take effect; returns the cleanup
 /// schedule it parsed on the way.
-fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSchedule, Error> {
+fn check<D: Database>(settings: &Settings, given: bool) -> Result<CleanupSchedule, Error> {
     let (notifications, partitions) = (D::NOTIFICATIONS, D::PARTITIONED_OUTBOX);
+    #[cfg(feature = "outbox")]
+    let configured = settings
+        .outbox
+        .as_ref()
+        .is_some_and(|outbox| outbox.publisher.is_some());
+    #[cfg(not(feature = "outbox"))]
+    let configured = false;
+    if given && configured {
+        return Err(Error::property(
+            "outbox.publisher",
+            "is set, and a publisher was given to Builder::publisher too; remove one",
+        ));
+    }
+    let publisher = given || configured;
     let properties = &settings.idempotency;
     if !properties.persistence.enabled {
         return Err(Error::property(
@@ -410,11 +432,17 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
         ));
     }
     #[cfg(feature = "redis")]
-    if properties.distributed_cache.enabled && properties.distributed_cache.url.is_none() {
+    if properties.distributed_cache.enabled
+        && properties
+            .distributed_cache
+            .url
+            .as_deref()
+            .is_none_or(|url| url.trim().is_empty())
+    {
         return Err(Error::property(
             "idempotency.distributed-cache.url",
-            "is not set, but distributed-cache.enabled is true: give the Redis URL, or set \
-             enabled to false",
+            "is not set (or empty), but distributed-cache.enabled is true: give the Redis URL \
+             (redis://host:6379), or set enabled to false",
         ));
     }
     check_caches(properties)?;
@@ -494,6 +522,14 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
                      with PgOutbox::with_listen_pool on a direct connection",
                 ));
             }
+            if outbox.notify_channel.is_none()
+                && outbox.notify_interval != OutboxConfig::default().notify_interval
+            {
+                return Err(Error::property(
+                    "outbox.notify-interval",
+                    "is set, but outbox.notify-channel is null: no enqueue notifies; remove it",
+                ));
+            }
             if outbox.partitioning.enabled && !partitions {
                 return Err(Error::property(
                     "outbox.partitioning.enabled",
@@ -523,10 +559,12 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
             if outbox.relay.enabled && !publisher {
                 return Err(Error::property(
                     "outbox.relay.enabled",
-                    "is true, but no publisher was given (Builder::publisher); give one, or set \
-                     it to false when another process relays",
+                    "is true, but there is no publisher: set outbox.publisher (nats, rabbitmq, \
+                     logging) or give one to Builder::publisher; or set it to false when another \
+                     process relays",
                 ));
             }
+            check_wake_up(outbox, notifications)?;
         }
         None if publisher => {
             return Err(Error::property(
@@ -544,6 +582,40 @@ fn check<D: Database>(settings: &Settings, publisher: bool) -> Result<CleanupSch
         behind_transaction_pooler,
     );
     Ok(schedule)
+}
+
+/// Refuses the relay's wake-up settings that cannot take effect: `wake-up: listen` where the
+/// database has no notifications (SQLite, MySQL) or no enqueue notifies (`notify-channel:
+/// null`), and `notify-debounce` where nothing is listened to.
+#[cfg(feature = "outbox")]
+fn check_wake_up(outbox: &OutboxConfig, notifications: bool) -> Result<(), Error> {
+    use idempotency_outbox::config::WakeUp;
+    let relay = &outbox.relay;
+    if !relay.enabled {
+        return Ok(());
+    }
+    let listens = relay.wake_up == WakeUp::Listen;
+    if listens && !notifications {
+        return Err(Error::property(
+            "outbox.relay.wake-up",
+            "is listen (the default), but this database has no notifications; set it to poll \
+             (the relay looks for rows every outbox.relay.poll-interval)",
+        ));
+    }
+    if listens && outbox.notify_channel.is_none() {
+        return Err(Error::property(
+            "outbox.relay.wake-up",
+            "is listen (the default), but outbox.notify-channel is null: nothing would be \
+             heard; set it to poll, or name a channel",
+        ));
+    }
+    if !listens && relay.notify_debounce != OutboxConfig::default().relay.notify_debounce {
+        return Err(Error::property(
+            "outbox.relay.notify-debounce",
+            "is set, but the relay does not listen (wake-up: poll); remove it",
+        ));
+    }
+    Ok(())
 }
 
 /// Why a record lifetime cannot take effect: zero (every record born expired) or beyond what
@@ -678,6 +750,17 @@ pub(crate) async fn redis_cache(
     })
 }
 
+/// An outbox error as the facade reports it: a refused property keeps its name.
+#[cfg(feature = "outbox")]
+fn outbox_error(error: idempotency_outbox::Error) -> Error {
+    match error {
+        idempotency_outbox::Error::Property { property, reason } => {
+            Error::Property { property, reason }
+        }
+        other => Error::Outbox(Box::new(other)),
+    }
+}
+
 /// Tells the Redis client, if any, to quit: its connection task stops.
 async fn disconnect(cache: &DistributedTier) {
     #[cfg(feature = "redis")]
@@ -734,6 +817,16 @@ where
             .filter(|outbox| outbox.relay.enabled)
             .cloned();
 
+        // The broker first: a publisher that cannot work stops start-up before any setup.
+        #[cfg(feature = "outbox")]
+        let configured = match &relay_config {
+            Some(config) if config.publisher.is_some() => {
+                idempotency_outbox::publisher::ConfiguredPublisher::from_config(config)
+                    .await
+                    .map_err(outbox_error)?
+            }
+            _ => None,
+        };
         let store = pool.clone().store(&properties.persistence).await?;
         #[cfg(feature = "outbox")]
         let outbox = match &settings.outbox {
@@ -774,17 +867,23 @@ where
             .build();
 
         #[cfg(feature = "outbox")]
-        let relay = match (&outbox, relay_config, self.publisher) {
-            (Some(outbox), Some(config), Some(publisher)) => {
-                match publisher.spawn_relay(outbox.clone(), &config).await {
-                    Ok(relay) => Some(relay),
-                    Err(error) => {
-                        disconnect(service.distributed_cache()).await;
-                        return Err(Error::Outbox(Box::new(error)));
-                    }
+        let relay = {
+            let spawned = match (&outbox, relay_config, self.publisher, configured) {
+                (Some(outbox), Some(config), Some(publisher), _) => {
+                    Some(publisher.spawn_relay(outbox.clone(), &config).await)
+                }
+                (Some(outbox), Some(config), None, Some(publisher)) => {
+                    Some(publisher.spawn_relay(outbox.clone(), &config).await)
+                }
+                _ => None,
+            };
+            match spawned.transpose() {
+                Ok(relay) => relay,
+                Err(error) => {
+                    disconnect(service.distributed_cache()).await;
+                    return Err(outbox_error(error));
                 }
             }
-            _ => None,
         };
         let cleanup = properties.persistence.cleanup.enabled.then(|| {
             CleanupJob::new(

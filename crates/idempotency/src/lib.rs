@@ -3,6 +3,8 @@
 
 mod assemble;
 mod backend;
+#[cfg(feature = "outbox")]
+mod enqueue;
 mod error;
 pub mod health;
 mod load;
@@ -21,16 +23,26 @@ pub mod ops;
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
 pub mod pool;
+mod report;
 mod settings;
+#[cfg(feature = "axum")]
+mod signal;
 
 pub use assemble::{
     Builder, DistributedTier, Idempotency, LocalTier, MaybePublisher, Meters, NoPublisher, Service,
     ShutdownReport,
 };
 pub use backend::Database;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub use enqueue::EnqueueInTx;
 pub use error::Error;
 pub use load::{LoadError, Loader};
+pub use report::Report;
 pub use settings::{IdempotencyProperties, Settings};
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use signal::shutdown_signal;
 
 /// The core: the service, keys, outcomes, the store SPI, configuration types.
 pub use idempotency_core as core;

@@ -110,6 +110,58 @@ impl Loader {
 
     /// Merges the file and the environment and deserializes the result.
     pub fn load<T: DeserializeOwned>(&self) -> Result<T, LoadError> {
+        Ok(self.merged()?.try_deserialize()?)
+    }
+
+    /// Loads the application's own top-level section `name` as `A` and
+    /// [`Settings`](crate::Settings) from the same file and environment (`name`'s variables
+    /// too: `APP__PORT` for `app.port`). Each refuses its own unknown keys: the settings every top-level key other than
+    /// `idempotency`, `outbox` and `name`, and `A` whatever it refuses
+    /// (`#[serde(deny_unknown_fields)]`). A file without the section gives `A` an empty table
+    /// (its `#[serde(default)]`s).
+    ///
+    /// ```
+    /// #[derive(Debug, serde::Deserialize)]
+    /// #[serde(deny_unknown_fields)]
+    /// struct App { port: u16 }
+    ///
+    /// let (app, settings): (App, idempotency::Settings) = idempotency::Loader::new()
+    ///     .environment([("APP__PORT", "8080"), ("IDEMPOTENCY__PERSISTENCE__TTL", "7d")])
+    ///     .load_with("app")?;
+    /// assert_eq!(app.port, 8080);
+    /// assert_eq!(settings.idempotency.persistence.ttl, Some(std::time::Duration::from_secs(7 * 86_400)));
+    /// let typo = idempotency::Loader::new()
+    ///     .environment([("APP__PORT", "8080"), ("APP__PROT", "1")])
+    ///     .load_with::<App>("app");
+    /// assert!(typo.unwrap_err().to_string().contains("prot"));
+    /// # Ok::<(), idempotency::LoadError>(())
+    /// ```
+    pub fn load_with<A: DeserializeOwned>(
+        &self,
+        name: &str,
+    ) -> Result<(A, crate::Settings), LoadError> {
+        let name = name.to_ascii_lowercase().replace('_', "-");
+        if OWN_SECTIONS.contains(&name.as_str()) {
+            return Err(config::ConfigError::Message(format!(
+                "{name}: is this library's section; give the application's section another name"
+            ))
+            .into());
+        }
+        let loader = self.clone().section(&name);
+        let merged = loader.merged()?;
+        let mut table = merged.cache.into_table()?;
+        let app = table.remove(&name).unwrap_or_else(|| {
+            config::Value::new(None, config::Map::<String, config::Value>::new())
+        });
+        let app = app
+            .try_deserialize::<A>()
+            .map_err(|error| config::ConfigError::Message(format!("{name}: {error}")))?;
+        let rest = config::Value::new(None, table);
+        Ok((app, rest.try_deserialize()?))
+    }
+
+    /// The file and the environment merged, with whole numbers checked.
+    fn merged(&self) -> Result<config::Config, LoadError> {
         let mut builder = config::Config::builder();
         if let Some((path, required)) = &self.file {
             builder = builder.add_source(config::File::from(path.as_path()).required(*required));
@@ -133,7 +185,7 @@ impl Loader {
         }
         let config = builder.build()?;
         whole_numbers(&config.cache)?;
-        Ok(config.try_deserialize()?)
+        Ok(config)
     }
 
     /// The key a variable names; `None` when it belongs to no known section, or is the bare

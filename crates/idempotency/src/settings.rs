@@ -49,6 +49,25 @@ impl Settings {
     pub fn load(file: impl AsRef<Path>) -> Result<Self, LoadError> {
         Loader::new().file(file.as_ref()).load()
     }
+
+    /// Reads `file` and the environment once, giving the application's own top-level section
+    /// `section` as `A` and the settings ([`Loader::load_with`]): one file for the whole
+    /// service, each part refusing its own unknown keys.
+    ///
+    /// ```no_run
+    /// #[derive(serde::Deserialize)]
+    /// #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+    /// struct App { listen: String, database_url: String }
+    ///
+    /// let (app, settings) = idempotency::Settings::load_with::<App>("config/orders.yaml", "app")?;
+    /// # Ok::<(), idempotency::LoadError>(())
+    /// ```
+    pub fn load_with<A: serde::de::DeserializeOwned>(
+        file: impl AsRef<Path>,
+        section: &str,
+    ) -> Result<(A, Self), LoadError> {
+        Loader::new().file(file.as_ref()).load_with(section)
+    }
 }
 
 /// `idempotency.*`: the core's sections ([`IdempotencyConfig`]) and the cache sections, which

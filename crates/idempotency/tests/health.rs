@@ -359,7 +359,7 @@ async fn the_broker_is_reported_from_the_relays_publisher() {
         )
         .await
         .unwrap();
-    let outbox = "  relay:\n    enabled: true\n    workers: 1\n";
+    let outbox = "  relay:\n    enabled: true\n    workers: 1\n    wake-up: poll\n";
     let idempotency = Builder::new(&settings(&with_outbox(outbox)))
         .publisher(publisher)
         .build(sqlite().await)

@@ -766,7 +766,7 @@ async fn no_outbox_section_no_outbox() {
     let idempotency = Idempotency::from_config(&settings(BASE), sqlite().await)
         .await
         .unwrap();
-    assert!(idempotency.outbox().is_none());
+    assert!(idempotency.outbox().is_err());
     let error = Builder::new(&settings(BASE))
         .publisher(idempotency::outbox::LoggingPublisher::new())
         .build(sqlite().await)

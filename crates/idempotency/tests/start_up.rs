@@ -245,9 +245,12 @@ async fn in_flight_policy_and_timeout_are_refused_on_sqlite() {
 }
 
 #[tokio::test]
-async fn the_orders_examples_configuration_starts_on_sqlite() {
-    let settings =
-        Settings::load(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/orders.yaml")).unwrap();
+async fn the_minimal_orders_examples_configuration_starts_on_sqlite() {
+    let settings = Settings::load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/orders_minimal.yaml"
+    ))
+    .unwrap();
     let settings = Settings {
         idempotency: idempotency::IdempotencyProperties {
             distributed_cache: idempotency::redis::DistributedCacheConfig {

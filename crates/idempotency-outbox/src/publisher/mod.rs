@@ -14,6 +14,7 @@ use idempotency_core::BoxError;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 
+mod configured;
 mod health;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
@@ -27,6 +28,7 @@ pub mod nats;
 pub mod rabbitmq;
 mod template;
 
+pub use configured::ConfiguredPublisher;
 pub use health::BrokerHealth;
 pub use logging::LoggingPublisher;
 pub use template::Template;

@@ -199,6 +199,29 @@ impl RabbitMqPublisher {
         Ok(())
     }
 
+    /// Declares the exchange (durable, type `topic`) when it is missing; an existing one of
+    /// another type or durability fails (the broker's 406). The default exchange `""` always
+    /// exists and is not declared.
+    pub async fn declare_exchange(&self) -> Result<(), Error> {
+        if self.exchange.is_empty() {
+            return Ok(());
+        }
+        let channel = self.open_channel().await.map_err(Error::Publisher)?;
+        let declared = channel
+            .exchange_declare(
+                ShortString::from(self.exchange.as_str()),
+                lapin::ExchangeKind::Topic,
+                lapin::options::ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        let _ = channel.close(200, ShortString::from("declared")).await;
+        declared.map_err(|e| Error::Publisher(PublishError::new(PublishErrorKind::Unavailable, e)))
+    }
+
     /// Whether the publisher's connection is up: connected now, or connected anew (as the
     /// next publish would). `Down` names the connect error.
     async fn check_connection(&self) -> BrokerHealth {

@@ -1,0 +1,278 @@
+//! [`ConfiguredPublisher`]: the publisher `outbox.publisher` describes, connected and its
+//! stream or exchange checked at start-up.
+
+use crate::config::{OutboxConfig, PublisherConfig};
+use crate::error::Error;
+use crate::message::OutboxMessage;
+use crate::publisher::{Ack, BrokerHealth, LoggingPublisher, PublishError, Publisher};
+
+/// The publisher built from `outbox.publisher`: NATS JetStream (feature `nats`), RabbitMQ
+/// (feature `rabbitmq`) or logging.
+///
+/// ```
+/// # async fn demo() -> Result<(), idempotency_outbox::Error> {
+/// use idempotency_outbox::config::OutboxConfig;
+/// use idempotency_outbox::publisher::ConfiguredPublisher;
+///
+/// let config: OutboxConfig = serde_json::from_value(serde_json::json!({ "publisher": "logging" }))
+///     .map_err(|e| idempotency_outbox::Error::Payload(e))?;
+/// let publisher = ConfiguredPublisher::from_config(&config).await?;
+/// assert!(matches!(publisher, Some(ConfiguredPublisher::Logging(_))));
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+// One value per process, built once and moved into the relay: boxing the variants gains nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum ConfiguredPublisher {
+    /// `outbox.publisher.nats`.
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    Nats(super::nats::NatsPublisher),
+    /// `outbox.publisher.rabbitmq`.
+    #[cfg(feature = "rabbitmq")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+    RabbitMq(super::rabbitmq::RabbitMqPublisher),
+    /// `outbox.publisher: logging`.
+    Logging(LoggingPublisher),
+}
+
+fn property(property: &'static str, reason: impl Into<String>) -> Error {
+    Error::Property {
+        property,
+        reason: reason.into(),
+    }
+}
+
+/// `url` without its password.
+#[cfg_attr(not(any(feature = "nats", feature = "rabbitmq")), allow(dead_code))]
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => match url[scheme + 3..at].find(':') {
+            Some(colon) => format!("{}:***{}", &url[..scheme + 3 + colon], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
+impl ConfiguredPublisher {
+    /// Builds the publisher of `config.publisher` (`None` when it is not set) and checks it
+    /// can work before the relay starts:
+    ///
+    /// - `nats`: connects to `url`; with `stream.create` makes sure the stream exists and
+    ///   captures the subjects ([`NatsPublisher::ensure_stream`](super::nats::NatsPublisher::ensure_stream));
+    ///   then fails when the stream is missing or its duplicate window is shorter than the
+    ///   relay's republish window ([`RelayConfig::check_duplicate_window`](crate::config::RelayConfig::check_duplicate_window)).
+    /// - `rabbitmq`: connects to `url`; with `create` declares `exchange` (durable, `topic`).
+    /// - `logging`: nothing to check.
+    ///
+    /// Every failure is an [`Error::Property`] naming the property (`outbox.publisher.nats.url`).
+    pub async fn from_config(config: &OutboxConfig) -> Result<Option<Self>, Error> {
+        let Some(publisher) = &config.publisher else {
+            return Ok(None);
+        };
+        match publisher {
+            PublisherConfig::Logging => Ok(Some(Self::Logging(LoggingPublisher::new()))),
+            #[cfg(feature = "nats")]
+            PublisherConfig::Nats(nats) => {
+                Ok(Some(Self::Nats(Self::nats(nats, &config.relay).await?)))
+            }
+            #[cfg(not(feature = "nats"))]
+            PublisherConfig::Nats(_) => Err(property(
+                "outbox.publisher.nats",
+                "is set, but the `nats` feature is off; enable it",
+            )),
+            #[cfg(feature = "rabbitmq")]
+            PublisherConfig::Rabbitmq(rabbitmq) => {
+                Ok(Some(Self::RabbitMq(Self::rabbitmq(rabbitmq).await?)))
+            }
+            #[cfg(not(feature = "rabbitmq"))]
+            PublisherConfig::Rabbitmq(_) => Err(property(
+                "outbox.publisher.rabbitmq",
+                "is set, but the `rabbitmq` feature is off; enable it",
+            )),
+        }
+    }
+
+    #[cfg(feature = "nats")]
+    async fn nats(
+        config: &crate::config::NatsPublisherConfig,
+        relay: &crate::config::RelayConfig,
+    ) -> Result<super::nats::NatsPublisher, Error> {
+        if config.url.trim().is_empty() {
+            return Err(property(
+                "outbox.publisher.nats.url",
+                "is empty; give the server, e.g. nats://127.0.0.1:4222",
+            ));
+        }
+        if config.stream.name.trim().is_empty() {
+            return Err(property(
+                "outbox.publisher.nats.stream.name",
+                "is empty; name the JetStream stream that stores the subjects (and set \
+                 stream.create: true to have it created)",
+            ));
+        }
+        if config.stream.duplicate_window.is_some() && !config.stream.create {
+            return Err(property(
+                "outbox.publisher.nats.stream.duplicate-window",
+                "is set, but stream.create is false: only a stream created at start-up takes \
+                 it; remove it, or set stream.create: true",
+            ));
+        }
+        let client = async_nats::connect(config.url.as_str())
+            .await
+            .map_err(|e| {
+                property(
+                    "outbox.publisher.nats.url",
+                    format!("{}: cannot connect: {e}", redact(&config.url)),
+                )
+            })?;
+        let publisher = super::nats::NatsPublisher::new(client)
+            .with_subject(&config.subject)
+            .map_err(|e| property("outbox.publisher.nats.subject", e.to_string()))?;
+        let stream = &config.stream.name;
+        if config.stream.create {
+            let window = config
+                .stream
+                .duplicate_window
+                .unwrap_or_else(|| relay.republish_window());
+            publisher.ensure_stream(stream, window).await.map_err(|e| {
+                property(
+                    "outbox.publisher.nats.stream.name",
+                    format!("{stream:?}: the stream could not be created: {}", chain(&e)),
+                )
+            })?;
+        }
+        publisher
+            .check_duplicate_window(stream, relay)
+            .await
+            .map_err(|e| match e {
+                Error::InvalidConfig { reason } => property(
+                    "outbox.publisher.nats.stream.name",
+                    format!("{stream:?}: {reason}"),
+                ),
+                other => property(
+                    "outbox.publisher.nats.stream.name",
+                    format!(
+                        "{stream:?}: the stream could not be read (set stream.create: true to \
+                         create it): {}",
+                        chain(&other)
+                    ),
+                ),
+            })?;
+        Ok(publisher)
+    }
+
+    #[cfg(feature = "rabbitmq")]
+    async fn rabbitmq(
+        config: &crate::config::RabbitMqPublisherConfig,
+    ) -> Result<super::rabbitmq::RabbitMqPublisher, Error> {
+        if config.url.trim().is_empty() {
+            return Err(property(
+                "outbox.publisher.rabbitmq.url",
+                "is empty; give the broker, e.g. amqp://guest:guest@127.0.0.1:5672/%2f",
+            ));
+        }
+        if config.create && config.exchange.is_empty() {
+            return Err(property(
+                "outbox.publisher.rabbitmq.create",
+                "is true, but exchange is empty (the default exchange exists always); name the \
+                 exchange, or remove create",
+            ));
+        }
+        let publisher = super::rabbitmq::RabbitMqPublisher::new(config.url.as_str())
+            .with_exchange(config.exchange.as_str())
+            .with_routing_key(&config.routing_key)
+            .map_err(|e| property("outbox.publisher.rabbitmq.routing-key", e.to_string()))?;
+        publisher.connect().await.map_err(|e| {
+            property(
+                "outbox.publisher.rabbitmq.url",
+                format!("{}: cannot connect: {}", redact(&config.url), chain(&e)),
+            )
+        })?;
+        if config.create {
+            publisher.declare_exchange().await.map_err(|e| {
+                property(
+                    "outbox.publisher.rabbitmq.exchange",
+                    format!(
+                        "{:?}: could not be declared: {}",
+                        config.exchange,
+                        chain(&e)
+                    ),
+                )
+            })?;
+        }
+        Ok(publisher)
+    }
+}
+
+/// The error and its sources, `: `-separated.
+#[cfg_attr(not(any(feature = "nats", feature = "rabbitmq")), allow(dead_code))]
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+impl Publisher for ConfiguredPublisher {
+    fn destination(&self) -> &str {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(publisher) => publisher.destination(),
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(publisher) => publisher.destination(),
+            Self::Logging(publisher) => publisher.destination(),
+        }
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(publisher) => publisher.publish(message).await,
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(publisher) => publisher.publish(message).await,
+            Self::Logging(publisher) => publisher.publish(message).await,
+        }
+    }
+
+    async fn duplicate_window(&self) -> Result<Option<std::time::Duration>, PublishError> {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(publisher) => publisher.duplicate_window().await,
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(publisher) => publisher.duplicate_window().await,
+            Self::Logging(publisher) => publisher.duplicate_window().await,
+        }
+    }
+
+    async fn health(&self) -> BrokerHealth {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(publisher) => publisher.health().await,
+            #[cfg(feature = "rabbitmq")]
+            Self::RabbitMq(publisher) => publisher.health().await,
+            Self::Logging(publisher) => publisher.health().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_password() {
+        assert_eq!(
+            redact("amqp://guest:secret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact("nats://host:4222"), "nats://host:4222");
+    }
+}
