@@ -48,18 +48,18 @@ where
     /// Bound that wait in the transaction (`SET LOCAL lock_timeout` on PostgreSQL,
     /// `innodb_lock_wait_timeout` on MySQL), or use [`execute`](Self::execute), which claims
     /// the key before the action.
-    pub async fn execute_optimistic<R, T, E, A>(
+    pub fn execute_optimistic<R, T, E, A>(
         &self,
         call: Call<'_, R>,
         action: A,
-    ) -> Result<Outcome<T>, E>
+    ) -> impl Future<Output = Result<Outcome<T>, E>>
     where
         R: Serialize + ?Sized,
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         A: AsyncFnOnce(&mut S::Connection) -> Result<ExecutionResult<T>, E>,
     {
-        traced(execute_span(&call), self.optimistic_untraced(call, action)).await
+        traced(execute_span(&call), self.optimistic_untraced(call, action))
     }
 
     async fn optimistic_untraced<R, T, E, A>(
