@@ -284,7 +284,7 @@ async fn outages_log_once_per_change_of_state_not_per_request() {
     let idempotency = Builder::new(&settings(
         "idempotency:\n  persistence:\n    schema:\n      mode: create\n  distributed-cache:\n    \
          enabled: false\noutbox:\n  schema:\n    mode: create\n  notify-channel: null\n  relay:\n    \
-         workers: 2\n    poll-interval: 50ms\n    publish-timeout: 200ms\n    backoff:\n      \
+         wake-up: poll\n    workers: 2\n    poll-interval: 50ms\n    publish-timeout: 200ms\n    backoff:\n      \
          base: 50ms\n      max: 300ms\n",
     ))
     .publisher(publisher)
