@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idempotency::{IdempotencyProperties, Loader, Settings};
+use idempotency::{IdempotencyConfig, Loader, Settings};
 use idempotency_outbox::config::OutboxConfig;
 use rust_decimal::Decimal;
 use serde::Deserialize;
@@ -20,7 +20,7 @@ pub struct DemoConfig {
     /// The business rules of the demo.
     pub demo: BusinessConfig,
     /// The `idempotency.*` properties, named as in the reference starter.
-    pub idempotency: IdempotencyProperties,
+    pub idempotency: IdempotencyConfig,
     /// The outbox and its relay.
     pub outbox: OutboxConfig,
 }

@@ -20,7 +20,7 @@ use axum::{Json, Router};
 use idempotency_axum::{Error, IdempotentJson, OutcomeExt, ScopedKey, TenantHeader, UuidKeyHeader};
 use idempotency_core::{
     CacheError, DistributedCache, ExecutionResult, FailurePolicy, IdempotencyRecord,
-    IdempotencyService, InFlightPolicy, NoCache, RecordId, ServiceConfig,
+    IdempotencyService, InFlightPolicy, NoCache, RecordId, ServiceOptions,
 };
 use idempotency_pg::PgStore;
 use serde::{Deserialize, Serialize};
@@ -179,7 +179,7 @@ async fn database() -> (PgPool, PgStore) {
     (pool, store)
 }
 
-async fn setup_with(config: ServiceConfig) -> (PgPool, Router, Arc<Hooks>) {
+async fn setup_with(config: ServiceOptions) -> (PgPool, Router, Arc<Hooks>) {
     let (pool, store) = database().await;
     let service = IdempotencyService::builder(store).config(config).build();
     let (app, hooks) = router(service);
@@ -187,7 +187,7 @@ async fn setup_with(config: ServiceConfig) -> (PgPool, Router, Arc<Hooks>) {
 }
 
 async fn setup() -> (PgPool, Router, Arc<Hooks>) {
-    setup_with(ServiceConfig::default()).await
+    setup_with(ServiceOptions::default()).await
 }
 
 async fn count(pool: &PgPool, table: &str) -> i64 {
@@ -324,9 +324,9 @@ async fn hold_key(app: &Router, hooks: &Arc<Hooks>, key: &str) -> tokio::task::J
 /// Still in flight, reject policy: 409 `request-in-flight` with `Retry-After`, at once.
 #[tokio::test]
 async fn in_flight_with_reject_policy_is_409_with_retry_after() {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Reject,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let (pool, app, hooks) = setup_with(config).await;
     let first = hold_key(&app, &hooks, "k-4").await;
@@ -348,11 +348,11 @@ async fn in_flight_with_reject_policy_is_409_with_retry_after() {
 #[tokio::test]
 async fn in_flight_wait_timeout_is_409_with_retry_after() {
     let budget = Duration::from_millis(300);
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Wait {
             timeout: Some(budget),
         },
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let (pool, app, hooks) = setup_with(config).await;
     let first = hold_key(&app, &hooks, "k-5").await;

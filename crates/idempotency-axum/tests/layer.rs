@@ -19,7 +19,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
 use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope, StoredStatuses, TenantHeader};
-use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceConfig};
+use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceOptions};
 use idempotency_pg::PgStore;
 use idempotency_pg::sqlx;
 use idempotency_sqlite::SqliteStore;
@@ -208,7 +208,7 @@ async fn echo(body: Bytes) -> (StatusCode, [(header::HeaderName, &'static str); 
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], body)
 }
 
-fn app<B: Backend>(store: B, config: ServiceConfig) -> (Router, Arc<Hooks>) {
+fn app<B: Backend>(store: B, config: ServiceOptions) -> (Router, Arc<Hooks>) {
     let hooks = Arc::new(Hooks::default());
     hooks.failing.store(true, Ordering::SeqCst);
     let service = IdempotencyService::builder(store).config(config).build();
@@ -224,10 +224,10 @@ fn app<B: Backend>(store: B, config: ServiceConfig) -> (Router, Arc<Hooks>) {
     (app, hooks)
 }
 
-fn config(in_flight: InFlightPolicy) -> ServiceConfig {
-    ServiceConfig {
+fn config(in_flight: InFlightPolicy) -> ServiceOptions {
+    ServiceOptions {
         in_flight,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     }
 }
 
@@ -261,7 +261,7 @@ async fn pay(app: &Router, key: &str, tenant: &str, body: &str) -> Reply {
 
 async fn missing_and_invalid_keys_are_refused_before_anything_runs<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     let body = r#"{"amount": 10}"#;
     call(&app, "/payments", &[("x-tenant-id", "t")], body)
         .await
@@ -293,7 +293,7 @@ async fn missing_and_invalid_keys_are_refused_before_anything_runs<B: Backend>()
 
 async fn a_replay_is_byte_identical_and_runs_nothing<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     let first = pay(&app, "k-1", "t", r#"{"mode":"","amount":10}"#).await;
     assert_eq!(first.status, StatusCode::CREATED, "{}", first.text());
     assert!(!first.is_replay());
@@ -332,7 +332,7 @@ async fn a_replay_is_byte_identical_and_runs_nothing<B: Backend>() {
 
 async fn another_payload_under_the_same_key_is_422<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     assert_eq!(pay(&app, "k", "t", r#"{"amount": 10}"#).await.status, 201);
     let reused = pay(&app, "k", "t", r#"{"amount": 11}"#)
         .await
@@ -352,7 +352,7 @@ async fn another_payload_under_the_same_key_is_422<B: Backend>() {
 
 async fn a_stored_rejection_replays_identically<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     let first = pay(&app, "k", "t", r#"{"amount": 5000}"#).await;
     assert_eq!(first.status, 422);
     let replay = pay(&app, "k", "t", r#"{"amount": 5000}"#).await;
@@ -367,7 +367,7 @@ async fn a_stored_rejection_replays_identically<B: Backend>() {
 
 async fn a_5xx_is_rolled_back_with_the_handlers_writes_and_the_retry_runs<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, hooks) = app(store.clone(), ServiceConfig::default());
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
     let body = r#"{"amount": 10, "mode": "fail"}"#;
     let failed = pay(&app, "k", "t", body).await;
     assert_eq!(
@@ -389,7 +389,7 @@ async fn a_5xx_is_rolled_back_with_the_handlers_writes_and_the_retry_runs<B: Bac
 
 async fn a_409_is_not_stored<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     let busy = pay(&app, "k", "t", r#"{"amount": 10, "mode": "busy"}"#).await;
     assert_eq!(busy.status, 409);
     assert_eq!(store.count("payments").await, 0);
@@ -398,7 +398,7 @@ async fn a_409_is_not_stored<B: Backend>() {
 
 async fn responses_that_cannot_be_stored_leave_nothing<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     for (key, mode) in [("k-stream", "stream"), ("k-big", "big")] {
         let body = format!(r#"{{"amount": 10, "mode": "{mode}"}}"#);
         pay(&app, key, "t", &body)
@@ -411,7 +411,7 @@ async fn responses_that_cannot_be_stored_leave_nothing<B: Backend>() {
 
 async fn a_request_body_over_the_limit_is_413<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     let body = format!(r#"{{"amount": 10, "mode": "{}"}}"#, "x".repeat(2000));
     pay(&app, "k", "t", &body)
         .await
@@ -421,7 +421,7 @@ async fn a_request_body_over_the_limit_is_413<B: Backend>() {
 
 async fn tenants_are_isolated<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     let a = pay(&app, "shared", "tenant-a", r#"{"amount": 10}"#).await;
     let b = pay(&app, "shared", "tenant-b", r#"{"amount": 10}"#).await;
     assert_eq!(
@@ -435,7 +435,7 @@ async fn tenants_are_isolated<B: Backend>() {
 
 async fn a_handler_without_the_transaction_still_records_and_replays<B: Backend>() {
     let (store, _cleanup) = B::fresh().await;
-    let (app, _) = app(store.clone(), ServiceConfig::default());
+    let (app, _) = app(store.clone(), ServiceOptions::default());
     let headers = [("idempotency-key", "k"), ("x-tenant-id", "t")];
     let first = call(&app, "/echo", &headers, r#"{"b":1,"a":2}"#).await;
     assert_eq!(

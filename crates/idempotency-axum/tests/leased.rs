@@ -23,7 +23,7 @@ use idempotency_axum::{IdempotencyLayer, SharedScope};
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::{
     IdempotencyKey, IdempotencyService, InFlightPolicy, LeasedClaims, Operation, RecordId,
-    RecordStatus, Scope, ServiceConfig,
+    RecordStatus, Scope, ServiceOptions,
 };
 use idempotency_pg::PgStore;
 use idempotency_sqlite::SqliteStore;
@@ -110,9 +110,9 @@ fn app<B: Backend>(
     lease: Duration,
 ) -> (Router, Arc<Provider>) {
     let provider = Arc::new(Provider::default());
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = IdempotencyService::builder(store).config(config).build();
     let app = Router::new()

@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idempotency_axum::{IdempotencyLayer, SharedScope};
 use idempotency_core::{
-    HashAlgorithm, IdempotencyService, InFlightPolicy, JcsFingerprint, ServiceConfig,
+    HashAlgorithm, IdempotencyService, InFlightPolicy, JcsFingerprint, ServiceOptions,
 };
 use support::Reply;
 use support::stores::Backend;
@@ -73,9 +73,9 @@ fn with_provider<B: Backend>(
     provider: &Arc<Provider>,
     fingerprint: Option<JcsFingerprint>,
 ) -> Router {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Reject,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = IdempotencyService::builder(store).config(config).build();
     let layer = IdempotencyLayer::new(service).scope::<SharedScope>();

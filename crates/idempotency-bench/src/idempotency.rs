@@ -13,7 +13,7 @@ use idempotency_cache_redis::RedisCache;
 use idempotency_cache_redis::fred::prelude::{ClientLike, KeysInterface};
 use idempotency_core::{
     Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Level, Operation, Origin,
-    Outcome, RecordId, Scope, ServiceConfig,
+    Outcome, RecordId, Scope, ServiceOptions,
 };
 use idempotency_pg::PgStore;
 use sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
@@ -383,7 +383,7 @@ pub(crate) async fn replays(setup: &Setup, clients: u64) -> Vec<Scenario> {
         .expect("seed");
     assert!(seeded.is_executed());
 
-    let lookup_first = ServiceConfig {
+    let lookup_first = ServiceOptions {
         lookup_before_acquire: true,
         ..Default::default()
     };

@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use idempotency_axum::{
     Error, IdempotencyKeyHeader, IdempotencyLayer, IdempotentTx, OutcomeExt, SharedScope,
 };
-use idempotency_core::{ExecutionResult, IdempotencyService, ServiceConfig};
+use idempotency_core::{ExecutionResult, IdempotencyService, ServiceOptions};
 use idempotency_pg::PgStore;
 use tower::ServiceExt;
 
@@ -128,9 +128,9 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
 /// Replays of one key through both routes, with `lookup_before_acquire` (one read, no
 /// transaction) on both.
 pub(crate) async fn replays(setup: &Setup, clients: u64) -> Vec<Scenario> {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         lookup_before_acquire: true,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = IdempotencyService::builder(setup.store.clone())
         .config(config)

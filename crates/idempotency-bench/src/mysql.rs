@@ -200,7 +200,7 @@ pub(crate) async fn replays(setup: &Setup) -> Vec<Scenario> {
         .expect("seed");
     assert!(seeded.is_executed());
     let service = IdempotencyService::builder(setup.store.clone())
-        .config(idempotency_core::ServiceConfig {
+        .config(idempotency_core::ServiceOptions {
             lookup_before_acquire: true,
             ..Default::default()
         })

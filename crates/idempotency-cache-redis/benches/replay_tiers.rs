@@ -92,7 +92,7 @@ fn tiers(c: &mut Criterion) {
     let from_l2 = IdempotencyService::builder(store.clone())
         .distributed_cache(l2)
         .build();
-    let lookup_first = idempotency_core::ServiceConfig {
+    let lookup_first = idempotency_core::ServiceOptions {
         lookup_before_acquire: true,
         ..Default::default()
     };

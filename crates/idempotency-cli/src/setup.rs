@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use idempotency::outbox::config::OutboxConfig;
-use idempotency::{IdempotencyProperties, Loader, Settings};
+use idempotency::{IdempotencyConfig, Loader, Settings};
 use serde::Deserialize;
 
 use crate::error::CliError;
@@ -18,8 +18,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// refuses them.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "kebab-case")]
-struct ServiceConfig {
-    idempotency: IdempotencyProperties,
+struct ServiceOptions {
+    idempotency: IdempotencyConfig,
     outbox: Option<OutboxConfig>,
 }
 
@@ -35,7 +35,7 @@ pub(crate) fn settings(file: Option<&Path>) -> Result<Settings, CliError> {
         }
         loader = loader.file(file);
     }
-    let config: ServiceConfig = loader
+    let config: ServiceOptions = loader
         .load()
         .map_err(|e| CliError::Usage(crate::error::chain(&e)))?;
     Ok(Settings {

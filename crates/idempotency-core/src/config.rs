@@ -8,9 +8,9 @@
 //! kebab-case keys and human-readable durations (`50ms`, `10m`, `365d`, via `humantime`).
 //!
 //! ```
-//! use idempotency_core::config::IdempotencyConfig;
+//! use idempotency_core::config::CoreConfig;
 //!
-//! let config: IdempotencyConfig = serde_json::from_value(serde_json::json!({
+//! let config: CoreConfig = serde_json::from_value(serde_json::json!({
 //!     "persistence": { "ttl": "30d", "table-name": "billing.idempotency_records" },
 //!     "in-flight": { "policy": "reject" },
 //!     "operations": { "CREATE_PAYMENT": { "ttl": "7d" } }
@@ -33,7 +33,7 @@ const DAY: u64 = 24 * 60 * 60;
 /// which belong to the cache crates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct IdempotencyConfig {
+pub struct CoreConfig {
     /// Master switch. When `false`, `execute` runs the action without recording anything.
     pub enabled: bool,
     /// Request fingerprinting.
@@ -48,7 +48,7 @@ pub struct IdempotencyConfig {
     pub operations: BTreeMap<String, OperationConfig>,
 }
 
-impl Default for IdempotencyConfig {
+impl Default for CoreConfig {
     fn default() -> Self {
         Self {
             enabled: true,
@@ -302,8 +302,8 @@ mod tests {
 
     #[test]
     fn defaults_are_production_safe_and_otherwise_match_the_reference() {
-        let config: IdempotencyConfig = serde_json::from_str("{}").unwrap();
-        assert_eq!(config, IdempotencyConfig::default());
+        let config: CoreConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(config, CoreConfig::default());
         assert!(config.enabled);
         assert_eq!(config.fingerprint.algorithm, HashAlgorithm::Sha256);
         assert_eq!(config.persistence.table_name, "idempotency_records");
@@ -318,7 +318,7 @@ mod tests {
 
     #[test]
     fn reference_yaml_names_parse() {
-        let config: IdempotencyConfig = serde_json::from_value(serde_json::json!({
+        let config: CoreConfig = serde_json::from_value(serde_json::json!({
             "enabled": false,
             "fingerprint": {"algorithm": "SHA-512"},
             "persistence": {"ttl": null, "lookup-before-acquire": true, "schema": {"mode": "create"},
@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn an_operation_ttl_is_absent_null_or_set() {
-        let config: IdempotencyConfig = serde_json::from_value(serde_json::json!({
+        let config: CoreConfig = serde_json::from_value(serde_json::json!({
             "operations": {"KEEP": {}, "FOREVER": {"ttl": null}, "WEEK": {"ttl": "7d"}}
         }))
         .unwrap();
@@ -352,16 +352,16 @@ mod tests {
             config.operations["WEEK"].ttl,
             Some(Some(Duration::from_secs(7 * DAY)))
         );
-        let round_trip: IdempotencyConfig =
+        let round_trip: CoreConfig =
             serde_json::from_value(serde_json::to_value(&config).unwrap()).unwrap();
         assert_eq!(round_trip, config);
     }
 
     #[test]
     fn unknown_keys_and_bad_durations_are_errors() {
-        assert!(serde_json::from_str::<IdempotencyConfig>(r#"{"enabeld": true}"#).is_err());
+        assert!(serde_json::from_str::<CoreConfig>(r#"{"enabeld": true}"#).is_err());
         assert!(
-            serde_json::from_str::<IdempotencyConfig>(r#"{"persistence": {"ttl": "ten days"}}"#)
+            serde_json::from_str::<CoreConfig>(r#"{"persistence": {"ttl": "ten days"}}"#)
                 .is_err()
         );
     }

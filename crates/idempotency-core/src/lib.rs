@@ -41,7 +41,7 @@ pub use serializer::{
     JsonSerializer, MAX_REJECTION_CODE_LEN, ResultSerializer, SerializationError,
 };
 pub use service::{
-    Call, IdempotencyService, InFlightPolicy, MAX_TTL, ServiceBuilder, ServiceConfig,
+    Call, IdempotencyService, InFlightPolicy, MAX_TTL, ServiceBuilder, ServiceOptions,
 };
 pub use store::{Acquire, BoxError, Claim, ExpiredCleanup, IdempotencyStore, LockWait, StoreError};
 pub use tx::Tx;

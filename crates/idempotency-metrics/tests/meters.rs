@@ -14,7 +14,7 @@ use idempotency_core::testing::RecordingCache;
 use idempotency_core::{
     CacheError, Call, DistributedCache, Error, ExecutionResult, FailurePolicy, IdempotencyKey,
     IdempotencyMetrics, IdempotencyRecord, IdempotencyService, InFlightPolicy, Outcome, RecordId,
-    ServiceConfig,
+    ServiceOptions,
 };
 use idempotency_metrics::{CachedMetrics, FacadeMetrics, names};
 use idempotency_pg::PgStore;
@@ -92,7 +92,7 @@ async fn every_meter<M: IdempotencyMetrics + Clone>(meters: M) {
     let pool = idempotency_testing::pg_pool().await;
     let store = PgStore::new(pool.clone());
     store.create_schema().await.unwrap();
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         default_ttl: Some(Duration::from_millis(1)),
         ..Default::default()
     };
@@ -135,7 +135,7 @@ async fn every_meter<M: IdempotencyMetrics + Clone>(meters: M) {
     run(&broken, "k5", 5).await.unwrap(); // cache errors: timeout on read, backend on write
 
     let reject = IdempotencyService::builder(store.clone())
-        .config(ServiceConfig {
+        .config(ServiceOptions {
             in_flight: InFlightPolicy::Reject,
             ..Default::default()
         })

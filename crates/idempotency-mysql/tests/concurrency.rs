@@ -208,9 +208,9 @@ async fn lookup_before_acquire_needs_no_second_connection() {
     })
     .await;
     let store = support::store_on(pool).await;
-    let config = idempotency_core::ServiceConfig {
+    let config = idempotency_core::ServiceOptions {
         lookup_before_acquire: true,
-        ..idempotency_core::ServiceConfig::default()
+        ..idempotency_core::ServiceOptions::default()
     };
     let service = IdempotencyService::builder(store).config(config).build();
     let started = std::time::Instant::now();
@@ -237,7 +237,7 @@ fn service_with(
     store: &idempotency_mysql::MysqlStore,
     wait: bool,
 ) -> IdempotencyService<idempotency_mysql::MysqlStore> {
-    let config = idempotency_core::ServiceConfig {
+    let config = idempotency_core::ServiceOptions {
         in_flight: if wait {
             idempotency_core::InFlightPolicy::Wait {
                 timeout: Some(Duration::from_secs(10)),
@@ -245,7 +245,7 @@ fn service_with(
         } else {
             idempotency_core::InFlightPolicy::Reject
         },
-        ..idempotency_core::ServiceConfig::default()
+        ..idempotency_core::ServiceOptions::default()
     };
     IdempotencyService::builder(store.clone())
         .config(config)

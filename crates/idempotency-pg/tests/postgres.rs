@@ -276,7 +276,7 @@ async fn caught_sql_error_needs_a_savepoint() {
 async fn cleanup_skips_locked_rows() {
     let (pool, service) = setup().await;
     let store = service.store().clone();
-    let config = idempotency_core::ServiceConfig {
+    let config = idempotency_core::ServiceOptions {
         default_ttl: Some(Duration::from_millis(1)),
         ..Default::default()
     };
@@ -492,14 +492,14 @@ async fn hold(
 #[tokio::test]
 async fn commit_after_a_lock_timeout_is_refused_and_caches_nothing() {
     use idempotency_core::testing::RecordingCache;
-    use idempotency_core::{InFlightPolicy, ServiceConfig};
+    use idempotency_core::{InFlightPolicy, ServiceOptions};
 
     let (pool, service) = setup().await;
     let holder = hold(&service, "held").await;
     let cache = RecordingCache::default();
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Reject,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let rejecting = IdempotencyService::builder(service.store().clone())
         .config(config)
@@ -553,13 +553,13 @@ async fn commit_after_a_lock_timeout_is_refused_and_caches_nothing() {
 /// wait that ran out (HTTP 409 with `Retry-After`), not a database error (500).
 #[tokio::test]
 async fn a_statement_timeout_while_waiting_for_the_holder_is_in_flight() {
-    use idempotency_core::{InFlightPolicy, ServiceConfig};
+    use idempotency_core::{InFlightPolicy, ServiceOptions};
 
     let (_pool, service) = setup().await;
     let holder = hold(&service, "slow").await;
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Wait { timeout: None },
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let waiting = IdempotencyService::builder(service.store().clone())
         .config(config)

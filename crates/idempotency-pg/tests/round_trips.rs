@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use idempotency_cache_moka::MokaCache;
 use idempotency_core::{
-    Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome, ServiceConfig,
+    Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, Outcome, ServiceOptions,
 };
 use idempotency_pg::PgStore;
 use sqlx::{self, PgConnection};
@@ -94,7 +94,7 @@ async fn statements_per_path() {
         .local_cache(no_l1.clone())
         .build();
     let lookup_first = IdempotencyService::builder(store.clone())
-        .config(ServiceConfig {
+        .config(ServiceOptions {
             lookup_before_acquire: true,
             ..Default::default()
         })

@@ -14,7 +14,7 @@ use idempotency_core::store::{Acquire, IdempotencyStore, StoreError};
 use idempotency_core::testing::CountingAction;
 use idempotency_core::{
     Call, ExecutionResult, Fingerprint, IdempotencyService, Operation, Outcome, RecordId, Scope,
-    ServiceConfig, StoredOutcome,
+    ServiceOptions, StoredOutcome,
 };
 use idempotency_sqlite::{SqliteStore, SqliteTx};
 use serde_json::{Value, json};
@@ -118,9 +118,9 @@ async fn the_busy_timeout_bounds_the_wait_at_begin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lookup_before_acquire_replays_without_waiting_for_the_writer() {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         lookup_before_acquire: true,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = IdempotencyService::builder(fresh_store().await)
         .config(config)

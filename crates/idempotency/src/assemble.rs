@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use idempotency_core::cleanup::{CleanupJob, CleanupSchedule};
 use idempotency_core::config::{InFlightConfig, InFlightPolicyKind, Pooler};
-use idempotency_core::{IdempotencyService, ServiceConfig};
+use idempotency_core::{IdempotencyService, ServiceOptions};
 
 use crate::Error;
 use crate::backend::Database;
@@ -115,8 +115,8 @@ pub struct Idempotency<D: Database> {
     prometheus: Option<idempotency_metrics::prometheus::PrometheusHandle>,
 }
 
-/// What [`Idempotency::shutdown`] stopped.
-#[derive(Debug, Clone, Default)]
+/// What [`Idempotency::shutdown`] stopped (serializable, for a structured log line).
+#[derive(Debug, Clone, Default, serde::Serialize)]
 #[non_exhaustive]
 pub struct ShutdownReport {
     /// Whether a cleanup job was running.
@@ -124,7 +124,7 @@ pub struct ShutdownReport {
     /// The relay's report, when one was running.
     #[cfg(feature = "outbox")]
     #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
-    pub relay: Option<idempotency_outbox::ShutdownReport>,
+    pub relay: Option<idempotency_outbox::RelayShutdownReport>,
 }
 
 impl<D: Database> Idempotency<D> {
@@ -632,7 +632,7 @@ fn ttl_refusal(ttl: Option<Duration>) -> Option<&'static str> {
 
 /// Refuses cache settings that would make the cache do nothing: zero lifetimes, a zero
 /// timeout, a breaker that could never stay closed.
-fn check_caches(properties: &crate::IdempotencyProperties) -> Result<(), Error> {
+fn check_caches(properties: &crate::IdempotencyConfig) -> Result<(), Error> {
     let zero = |property: &'static str, what: &str| {
         Error::property(
             property,
@@ -859,7 +859,7 @@ where
         let distributed = idempotency_core::NoCache;
 
         let service = IdempotencyService::builder(store.clone())
-            .config(ServiceConfig::from(&properties.core()))
+            .config(ServiceOptions::from(&properties.core()))
             .fingerprint(properties.fingerprint.strategy())
             .local_cache(local)
             .distributed_cache(distributed)

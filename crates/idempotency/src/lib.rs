@@ -39,7 +39,7 @@ pub use enqueue::EnqueueInTx;
 pub use error::Error;
 pub use load::{LoadError, Loader};
 pub use report::Report;
-pub use settings::{IdempotencyProperties, Settings};
+pub use settings::{IdempotencyConfig, Settings};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use signal::shutdown_signal;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use idempotency_core::config::{
-    AcquireConfig, FingerprintConfig, IdempotencyConfig, InFlightConfig, OperationConfig,
+    AcquireConfig, FingerprintConfig, CoreConfig, InFlightConfig, OperationConfig,
     PersistenceConfig,
 };
 use serde::{Deserialize, Serialize};
@@ -33,7 +33,7 @@ use crate::load::{LoadError, Loader};
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Settings {
     /// `idempotency.*`.
-    pub idempotency: IdempotencyProperties,
+    pub idempotency: IdempotencyConfig,
     /// `outbox.*`: present, the outbox table is set up and (with `relay.enabled`) its relay
     /// runs; absent, there is no outbox.
     #[cfg(feature = "outbox")]
@@ -70,11 +70,11 @@ impl Settings {
     }
 }
 
-/// `idempotency.*`: the core's sections ([`IdempotencyConfig`]) and the cache sections, which
+/// `idempotency.*`: the core's sections ([`CoreConfig`]) and the cache sections, which
 /// belong to the cache crates, as one tree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct IdempotencyProperties {
+pub struct IdempotencyConfig {
     /// Master switch: `false` runs every action without recording anything. Default `true`.
     pub enabled: bool,
     /// Request fingerprinting.
@@ -97,9 +97,9 @@ pub struct IdempotencyProperties {
     pub operations: BTreeMap<String, OperationConfig>,
 }
 
-impl Default for IdempotencyProperties {
+impl Default for IdempotencyConfig {
     fn default() -> Self {
-        let core = IdempotencyConfig::default();
+        let core = CoreConfig::default();
         Self {
             enabled: core.enabled,
             fingerprint: core.fingerprint,
@@ -115,11 +115,11 @@ impl Default for IdempotencyProperties {
     }
 }
 
-impl IdempotencyProperties {
+impl IdempotencyConfig {
     /// The core's part of the tree, as [`IdempotencyService`](idempotency_core::IdempotencyService)
     /// and the stores read it.
-    pub fn core(&self) -> IdempotencyConfig {
-        IdempotencyConfig {
+    pub fn core(&self) -> CoreConfig {
+        CoreConfig {
             enabled: self.enabled,
             fingerprint: self.fingerprint.clone(),
             persistence: self.persistence.clone(),

@@ -252,7 +252,7 @@ async fn the_minimal_orders_examples_configuration_starts_on_sqlite() {
     ))
     .unwrap();
     let settings = Settings {
-        idempotency: idempotency::IdempotencyProperties {
+        idempotency: idempotency::IdempotencyConfig {
             distributed_cache: idempotency::redis::DistributedCacheConfig {
                 enabled: false,
                 ..Default::default()

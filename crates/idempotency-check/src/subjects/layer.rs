@@ -19,7 +19,7 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_axum::{IdempotencyLayer, IdempotentTx, TenantHeader};
 use idempotency_core::cache::{DistributedCache, LocalCache};
-use idempotency_core::{IdempotencyService, InFlightPolicy, LeasedClaims, ServiceConfig};
+use idempotency_core::{IdempotencyService, InFlightPolicy, LeasedClaims, ServiceOptions};
 use serde::Deserialize;
 use tower::ServiceExt;
 
@@ -267,7 +267,7 @@ async fn send(app: &Router, op: &Op, start: Instant) -> Result<Entry, CheckError
 }
 
 /// The service configuration both modes use: the plan's in-flight policy.
-fn config(plan: &Plan) -> ServiceConfig {
+fn config(plan: &Plan) -> ServiceOptions {
     let mut config = service_config(plan);
     if let InFlightPolicy::Wait { timeout } = &mut config.in_flight {
         *timeout = Some(Duration::from_millis(250));

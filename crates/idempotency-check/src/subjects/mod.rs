@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idempotency_cache_moka::{LocalCacheConfig, MokaCache};
 use idempotency_cache_redis::{CacheSecret, DistributedCacheConfig, RedisCache};
-use idempotency_core::{InFlightPolicy, ServiceConfig};
+use idempotency_core::{InFlightPolicy, ServiceOptions};
 use tokio::task::JoinSet;
 
 use crate::CheckError;
@@ -84,8 +84,8 @@ impl Default for Ctx {
 }
 
 /// The service settings of a plan: its in-flight policy and lookup.
-pub(crate) fn service_config(plan: &Plan) -> ServiceConfig {
-    ServiceConfig {
+pub(crate) fn service_config(plan: &Plan) -> ServiceOptions {
+    ServiceOptions {
         in_flight: if plan.wait {
             InFlightPolicy::Wait {
                 timeout: Some(Duration::from_millis(250)),
@@ -94,7 +94,7 @@ pub(crate) fn service_config(plan: &Plan) -> ServiceConfig {
             InFlightPolicy::Reject
         },
         lookup_before_acquire: plan.lookup,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     }
 }
 

@@ -16,7 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
-use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceConfig};
+use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceOptions};
 use idempotency_pg::PgStore;
 use idempotency_sqlite::{SqliteStore, sqlx};
 use tokio::io::AsyncReadExt;
@@ -174,9 +174,9 @@ pub(crate) async fn start(in_flight: InFlightPolicy) -> Server {
 /// Starts the server on `B`; `in_flight` says what a second request with a held key gets.
 pub(crate) async fn start_on<B: Backend>(in_flight: InFlightPolicy) -> Server<B> {
     let (store, path) = B::fresh().await;
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = IdempotencyService::builder(store.clone())
         .config(config)

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{IdempotencyService, Inner, ServiceConfig};
+use super::{IdempotencyService, Inner, ServiceOptions};
 use crate::cache::{DistributedCache, LocalCache, NoCache};
 use crate::fingerprint::{FingerprintStrategy, JcsFingerprint};
 use crate::metrics::{IdempotencyMetrics, NoopMetrics};
@@ -14,15 +14,15 @@ use crate::store::IdempotencyStore;
 ///
 /// ```no_run
 /// # fn demo<S: idempotency_core::IdempotencyStore + Clone>(store: S) {
-/// use idempotency_core::config::IdempotencyConfig;
-/// use idempotency_core::{HashAlgorithm, IdempotencyService, JcsFingerprint, ServiceConfig};
+/// use idempotency_core::config::CoreConfig;
+/// use idempotency_core::{HashAlgorithm, IdempotencyService, JcsFingerprint, ServiceOptions};
 ///
-/// let config = IdempotencyConfig::default();
+/// let config = CoreConfig::default();
 /// // Settings and fingerprint from the configuration:
 /// let service = IdempotencyService::builder(store.clone()).configure(&config).build();
 /// // Or part by part:
 /// let service = IdempotencyService::builder(store)
-///     .config(ServiceConfig::from(&config))
+///     .config(ServiceOptions::from(&config))
 ///     .fingerprint(JcsFingerprint::new(HashAlgorithm::Sha512))
 ///     .build();
 /// # }
@@ -34,7 +34,7 @@ pub struct ServiceBuilder<S, L = NoCache, D = NoCache, M = NoopMetrics, Z = Json
     metrics: M,
     serializer: Z,
     fingerprint: Box<dyn FingerprintStrategy>,
-    config: ServiceConfig,
+    config: ServiceOptions,
 }
 
 impl<S: IdempotencyStore> ServiceBuilder<S> {
@@ -47,7 +47,7 @@ impl<S: IdempotencyStore> ServiceBuilder<S> {
             metrics: NoopMetrics,
             serializer: JsonSerializer,
             fingerprint: Box::new(JcsFingerprint::default()),
-            config: ServiceConfig::default(),
+            config: ServiceOptions::default(),
         }
     }
 }
@@ -61,17 +61,17 @@ where
     Z: ResultSerializer,
 {
     /// Sets the runtime settings.
-    pub fn config(mut self, config: ServiceConfig) -> Self {
+    pub fn config(mut self, config: ServiceOptions) -> Self {
         self.config = config;
         self
     }
 
-    /// Applies the `idempotency` section: the runtime settings ([`ServiceConfig::from`]) and
+    /// Applies the `idempotency` section: the runtime settings ([`ServiceOptions::from`]) and
     /// the fingerprint strategy of `fingerprint.*` ([`FingerprintConfig::strategy`]).
     ///
     /// [`FingerprintConfig::strategy`]: crate::config::FingerprintConfig::strategy
-    pub fn configure(self, config: &crate::config::IdempotencyConfig) -> Self {
-        self.config(ServiceConfig::from(config))
+    pub fn configure(self, config: &crate::config::CoreConfig) -> Self {
+        self.config(ServiceOptions::from(config))
             .fingerprint(config.fingerprint.strategy())
     }
 

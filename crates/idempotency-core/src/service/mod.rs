@@ -14,7 +14,7 @@ pub use builder::ServiceBuilder;
 pub use call::{Call, MAX_TTL};
 
 use crate::cache::NoCache;
-use crate::config::{IdempotencyConfig, InFlightPolicyKind};
+use crate::config::{CoreConfig, InFlightPolicyKind};
 use crate::fingerprint::FingerprintStrategy;
 use crate::metrics::NoopMetrics;
 use crate::serializer::JsonSerializer;
@@ -34,9 +34,9 @@ pub enum InFlightPolicy {
     Reject,
 }
 
-/// The service's runtime settings. Build it from [`IdempotencyConfig`] with `From`, or by hand.
+/// The service's runtime settings. Build it from [`CoreConfig`] with `From`, or by hand.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ServiceConfig {
+pub struct ServiceOptions {
     /// Master switch: when `false`, actions run without any record.
     pub enabled: bool,
     /// Record lifetime when neither the call nor the operation sets one.
@@ -51,16 +51,16 @@ pub struct ServiceConfig {
     pub max_acquire_attempts: u32,
 }
 
-impl Default for ServiceConfig {
+impl Default for ServiceOptions {
     fn default() -> Self {
-        Self::from(&IdempotencyConfig::default())
+        Self::from(&CoreConfig::default())
     }
 }
 
 /// The runtime settings of `idempotency.*`. The fingerprint strategy (`fingerprint.*`) is a
 /// part of the service, not a setting: [`ServiceBuilder::configure`] applies both.
-impl From<&IdempotencyConfig> for ServiceConfig {
-    fn from(config: &IdempotencyConfig) -> Self {
+impl From<&CoreConfig> for ServiceOptions {
+    fn from(config: &CoreConfig) -> Self {
         Self {
             enabled: config.enabled,
             default_ttl: config.persistence.ttl,
@@ -88,7 +88,7 @@ pub(crate) struct Inner<S, L, D, M, Z> {
     pub(crate) metrics: M,
     pub(crate) serializer: Z,
     pub(crate) fingerprint: Box<dyn FingerprintStrategy>,
-    pub(crate) config: ServiceConfig,
+    pub(crate) config: ServiceOptions,
 }
 
 /// Runs business actions idempotently, in the caller's database transaction.
@@ -161,7 +161,7 @@ impl<S: IdempotencyStore, L, D, M, Z> IdempotencyService<S, L, D, M, Z> {
     }
 
     /// The runtime settings.
-    pub fn config(&self) -> &ServiceConfig {
+    pub fn config(&self) -> &ServiceOptions {
         &self.inner.config
     }
 

@@ -12,7 +12,7 @@ use super::support::{CountingAction, SuiteError, key, op};
 use crate::store::{Acquire, Claim, IdempotencyStore, LockWait, StoreError};
 use crate::{
     Call, Error, ExecutionResult, Fingerprint, IdempotencyService, InFlightPolicy, Outcome,
-    RecordId, Scope, ServiceConfig, StoredOutcome,
+    RecordId, Scope, ServiceOptions, StoredOutcome,
 };
 
 /// Starts a request that holds `key` for `hold`, then succeeds (or fails, if `fail`).
@@ -163,11 +163,11 @@ pub async fn concurrent_duplicates_wait_policy_run_once<S: IdempotencyStore + Cl
     store: S,
     _caps: Capabilities,
 ) {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Wait {
             timeout: Some(Duration::from_secs(30)),
         },
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = service_with(store, config);
     let (counter, results) = stampede(&service, 50).await;
@@ -188,9 +188,9 @@ pub async fn concurrent_duplicates_reject_policy_run_once<S: IdempotencyStore + 
     store: S,
     caps: Capabilities,
 ) {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Reject,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = service_with(store, config);
     let (counter, results) = stampede(&service, 50).await;
@@ -234,11 +234,11 @@ pub(crate) const BUDGET_BOUND: Duration = Duration::from_secs(4);
 /// MySQL's rounding of the budget to whole seconds included (or, on a single-writer store,
 /// waits at `begin` and replays).
 pub async fn wait_budget_is_honoured<S: IdempotencyStore + Clone>(store: S, caps: Capabilities) {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Wait {
             timeout: Some(Duration::from_millis(200)),
         },
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = service_with(store, config);
     let (k, counter, request) = (key("budget"), CountingAction::default(), json!({"b": 1}));

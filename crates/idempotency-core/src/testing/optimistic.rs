@@ -13,7 +13,7 @@ use super::support::{CountingAction, SuiteError, key};
 use crate::store::InsertCompleted;
 use crate::{
     Call, Error, ExecutionResult, IdempotencyKey, IdempotencyService, InFlightPolicy, Level,
-    Origin, Outcome, ServiceConfig,
+    Origin, Outcome, ServiceOptions,
 };
 
 async fn run<S: InsertCompleted>(
@@ -38,9 +38,9 @@ pub async fn optimistic_first_run_then_replay<S: InsertCompleted + Clone>(
     _caps: Capabilities,
 ) {
     for lookup_before_acquire in [false, true] {
-        let config = ServiceConfig {
+        let config = ServiceOptions {
             lookup_before_acquire,
-            ..ServiceConfig::default()
+            ..ServiceOptions::default()
         };
         let service = service_with(store.clone(), config);
         let (k, counter, request) = (
@@ -116,11 +116,11 @@ pub async fn optimistic_concurrent_duplicates_one_commits<S: InsertCompleted + C
     store: S,
     _caps: Capabilities,
 ) {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Wait {
             timeout: Some(Duration::from_secs(30)),
         },
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = service_with(store, config);
     let (k, counter, request) = (
@@ -217,11 +217,11 @@ pub async fn optimistic_wait_budget_is_honoured<S: InsertCompleted + Clone>(
     store: S,
     caps: Capabilities,
 ) {
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         in_flight: InFlightPolicy::Wait {
             timeout: Some(Duration::from_millis(200)),
         },
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = service_with(store, config);
     let (k, request) = (key("optimistic-budget"), json!({"b": 1}));

@@ -14,12 +14,12 @@ use crate::cleanup::purge_expired;
 use crate::store::{ExpiredCleanup, IdempotencyStore};
 use crate::{
     Call, Error, ExecutionResult, Fingerprint, IdempotencyKey, IdempotencyService, Level, Origin,
-    Outcome, RecordId, RecordStatus, Scope, ServiceConfig, Tx,
+    Outcome, RecordId, RecordStatus, Scope, ServiceOptions, Tx,
 };
 
 pub(crate) fn service_with<S: IdempotencyStore>(
     store: S,
-    config: ServiceConfig,
+    config: ServiceOptions,
 ) -> IdempotencyService<S> {
     IdempotencyService::builder(store).config(config).build()
 }
@@ -461,9 +461,9 @@ pub async fn ttl_per_call_per_operation_default_and_absent<S: IdempotencyStore +
     _caps: Capabilities,
 ) {
     let day = Duration::from_secs(24 * 3600);
-    let mut config = ServiceConfig {
+    let mut config = ServiceOptions {
         default_ttl: Some(10 * day),
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     config.operation_ttls.insert("SHORT".to_owned(), Some(day));
     let service = service_with(store.clone(), config.clone());
@@ -508,7 +508,7 @@ pub async fn ttl_per_call_per_operation_default_and_absent<S: IdempotencyStore +
     }
     let absent = service_with(
         store.clone(),
-        ServiceConfig {
+        ServiceOptions {
             default_ttl: None,
             ..config
         },
@@ -540,9 +540,9 @@ pub async fn expired_records_replay_until_cleanup_then_run_again<
 ) {
     let service = service_with(
         store.clone(),
-        ServiceConfig {
+        ServiceOptions {
             default_ttl: Some(Duration::from_millis(1)),
-            ..ServiceConfig::default()
+            ..ServiceOptions::default()
         },
     );
     let (k, counter) = (key("expired"), CountingAction::default());
@@ -573,9 +573,9 @@ pub async fn disabled_service_runs_every_time<S: IdempotencyStore + Clone>(
 ) {
     let service = service_with(
         store.clone(),
-        ServiceConfig {
+        ServiceOptions {
             enabled: false,
-            ..ServiceConfig::default()
+            ..ServiceOptions::default()
         },
     );
     let (k, counter) = (key("disabled"), CountingAction::default());
@@ -603,9 +603,9 @@ pub async fn lookup_before_acquire_replays_from_the_store<S: IdempotencyStore>(
 ) {
     let service = service_with(
         store,
-        ServiceConfig {
+        ServiceOptions {
             lookup_before_acquire: true,
-            ..ServiceConfig::default()
+            ..ServiceOptions::default()
         },
     );
     let (k, counter) = (key("lookup"), CountingAction::default());
@@ -793,9 +793,9 @@ pub async fn acquire_loop_exhaustion_is_an_error<S: IdempotencyStore + Clone>(
         k.clone(),
     );
     seed(&store, &id, &Fingerprint::new("0".repeat(64)), None).await;
-    let config = ServiceConfig {
+    let config = ServiceOptions {
         max_acquire_attempts: 4,
-        ..ServiceConfig::default()
+        ..ServiceOptions::default()
     };
     let service = IdempotencyService::builder(VanishingStore(store))
         .config(config)

@@ -27,11 +27,11 @@ mod wake;
 mod worker;
 
 pub use housekeeping::PurgeReport;
-pub use supervisor::{RelayHealth, RelayMonitor};
+pub use supervisor::{RelayWorkers, RelayMonitor};
 pub use worker::BatchReport;
 
 /// Counts since the relay started, across its workers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct RelayTotals {
     /// Messages the broker confirmed.
@@ -227,10 +227,10 @@ where
     }
 }
 
-/// How a shutdown ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the relay's shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
-pub struct ShutdownReport {
+pub struct RelayShutdownReport {
     /// Every worker finished its in-flight batch within the deadline, and no worker panicked
     /// during the relay's life.
     pub graceful: bool,
@@ -269,7 +269,7 @@ impl RelayHandle {
     }
 
     /// The workers now: how many run, how many panics there were.
-    pub fn health(&self) -> RelayHealth {
+    pub fn health(&self) -> RelayWorkers {
         self.monitor.health()
     }
 
@@ -279,14 +279,14 @@ impl RelayHandle {
     }
 
     /// Graceful shutdown with `relay.shutdown-timeout` as the deadline.
-    pub async fn shutdown(self) -> ShutdownReport {
+    pub async fn shutdown(self) -> RelayShutdownReport {
         let timeout = self.shutdown_timeout;
         self.shutdown_within(timeout).await
     }
 
     /// Stops claiming, lets in-flight batches finish (publish and mark) until `deadline`,
     /// then aborts what is left (those rows become claimable when their lease ends).
-    pub async fn shutdown_within(self, deadline: Duration) -> ShutdownReport {
+    pub async fn shutdown_within(self, deadline: Duration) -> RelayShutdownReport {
         let _ = self.stop.send(true);
         for task in &self.background {
             task.abort();
@@ -300,7 +300,7 @@ impl RelayHandle {
             }
         }
         let worker_panics = self.monitor.health().worker_panics;
-        ShutdownReport {
+        RelayShutdownReport {
             graceful: aborted == 0 && worker_panics == 0,
             aborted,
             worker_panics,

@@ -19,10 +19,10 @@ use crate::store::{Housekeeping, RelayStore};
 /// Pause before a panicked worker is restarted, so a panic on every batch does not spin.
 const RESTART_DELAY: Duration = Duration::from_secs(1);
 
-/// The relay's workers, as a health check sees them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The relay's workers, as a health check sees them (serialized with the same field names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
-pub struct RelayHealth {
+pub struct RelayWorkers {
     /// Workers started (`relay.workers`).
     pub workers: usize,
     /// Workers running now: fewer while a panicked worker waits for its restart, or after
@@ -32,7 +32,7 @@ pub struct RelayHealth {
     pub worker_panics: u64,
 }
 
-impl RelayHealth {
+impl RelayWorkers {
     /// Every worker is running.
     pub fn all_running(&self) -> bool {
         self.running == self.workers
@@ -99,8 +99,8 @@ impl RelayMonitor {
     }
 
     /// The workers now.
-    pub fn health(&self) -> RelayHealth {
-        RelayHealth {
+    pub fn health(&self) -> RelayWorkers {
+        RelayWorkers {
             workers: self.workers,
             running: self.state.running.load(AtomicOrdering::Relaxed),
             worker_panics: self.state.panics(),
