@@ -2,8 +2,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::{DistributedCacheConfig, WriteBehindConfig};
@@ -130,7 +130,10 @@ struct Counters {
 /// ```
 #[derive(Clone)]
 pub struct RedisCache<C = Client> {
-    client: C,
+    /// The client every call goes through. Shared by the cache's clones (the write-behind
+    /// writer's too): a client made by [`connect`](RedisCache::connect) is replaced here when
+    /// its connection task ends on an error (see `connect::supervise`).
+    client: Arc<RwLock<C>>,
     prefix: Arc<str>,
     ttl: Duration,
     timeout: Duration,
@@ -199,7 +202,7 @@ where
         }
         Self {
             signer: Signer::new(config.secret.as_ref()),
-            client,
+            client: Arc::new(RwLock::new(client)),
             prefix: Arc::from(config.key_prefix.as_str()),
             ttl: config.ttl,
             timeout: config.timeout,
@@ -229,12 +232,22 @@ where
 
     /// The client, every command of which carries fred's own timeout.
     fn commands(&self) -> WithOptions<C> {
-        self.client.with_options(&self.options)
+        self.client().with_options(&self.options)
     }
 
-    /// The fred client.
-    pub fn client(&self) -> &C {
-        &self.client
+    /// The fred client the cache calls now (a clone: fred's clients share their connection).
+    /// A cache made by [`connect`](RedisCache::connect) replaces its client when fred's
+    /// connection task ends on an error, so call this again rather than keep the client.
+    pub fn client(&self) -> C {
+        self.client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The slot that holds the cache's client, for the supervisor that replaces it.
+    pub(crate) fn client_slot(&self) -> Arc<RwLock<C>> {
+        Arc::clone(&self.client)
     }
 
     /// The Redis key of a record.

@@ -1,6 +1,7 @@
 //! [`RedisCache::connect`]: a fred client from a URL, standalone or cluster.
 
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use fred::clients::Client;
@@ -22,7 +23,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// while fred's routing task, and so every call, waits with it.
 const INTERNAL_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The pause before a connection task that ended on an error is started again.
+/// The least time between two restarts of a connection task that ended on an error: the
+/// first restart is immediate (calls made meanwhile would wait for their timeout on the
+/// client whose task ended), a task that keeps ending does not spin.
 const RESTART_DELAY: Duration = Duration::from_millis(500);
 
 impl RedisCache<Client> {
@@ -46,7 +49,10 @@ impl RedisCache<Client> {
     /// fred's connection task ends on some errors (a redirection loop that exhausts its
     /// attempts); nothing would then read the client's commands again, and every call would
     /// time out for good. The task is watched: when it ends other than by `quit`, that is
-    /// logged at `warn` and the client connects again.
+    /// logged at `warn` and a new client with the same configuration takes the old one's
+    /// place. (Reconnecting the old client is not enough: fred 10 loses count of the commands
+    /// that were queued when its task ended, and from then on leaves each command unflushed
+    /// in the socket until the next one, or a timeout, pushes it out.)
     ///
     /// Must be called inside a tokio runtime.
     pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
@@ -64,10 +70,13 @@ impl RedisCache<Client> {
             .set_policy(ReconnectPolicy::new_constant(0, 500))
             .build()
             .map_err(Error::Config)?;
-        tokio::spawn(supervise(client.clone(), client.connect()));
-        let cache = Self::new(client.clone(), config);
-        Ok(if client.is_clustered() {
-            cache.with_refresh(Refresh::new(client))
+        let task = client.connect();
+        let clustered = client.is_clustered();
+        let cache = Self::new(client, config);
+        tokio::spawn(supervise(cache.client_slot(), task));
+        Ok(if clustered {
+            let refresh = Refresh::new(cache.client_slot());
+            cache.with_refresh(refresh)
         } else {
             cache
         })
@@ -78,12 +87,13 @@ impl RedisCache<Client> {
 /// ends it again every [`RESTART_DELAY`] or so.
 const RESTART_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Waits for the client's connection task to end, and connects again when it ended on an
-/// error (or a panic); returns when it ended cleanly (`quit`). The restarts are logged at
-/// `warn` at most once per [`RESTART_WARN_INTERVAL`] (with how many were not), at `debug`
-/// otherwise.
-async fn supervise(client: Client, mut task: ConnectHandle) {
+/// Waits for the connection task of the client in `slot` to end; when it ended on an error
+/// (or a panic), puts a new client of the same configuration in the slot and connects it;
+/// returns when the task ended cleanly (`quit`). The restarts are logged at `warn` at most
+/// once per [`RESTART_WARN_INTERVAL`] (with how many were not), at `debug` otherwise.
+async fn supervise(slot: Arc<RwLock<Client>>, mut task: ConnectHandle) {
     let mut warned: Option<tokio::time::Instant> = None;
+    let mut restarted: Option<tokio::time::Instant> = None;
     let mut unlogged = 0u64;
     loop {
         let error = match task.await {
@@ -105,8 +115,17 @@ async fn supervise(client: Client, mut task: ConnectHandle) {
             unlogged += 1;
             tracing::debug!(%error, "the Redis connection task ended; connecting again");
         }
-        tokio::time::sleep(RESTART_DELAY).await;
-        task = client.connect();
+        if let Some(at) = restarted {
+            tokio::time::sleep_until(at + RESTART_DELAY).await;
+        }
+        restarted = Some(tokio::time::Instant::now());
+        let fresh = slot
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone_new();
+        task = fresh.connect();
+        // The old client's task is over; calls that still hold it time out on their own.
+        *slot.write().unwrap_or_else(PoisonError::into_inner) = fresh;
     }
 }
 

@@ -7,7 +7,7 @@
 //! longer serve slots and sends their commands to the new owners; at most once per
 //! [`INTERVAL`], since a reload holds fred's routing task while it runs.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use fred::clients::Client;
@@ -19,13 +19,14 @@ pub(crate) const INTERVAL: Duration = Duration::from_secs(2);
 /// The refresh of one cluster client.
 #[derive(Debug)]
 pub(crate) struct Refresh {
-    client: Client,
+    /// The cache's client slot: the client in it now is the one refreshed.
+    client: Arc<RwLock<Client>>,
     /// When the last refresh started.
     last: Mutex<Option<Instant>>,
 }
 
 impl Refresh {
-    pub(crate) fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Arc<RwLock<Client>>) -> Self {
         Self {
             client,
             last: Mutex::new(None),
@@ -37,10 +38,7 @@ impl Refresh {
     pub(crate) fn after_timeout(&self) {
         let now = Instant::now();
         {
-            let mut last = self
-                .last
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
             if last.is_some_and(|last| now.duration_since(last) < INTERVAL) {
                 return;
             }
@@ -49,7 +47,11 @@ impl Refresh {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let client = self.client.clone();
+        let client = self
+            .client
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         runtime.spawn(async move {
             match client.sync_cluster().await {
                 Ok(()) => tracing::debug!("Redis Cluster slot map reloaded after a timeout"),

@@ -174,7 +174,7 @@ async fn failover(seeds: Seeds, write_behind: bool) {
         "L2 does not serve {RECOVERY:?} after the failover: {last:?}; breaker {:?}, stats {:?}, connected {}",
         cache.breaker_state(),
         cache.stats(),
-        is_connected(cache.client()),
+        is_connected(&cache.client()),
     );
     assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
     assert!(
@@ -211,7 +211,7 @@ async fn failover(seeds: Seeds, write_behind: bool) {
         );
     } else {
         assert!(
-            is_connected(cache.client()),
+            is_connected(&cache.client()),
             "the client reports no connection"
         );
     }

@@ -61,7 +61,7 @@ async fn eventually_written(client: &Client, key: &str) {
 }
 
 async fn eventually_in_redis(cache: &RedisCache, id: &RecordId) {
-    eventually_written(cache.client(), &cache.key_for(id)).await;
+    eventually_written(&cache.client(), &cache.key_for(id)).await;
 }
 
 fn ids(n: usize) -> Vec<RecordId> {
