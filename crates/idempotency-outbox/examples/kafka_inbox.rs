@@ -158,6 +158,7 @@ pub async fn prepare(pool: &PgPool) -> Result<PgInbox, ConsumeError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt::init();
     let mut args = std::env::args().skip(1);
     let topic = args.next().unwrap_or_else(|| "outbox.order".to_owned());
     let group = args.next().unwrap_or_else(|| "billing".to_owned());
@@ -166,11 +167,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = PgPool::connect(&database).await?;
     let inbox = prepare(&pool).await?;
     let consumer = consumer(&brokers, &group, &topic)?;
-    println!("consuming {topic} as group {group}; Ctrl-C stops");
+    tracing::info!(%topic, %group, "consuming; Ctrl-C stops");
     let stop = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     let consumed = run(&consumer, &pool, &inbox, &group, stop).await?;
-    println!("{consumed:?}");
+    tracing::info!(?consumed, "stopped");
     Ok(())
 }
