@@ -487,7 +487,10 @@ async fn the_example_consumer_applies_each_event_once_and_commits_offsets_after_
         let stop = async {
             let deadline = Instant::now() + Duration::from_secs(60);
             while committed(&topic, kafka_group) < records {
-                assert!(Instant::now() < deadline, "{kafka_group}: offsets not committed");
+                assert!(
+                    Instant::now() < deadline,
+                    "{kafka_group}: offsets not committed"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         };
@@ -517,7 +520,10 @@ async fn the_example_consumer_applies_each_event_once_and_commits_offsets_after_
     let joined = async {
         let deadline = Instant::now() + Duration::from_secs(60);
         while consumer.assignment().map_or(0, |a| a.count()) == 0 {
-            assert!(Instant::now() < deadline, "the restarted consumer got no partition");
+            assert!(
+                Instant::now() < deadline,
+                "the restarted consumer got no partition"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // Assigned: what it would fetch from its committed offsets has time to come.

@@ -31,7 +31,10 @@ fn free_port() -> u16 {
 fn wait_for(what: &str, address: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(address).is_err() {
-        assert!(Instant::now() < deadline, "{what} did not start on {address}");
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not start on {address}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -71,7 +74,10 @@ fn s3(bucket: &str) -> (Process, String) {
     .unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "create bucket: {answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "create bucket: {answer}"
+    );
     (process, format!("http://{address}"))
 }
 
@@ -144,7 +150,10 @@ async fn a_broker_killed_mid_drain_and_restarted_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let report = handle.shutdown().await;
-    assert!(report.totals.failed > 0, "publishes failed while the broker was down");
+    assert!(
+        report.totals.failed > 0,
+        "publishes failed while the broker was down"
+    );
     let dead = scalar_i64(
         &pool,
         "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
@@ -161,10 +170,16 @@ async fn a_broker_killed_mid_drain_and_restarted_loses_nothing() {
     }
     let got: HashSet<String> = ids.keys().map(|id| (*id).to_owned()).collect();
     let want: HashSet<String> = events.iter().map(|e| e.id().to_string()).collect();
-    assert_eq!(got, want, "every committed event across the restart, nothing else");
+    assert_eq!(
+        got, want,
+        "every committed event across the restart, nothing else"
+    );
     for (id, same) in &ids {
         for copy in &same[1..] {
-            assert_eq!(copy.payload, same[0].payload, "{id}: a copy is the same event");
+            assert_eq!(
+                copy.payload, same[0].payload,
+                "{id}: a copy is the same event"
+            );
             assert_eq!(copy.key, same[0].key, "{id}");
         }
     }

@@ -75,7 +75,9 @@ fn shapes() -> [Settings; 5] {
         with_publisher(Some(PublisherConfig::Rabbitmq(
             RabbitMqPublisherConfig::default(),
         ))),
-        with_publisher(Some(PublisherConfig::Kafka(KafkaPublisherConfig::default()))),
+        with_publisher(Some(
+            PublisherConfig::Kafka(KafkaPublisherConfig::default()),
+        )),
     ]
 }
 

@@ -16,7 +16,9 @@ use idempotency::outbox::publisher::kafka::rdkafka::consumer::{Consumer, StreamC
 use idempotency::outbox::publisher::kafka::rdkafka::message::{Headers, Message};
 use idempotency::outbox::publisher::kafka::rdkafka::util::Timeout;
 use idempotency::outbox::publisher::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use idempotency::{Call, EnqueueInTx, ExecutionResult, Idempotency, IdempotencyKey, Loader, Settings};
+use idempotency::{
+    Call, EnqueueInTx, ExecutionResult, Idempotency, IdempotencyKey, Loader, Settings,
+};
 
 fn unique() -> String {
     uuid::Uuid::now_v7().simple().to_string()
@@ -82,9 +84,7 @@ fn partitions(topic: &str) -> usize {
 }
 
 async fn delete(topic: &str) {
-    let _ = admin()
-        .delete_topics(&[topic], &AdminOptions::new())
-        .await;
+    let _ = admin().delete_topics(&[topic], &AdminOptions::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,7 +203,10 @@ async fn a_fixed_topic_is_created_at_start_up_with_its_partitions() {
 async fn kafka_publisher_settings_that_cannot_work_stop_start_up_naming_themselves() {
     let url = kafka_url();
     for (body, property) in [
-        ("      topic: t\n".to_owned(), "outbox.publisher.kafka.brokers"),
+        (
+            "      topic: t\n".to_owned(),
+            "outbox.publisher.kafka.brokers",
+        ),
         (
             // Nothing listens there: the metadata request goes unanswered.
             "      brokers: 127.0.0.1:1\n      message-timeout: 1s\n".to_owned(),

@@ -431,7 +431,10 @@ impl Publisher for KafkaPublisher {
                 .map_err(|e| match e {
                     Error::Publisher(error) => PublishError::new(
                         PublishErrorKind::Unavailable,
-                        format!("topic {topic} could not be created: {}", source_text(&error)),
+                        format!(
+                            "topic {topic} could not be created: {}",
+                            source_text(&error)
+                        ),
                     ),
                     other => PublishError::new(PublishErrorKind::Unavailable, other.to_string()),
                 })?;
