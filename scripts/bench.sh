@@ -251,14 +251,14 @@ print("load bench interleaves its scenarios over several rounds so that both sid
 print("share the same background load. Absolute numbers move between runs; the ratios much less.\n")
 print("## Machine\n")
 print(f"- CPU: {cpu}, {cores} cores; memory: {mem} GiB; {platform.system()} {platform.release()}")
-print(f"- PostgreSQL {pg}, MySQL/MariaDB {mysql}, Redis {redis}, NATS with JetStream, all on 127.0.0.1 (loopback)")
+print(f"- PostgreSQL {pg}, MySQL/MariaDB {mysql}, Redis {redis}, NATS with JetStream, tansu 0.6 (Kafka protocol, memory storage), all on 127.0.0.1 (loopback)")
 print(f"- {rustc}; release profile\n")
 print("## Method and scenario grid\n")
 print("| bench | command | what it measures |")
 print("|---|---|---|")
 print("| fingerprint | `cargo bench -p idempotency-core --bench fingerprint` | RFC 8785 canonical JSON + SHA-256/512 of a 200 B, 4 KiB and 64 KiB request |")
 print("| replay tiers | `cargo bench -p idempotency-cache-redis --bench replay_tiers` | one client: `execute` replaying the same record from moka, Redis, PostgreSQL, next to a bare Redis GET and a bare primary-key SELECT |")
-print(f"| load | `cargo run --release -p idempotency-bench -- --clients 4 --duration {duration} --rounds {rounds} --peers $PEERS_DIR` | concurrent clients against PostgreSQL and Redis: the business transaction alone, the same SQL the library issues (read from the store) issued through sqlx and by pgbench (`-M prepared`, same clients, interleaved), `execute` and `execute_optimistic`, the first executions of two peer libraries (interleaved, see below), replays from each tier, concurrent duplicates, outbox enqueue (through the library, its statement through sqlx and by pgbench), relay drain to JetStream, relay commit-to-ack under a steady producer of 2,000 events/s |")
+print(f"| load | `cargo run --release -p idempotency-bench -- --clients 4 --duration {duration} --rounds {rounds} --peers $PEERS_DIR` | concurrent clients against PostgreSQL and Redis: the business transaction alone, the same SQL the library issues (read from the store) issued through sqlx and by pgbench (`-M prepared`, same clients, interleaved), `execute` and `execute_optimistic`, the first executions of two peer libraries (interleaved, see below), replays from each tier, concurrent duplicates, outbox enqueue (through the library, its statement through sqlx and by pgbench), relay drain to JetStream and to Kafka (the same backlog, the JetStream drain the baseline), relay commit-to-ack under a steady producer of 2,000 events/s |")
 print(f"| middleware | `cargo run --release -p idempotency-bench -- --only-layer --clients 4 --duration {duration} --rounds {rounds}` | the same payment handler through an axum router in process (`oneshot`, no socket): behind `IdempotencyLayer` (the handler takes `IdempotentTx`) and calling `execute` itself; first executions (fresh keys) and replays of one key (`lookup-before-acquire` on both) |")
 print(f"| MySQL / MariaDB | `cargo run --release -p idempotency-bench -- --backend mysql --clients 4 --duration {duration} --rounds {rounds}` | the load bench's grid on `MYSQL_URL`: `execute` against the same SQL issued directly and against the business transaction alone, a replay against a bare primary-key SELECT, the relay's drain to JetStream (polling) |")
 print("| relay | `cargo bench -p idempotency-outbox --all-features --bench relay` | relay throughput to JetStream with acks, 1 and 2 workers, batches 10/100/500; commit-to-ack latency with NOTIFY versus polling |")
@@ -308,6 +308,13 @@ stores = {w: r for w, r in re.findall(r"\| (\d) worker\(s\): the store alone [^|
 for workers, ratio in halves.items():
     store = f"; the store alone {int(stores[workers]):,} events/s" if workers in stores else ""
     print(f"| relay drain / JetStream alone (the same publishes without a database), {workers} worker(s){store} | {float(ratio):.2f} | (reported) |")
+kafka = {w: r for w, r in re.findall(r"\| (\d) worker\(s\), batch 100, \d+ events, to Kafka \| (\d+) \|", read("load.txt"))}
+kafka_vs = {w: r for w, r in re.findall(r"\| (\d) worker\(s\): Kafka drain / JetStream drain \| ([0-9.]+) \|", read("load.txt"))}
+kafka_alone = {w: r for w, r in re.findall(r"\| (\d) worker\(s\): Kafka alone [^|]* \| (\d+) \|", read("load.txt"))}
+for workers, ratio in kafka_vs.items():
+    rate = f"{int(kafka[workers]):,} events/s" if workers in kafka else "?"
+    alone = f", Kafka alone {int(kafka_alone[workers]):,} events/s" if workers in kafka_alone else ""
+    print(f"| relay drain to Kafka (tansu, delivery reports awaited) / to JetStream, the same backlog in the same run, {workers} worker(s) ({rate}{alone}) | {float(ratio):.2f} | (reported) |")
 ack = re.search(r"\| commit-to-ack at (\d+) events/s \| (\d+) \| (\d+) \| ([0-9.]+) ms \| ([0-9.]+) ms \| ([0-9.]+) ms \| (\d+) \|(?: ([0-9.]+) ms \| ([0-9.]+) ms \|)?", read("load.txt"))
 if ack:
     rate, reached, p50, p99 = int(ack.group(1)), int(ack.group(3)), float(ack.group(4)), float(ack.group(5))

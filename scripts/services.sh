@@ -5,7 +5,7 @@
 # 127.0.0.1, and tansu, a Kafka-protocol broker. Source it, then call `ensure_services`; it
 # exports DATABASE_URL, PGBOUNCER_URL, REDIS_URL, REDIS_CLUSTER_URL, NATS_URL, NATS_CLUSTER_URL,
 # AMQP_URL, MYSQL_URL and KAFKA_URL (keeping any value already set, in which case that server is
-# not started here, only waited for), and TANSU_BIN.
+# not started here, only waited for), TANSU_BIN and MOTO_SERVER (an S3 server binary).
 #
 # Run directly, it starts or stops the Redis Cluster, the NATS cluster or a PgBouncer alone:
 #
@@ -464,9 +464,30 @@ tansu_bin() {
   echo "$bin"
 }
 
+# moto, an S3 server (Python, from PyPI), for tests/kafka_restart.rs: it gives a tansu of its
+# own S3 storage there, which outlives the broker the test kills with SIGKILL (tansu's memory
+# storage dies with it; its PostgreSQL storage needs a schema tansu 0.6.0 ships only in its
+# source repository, not in the crate). Installed once into a virtualenv outside the clone
+# (under a minute).
+MOTO_VERSION=5.2.5
+
+moto_server_bin() {
+  if [ -n "${MOTO_SERVER:-}" ]; then echo "$MOTO_SERVER"; return; fi
+  local venv="$TOOLS_DIR/moto-venv"
+  if ! "$venv/bin/python" -c "import sys, moto; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
+    log "installing moto $MOTO_VERSION into $venv (once)"
+    mkdir -p "$TOOLS_DIR"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q "moto[server]==$MOTO_VERSION" >&2
+  fi
+  echo "$venv/bin/moto_server"
+}
+
 ensure_kafka() {
   TANSU_BIN="$(tansu_bin)"
   export TANSU_BIN
+  MOTO_SERVER="$(moto_server_bin)"
+  export MOTO_SERVER
   if [ -n "${KAFKA_URL:-}" ]; then given Kafka "kafka://$KAFKA_URL" 9092 30; return; fi
   export KAFKA_URL="127.0.0.1:9092"
   port_open 127.0.0.1 9092 && return 0

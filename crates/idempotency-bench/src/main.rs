@@ -10,6 +10,7 @@
 
 mod harness;
 mod idempotency;
+mod kafka;
 mod layer;
 mod mysql;
 mod outbox;
@@ -57,8 +58,8 @@ struct Args {
     /// first-execution scenarios, with the ratios against the fastest of them.
     #[arg(long)]
     peers: Option<PathBuf>,
-    /// Only the relay scenarios on PostgreSQL: the drain to JetStream (1 and 2 workers, batch
-    /// 100) and the commit-to-ack latency under a steady producer.
+    /// Only the relay scenarios on PostgreSQL: the drain to JetStream and to Kafka (1 and 2
+    /// workers, batch 100) and the commit-to-ack latency under a steady producer.
     #[arg(long)]
     only_relay: bool,
     /// Worker counts of the relay drain (each with batch 100).
@@ -362,11 +363,12 @@ fn peer_ratios(r: &Ratios<'_>, pipelined: Option<&str>) {
     }
 }
 
-/// The relay on PostgreSQL: the drain to JetStream, then commit-to-ack under a steady producer.
+/// The relay on PostgreSQL: the drain to JetStream and to Kafka, then commit-to-ack under a
+/// steady producer.
 async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
     println!();
     println!(
-        "| relay drain to JetStream (acks awaited, {} aggregates, ordered) | events/s |",
+        "| relay drain to JetStream and to Kafka (acks awaited, {} aggregates, ordered) | events/s |",
         args.drain_aggregates
     );
     println!("|---|---:|");
@@ -399,6 +401,23 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
         println!(
             "| {workers} worker(s): drain / JetStream alone | {:.2} |",
             rate / broker
+        );
+        // The same drain to Kafka, right after: the JetStream drain above is its baseline.
+        let to_kafka = kafka::relay_drain(setup, events, aggregates, workers, batch).await;
+        println!(
+            "| {workers} worker(s), batch {batch}, {events} events, to Kafka | {to_kafka:.0} |"
+        );
+        let kafka_broker = kafka::kafka_alone(events, aggregates, workers, batch as usize).await;
+        println!(
+            "| {workers} worker(s): Kafka alone (the same publishes, batches of {batch} in flight, no database) | {kafka_broker:.0} |"
+        );
+        println!(
+            "| {workers} worker(s): Kafka drain / JetStream drain | {:.2} |",
+            to_kafka / rate
+        );
+        println!(
+            "| {workers} worker(s): Kafka drain / Kafka alone | {:.2} |",
+            to_kafka / kafka_broker
         );
     }
     if args.latency_seconds == 0 {

@@ -1,5 +1,5 @@
 //! Outbox scenarios: what enqueueing costs inside the business transaction, and how fast a relay
-//! drains the table to NATS JetStream with publish acks.
+//! drains the table to NATS JetStream with publish acks (to Kafka: [`crate::kafka`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
@@ -259,7 +259,7 @@ pub(crate) fn drain_events(events: usize, aggregates: usize) -> Vec<Vec<NewEvent
 /// indexes made on the empty table are empty, and an ordered claim may look for each
 /// candidate's first row by reading every pending row (idempotency-pg's README, "Outbox and
 /// inbox schema").
-async fn backlog(
+pub(crate) async fn backlog(
     setup: &Setup,
     config: &OutboxConfig,
     events: usize,
@@ -284,7 +284,7 @@ async fn backlog(
 }
 
 /// Drops an outbox table made by [`backlog`] and its per-aggregate counters.
-async fn drop_outbox(setup: &Setup, table: &str) {
+pub(crate) async fn drop_outbox(setup: &Setup, table: &str) {
     let _ = sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE \"{table}\", \"{table}_sequences\""
     )))
@@ -294,7 +294,7 @@ async fn drop_outbox(setup: &Setup, table: &str) {
 
 /// Runs `relay` until it has published `events` messages, then shuts it down. Returns the time
 /// from its start to the last publish.
-async fn run_until_published<S, P>(relay: &Relay<S, P>, events: usize) -> Duration
+pub(crate) async fn run_until_published<S, P>(relay: &Relay<S, P>, events: usize) -> Duration
 where
     S: RelayStore + Housekeeping,
     P: Publisher,
@@ -390,32 +390,50 @@ pub(crate) async fn jetstream_alone(
 ) -> f64 {
     let table = idempotency_testing::unique_name("floor");
     let (jetstream, stream) = table_stream(&table).await;
-    let publisher = Arc::new(
-        NatsPublisher::from_context(jetstream.clone())
-            .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
-            .expect("subject"),
-    );
-    let messages: Arc<Vec<OutboxMessage>> = Arc::new(
-        drain_events(events, aggregates)
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .map(|(n, event)| {
-                let headers = event.headers().clone();
-                OutboxMessage::new(
-                    Uuid::now_v7(),
-                    event.aggregate_type(),
-                    event.aggregate_id(),
-                    Some(i64::try_from(n).expect("sequence")),
-                    event.event_type(),
-                    event.payload(),
-                    headers,
-                    chrono::Utc::now(),
-                    0,
-                )
-            })
-            .collect(),
-    );
+    let publisher = NatsPublisher::from_context(jetstream.clone())
+        .with_subject(&format!("{table}.{{aggregate_type}}.{{event_type}}"))
+        .expect("subject");
+    let rate = publisher_alone(publisher, events, aggregates, workers, batch).await;
+    let _ = jetstream.delete_stream(&stream).await;
+    rate
+}
+
+/// The messages a drain of [`drain_events`] publishes, without a database: fresh ids,
+/// sequences in order.
+fn drain_messages(events: usize, aggregates: usize) -> Vec<OutboxMessage> {
+    drain_events(events, aggregates)
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(n, event)| {
+            let headers = event.headers().clone();
+            OutboxMessage::new(
+                Uuid::now_v7(),
+                event.aggregate_type(),
+                event.aggregate_id(),
+                Some(i64::try_from(n).expect("sequence")),
+                event.event_type(),
+                event.payload(),
+                headers,
+                chrono::Utc::now(),
+                0,
+            )
+        })
+        .collect()
+}
+
+/// `publisher` given the messages of a drain with no database: `workers` tasks each keeping
+/// a batch of `batch` publishes in flight and awaiting all of its acks before the next, as a
+/// relay worker does. Returns events/s.
+pub(crate) async fn publisher_alone<P: Publisher + 'static>(
+    publisher: P,
+    events: usize,
+    aggregates: usize,
+    workers: usize,
+    batch: usize,
+) -> f64 {
+    let publisher = Arc::new(publisher);
+    let messages: Arc<Vec<OutboxMessage>> = Arc::new(drain_messages(events, aggregates));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..workers)
@@ -446,9 +464,7 @@ pub(crate) async fn jetstream_alone(
     for task in tasks {
         task.await.expect("publisher task");
     }
-    let elapsed = started.elapsed();
-    let _ = jetstream.delete_stream(&stream).await;
-    events as f64 / elapsed.as_secs_f64()
+    events as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Confirms every message at once: the database's side of a drain alone.

@@ -72,7 +72,7 @@ pub struct OutboxConfig {
     pub health: HealthConfig,
 }
 
-/// `outbox.publisher`: `logging`, or a table with one of the keys `nats`, `rabbitmq`.
+/// `outbox.publisher`: `logging`, or a table with one of the keys `nats`, `rabbitmq`, `kafka`.
 ///
 /// ```
 /// use idempotency_outbox::config::{OutboxConfig, PublisherConfig};
@@ -97,6 +97,8 @@ pub enum PublisherConfig {
     Nats(NatsPublisherConfig),
     /// RabbitMQ with publisher confirms (feature `rabbitmq`).
     Rabbitmq(RabbitMqPublisherConfig),
+    /// Kafka with an idempotent producer and `acks=all` (feature `kafka`).
+    Kafka(KafkaPublisherConfig),
     /// Every message logged with `tracing` and confirmed: nothing leaves the process.
     Logging,
 }
@@ -168,6 +170,66 @@ impl Default for RabbitMqPublisherConfig {
             exchange: String::new(),
             routing_key: DEFAULT_ROUTING_KEY.to_owned(),
             create: false,
+        }
+    }
+}
+
+/// The default Kafka topic template.
+pub const DEFAULT_KAFKA_TOPIC: &str = "outbox.{aggregate_type}";
+
+/// The default partition count of a topic `outbox.publisher.kafka.create` makes.
+pub const DEFAULT_KAFKA_PARTITIONS: i32 = 3;
+
+/// `outbox.publisher.kafka`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_outbox::config::{OutboxConfig, PublisherConfig};
+///
+/// let config: OutboxConfig = serde_json::from_value(serde_json::json!({
+///     "publisher": { "kafka": {
+///         "brokers": "127.0.0.1:9092",
+///         "topic": "billing.{aggregate_type}",
+///         "create": true,
+///         "partitions": 6,
+///         "message-timeout": "3s"
+///     } }
+/// }))?;
+/// let Some(PublisherConfig::Kafka(kafka)) = &config.publisher else { panic!() };
+/// assert_eq!(kafka.message_timeout, Some(Duration::from_secs(3)));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct KafkaPublisherConfig {
+    /// The bootstrap brokers, `host:port[,host:port...]`. Required.
+    pub brokers: String,
+    /// The topic template (placeholders `{aggregate_type}`, `{aggregate_id}`,
+    /// `{event_type}`). Default `outbox.{aggregate_type}`. The record key is the aggregate id,
+    /// so an aggregate's events share a partition whatever the template.
+    pub topic: String,
+    /// Create each topic the template renders when it is first published to (and a topic
+    /// without placeholders at start-up), with `partitions` partitions; an existing topic is
+    /// left as it is. For brokers that do not create topics on first use. Default `false`.
+    pub create: bool,
+    /// The partition count of a topic `create` makes. Default (`null`): `3`. Only with
+    /// `create: true`.
+    pub partitions: Option<i32>,
+    /// How long the producer tries to deliver one record (`message.timeout.ms`). Default
+    /// (`null`): the relay's `publish-timeout`; longer is refused (a record the relay gave up
+    /// on could then be delivered after its republished copy).
+    #[serde(with = "humantime_serde")]
+    pub message_timeout: Option<Duration>,
+}
+
+impl Default for KafkaPublisherConfig {
+    fn default() -> Self {
+        Self {
+            brokers: String::new(),
+            topic: DEFAULT_KAFKA_TOPIC.to_owned(),
+            create: false,
+            partitions: None,
+            message_timeout: None,
         }
     }
 }

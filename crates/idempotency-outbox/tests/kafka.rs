@@ -417,3 +417,133 @@ async fn kafka_has_no_duplicate_window_to_check() {
     let topic = TestTopic::named(1);
     assert_eq!(topic.publisher().duplicate_window().await.unwrap(), None);
 }
+
+// The consumer side: `examples/kafka_inbox.rs`, run here as it is.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/kafka_inbox.rs"]
+mod kafka_inbox;
+
+/// The sum of the offsets `group` committed on `topic`'s partitions: the records it is done
+/// with, when it began at offset 0.
+fn committed(topic: &TestTopic, group: &str) -> i64 {
+    use idempotency_outbox::publisher::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    use idempotency_outbox::publisher::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &topic.url)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut partitions = TopicPartitionList::new();
+    for partition in 0..topic.partitions {
+        partitions.add_partition(&topic.name(), partition);
+    }
+    let Ok(offsets) = consumer.committed_offsets(partitions, Duration::from_secs(5)) else {
+        return 0;
+    };
+    offsets
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(n) => n,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The example consumer (`examples/kafka_inbox.rs`): 20 events, 5 of them published twice (a
+/// relay's republish: same `Outbox-Id`), read by a group; each event is applied once, the 5
+/// copies dropped by the inbox, and every offset committed (after its inbox transaction). The
+/// group restarted has nothing left to read; a group that reads it all again (as after a crash
+/// between the database commit and the offset commit) applies nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_consumer_applies_each_event_once_and_commits_offsets_after_the_inbox() {
+    let pool = idempotency_testing::pg_pool().await;
+    let topic = TestTopic::new(2).await;
+    let publisher = topic.publisher();
+    let messages: Vec<OutboxMessage> = (0..20)
+        .map(|n| {
+            OutboxMessage::new(
+                uuid::Uuid::now_v7(),
+                "order",
+                format!("a{}", n % 4),
+                Some(n / 4 + 1),
+                "OrderUpdated",
+                format!("{{\"n\":{n}}}"),
+                BTreeMap::new(),
+                chrono::Utc::now(),
+                1,
+            )
+        })
+        .collect();
+    for message in messages.iter().chain(messages.iter().step_by(4)) {
+        publisher.publish(message).await.unwrap();
+    }
+
+    let inbox = kafka_inbox::prepare(&pool).await.unwrap();
+    let group = idempotency_testing::unique_name("billing");
+    let consume = async |kafka_group: &str, records: i64| {
+        let consumer = kafka_inbox::consumer(&topic.url, kafka_group, &topic.name()).unwrap();
+        let stop = async {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while committed(&topic, kafka_group) < records {
+                assert!(
+                    Instant::now() < deadline,
+                    "{kafka_group}: offsets not committed"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        // The inbox consumer name is `group` throughout: the same logical consumer.
+        kafka_inbox::run(&consumer, &pool, &inbox, &group, stop)
+            .await
+            .unwrap()
+    };
+
+    let first = consume(group.as_str(), 25).await;
+    assert_eq!(
+        (first.applied, first.duplicates, first.foreign),
+        (20, 5, 0),
+        "{first:?}"
+    );
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT aggregate_id, events FROM order_events ORDER BY aggregate_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let want: Vec<(String, i64)> = (0..4).map(|a| (format!("a{a}"), 5)).collect();
+    assert_eq!(counts, want, "each event applied once");
+
+    // Restarted: the offsets were committed, nothing is read again.
+    use idempotency_outbox::publisher::kafka::rdkafka::consumer::Consumer;
+    let consumer = kafka_inbox::consumer(&topic.url, &group, &topic.name()).unwrap();
+    let joined = async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while consumer.assignment().map_or(0, |a| a.count()) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the restarted consumer got no partition"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Assigned: what it would fetch from its committed offsets has time to come.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let again = kafka_inbox::run(&consumer, &pool, &inbox, &group, joined)
+        .await
+        .unwrap();
+    assert_eq!(again, kafka_inbox::Consumed::default());
+    drop(consumer);
+
+    // Every record delivered again: the inbox drops them all.
+    let other_group = idempotency_testing::unique_name("replay");
+    let replay = consume(other_group.as_str(), 25).await;
+    assert_eq!((replay.applied, replay.duplicates), (0, 25), "{replay:?}");
+    let after: Vec<(String, i64)> =
+        sqlx::query_as("SELECT aggregate_id, events FROM order_events ORDER BY aggregate_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(after, want, "nothing applied twice");
+    topic.delete().await;
+}

@@ -560,7 +560,7 @@ fn check<D: Database>(settings: &Settings, given: bool) -> Result<CleanupSchedul
                 return Err(Error::property(
                     "outbox.relay.enabled",
                     "is true, but there is no publisher: set outbox.publisher (nats, rabbitmq, \
-                     logging) or give one to Builder::publisher; or set it to false when another \
+                     kafka, logging) or give one to Builder::publisher; or set it to false when another \
                      process relays",
                 ));
             }

@@ -10,7 +10,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use idempotency::outbox::config::{
-    NatsPublisherConfig, OutboxConfig, PublisherConfig, RabbitMqPublisherConfig,
+    KafkaPublisherConfig, NatsPublisherConfig, OutboxConfig, PublisherConfig,
+    RabbitMqPublisherConfig,
 };
 use idempotency::{Loader, Settings};
 
@@ -66,7 +67,7 @@ fn with_publisher(publisher: Option<PublisherConfig>) -> Settings {
 }
 
 /// Every shape the settings take: no publisher, and each kind of publisher with its defaults.
-fn shapes() -> [Settings; 4] {
+fn shapes() -> [Settings; 5] {
     [
         everything(),
         with_publisher(Some(PublisherConfig::Logging)),
@@ -74,6 +75,9 @@ fn shapes() -> [Settings; 4] {
         with_publisher(Some(PublisherConfig::Rabbitmq(
             RabbitMqPublisherConfig::default(),
         ))),
+        with_publisher(Some(
+            PublisherConfig::Kafka(KafkaPublisherConfig::default()),
+        )),
     ]
 }
 
@@ -143,11 +147,13 @@ fn every_documented_default_is_the_default() {
             .environment([(variable.clone(), default.clone())])
             .load()
             .unwrap_or_else(|e| panic!("{variable}={default}: {e}"));
-        let [none, _, nats, rabbitmq] = shapes();
+        let [none, _, nats, rabbitmq, kafka] = shapes();
         let expected = if row.key.starts_with("outbox.publisher.nats.") {
             nats
         } else if row.key.starts_with("outbox.publisher.rabbitmq.") {
             rabbitmq
+        } else if row.key.starts_with("outbox.publisher.kafka.") {
+            kafka
         } else if row.key.starts_with("outbox.") {
             none
         } else {

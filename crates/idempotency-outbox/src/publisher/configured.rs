@@ -7,7 +7,7 @@ use crate::message::OutboxMessage;
 use crate::publisher::{Ack, BrokerHealth, LoggingPublisher, PublishError, Publisher};
 
 /// The publisher built from `outbox.publisher`: NATS JetStream (feature `nats`), RabbitMQ
-/// (feature `rabbitmq`) or logging.
+/// (feature `rabbitmq`), Kafka (feature `kafka`) or logging.
 ///
 /// ```
 /// # async fn demo() -> Result<(), idempotency_outbox::Error> {
@@ -34,6 +34,10 @@ pub enum ConfiguredPublisher {
     #[cfg(feature = "rabbitmq")]
     #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
     RabbitMq(super::rabbitmq::RabbitMqPublisher),
+    /// `outbox.publisher.kafka`.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+    Kafka(super::kafka::KafkaPublisher),
     /// `outbox.publisher: logging`.
     Logging(LoggingPublisher),
 }
@@ -66,6 +70,11 @@ impl ConfiguredPublisher {
     ///   then fails when the stream is missing or its duplicate window is shorter than the
     ///   relay's republish window ([`RelayConfig::check_duplicate_window`](crate::config::RelayConfig::check_duplicate_window)).
     /// - `rabbitmq`: connects to `url`; with `create` declares `exchange` (durable, `topic`).
+    /// - `kafka`: creates the producer (`message-timeout`, default the relay's
+    ///   `publish-timeout`, no longer than it) and asks `brokers` for the cluster's metadata;
+    ///   with `create` makes each topic exist before its first record
+    ///   ([`KafkaPublisher::with_topic_creation`](super::kafka::KafkaPublisher::with_topic_creation)),
+    ///   a topic without placeholders at once.
     /// - `logging`: nothing to check.
     ///
     /// Every failure is an [`Error::Property`] naming the property (`outbox.publisher.nats.url`).
@@ -93,7 +102,94 @@ impl ConfiguredPublisher {
                 "outbox.publisher.rabbitmq",
                 "is set, but the `rabbitmq` feature is off; enable it",
             )),
+            #[cfg(feature = "kafka")]
+            PublisherConfig::Kafka(kafka) => {
+                Ok(Some(Self::Kafka(Self::kafka(kafka, &config.relay).await?)))
+            }
+            #[cfg(not(feature = "kafka"))]
+            PublisherConfig::Kafka(_) => Err(property(
+                "outbox.publisher.kafka",
+                "is set, but the `kafka` feature is off; enable it",
+            )),
         }
+    }
+
+    #[cfg(feature = "kafka")]
+    async fn kafka(
+        config: &crate::config::KafkaPublisherConfig,
+        relay: &crate::config::RelayConfig,
+    ) -> Result<super::kafka::KafkaPublisher, Error> {
+        use std::time::Duration;
+
+        if config.brokers.trim().is_empty() {
+            return Err(property(
+                "outbox.publisher.kafka.brokers",
+                "is empty; give the bootstrap brokers, e.g. 127.0.0.1:9092",
+            ));
+        }
+        let partitions = config
+            .partitions
+            .unwrap_or(crate::config::DEFAULT_KAFKA_PARTITIONS);
+        if partitions < 1 {
+            return Err(property(
+                "outbox.publisher.kafka.partitions",
+                format!("is {partitions}; a topic has at least 1 partition"),
+            ));
+        }
+        if config.partitions.is_some() && !config.create {
+            return Err(property(
+                "outbox.publisher.kafka.partitions",
+                "is set, but create is false: only topics made at start-up or first use take \
+                 it; remove it, or set create: true",
+            ));
+        }
+        let timeout = config.message_timeout.unwrap_or(relay.publish_timeout);
+        if timeout.is_zero() || timeout > relay.publish_timeout {
+            return Err(property(
+                "outbox.publisher.kafka.message-timeout",
+                format!(
+                    "is {}; it must be above zero and at most relay.publish-timeout ({}): a \
+                     record the relay gave up on would otherwise still be delivered beside its \
+                     republished copy",
+                    humantime_serde::re::humantime::format_duration(timeout),
+                    humantime_serde::re::humantime::format_duration(relay.publish_timeout),
+                ),
+            ));
+        }
+        let mut publisher = super::kafka::KafkaPublisher::new(&config.brokers)
+            .with_topic(&config.topic)
+            .map_err(|e| property("outbox.publisher.kafka.topic", e.to_string()))?
+            .with_message_timeout(timeout);
+        if config.create {
+            publisher = publisher.with_topic_creation(partitions);
+        }
+        let publisher = publisher
+            .connect()
+            .map_err(|e| property("outbox.publisher.kafka.brokers", chain(&e)))?;
+        publisher
+            .check_connection(timeout.max(Duration::from_secs(1)))
+            .await
+            .map_err(|e| {
+                property(
+                    "outbox.publisher.kafka.brokers",
+                    format!("{}: no answer: {}", config.brokers, chain(&e)),
+                )
+            })?;
+        if config.create && !config.topic.contains('{') {
+            // A fixed topic (parsed above: no placeholder): made now, so that a broker
+            // refusing it stops start-up.
+            let topic = &config.topic;
+            publisher
+                .ensure_topic(topic, partitions)
+                .await
+                .map_err(|e| {
+                    property(
+                        "outbox.publisher.kafka.topic",
+                        format!("{topic:?}: could not be created: {}", chain(&e)),
+                    )
+                })?;
+        }
+        Ok(publisher)
     }
 
     #[cfg(feature = "nats")]
@@ -209,7 +305,10 @@ impl ConfiguredPublisher {
 }
 
 /// The error and its sources, `: `-separated.
-#[cfg_attr(not(any(feature = "nats", feature = "rabbitmq")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "nats", feature = "rabbitmq", feature = "kafka")),
+    allow(dead_code)
+)]
 fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -228,6 +327,8 @@ impl Publisher for ConfiguredPublisher {
             Self::Nats(publisher) => publisher.destination(),
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(publisher) => publisher.destination(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(publisher) => publisher.destination(),
             Self::Logging(publisher) => publisher.destination(),
         }
     }
@@ -238,6 +339,8 @@ impl Publisher for ConfiguredPublisher {
             Self::Nats(publisher) => publisher.publish(message).await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(publisher) => publisher.publish(message).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(publisher) => publisher.publish(message).await,
             Self::Logging(publisher) => publisher.publish(message).await,
         }
     }
@@ -248,6 +351,8 @@ impl Publisher for ConfiguredPublisher {
             Self::Nats(publisher) => publisher.duplicate_window().await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(publisher) => publisher.duplicate_window().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(publisher) => publisher.duplicate_window().await,
             Self::Logging(publisher) => publisher.duplicate_window().await,
         }
     }
@@ -258,6 +363,8 @@ impl Publisher for ConfiguredPublisher {
             Self::Nats(publisher) => publisher.health().await,
             #[cfg(feature = "rabbitmq")]
             Self::RabbitMq(publisher) => publisher.health().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(publisher) => publisher.health().await,
             Self::Logging(publisher) => publisher.health().await,
         }
     }
@@ -274,5 +381,53 @@ mod tests {
             "amqp://guest:***@host:5672/%2f"
         );
         assert_eq!(redact("nats://host:4222"), "nats://host:4222");
+    }
+
+    /// A publisher whose feature is off is refused naming its property, not ignored.
+    #[cfg(not(all(feature = "nats", feature = "rabbitmq", feature = "kafka")))]
+    #[tokio::test]
+    async fn a_publisher_whose_feature_is_off_is_refused_naming_it() {
+        use crate::config::{KafkaPublisherConfig, NatsPublisherConfig, RabbitMqPublisherConfig};
+
+        let off = [
+            (
+                cfg!(feature = "nats"),
+                PublisherConfig::Nats(NatsPublisherConfig::default()),
+                "outbox.publisher.nats",
+                "`nats`",
+            ),
+            (
+                cfg!(feature = "rabbitmq"),
+                PublisherConfig::Rabbitmq(RabbitMqPublisherConfig::default()),
+                "outbox.publisher.rabbitmq",
+                "`rabbitmq`",
+            ),
+            (
+                cfg!(feature = "kafka"),
+                PublisherConfig::Kafka(KafkaPublisherConfig {
+                    brokers: "127.0.0.1:9092".to_owned(),
+                    ..KafkaPublisherConfig::default()
+                }),
+                "outbox.publisher.kafka",
+                "`kafka`",
+            ),
+        ];
+        for (on, publisher, property, feature) in off {
+            if on {
+                continue;
+            }
+            let config = OutboxConfig {
+                publisher: Some(publisher),
+                ..OutboxConfig::default()
+            };
+            let Err(error) = ConfiguredPublisher::from_config(&config).await else {
+                panic!("{property}: accepted with its feature off");
+            };
+            let text = error.to_string();
+            assert!(
+                text.starts_with(property) && text.contains(feature),
+                "{text}"
+            );
+        }
     }
 }

@@ -21,7 +21,8 @@
 //! [`Timeout`](PublishErrorKind::Timeout), retried without counting an attempt; a broker that
 //! cannot be reached is [`Unavailable`](PublishErrorKind::Unavailable).
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -79,6 +80,30 @@ pub struct KafkaPublisher {
     topic: Template,
     destination: String,
     producer: Option<Arc<Producers>>,
+    create: Option<Arc<TopicCreation>>,
+}
+
+/// [`KafkaPublisher::with_topic_creation`]: the partition count, and the topics made sure of.
+#[derive(Debug)]
+struct TopicCreation {
+    partitions: i32,
+    known: Mutex<HashSet<String>>,
+}
+
+impl TopicCreation {
+    fn is_known(&self, topic: &str) -> bool {
+        match self.known.lock() {
+            Ok(known) => known.contains(topic),
+            Err(poisoned) => poisoned.into_inner().contains(topic),
+        }
+    }
+
+    fn insert(&self, topic: String) {
+        match self.known.lock() {
+            Ok(mut known) => known.insert(topic),
+            Err(poisoned) => poisoned.into_inner().insert(topic),
+        };
+    }
 }
 
 /// The producer in use, replaced when librdkafka declares it fatally failed (an idempotent
@@ -125,6 +150,10 @@ impl std::fmt::Debug for KafkaPublisher {
             .field("topic", &self.topic)
             .field("destination", &self.destination)
             .field("connected", &self.producer.is_some())
+            .field(
+                "create_partitions",
+                &self.create.as_ref().map(|c| c.partitions),
+            )
             .finish()
     }
 }
@@ -148,6 +177,7 @@ impl KafkaPublisher {
             topic: Template::aggregate("outbox."),
             destination: "kafka".to_owned(),
             producer: None,
+            create: None,
         }
     }
 
@@ -175,6 +205,20 @@ impl KafkaPublisher {
     #[must_use]
     pub fn with_property(mut self, key: &str, value: &str) -> Self {
         self.config.set(key, value);
+        self
+    }
+
+    /// Makes sure each topic exists before the first record to it, creating it with
+    /// `partitions` partitions when missing ([`ensure_topic`](Self::ensure_topic), once per
+    /// topic and publisher, clones included): for brokers that do not create topics on first
+    /// use. A topic that cannot be made is a publish failure the relay retries
+    /// ([`Unavailable`](PublishErrorKind::Unavailable)). Off by default.
+    #[must_use]
+    pub fn with_topic_creation(mut self, partitions: i32) -> Self {
+        self.create = Some(Arc::new(TopicCreation {
+            partitions,
+            known: Mutex::new(HashSet::new()),
+        }));
         self
     }
 
@@ -378,6 +422,23 @@ impl Publisher for KafkaPublisher {
                 PublishErrorKind::InvalidMessage,
                 BadTopic { topic },
             ));
+        }
+        if let Some(create) = &self.create
+            && !create.is_known(&topic)
+        {
+            self.ensure_topic(&topic, create.partitions)
+                .await
+                .map_err(|e| match e {
+                    Error::Publisher(error) => PublishError::new(
+                        PublishErrorKind::Unavailable,
+                        format!(
+                            "topic {topic} could not be created: {}",
+                            source_text(&error)
+                        ),
+                    ),
+                    other => PublishError::new(PublishErrorKind::Unavailable, other.to_string()),
+                })?;
+            create.insert(topic.clone());
         }
         let record = FutureRecord::to(&topic)
             .key(message.aggregate_id.as_bytes())
