@@ -14,10 +14,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_axum::{Error, IdempotentJson, OutcomeExt, ScopedKey, TenantHeader};
+use idempotency_axum::{
+    Error, IdempotencyLayer, IdempotentJson, OutcomeExt, ScopedKey, SharedScope, TenantHeader,
+};
 use idempotency_core::{
     CacheError, DistributedCache, ExecutionResult, IdempotencyRecord, IdempotencyService,
     LocalCache, RecordId,
@@ -222,3 +225,85 @@ async fn a_jsonb_spelled_record_replays_its_value_serialized_again() {
     assert_same_answer(&pay(&fresh, "k-jsonb").await, &first, "jsonb-spelled store");
 }
 
+/// A handler behind the layer: a response with headers the layer stores (content type,
+/// location, etag), one it does not (`x-request-id`), and a body naming the call.
+async fn create_file(State(calls): State<Arc<Mutex<u32>>>) -> Response {
+    let call = {
+        let mut calls = calls.lock().unwrap();
+        *calls += 1;
+        *calls
+    };
+    let mut response = (
+        StatusCode::CREATED,
+        Json(json!({"call": call, "note": "é \"quoted\""})),
+    )
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::LOCATION, HeaderValue::from_static("/files/1"));
+    headers.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+    headers.insert("x-request-id", HeaderValue::from_static("r-1"));
+    response
+}
+
+/// Through `IdempotencyLayer`: the first replay from L1 reads the stored response, the next
+/// ones answer what it read for that cached record; every one is the same answer, byte for
+/// byte, and the first response's status, stored headers and body.
+#[tokio::test]
+async fn layer_replays_from_l1_are_the_first_responses_bytes_each_time() {
+    let (_pool, store) = database().await;
+    let calls = Arc::new(Mutex::new(0));
+    let l1 = MapL1::default();
+    let layer = IdempotencyLayer::new(
+        IdempotencyService::builder(store)
+            .local_cache(l1.clone())
+            .build(),
+    )
+    .scope::<SharedScope>();
+    let app = Router::new()
+        .route("/files", post(create_file))
+        .route_layer(layer)
+        .with_state(Arc::clone(&calls));
+    let post_file = |key: &'static str| {
+        let app = app.clone();
+        async move {
+            send(
+                &app,
+                Method::POST,
+                "/files",
+                &[("idempotency-key", key.as_bytes())],
+                Some(&json!({"name": "a.txt"})),
+            )
+            .await
+        }
+    };
+    let first = post_file("k-layer").await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert_eq!(first.header("x-request-id"), Some("r-1"));
+    let mut replays = Vec::new();
+    for _ in 0..3 {
+        let replay = post_file("k-layer").await;
+        assert_same_answer(&replay, &first, "layer, L1");
+        for name in ["location", "etag"] {
+            assert_eq!(replay.header(name), first.header(name), "{name}");
+        }
+        assert_eq!(replay.header("x-request-id"), None, "not on the allow-list");
+        replays.push(replay);
+    }
+    for replay in &replays[1..] {
+        assert_eq!(
+            replay.headers, replays[0].headers,
+            "the same headers every time"
+        );
+    }
+    // Another key: its own response, not the one kept for the first key.
+    let other = post_file("k-layer-2").await;
+    assert!(!other.is_replay());
+    assert_ne!(other.body, first.body);
+    assert_same_answer(
+        &post_file("k-layer-2").await,
+        &other,
+        "layer, L1, second key",
+    );
+    assert_eq!(*calls.lock().unwrap(), 2);
+    assert_eq!(l1.0.lock().unwrap().len(), 2);
+}
