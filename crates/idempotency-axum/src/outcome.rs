@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use axum::body::Bytes;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idempotency_core::{ExecutionResult, Outcome, Rejection};
@@ -135,12 +136,17 @@ impl<T> IdempotentJson<T> {
 }
 
 impl<T: Serialize> IntoResponse for IdempotentJson<T> {
+    /// A replayed success answers its stored text as is when it is the value's `serde_json`
+    /// text ([`Outcome::stored_json`]): the bytes the first answer sent, without serializing
+    /// the value again.
     fn into_response(self) -> Response {
         let status = self.status;
-        respond(
-            self.outcome,
-            self.rejection,
-            |value| match serde_json::to_vec(&value) {
+        let stored = self
+            .outcome
+            .stored_json()
+            .map(|text| Bytes::copy_from_slice(text.as_bytes()));
+        respond(self.outcome, self.rejection, |value| {
+            match stored.map_or_else(|| serde_json::to_vec(&value).map(Bytes::from), Ok) {
                 Ok(body) => (
                     status,
                     [(
@@ -157,8 +163,8 @@ impl<T: Serialize> IntoResponse for IdempotentJson<T> {
                     );
                     Problem::internal().into_response()
                 }
-            },
-        )
+            }
+        })
     }
 }
 

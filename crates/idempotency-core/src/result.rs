@@ -1,6 +1,7 @@
 //! What a business action returns, and what `execute` hands back to the caller.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -228,12 +229,68 @@ pub enum Origin {
 pub struct Outcome<T> {
     result: ExecutionResult<T>,
     origin: Origin,
+    stored: StoredJson,
+}
+
+/// The committed record a replayed success was read from, kept so that its stored text can be
+/// answered as is ([`Outcome::stored_json`]). It is the result's own serialized form, so it
+/// never makes two outcomes differ: equality compares the results and origins only.
+#[derive(Clone, Default)]
+struct StoredJson(Option<Arc<crate::IdempotencyRecord>>);
+
+impl StoredJson {
+    fn text(&self) -> Option<&str> {
+        match self.0.as_deref()?.outcome.as_ref()? {
+            crate::StoredOutcome::Completed { payload } => Some(payload),
+            crate::StoredOutcome::Rejected { .. } => None,
+        }
+    }
+}
+
+impl PartialEq for StoredJson {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for StoredJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.text() {
+            Some(text) => write!(f, "{} bytes", text.len()),
+            None => f.write_str("none"),
+        }
+    }
 }
 
 impl<T> Outcome<T> {
     /// Pairs a result with its origin.
     pub fn new(result: ExecutionResult<T>, origin: Origin) -> Self {
-        Self { result, origin }
+        Self {
+            result,
+            origin,
+            stored: StoredJson::default(),
+        }
+    }
+
+    /// A replayed success that also keeps the committed record it was read from, whose stored
+    /// text is exactly the success value's `serde_json` text (checked by the caller).
+    pub(crate) fn with_stored_json(mut self, record: Arc<crate::IdempotencyRecord>) -> Self {
+        self.stored = StoredJson(Some(record));
+        self
+    }
+
+    /// On a replayed success, the stored text of its value when it is exactly what
+    /// `serde_json::to_string` writes for it: the bytes the first execution's value serialized
+    /// to, which an HTTP answer can send as is instead of serializing the value again. `None`
+    /// on executions, on rejections, with a serializer that does not store plain JSON
+    /// ([`ResultSerializer::stores_plain_json`](crate::ResultSerializer::stores_plain_json)),
+    /// and for text another spelling wrote (a `jsonb` column's: spaces, rewritten numbers),
+    /// which a replay serializes again as it always did.
+    pub fn stored_json(&self) -> Option<&str> {
+        if !self.is_replayed() || !self.result.is_success() {
+            return None;
+        }
+        self.stored.text()
     }
 
     /// Whether the stored outcome of an earlier call was replayed.

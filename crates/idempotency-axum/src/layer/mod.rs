@@ -3,6 +3,7 @@
 
 mod leased;
 mod numbers;
+mod prepared;
 mod replay;
 mod request;
 mod response;
@@ -109,6 +110,8 @@ pub(crate) struct Shared<S, L, D, M, Z> {
     pub(crate) settings: Settings,
     /// The requests of each key under way here, bounded by `settings.max_waiters`.
     pub(crate) waiters: waiters::Waiters,
+    /// Replays from L1, read once per cached record.
+    pub(super) prepared: prepared::PreparedReplays,
 }
 
 /// A tower [`Layer`] that makes a route idempotent without idempotency code in its handler.
@@ -186,6 +189,7 @@ impl<S, L, D, M, Z> IdempotencyLayer<S, L, D, M, Z> {
                 service,
                 settings,
                 waiters: waiters::Waiters::default(),
+                prepared: prepared::PreparedReplays::default(),
             }),
             scope: PhantomData,
         }
@@ -204,6 +208,7 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
                     service: self.shared.service.clone(),
                     settings,
                     waiters: waiters::Waiters::default(),
+                    prepared: prepared::PreparedReplays::default(),
                 });
             }
         }

@@ -117,7 +117,7 @@ where
             hit
         });
         if let Some(record) = hit {
-            return Ok(Some(self.replay(keyed, &record, Level::Local)));
+            return Ok(Some(self.replay_local(keyed, &record)));
         }
         let span = trace::cache_span("distributed", "get");
         let found = service
@@ -156,12 +156,40 @@ where
         Ok(())
     }
 
+    /// Answers a record from L1: as [`replay`](Self::replay), with the stored response read
+    /// once per cached record and kept ([`PreparedReplays`](super::prepared::PreparedReplays)).
+    fn replay_local(&self, keyed: &Keyed, record: &Arc<IdempotencyRecord>) -> (Answer, Response) {
+        if keyed.matches(&record.fingerprint)
+            && let Some(stored) = self.prepared.get(record)
+        {
+            let op = keyed.id.operation.as_str();
+            let metrics = self.service.metrics();
+            metrics.lookup_hit(op, Level::Local);
+            metrics.replayed(op, record.status());
+            return (Answer::Replayed(Level::Local), replayed(stored));
+        }
+        self.replay_with(keyed, record, Level::Local, |stored| {
+            self.prepared.put(record, stored);
+        })
+    }
+
     /// Answers a stored record: the stored response, or 422 / 409.
     pub(super) fn replay(
         &self,
         keyed: &Keyed,
         record: &IdempotencyRecord,
         level: Level,
+    ) -> (Answer, Response) {
+        self.replay_with(keyed, record, level, |_| {})
+    }
+
+    /// [`replay`](Self::replay), handing the response it read to `read` before answering it.
+    fn replay_with(
+        &self,
+        keyed: &Keyed,
+        record: &IdempotencyRecord,
+        level: Level,
+        read: impl FnOnce(&StoredResponse),
     ) -> (Answer, Response) {
         let metrics = self.service.metrics();
         let op = keyed.id.operation.as_str();
@@ -193,14 +221,9 @@ where
                 metrics.replayed(op, record.status());
                 // The allow-list again: a record from a cache or a store someone else can
                 // write replays only the headers this layer would have stored.
-                let mut response = stored
-                    .retain_headers(&self.settings.headers)
-                    .into_response();
-                response.headers_mut().insert(
-                    IDEMPOTENT_REPLAYED.clone(),
-                    HeaderValue::from_static("true"),
-                );
-                (Answer::Replayed(level), response)
+                let stored = stored.retain_headers(&self.settings.headers);
+                read(&stored);
+                (Answer::Replayed(level), replayed(stored))
             }
             Err(error) => {
                 tracing::error!(operation = op, "stored record holds no readable response");
@@ -230,6 +253,16 @@ where
         }
         service.local_cache().put(id, record);
     }
+}
+
+/// A stored response as a replay answers it: with `Idempotent-Replayed: true`.
+fn replayed(stored: StoredResponse) -> Response {
+    let mut response = stored.into_response();
+    response.headers_mut().insert(
+        IDEMPOTENT_REPLAYED.clone(),
+        HeaderValue::from_static("true"),
+    );
+    response
 }
 
 pub(super) fn failed(error: Core) -> (Answer, Response) {

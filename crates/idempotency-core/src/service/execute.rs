@@ -311,8 +311,9 @@ where
             mark(SpanOutcome::InFlight, Level::Persistence.as_str());
             return Err(Error::InFlight);
         }
+        let record = Arc::new(record);
         let outcome = inner.replay(id, &record, fingerprint, Level::Persistence)?;
-        inner.fill_caches(id, Arc::new(record)).await;
+        inner.fill_caches(id, record).await;
         Ok(Some(outcome))
     }
 
@@ -378,9 +379,9 @@ where
             mark(SpanOutcome::InFlight, Level::Persistence.as_str());
             return Err(Error::InFlight);
         }
+        let record = Arc::new(record);
         let outcome = inner.replay(&id, &record, fingerprint, Level::Persistence)?;
         let service = Arc::clone(&self.inner);
-        let record = Arc::new(record);
         tx.after_commit(async move {
             service.fill_caches(&id, record).await;
         });
@@ -464,8 +465,9 @@ where
         span.record("idempotency.cache.hit", matches!(found, Ok(Some(_))));
         match found {
             Ok(Some(record)) => {
+                let record = Arc::new(record);
                 let outcome = self.replay(id, &record, fingerprint, Level::Distributed)?;
-                trace::cache_span("local", "put").in_scope(|| self.local.put(id, Arc::new(record)));
+                trace::cache_span("local", "put").in_scope(|| self.local.put(id, record));
                 Ok(Some(outcome))
             }
             Ok(None) => Ok(None),
@@ -544,7 +546,7 @@ where
     pub(super) fn replay<T: DeserializeOwned>(
         &self,
         id: &RecordId,
-        record: &IdempotencyRecord,
+        record: &Arc<IdempotencyRecord>,
         fingerprint: &Fingerprints,
         level: Level,
     ) -> Result<Outcome<T>, Error> {
@@ -556,8 +558,13 @@ where
             tracing::debug!(operation = op, level = level.as_str(), "payload conflict");
             return Err(Error::PayloadConflict);
         }
+        // A success whose stored text is what serde_json writes for its value keeps the record,
+        // so that an HTTP answer sends the stored bytes instead of serializing the value again.
+        let mut stored_json = false;
         let result = match &record.outcome {
             Some(StoredOutcome::Completed { payload }) => {
+                stored_json = self.serializer.stores_plain_json()
+                    && crate::serializer::is_compact_json(payload);
                 ExecutionResult::Success(self.serializer.deserialize(payload)?)
             }
             Some(StoredOutcome::Rejected { code, details }) => {
@@ -576,7 +583,12 @@ where
         self.metrics.replayed(op, record.status());
         mark(SpanOutcome::Replayed, level.as_str());
         tracing::debug!(operation = op, level = level.as_str(), "replayed");
-        Ok(Outcome::new(result, Origin::Replayed { from: level }))
+        let outcome = Outcome::new(result, Origin::Replayed { from: level });
+        Ok(if stored_json {
+            outcome.with_stored_json(Arc::clone(record))
+        } else {
+            outcome
+        })
     }
 
     /// Writes a terminal record to L2, then L1. Never fails: a cache write error is counted
