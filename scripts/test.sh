@@ -17,6 +17,10 @@ cargo test --workspace "$@"
 if [ "$#" -eq 0 ]; then
   cargo test -p idempotency-outbox --features rabbitmq --test rabbitmq
   cargo test -p idempotency-outbox --features kafka --test kafka
+  # A broker killed mid-drain and restarted (tansu on S3 storage served by moto).
+  cargo test -p idempotency-outbox --features kafka --test kafka_restart
+  # The facade's `outbox.publisher.kafka` from YAML.
+  cargo test -p idempotency --features sqlite,outbox,kafka --test kafka
   # Traces from the request to the consumer (NATS and RabbitMQ, the `otel` feature).
   cargo test -p idempotency-outbox --features nats,rabbitmq,otel --test otel
 fi
