@@ -2,7 +2,8 @@
 # Makes sure the servers the tests talk to are installed, running and answering:
 # PostgreSQL, PgBouncer (transaction pooling, in front of that PostgreSQL), Redis, a six-node
 # Redis Cluster, NATS (JetStream), a three-node NATS JetStream cluster, RabbitMQ and MariaDB on
-# 127.0.0.1, and tansu, a Kafka-protocol broker. Source it, then call `ensure_services`; it
+# 127.0.0.1, tansu (a Kafka-protocol broker), and Debian's chromium with chromedriver (the
+# admin page's browser test). Source it, then call `ensure_services`; it
 # exports DATABASE_URL, PGBOUNCER_URL, REDIS_URL, REDIS_CLUSTER_URL, NATS_URL, NATS_CLUSTER_URL,
 # AMQP_URL, MYSQL_URL and KAFKA_URL (keeping any value already set, in which case that server is
 # not started here, only waited for), TANSU_BIN and MOTO_SERVER (an S3 server binary).
@@ -522,7 +523,16 @@ ensure_mysql() {
   mysql -uroot -h127.0.0.1 -P3306 -e "CREATE DATABASE IF NOT EXISTS test"
 }
 
+# Debian's chromium and its chromedriver: the admin page's browser test
+# (crates/idempotency/tests/admin_browser.rs) drives them headless.
+ensure_chromium() {
+  if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    apt_install chromium chromium-driver
+  fi
+}
+
 ensure_services() {
+  ensure_chromium
   ensure_postgres
   ensure_pgbouncer
   ensure_redis

@@ -13,13 +13,28 @@ use crate::stored::StoredResponse;
 /// when every one is still cached, all of them).
 const CAPACITY: usize = 4096;
 
+/// The body bytes the kept responses may hold together, on the same terms as [`CAPACITY`]: a
+/// prepared response is a second copy of what L1 holds, so its memory is bounded apart from
+/// L1's own bound.
+const BUDGET: usize = 16 * 1024 * 1024;
+
+/// A response with a larger body is not kept (it is read from its record on every replay).
+const LARGEST: usize = 64 * 1024;
+
 /// Prepared responses by the address of the L1 record they were read from. An entry holds a
 /// [`Weak`] of its record: while it does, the record's allocation is never reused, so an
 /// address that matches is the same record, and a record L1 replaced is another address. Only
 /// records L1 holds (committed, terminal: the caches hold nothing else) are prepared.
 #[derive(Default)]
 pub(crate) struct PreparedReplays {
-    entries: Mutex<HashMap<usize, (Weak<IdempotencyRecord>, StoredResponse)>>,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    by_address: HashMap<usize, (Weak<IdempotencyRecord>, StoredResponse)>,
+    /// The body bytes of `by_address`.
+    bytes: usize,
 }
 
 fn address(record: &Arc<IdempotencyRecord>) -> usize {
@@ -30,27 +45,49 @@ impl PreparedReplays {
     /// The response prepared for `record`, if any.
     pub(super) fn get(&self, record: &Arc<IdempotencyRecord>) -> Option<StoredResponse> {
         let entries = self.entries.lock().ok()?;
-        let (weak, response) = entries.get(&address(record))?;
+        let (weak, response) = entries.by_address.get(&address(record))?;
         (Weak::as_ptr(weak) == Arc::as_ptr(record)).then(|| response.clone())
     }
 
-    /// Keeps the response prepared for `record`.
+    /// Keeps the response prepared for `record` (unless its body is over [`LARGEST`]).
     pub(super) fn put(&self, record: &Arc<IdempotencyRecord>, response: &StoredResponse) {
+        let size = response.body().len();
+        if size > LARGEST {
+            return;
+        }
         let Ok(mut entries) = self.entries.lock() else {
             return;
         };
-        if entries.len() >= CAPACITY {
-            entries.retain(|_, (weak, _)| weak.strong_count() > 0);
-            if entries.len() >= CAPACITY {
-                entries.clear();
+        if entries.by_address.len() >= CAPACITY || entries.bytes + size > BUDGET {
+            entries
+                .by_address
+                .retain(|_, (weak, _)| weak.strong_count() > 0);
+            entries.bytes = entries
+                .by_address
+                .values()
+                .map(|(_, kept)| kept.body().len())
+                .sum();
+            if entries.by_address.len() >= CAPACITY || entries.bytes + size > BUDGET {
+                entries.by_address.clear();
+                entries.bytes = 0;
             }
         }
-        entries.insert(address(record), (Arc::downgrade(record), response.clone()));
+        let previous = entries.by_address.insert(
+            address(record),
+            (Arc::downgrade(record), response.clone()),
+        );
+        entries.bytes += size;
+        if let Some((_, previous)) = previous {
+            entries.bytes -= previous.body().len();
+        }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.entries.lock().map(|e| e.len()).unwrap_or_default()
+        self.entries
+            .lock()
+            .map(|e| e.by_address.len())
+            .unwrap_or_default()
     }
 }
 
@@ -98,6 +135,23 @@ mod tests {
             prepared.get(&same_text).is_none(),
             "another record, equal or not"
         );
+    }
+
+    #[test]
+    fn a_large_body_is_not_kept_and_the_bytes_are_bounded() {
+        let prepared = PreparedReplays::default();
+        let large = record("{}");
+        let body: &'static str = Box::leak("x".repeat(LARGEST + 1).into_boxed_str());
+        prepared.put(&large, &response(body));
+        assert!(prepared.get(&large).is_none());
+        let half: &'static str = Box::leak("y".repeat(LARGEST).into_boxed_str());
+        let records: Vec<_> = (0..BUDGET / LARGEST + 1).map(|_| record("{}")).collect();
+        for r in &records {
+            prepared.put(r, &response(half));
+        }
+        let kept = prepared.entries.lock().unwrap().bytes;
+        assert!(kept <= BUDGET, "{kept} bytes kept");
+        assert!(prepared.get(records.last().unwrap()).is_some());
     }
 
     #[test]
