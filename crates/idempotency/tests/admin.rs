@@ -345,11 +345,28 @@ async fn page(db: &Db) {
     )
     .await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
-    assert_eq!(
-        response.headers()[header::LOCATION],
-        format!("/ops/admin/?done=requeued&id={}", DEAD[0]).as_str()
-    );
+    let location = response.headers()[header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(location, format!("/ops/admin?done=requeued&id={}", DEAD[0]));
     assert_eq!(db.pending_with_id(DEAD[0]).await, 1);
+    let back = call(
+        &nested,
+        Request::get(&location).body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        back.status(),
+        StatusCode::OK,
+        "the redirect lands on the page"
+    );
+    let html = body_text(back).await;
+    assert!(html.contains("id=\"flash\""), "{html}");
+    assert!(
+        html.contains("action=\"/ops/admin/dead/"),
+        "links under the prefix: {html}"
+    );
     let response = call(
         &nested,
         Request::post(format!("/ops/admin/dead/{UNKNOWN_ID}/requeue"))
@@ -359,7 +376,7 @@ async fn page(db: &Db) {
     .await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     let html = body_text(response).await;
-    assert!(html.contains("href=\"/ops/admin/\""), "{html}");
+    assert!(html.contains("href=\"/ops/admin\""), "{html}");
     let response = call(
         &nested,
         Request::post("/ops/admin/dead/not-a-uuid/discard")

@@ -25,9 +25,11 @@ th{background:#f3f3f3}.error{white-space:pre-wrap;font-family:monospace;max-widt
 .flash{background:#e8f5e9;border:1px solid #a5d6a7;padding:.5em}.problem{background:#fdecea;border:1px solid #f5c6cb;padding:.5em}\
 .muted{color:#666}form.inline{display:inline}button{margin-right:.3em}input{margin-right:.5em}";
 
-/// Where the router is mounted, ending in `/`: the original path less the router's own part
-/// (`/admin/dead/…` less `/dead/…`), so that the page's links work under any `nest` prefix.
-fn base(original: &Uri, inner: &Uri) -> String {
+/// Where the router is mounted: `(home, base)`, the page's own URL (`/admin`; `/` at the root)
+/// and the prefix of its links, ending in `/` (`/admin/`). The original path less the router's
+/// own part (`/admin/dead/…` less `/dead/…`), so that links work under any `nest` prefix.
+/// `home` has no trailing slash: axum's `nest("/admin", …)` answers `/admin`, not `/admin/`.
+fn base(original: &Uri, inner: &Uri) -> (String, String) {
     let original = original.path();
     let inner = inner.path();
     let prefix = if inner == "/" {
@@ -35,7 +37,8 @@ fn base(original: &Uri, inner: &Uri) -> String {
     } else {
         original.strip_suffix(inner).unwrap_or("")
     };
-    format!("{prefix}/")
+    let home = if prefix.is_empty() { "/" } else { prefix };
+    (home.to_owned(), format!("{prefix}/"))
 }
 
 fn page(title: &str, body: &str) -> String {
@@ -65,13 +68,13 @@ fn html(status: StatusCode, text: String) -> Response {
 }
 
 /// A failed page action: the problem as HTML, with a link back.
-fn error_page(problem: &Problem, base: &str) -> Response {
+fn error_page(problem: &Problem, home: &str) -> Response {
     let body = format!(
         "<h1>{}</h1><p class=\"problem\" id=\"problem\">{}</p><p><a href=\"{}\">Back to the admin \
          page</a></p>\n",
         esc(problem.title),
         esc(&problem.detail),
-        esc(base)
+        esc(home)
     );
     html(problem.status(), page(problem.title, &body))
 }
@@ -103,13 +106,13 @@ pub(super) async fn index<D: AdminDatabase>(
     inner: Uri,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
-    let base = base(&original, &inner);
+    let (home, base) = base(&original, &inner);
     let q = q.map(|Query(q)| q).unwrap_or_default();
     let mut body = String::from("<h1>Idempotency admin</h1>\n");
     flash(&mut body, &q);
     status_section(&mut body, &state).await;
     dead_section(&mut body, &state, &base).await;
-    key_section(&mut body, &state, &base, &q).await;
+    key_section(&mut body, &state, &home, &base, &q).await;
     let _ = write!(
         body,
         "<p class=\"muted\" id=\"mode\">{}</p>\n",
@@ -206,7 +209,7 @@ async fn dead_section<D: AdminDatabase>(body: &mut String, state: &Admin<D>, bas
     };
     let _ = write!(
         body,
-        "<h2>Dead letters</h2>\n<p class=\"muted\">The {} oldest. Requeue puts one back to \
+        "<h2>Dead letters</h2>\n<p class=\"muted\">The oldest first, at most {}. Requeue puts one back to \
          pending (refused when its aggregate already published a later event); discard deletes \
          it.</p>\n",
         state.list_limit
@@ -259,6 +262,7 @@ async fn dead_section<D: AdminDatabase>(body: &mut String, state: &Admin<D>, bas
 async fn key_section<D: AdminDatabase>(
     body: &mut String,
     state: &Admin<D>,
+    home: &str,
     base: &str,
     q: &PageQuery,
 ) {
@@ -272,7 +276,7 @@ async fn key_section<D: AdminDatabase>(
          <label>scope <input name=\"scope\" value=\"{}\" placeholder=\"(none)\"></label>\
          <label>key <input name=\"key\" value=\"{}\" required></label>\
          <button type=\"submit\">Look up</button></form>\n",
-        esc(base),
+        esc(home),
         esc(&operation),
         esc(&scope),
         esc(&key)
@@ -354,7 +358,7 @@ pub(super) async fn dead_action<D: AdminDatabase>(
     inner: Uri,
     Path((id, action)): Path<(String, String)>,
 ) -> Response {
-    let base = base(&original, &inner);
+    let (home, _) = base(&original, &inner);
     let result = async {
         let change = match action.as_str() {
             "requeue" => Change::Requeue,
@@ -379,8 +383,8 @@ pub(super) async fn dead_action<D: AdminDatabase>(
     }
     .await;
     match result {
-        Ok((change, id)) => see_other(&format!("{base}?done={}&id={id}", change.done())),
-        Err(problem) => error_page(&problem, &base),
+        Ok((change, id)) => see_other(&format!("{home}?done={}&id={id}", change.done())),
+        Err(problem) => error_page(&problem, &home),
     }
 }
 
@@ -403,7 +407,7 @@ pub(super) async fn evict<D: AdminDatabase>(
     inner: Uri,
     form: Result<Form<EvictForm>, FormRejection>,
 ) -> Response {
-    let base = base(&original, &inner);
+    let (home, _) = base(&original, &inner);
     let result = async {
         state.mutable()?;
         same_origin(&headers)?;
@@ -418,8 +422,8 @@ pub(super) async fn evict<D: AdminDatabase>(
     }
     .await;
     match result {
-        Ok(_) => see_other(&format!("{base}?done=evicted")),
-        Err(problem) => error_page(&problem, &base),
+        Ok(_) => see_other(&format!("{home}?done=evicted")),
+        Err(problem) => error_page(&problem, &home),
     }
 }
 
@@ -430,13 +434,17 @@ mod tests {
     #[test]
     fn base_is_the_mount_point() {
         let uri = |s: &str| s.parse::<axum::http::Uri>().unwrap_or_default();
-        assert_eq!(base(&uri("/admin"), &uri("/")), "/admin/");
-        assert_eq!(base(&uri("/admin/"), &uri("/")), "/admin/");
-        assert_eq!(base(&uri("/"), &uri("/")), "/");
+        let pair = |home: &str, base: &str| (home.to_owned(), base.to_owned());
+        assert_eq!(base(&uri("/admin"), &uri("/")), pair("/admin", "/admin/"));
+        assert_eq!(base(&uri("/admin/"), &uri("/")), pair("/admin", "/admin/"));
+        assert_eq!(base(&uri("/"), &uri("/")), pair("/", "/"));
         assert_eq!(
             base(&uri("/ops/admin/dead/x/requeue"), &uri("/dead/x/requeue")),
-            "/ops/admin/"
+            pair("/ops/admin", "/ops/admin/")
         );
-        assert_eq!(base(&uri("/dead/x/requeue"), &uri("/dead/x/requeue")), "/");
+        assert_eq!(
+            base(&uri("/dead/x/requeue"), &uri("/dead/x/requeue")),
+            pair("/", "/")
+        );
     }
 }
