@@ -60,10 +60,10 @@ fn get(uri: &str, token: Option<&str>) -> Request<Body> {
 }
 
 fn with_token(allow_mutations: bool) -> AdminConfig {
-    let mut admin = AdminConfig::default();
-    admin.token = Some(TOKEN.to_owned());
-    admin.allow_mutations = allow_mutations;
-    admin
+    AdminConfig {
+        token: Some(TOKEN.to_owned()),
+        allow_mutations,
+    }
 }
 
 #[tokio::test]
@@ -128,8 +128,10 @@ async fn not_mounted_without_a_token_and_a_short_token_is_refused() {
     let (status, _) = request(&unmounted.app, get("/admin/api/outbox/status", Some(TOKEN))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    let mut short = AdminConfig::default();
-    short.token = Some("short".to_owned());
+    let short = AdminConfig {
+        token: Some("short".to_owned()),
+        ..AdminConfig::default()
+    };
     let error = demo(short).await.err().unwrap();
     assert!(error.to_string().contains("admin.token"), "{error}");
 }

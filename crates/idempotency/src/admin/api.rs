@@ -418,7 +418,7 @@ pub(super) struct KeyQuery {
     pub(super) scope: String,
 }
 
-pub(super) fn key_json(q: &KeyQuery, view: &KeyView, redis_key: Option<String>) -> Value {
+pub(super) fn key_json(q: &KeyQuery, view: &KeyView, redis_key: Option<&str>) -> Value {
     json!({
         "operation": q.operation, "scope": q.scope, "key": q.key,
         "status": view.status.as_str(),
@@ -453,7 +453,7 @@ pub(super) async fn key_show<D: AdminDatabase>(
     let q = query(q)?;
     let id = record_id(&q.operation, &q.scope, &q.key)?;
     match state.ops.key_show(&id).await? {
-        Some(view) => ok(&key_json(&q, &view, redis_key(&state.ops, &id))),
+        Some(view) => ok(&key_json(&q, &view, redis_key(&state.ops, &id).as_deref())),
         None => Err(Problem::not_found(format!(
             "no record for {}",
             key_name(&q.operation, &q.scope, &q.key)

@@ -12,7 +12,7 @@
 //! # Mounting it behind the host's authentication
 //!
 //! A bearer token checked by a middleware, the principal handed to the audit trail as an
-//! [`Actor`](crate::ops::Actor) request extension (without one, changes are audited as
+//! [`Actor`] request extension (without one, changes are audited as
 //! [`AdminRouter::actor`]):
 //!
 //! ```no_run
@@ -99,7 +99,7 @@ use axum::routing::{get, post};
 
 use crate::ops::{Actor, AdminDatabase, Operations};
 
-/// The setting [`Problem`](problem::Problem) names by default for disabled changes.
+/// The setting a disabled change's 403 answer names by default.
 pub const DEFAULT_MUTATIONS_SETTING: &str = "AdminRouter::allow_mutations(true)";
 
 /// Dead letters listed on the page and, by default, by `GET /api/outbox/dead`.

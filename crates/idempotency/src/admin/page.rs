@@ -113,9 +113,9 @@ pub(super) async fn index<D: AdminDatabase>(
     status_section(&mut body, &state).await;
     dead_section(&mut body, &state, &base).await;
     key_section(&mut body, &state, &home, &base, &q).await;
-    let _ = write!(
+    let _ = writeln!(
         body,
-        "<p class=\"muted\" id=\"mode\">{}</p>\n",
+        "<p class=\"muted\" id=\"mode\">{}</p>",
         if state.mutations {
             "Changes are enabled; each is written to the audit log (target idempotency::audit)."
                 .to_owned()
@@ -141,7 +141,7 @@ fn flash(body: &mut String, q: &PageQuery) {
         ),
         _ => return,
     };
-    let _ = write!(body, "<p class=\"flash\" id=\"flash\">{}</p>\n", esc(text));
+    let _ = writeln!(body, "<p class=\"flash\" id=\"flash\">{}</p>", esc(text));
 }
 
 async fn status_section<D: AdminDatabase>(body: &mut String, state: &Admin<D>) {
@@ -170,9 +170,9 @@ async fn status_section<D: AdminDatabase>(body: &mut String, state: &Admin<D>) {
             ];
             body.push_str("<table id=\"status\">\n");
             for (name, value) in rows {
-                let _ = write!(
+                let _ = writeln!(
                     body,
-                    "<tr><th>{}</th><td>{}</td></tr>\n",
+                    "<tr><th>{}</th><td>{}</td></tr>",
                     esc(name),
                     esc(value)
                 );
@@ -180,10 +180,10 @@ async fn status_section<D: AdminDatabase>(body: &mut String, state: &Admin<D>) {
             body.push_str("</table>\n");
         }
         Err(OpsError::NoOutbox) => {
-            body.push_str("<p class=\"muted\">No outbox is configured.</p>\n")
+            body.push_str("<p class=\"muted\">No outbox is configured.</p>\n");
         }
         Err(e) => {
-            let _ = write!(body, "<p class=\"problem\">{}</p>\n", esc(e));
+            let _ = writeln!(body, "<p class=\"problem\">{}</p>", esc(e));
         }
     }
 }
@@ -199,19 +199,19 @@ async fn dead_section<D: AdminDatabase>(body: &mut String, state: &Admin<D>, bas
     {
         Ok(letters) => letters,
         Err(e) => {
-            let _ = write!(
+            let _ = writeln!(
                 body,
-                "<h2>Dead letters</h2><p class=\"problem\">{}</p>\n",
+                "<h2>Dead letters</h2><p class=\"problem\">{}</p>",
                 esc(e)
             );
             return;
         }
     };
-    let _ = write!(
+    let _ = writeln!(
         body,
         "<h2>Dead letters</h2>\n<p class=\"muted\">The oldest first, at most {}. Requeue puts one back to \
          pending (refused when its aggregate already published a later event); discard deletes \
-         it.</p>\n",
+         it.</p>",
         state.list_limit
     );
     if letters.is_empty() {
@@ -269,13 +269,13 @@ async fn key_section<D: AdminDatabase>(
     let operation = q.operation.clone().unwrap_or_default();
     let key = q.key.clone().unwrap_or_default();
     let scope = q.scope.clone().unwrap_or_default();
-    let _ = write!(
+    let _ = writeln!(
         body,
         "<h2>Key lookup</h2>\n<form method=\"get\" action=\"{}\" id=\"key-lookup\">\
          <label>operation <input name=\"operation\" value=\"{}\" required></label>\
          <label>scope <input name=\"scope\" value=\"{}\" placeholder=\"(none)\"></label>\
          <label>key <input name=\"key\" value=\"{}\" required></label>\
-         <button type=\"submit\">Look up</button></form>\n",
+         <button type=\"submit\">Look up</button></form>",
         esc(home),
         esc(&operation),
         esc(&scope),
@@ -311,16 +311,16 @@ async fn key_section<D: AdminDatabase>(
             ];
             body.push_str("<table id=\"key\">\n");
             for (name, value) in rows {
-                let _ = write!(
+                let _ = writeln!(
                     body,
-                    "<tr><th>{}</th><td class=\"error\">{}</td></tr>\n",
+                    "<tr><th>{}</th><td class=\"error\">{}</td></tr>",
                     esc(name),
                     esc(value)
                 );
             }
             body.push_str("</table>\n");
             if state.mutations {
-                let _ = write!(
+                let _ = writeln!(
                     body,
                     "<form method=\"post\" action=\"{}keys/evict\" id=\"evict\">\
                      <input type=\"hidden\" name=\"operation\" value=\"{}\">\
@@ -328,7 +328,7 @@ async fn key_section<D: AdminDatabase>(
                      <input type=\"hidden\" name=\"key\" value=\"{}\">\
                      <label><input type=\"checkbox\" name=\"force\" value=\"true\"> even if \
                      PROCESSING</label><button type=\"submit\">Evict (the next request runs \
-                     again)</button></form>\n",
+                     again)</button></form>",
                     esc(base),
                     esc(&operation),
                     esc(&scope),
@@ -337,14 +337,14 @@ async fn key_section<D: AdminDatabase>(
             }
         }
         Ok(None) => {
-            let _ = write!(
+            let _ = writeln!(
                 body,
-                "<p id=\"key-missing\">No record for {}.</p>\n",
+                "<p id=\"key-missing\">No record for {}.</p>",
                 esc(api::key_name(&operation, &scope, &key))
             );
         }
         Err(problem) => {
-            let _ = write!(body, "<p class=\"problem\">{}</p>\n", esc(&problem.detail));
+            let _ = writeln!(body, "<p class=\"problem\">{}</p>", esc(&problem.detail));
         }
     }
 }
