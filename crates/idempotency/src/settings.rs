@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use idempotency_core::config::{
-    AcquireConfig, CoreConfig, FingerprintConfig, InFlightConfig, OperationConfig,
+    AcquireConfig, FingerprintConfig, CoreConfig, InFlightConfig, OperationConfig,
     PersistenceConfig,
 };
 use serde::{Deserialize, Serialize};
