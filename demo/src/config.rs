@@ -23,6 +23,30 @@ pub struct DemoConfig {
     pub idempotency: IdempotencyConfig,
     /// The outbox and its relay.
     pub outbox: OutboxConfig,
+    /// The admin page and API under `/admin`.
+    pub admin: AdminConfig,
+}
+
+/// `admin.*`: the facade's admin router under `/admin` (`idempotency::admin`).
+#[derive(Clone, Default, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The bearer token `/admin` asks for (`Authorization: Bearer <token>`), at least 16
+    /// characters. Unset (the default): `/admin` is not mounted. Give it through
+    /// `ADMIN__TOKEN`, never in a file in the repository.
+    pub token: Option<String>,
+    /// Whether the admin router changes anything (requeue, discard, evict, purge, partitions,
+    /// cleanup). Default `false`: reads only.
+    pub allow_mutations: bool,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("allow_mutations", &self.allow_mutations)
+            .finish()
+    }
 }
 
 /// `server.*`.
@@ -116,13 +140,14 @@ impl DemoConfig {
     /// ([`Loader`]): `SECTION__KEY__SUB_KEY=value`, `_` inside a key standing for `-`
     /// (`IDEMPOTENCY__PERSISTENCE__LOOKUP_BEFORE_ACQUIRE`), operation names kept as written
     /// (`IDEMPOTENCY__OPERATIONS__CREATE_PAYMENT__TTL`), `null` for null. Only variables of the
-    /// five sections are read (`DATABASE_URL` has no `__`, so it is no key of `database`).
+    /// six sections are read (`DATABASE_URL` has no `__`, so it is no key of `database`).
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         Ok(Loader::new()
             .optional_file(file)
             .section("server")
             .section("database")
             .section("demo")
+            .section("admin")
             .load()?)
     }
 

@@ -5,6 +5,7 @@
 //! Redis as L2 when `REDIS_URL` is set and NATS JetStream for the outbox when `NATS_URL` is set
 //! (a logging publisher otherwise). See `demo/README.md` and `demo/scenarios.sh`.
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod db;
@@ -58,6 +59,9 @@ pub enum StartupError {
     /// The metrics recorder could not be installed.
     #[error("metrics recorder")]
     Metrics(#[from] idempotency::metrics::BuildError),
+    /// `admin.token` is refused.
+    #[error(transparent)]
+    Admin(#[from] admin::AdminTokenError),
     /// Binding or serving failed.
     #[error("I/O")]
     Io(#[from] std::io::Error),

@@ -126,7 +126,10 @@ async fn serve<DB: Database>(
     pool: DB::Pool,
     config: DemoConfig,
     nats: Option<async_nats::Client>,
-) -> Result<(), StartupError> {
+) -> Result<(), StartupError>
+where
+    DB::Pool: idempotency::ops::AdminDatabase,
+{
     let prometheus = idempotency::metrics::install()?;
     let (db, idempotency) = match &nats {
         Some(client) => {
@@ -162,7 +165,17 @@ async fn serve<DB: Database>(
         idempotency_demo::reconcile::window(config.outbox.retention.published),
     ));
 
-    let routes = router(app, config.server.max_body_bytes);
+    let mut routes = router(app, config.server.max_body_bytes);
+    match idempotency_demo::admin::router(&idempotency, &config.admin)? {
+        Some(admin) => {
+            tracing::info!(
+                changes = config.admin.allow_mutations,
+                "admin page on /admin (Authorization: Bearer <admin.token>)"
+            );
+            routes = routes.nest("/admin", admin);
+        }
+        None => tracing::info!("admin page not mounted: admin.token (ADMIN__TOKEN) is not set"),
+    }
     axum::serve(listener, routes)
         .with_graceful_shutdown(shutdown_signal())
         .await?;

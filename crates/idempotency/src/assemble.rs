@@ -149,6 +149,15 @@ impl<D: Database> Idempotency<D> {
         &self.settings
     }
 
+    /// The pool the service was assembled on.
+    #[cfg(all(
+        feature = "admin",
+        any(feature = "postgres", feature = "sqlite", feature = "mysql")
+    ))]
+    pub(crate) fn pool(&self) -> &D {
+        &self.pool
+    }
+
     /// The outbox: enqueue events with it in the transaction of the business change
     /// ([`EnqueueInTx::enqueue`](crate::EnqueueInTx::enqueue)). An error naming `outbox` when
     /// the configuration has no `outbox` section.

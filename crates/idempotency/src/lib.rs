@@ -1,6 +1,12 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(all(
+    feature = "admin",
+    any(feature = "postgres", feature = "sqlite", feature = "mysql")
+))]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 mod assemble;
 mod backend;
 #[cfg(feature = "outbox")]

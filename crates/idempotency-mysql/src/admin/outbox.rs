@@ -41,6 +41,9 @@ fn bind_filter<'q, O>(mut query: Query<'q, O>, filter: &'q DeadLetterFilter) -> 
 impl OutboxAdmin for MysqlOutbox {
     async fn status(&self) -> Result<OutboxStatus, Error> {
         let t = self.table().quoted();
+        // The blocked aggregates in one pass: each aggregate's first and last pending sequence,
+        // then its head by the aggregate index (not two correlated subqueries per failing row;
+        // PERFORMANCE.md).
         let (pending, age, leased, dead, dead_aggregates, blocked): (i64, f64, i64, i64, i64, i64) =
             sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT \
@@ -52,20 +55,15 @@ impl OutboxAdmin for MysqlOutbox {
                    (SELECT count(*) FROM {t} WHERE dead_lettered_at IS NOT NULL), \
                    (SELECT count(DISTINCT aggregate_type, aggregate_id) FROM {t} \
                         WHERE dead_lettered_at IS NOT NULL), \
-                   (SELECT count(*) FROM {t} AS h \
+                   (SELECT count(*) FROM \
+                        (SELECT aggregate_type, aggregate_id, MIN(sequence) AS head FROM {t} \
+                         WHERE {PENDING} AND sequence IS NOT NULL \
+                         GROUP BY aggregate_type, aggregate_id \
+                         HAVING MAX(sequence) > MIN(sequence)) AS a \
+                    JOIN {t} AS h ON h.aggregate_type = a.aggregate_type \
+                        AND h.aggregate_id = a.aggregate_id AND h.sequence = a.head \
                     WHERE h.published_at IS NULL AND h.dead_lettered_at IS NULL \
-                      AND h.sequence IS NOT NULL AND h.last_error IS NOT NULL \
-                      AND h.claim_token IS NULL \
-                      AND NOT EXISTS (SELECT 1 FROM {t} AS p \
-                          WHERE p.aggregate_type = h.aggregate_type \
-                            AND p.aggregate_id = h.aggregate_id \
-                            AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
-                            AND p.sequence < h.sequence) \
-                      AND EXISTS (SELECT 1 FROM {t} AS p \
-                          WHERE p.aggregate_type = h.aggregate_type \
-                            AND p.aggregate_id = h.aggregate_id \
-                            AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
-                            AND p.sequence > h.sequence))"
+                      AND h.last_error IS NOT NULL AND h.claim_token IS NULL)"
             )))
             .fetch_one(self.pool())
             .await

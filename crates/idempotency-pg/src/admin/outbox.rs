@@ -43,16 +43,21 @@ impl OutboxAdmin for PgOutbox {
             .fetch_one(self.pool())
             .await
             .map_err(outbox_error)?;
+        // One pass over the pending rows: each aggregate's first and last pending sequence, then
+        // its head row by the aggregate index. Not a pair of correlated subqueries per failing
+        // row: planned as hash joins with the sequence comparison as a join filter, quadratic in
+        // an aggregate's backlog (PERFORMANCE.md; the facade's tests/admin.rs keeps that query
+        // as the reference the counts are compared with).
         let blocked: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {t} h \
-             WHERE h.{PENDING} AND h.sequence IS NOT NULL AND h.last_error IS NOT NULL \
-               AND h.claim_token IS NULL \
-               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.aggregate_type = h.aggregate_type \
-                   AND p.aggregate_id = h.aggregate_id AND p.{PENDING} \
-                   AND p.sequence < h.sequence) \
-               AND EXISTS (SELECT 1 FROM {t} p WHERE p.aggregate_type = h.aggregate_type \
-                   AND p.aggregate_id = h.aggregate_id AND p.{PENDING} \
-                   AND p.sequence > h.sequence)"
+            "SELECT count(*) FROM \
+                 (SELECT aggregate_type, aggregate_id, min(sequence) AS head FROM {t} \
+                  WHERE {PENDING} AND sequence IS NOT NULL \
+                  GROUP BY aggregate_type, aggregate_id \
+                  HAVING max(sequence) > min(sequence)) a \
+             JOIN {t} h ON h.aggregate_type = a.aggregate_type \
+                 AND h.aggregate_id = a.aggregate_id AND h.sequence = a.head \
+             WHERE h.published_at IS NULL AND h.dead_lettered_at IS NULL \
+               AND h.last_error IS NOT NULL AND h.claim_token IS NULL"
         )))
         .fetch_one(self.pool())
         .await

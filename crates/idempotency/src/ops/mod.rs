@@ -72,7 +72,7 @@ pub struct CleanupReport {
 /// The store and outbox are built with `schema.mode: none`, whatever the configuration says:
 /// looking at a deployment never changes its schema; [`schema_apply`](Self::schema_apply)
 /// does, when asked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Operations<D: AdminDatabase> {
     pool: D,
     settings: Settings,
@@ -105,6 +105,37 @@ impl<D: AdminDatabase> Operations<D> {
             inbox: None,
             actor,
         })
+    }
+
+    /// The operations over an assembled service's own store and outbox (an admin router's).
+    #[cfg(feature = "admin")]
+    pub(crate) fn from_parts(
+        pool: D,
+        settings: &Settings,
+        store: D::Store,
+        outbox: Option<D::Outbox>,
+        actor: Actor,
+    ) -> Self {
+        Self {
+            pool,
+            settings: settings.clone(),
+            store,
+            outbox,
+            inbox: None,
+            actor,
+        }
+    }
+
+    /// The same operations, their changes audited as made by `actor` (an admin router's
+    /// authenticated principal, request by request).
+    pub fn with_actor(mut self, actor: Actor) -> Self {
+        self.actor = actor;
+        self
+    }
+
+    /// Who the changes are audited as made by.
+    pub fn actor(&self) -> &Actor {
+        &self.actor
     }
 
     /// The operations with the inbox table too (schema commands): the inbox is configured by

@@ -1,0 +1,590 @@
+//! The JSON endpoints: the command line's reads and actions, its `--json` fields.
+
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idempotency_core::admin::Eviction;
+use idempotency_core::{IdempotencyKey, Operation, RecordId, RecordStatus, Scope};
+use idempotency_outbox::DeadLetter;
+use idempotency_outbox::admin::DeadLetterFilter;
+use idempotency_outbox::uuid::Uuid;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::problem::{Problem, same_origin};
+use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Principal, State};
+use crate::ops::{AdminDatabase, KeyView, Operations};
+
+type Answer = Result<Response, Problem>;
+
+/// `value` as a 200 JSON answer, never cached.
+pub(super) fn ok(value: &Value) -> Answer {
+    Ok((
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        value.to_string(),
+    )
+        .into_response())
+}
+
+/// RFC 3339, seconds, UTC (the command line's format).
+pub(super) fn time(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// The query string, or 400 naming what is wrong with it.
+fn query<T>(
+    query: Result<Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, Problem> {
+    query
+        .map(|Query(q)| q)
+        .map_err(|e| Problem::bad_request(format!("query string: {}", e.body_text())))
+}
+
+/// A JSON body (`Content-Type: application/json`), or 400 / 415.
+fn body<T: DeserializeOwned>(headers: &HeaderMap, bytes: &Bytes) -> Result<T, Problem> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "admin-unsupported-media-type",
+            "Unsupported media type",
+            "send the body as Content-Type: application/json",
+        ));
+    }
+    serde_json::from_slice(bytes).map_err(|e| Problem::bad_request(format!("body: {e}")))
+}
+
+/// A dead letter's id, or 400 naming it.
+pub(super) fn parse_id(text: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(text)
+        .map_err(|e| Problem::bad_request(format!("dead letter id {text:?} is not a UUID: {e}")))
+}
+
+/// A key's record id, or 400 naming the part that is malformed.
+pub(super) fn record_id(operation: &str, scope: &str, key: &str) -> Result<RecordId, Problem> {
+    let bad = |what: &str, value: &str, e: idempotency_core::KeyError| {
+        Problem::bad_request(format!("{what} {value:?}: {e}"))
+    };
+    Ok(RecordId::new(
+        Operation::new(operation).map_err(|e| bad("operation", operation, e))?,
+        Scope::new(scope).map_err(|e| bad("scope", scope, e))?,
+        IdempotencyKey::new(key).map_err(|e| bad("key", key, e))?,
+    ))
+}
+
+/// How a key is named in messages.
+pub(super) fn key_name(operation: &str, scope: &str, key: &str) -> String {
+    format!("key {key:?} of operation {operation:?} in scope {scope:?}")
+}
+
+/// A filter's fields (empty strings, as forms send them, are no condition).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FilterQuery {
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    event_type: Option<String>,
+    limit: Option<u32>,
+}
+
+fn set(value: Option<&String>) -> Option<&str> {
+    value.map(String::as_str).filter(|v| !v.is_empty())
+}
+
+fn filter(
+    aggregate_type: Option<&String>,
+    aggregate_id: Option<&String>,
+    event_type: Option<&String>,
+) -> DeadLetterFilter {
+    let mut filter = DeadLetterFilter::default();
+    if let Some(v) = set(aggregate_type) {
+        filter = filter.aggregate_type(v);
+    }
+    if let Some(v) = set(aggregate_id) {
+        filter = filter.aggregate_id(v);
+    }
+    if let Some(v) = set(event_type) {
+        filter = filter.event_type(v);
+    }
+    filter
+}
+
+/// One dead letter as the command line's `--json` shows it.
+pub(super) fn letter_json(d: &DeadLetter, full: bool) -> Value {
+    let m = &d.message;
+    let mut value = json!({
+        "id": m.id.to_string(),
+        "aggregate_type": m.aggregate_type,
+        "aggregate_id": m.aggregate_id,
+        "sequence": m.sequence,
+        "event_type": m.event_type,
+        "attempts": m.attempts,
+        "created_at": m.created_at.to_rfc3339(),
+        "dead_lettered_at": d.dead_lettered_at.to_rfc3339(),
+        "last_error": d.last_error,
+    });
+    if full && let Some(object) = value.as_object_mut() {
+        object.insert("payload".into(), json!(m.payload));
+        object.insert("headers".into(), json!(m.headers));
+    }
+    value
+}
+
+pub(super) fn status_json(s: &idempotency_outbox::admin::OutboxStatus) -> Value {
+    json!({
+        "pending": s.pending,
+        "oldest_pending_age_seconds": s.oldest_pending_age,
+        "leased": s.leased,
+        "dead_lettered": s.dead_lettered,
+        "dead_letter_aggregates": s.dead_letter_aggregates,
+        "blocked_aggregates": s.blocked_aggregates,
+    })
+}
+
+pub(super) async fn status<D: AdminDatabase>(state: State<D>) -> Answer {
+    ok(&status_json(&state.ops.outbox_status().await?))
+}
+
+pub(super) async fn dead_list<D: AdminDatabase>(
+    state: State<D>,
+    q: Result<Query<FilterQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(q)?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if limit == 0 || limit > MAX_LIST_LIMIT {
+        return Err(Problem::bad_request(format!(
+            "limit {limit}: give 1 to {MAX_LIST_LIMIT}"
+        )));
+    }
+    let filter = filter(
+        q.aggregate_type.as_ref(),
+        q.aggregate_id.as_ref(),
+        q.event_type.as_ref(),
+    );
+    let letters = state.ops.dead_letters(&filter, limit).await?;
+    ok(&json!(
+        letters
+            .iter()
+            .map(|d| letter_json(d, false))
+            .collect::<Vec<_>>()
+    ))
+}
+
+pub(super) async fn dead_show<D: AdminDatabase>(state: State<D>, Path(id): Path<String>) -> Answer {
+    let id = parse_id(&id)?;
+    match state.ops.dead_letter(id).await? {
+        Some(d) => ok(&letter_json(&d, true)),
+        None => Err(Problem::not_found(format!("no dead letter with id {id}"))),
+    }
+}
+
+/// Which dead letters a requeue or discard applies to: `ids`, or a filter with `all` (the
+/// empty filter too: every dead letter).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Selection {
+    #[serde(default)]
+    ids: Vec<String>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    event_type: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+/// The ids a selection names: each given id must be a dead letter (checked before anything
+/// changes), or every dead letter matching the filter.
+async fn select<D: AdminDatabase>(
+    ops: &Operations<D>,
+    selection: &Selection,
+) -> Result<Vec<Uuid>, Problem> {
+    let filter = filter(
+        selection.aggregate_type.as_ref(),
+        selection.aggregate_id.as_ref(),
+        selection.event_type.as_ref(),
+    );
+    match (selection.ids.is_empty(), selection.all, filter.is_empty()) {
+        (false, false, true) => {
+            let ids = selection
+                .ids
+                .iter()
+                .map(|id| parse_id(id))
+                .collect::<Result<Vec<_>, _>>()?;
+            for id in &ids {
+                if ops.dead_letter(*id).await?.is_none() {
+                    return Err(Problem::not_found(format!(
+                        "no dead letter with id {id} (nothing changed)"
+                    )));
+                }
+            }
+            Ok(ids)
+        }
+        (false, _, _) => Err(Problem::bad_request(
+            "give dead letter ids, or a filter / \"all\": true, not both",
+        )),
+        (true, false, true) => Err(Problem::bad_request(
+            "name the dead letters: \"ids\", a filter (aggregate_type, aggregate_id, \
+             event_type), or \"all\": true",
+        )),
+        (true, _, _) => Ok(ops.dead_letter_ids(&filter).await?),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Change {
+    Requeue,
+    Discard,
+}
+
+impl Change {
+    pub(super) fn verb(self) -> &'static str {
+        match self {
+            Self::Requeue => "requeue",
+            Self::Discard => "discard",
+        }
+    }
+
+    /// The verb done: `requeued`, `discarded`.
+    pub(super) fn done(self) -> &'static str {
+        match self {
+            Self::Requeue => "requeued",
+            Self::Discard => "discarded",
+        }
+    }
+
+    /// Runs the change on `ids`; returns how many rows changed.
+    pub(super) async fn run<D: AdminDatabase>(
+        self,
+        ops: &Operations<D>,
+        ids: &[Uuid],
+    ) -> Result<u64, Problem> {
+        Ok(match self {
+            Self::Requeue => ops.requeue(ids, |_| ()).await?,
+            Self::Discard => ops.discard(ids, |_| ()).await?,
+        })
+    }
+}
+
+async fn change<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+    bytes: Bytes,
+    change: Change,
+) -> Answer {
+    state.mutable()?;
+    same_origin(&headers)?;
+    let selection: Selection = body(&headers, &bytes)?;
+    let ops = state.ops(principal);
+    let ids = select(&ops, &selection).await?;
+    let done = change.run(&ops, &ids).await?;
+    ok(&json!({ "action": change.verb(), "count": done }))
+}
+
+pub(super) async fn requeue<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Answer {
+    change(state, principal, headers, bytes, Change::Requeue).await
+}
+
+pub(super) async fn discard<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Answer {
+    change(state, principal, headers, bytes, Change::Discard).await
+}
+
+/// A purge's ages, as humantime durations (`7d`, `12h`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PurgeAges {
+    published: Option<String>,
+    dead_lettered: Option<String>,
+}
+
+fn age(name: &str, value: &str) -> Result<Duration, Problem> {
+    humantime::parse_duration(value)
+        .map_err(|e| Problem::bad_request(format!("{name} {value:?} is not a duration: {e}")))
+}
+
+/// The ages of a purge: `published` defaults to `outbox.retention.published`.
+fn ages<D: AdminDatabase>(
+    ops: &Operations<D>,
+    ages: &PurgeAges,
+) -> Result<(Duration, Option<Duration>), Problem> {
+    let published = match ages.published.as_deref() {
+        Some(value) => age("published", value)?,
+        None => {
+            ops.settings()
+                .outbox
+                .as_ref()
+                .ok_or(crate::ops::OpsError::NoOutbox)?
+                .retention
+                .published
+        }
+    };
+    let dead = ages
+        .dead_lettered
+        .as_deref()
+        .map(|v| age("dead_lettered", v))
+        .transpose()?;
+    Ok((published, dead))
+}
+
+pub(super) async fn purge_preview<D: AdminDatabase>(
+    state: State<D>,
+    q: Result<Query<PurgeAges>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let (published, dead) = ages(&state.ops, &query(q)?)?;
+    let counts = state.ops.expired_counts(published, dead).await?;
+    ok(&json!({ "dry_run": true, "published": counts.published,
+                "dead_lettered": counts.dead_lettered }))
+}
+
+pub(super) async fn purge<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Answer {
+    state.mutable()?;
+    same_origin(&headers)?;
+    let request: PurgeAges = body(&headers, &bytes)?;
+    let ops = state.ops(principal);
+    let (published, dead) = ages(&ops, &request)?;
+    let report = ops.purge(published, dead, |_| ()).await?;
+    ok(&json!({ "published": report.published, "dead_lettered": report.dead_lettered }))
+}
+
+pub(super) async fn partitions<D: AdminDatabase>(state: State<D>) -> Answer {
+    let list = state.ops.partitions().await?;
+    ok(&json!(
+        list.iter()
+            .map(|p| json!({
+                "name": p.name, "default": p.default,
+                "from": p.from.map(time), "to": p.to.map(time),
+            }))
+            .collect::<Vec<_>>()
+    ))
+}
+
+pub(super) async fn partitions_create<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+) -> Answer {
+    state.mutable()?;
+    same_origin(&headers)?;
+    let created = state.ops(principal).create_partitions().await?;
+    ok(&json!({ "created": created }))
+}
+
+pub(super) async fn partitions_drop<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+) -> Answer {
+    state.mutable()?;
+    same_origin(&headers)?;
+    let dropped = state.ops(principal).drop_expired_partitions().await?;
+    ok(&json!({ "dropped": dropped }))
+}
+
+/// A key, as the lookup form and `GET /api/keys` name it (`scope` defaults to empty: a
+/// service without scopes).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KeyQuery {
+    pub(super) operation: String,
+    pub(super) key: String,
+    #[serde(default)]
+    pub(super) scope: String,
+}
+
+pub(super) fn key_json(q: &KeyQuery, view: &KeyView, redis_key: Option<&str>) -> Value {
+    json!({
+        "operation": q.operation, "scope": q.scope, "key": q.key,
+        "status": view.status.as_str(),
+        "created_at": time(view.created_at),
+        "completed_at": view.completed_at.map(time),
+        "expires_at": view.expires_at.map(time),
+        "fingerprint": view.fingerprint,
+        "rejection_code": view.rejection_code,
+        "outcome_size": view.outcome_size,
+        "preview": view.preview,
+        "redis_key": redis_key,
+    })
+}
+
+/// The Redis (L2) key of `id`, when Redis is configured.
+#[cfg(feature = "redis")]
+pub(super) fn redis_key<D: AdminDatabase>(ops: &Operations<D>, id: &RecordId) -> Option<String> {
+    ops.cache_key(id)
+}
+
+/// The Redis (L2) key of `id`: none without the `redis` feature.
+#[cfg(not(feature = "redis"))]
+pub(super) fn redis_key<D: AdminDatabase>(ops: &Operations<D>, id: &RecordId) -> Option<String> {
+    let _ = (ops, id);
+    None
+}
+
+pub(super) async fn key_show<D: AdminDatabase>(
+    state: State<D>,
+    q: Result<Query<KeyQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let q = query(q)?;
+    let id = record_id(&q.operation, &q.scope, &q.key)?;
+    match state.ops.key_show(&id).await? {
+        Some(view) => ok(&key_json(&q, &view, redis_key(&state.ops, &id).as_deref())),
+        None => Err(Problem::not_found(format!(
+            "no record for {}",
+            key_name(&q.operation, &q.scope, &q.key)
+        ))),
+    }
+}
+
+/// `keys evict`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EvictRequest {
+    pub(super) operation: String,
+    pub(super) key: String,
+    #[serde(default)]
+    pub(super) scope: String,
+    #[serde(default)]
+    pub(super) force: bool,
+}
+
+/// What the command line notes after an eviction.
+pub(super) const L1_NOTE: &str = "other instances' in-process (L1) entries of this key live \
+     until their TTL (idempotency.local-cache.ttl): until then they may still replay the old \
+     outcome";
+
+/// Evicts a key as `keys evict` does: 404 for no record, 409 for a `PROCESSING` one unless
+/// `force`. Returns the evicted record's status and whether its Redis entry was deleted.
+pub(super) async fn evict_key<D: AdminDatabase>(
+    ops: &Operations<D>,
+    request: &EvictRequest,
+) -> Result<(RecordStatus, Option<bool>), Problem> {
+    let (operation, scope, key) = (&request.operation, &request.scope, &request.key);
+    let id = record_id(operation, scope, key)?;
+    let name = key_name(operation, scope, key);
+    let in_progress = || {
+        Problem::new(
+            StatusCode::CONFLICT,
+            "admin-key-in-progress",
+            "Key in progress",
+            format!(
+                "{name} is PROCESSING (its holder may still be running); evict with force to \
+                 evict it anyway (nothing changed)"
+            ),
+        )
+    };
+    let Some(view) = ops.key_show(&id).await? else {
+        return Err(Problem::not_found(format!("no record for {name}")));
+    };
+    if view.status == RecordStatus::Processing && !request.force {
+        return Err(in_progress());
+    }
+    let eviction = ops.key_evict(&id, request.force).await?;
+    match eviction.record {
+        Eviction::Evicted(status) => Ok((status, eviction.cache_entry)),
+        Eviction::NotFound => Err(Problem::not_found(format!(
+            "no record for {name} (deleted meanwhile)"
+        ))),
+        Eviction::InProgress => Err(in_progress()),
+    }
+}
+
+pub(super) async fn key_evict<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Answer {
+    state.mutable()?;
+    same_origin(&headers)?;
+    let request: EvictRequest = body(&headers, &bytes)?;
+    let (status, cache_entry) = evict_key(&state.ops(principal), &request).await?;
+    ok(&json!({
+        "evicted": true, "status": status.as_str(),
+        "cache_entry_deleted": cache_entry,
+        "note": L1_NOTE,
+    }))
+}
+
+pub(super) async fn key_stats<D: AdminDatabase>(state: State<D>) -> Answer {
+    let stats = state.ops.key_stats().await?;
+    ok(&json!({
+        "groups": stats.groups.iter().map(|g| json!({
+            "operation": g.operation, "status": g.status.as_str(),
+            "count": g.count, "oldest": time(g.oldest),
+        })).collect::<Vec<_>>(),
+        "total": stats.total(),
+        "oldest": stats.oldest().map(time),
+        "expired": stats.expired,
+    }))
+}
+
+fn cleanup_json(report: &crate::ops::CleanupReport, dry_run: bool) -> Value {
+    json!({
+        "dry_run": dry_run,
+        "records": report.records,
+        "outbox_published": report.outbox.published,
+        "outbox_dead_lettered": report.outbox.dead_lettered,
+        "partitions_dropped": report.partitions_dropped,
+    })
+}
+
+pub(super) async fn cleanup_preview<D: AdminDatabase>(state: State<D>) -> Answer {
+    ok(&cleanup_json(&state.ops.cleanup_preview().await?, true))
+}
+
+pub(super) async fn cleanup<D: AdminDatabase>(
+    state: State<D>,
+    principal: Principal,
+    headers: HeaderMap,
+) -> Answer {
+    state.mutable()?;
+    same_origin(&headers)?;
+    let report = state.ops(principal).cleanup(|_| ()).await?;
+    ok(&cleanup_json(&report, false))
+}
+
+pub(super) async fn schema<D: AdminDatabase>(state: State<D>) -> Answer {
+    let tables = state.ops.schema_ddl()?;
+    ok(&json!(
+        tables
+            .iter()
+            .map(|t| json!({ "kind": t.kind.as_str(), "table": t.table, "sql": t.sql }))
+            .collect::<Vec<_>>()
+    ))
+}
+
+pub(super) async fn schema_problems<D: AdminDatabase>(state: State<D>) -> Answer {
+    let tables = state.ops.schema_validate().await?;
+    ok(&json!(
+        tables
+            .iter()
+            .map(|t| json!({ "kind": t.kind.as_str(), "table": t.table, "problems": t.problems }))
+            .collect::<Vec<_>>()
+    ))
+}
