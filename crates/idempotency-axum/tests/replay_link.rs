@@ -109,15 +109,26 @@ fn assert_replay_links_to_the_execution(
     outcome: &str,
     executed: &str,
 ) {
-    assert_eq!(attr(first, outcome).as_deref(), Some(executed), "{first:#?}");
-    assert_eq!(attr(replay, outcome).as_deref(), Some("replayed"), "{replay:#?}");
+    assert_eq!(
+        attr(first, outcome).as_deref(),
+        Some(executed),
+        "{first:#?}"
+    );
+    assert_eq!(
+        attr(replay, outcome).as_deref(),
+        Some("replayed"),
+        "{replay:#?}"
+    );
     let links: Vec<_> = replay.links.iter().collect();
     assert_eq!(links.len(), 1, "{links:?}");
     assert_eq!(
         links[0].span_context.trace_id(),
         first.span_context.trace_id()
     );
-    assert_eq!(links[0].span_context.span_id(), first.span_context.span_id());
+    assert_eq!(
+        links[0].span_context.span_id(),
+        first.span_context.span_id()
+    );
     assert_ne!(
         replay.span_context.trace_id(),
         first.span_context.trace_id(),
@@ -156,8 +167,14 @@ async fn layer_replay_links<S: Backend>(leased: bool) {
     let (store, _cleanup) = S::fresh().await;
     let app = layered(store.clone(), leased);
     let key = idempotency_testing::unique_name("link");
-    assert_eq!(post_to(&app, "/charges", &key).await, (StatusCode::CREATED, false));
-    assert_eq!(post_to(&app, "/charges", &key).await, (StatusCode::CREATED, true));
+    assert_eq!(
+        post_to(&app, "/charges", &key).await,
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(
+        post_to(&app, "/charges", &key).await,
+        (StatusCode::CREATED, true)
+    );
     let id = RecordId::new(
         Operation::new("POST:/charges").unwrap(),
         Scope::default(),
@@ -242,7 +259,10 @@ async fn execute_replay_links<S: Backend>() {
         "idempotency.outcome",
         "executed",
     );
-    assert_eq!(attr(executes[1], "idempotency.tier").as_deref(), Some("persistence"));
+    assert_eq!(
+        attr(executes[1], "idempotency.tier").as_deref(),
+        Some("persistence")
+    );
 }
 
 /// A record stored without an OpenTelemetry context (no `tracing-opentelemetry` layer when it
@@ -251,15 +271,24 @@ async fn unlinked_record_replays_without_a_link<S: Backend>() {
     let (store, _cleanup) = S::fresh().await;
     let app = layered(store.clone(), false);
     let key = idempotency_testing::unique_name("plain");
-    assert_eq!(post_to(&app, "/charges", &key).await, (StatusCode::CREATED, false));
+    assert_eq!(
+        post_to(&app, "/charges", &key).await,
+        (StatusCode::CREATED, false)
+    );
     let id = RecordId::new(
         Operation::new("POST:/charges").unwrap(),
         Scope::default(),
         IdempotencyKey::new(&key).unwrap(),
     );
-    assert_eq!(store.lookup(&id).await.unwrap().unwrap().execution_span, None);
+    assert_eq!(
+        store.lookup(&id).await.unwrap().unwrap().execution_span,
+        None
+    );
     let traces = Traces::install();
-    assert_eq!(post_to(&app, "/charges", &key).await, (StatusCode::CREATED, true));
+    assert_eq!(
+        post_to(&app, "/charges", &key).await,
+        (StatusCode::CREATED, true)
+    );
     store.close().await;
     let spans = traces.spans("idempotency", 1).await;
     let layers = named(&spans, "idempotency");

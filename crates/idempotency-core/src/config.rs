@@ -361,8 +361,7 @@ mod tests {
     fn unknown_keys_and_bad_durations_are_errors() {
         assert!(serde_json::from_str::<CoreConfig>(r#"{"enabeld": true}"#).is_err());
         assert!(
-            serde_json::from_str::<CoreConfig>(r#"{"persistence": {"ttl": "ten days"}}"#)
-                .is_err()
+            serde_json::from_str::<CoreConfig>(r#"{"persistence": {"ttl": "ten days"}}"#).is_err()
         );
     }
 }

@@ -20,7 +20,7 @@ pub use message::{DeadLetter, MAX_NAME_LEN, NewEvent, OutboxMessage};
 pub use publisher::{
     Ack, BrokerHealth, LoggingPublisher, PublishError, PublishErrorKind, Publisher,
 };
-pub use relay::{Relay, RelayHandle, RelayWorkers, RelayMonitor, RelayTotals, RelayShutdownReport};
+pub use relay::{Relay, RelayHandle, RelayMonitor, RelayShutdownReport, RelayTotals, RelayWorkers};
 pub use store::{DeadLetters, Enqueue, Housekeeping, Inbox, RelayStore};
 
 /// The uuid version message ids use (they are part of this crate's API).

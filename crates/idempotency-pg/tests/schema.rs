@@ -295,7 +295,10 @@ async fn the_migrations_give_the_canonical_table_and_keep_old_records() {
         "{problems:?}"
     );
     let refused = store.validate_schema().await.unwrap_err().to_string();
-    assert!(refused.contains("trace_id") && refused.contains("span_id"), "{refused}");
+    assert!(
+        refused.contains("trace_id") && refused.contains("span_id"),
+        "{refused}"
+    );
     exec(
         &pool,
         include_str!("../../../migrations/20261206000001_idempotency_trace.sql"),

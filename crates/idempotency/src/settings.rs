@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use idempotency_core::config::{
-    AcquireConfig, FingerprintConfig, CoreConfig, InFlightConfig, OperationConfig,
+    AcquireConfig, CoreConfig, FingerprintConfig, InFlightConfig, OperationConfig,
     PersistenceConfig,
 };
 use serde::{Deserialize, Serialize};

@@ -238,8 +238,9 @@ pub async fn leased_completion_keeps_the_execution_span<S: LeasedClaims>(
     _caps: Capabilities,
 ) {
     prepared(&store).await;
-    let span = crate::trace::SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
-        .expect("valid ids");
+    let span =
+        crate::trace::SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+            .expect("valid ids");
     let (id, f) = (id(), fp("s"));
     let token = acquire(&store, &claim(&id, &f), LONG).await;
     let record = store
@@ -250,7 +251,11 @@ pub async fn leased_completion_keeps_the_execution_span<S: LeasedClaims>(
     assert_eq!(record.execution_span, Some(span));
     let found = store.lookup(&id).await.expect("lookup").expect("found");
     assert_eq!(found.execution_span, Some(span));
-    match store.claim_leased(&claim(&id, &f), LONG).await.expect("claim") {
+    match store
+        .claim_leased(&claim(&id, &f), LONG)
+        .await
+        .expect("claim")
+    {
         LeaseClaim::Exists { record, .. } => assert_eq!(record.execution_span, Some(span)),
         other => panic!("a terminal record was claimed: {other:?}"),
     }

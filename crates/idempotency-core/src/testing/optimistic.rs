@@ -296,7 +296,11 @@ pub async fn optimistic_insert_keeps_the_execution_span<S: InsertCompleted>(
         assert_eq!(record.execution_span, given, "{name}: insert_completed");
         S::commit(tx).await.expect("commit");
         let mut tx = store.begin().await.expect("begin");
-        let found = store.find(&mut tx, &id).await.expect("find").expect("found");
+        let found = store
+            .find(&mut tx, &id)
+            .await
+            .expect("find")
+            .expect("found");
         S::rollback(tx).await.expect("rollback");
         assert_eq!(found.execution_span, given, "{name}: find");
         let looked_up = store.lookup(&id).await.expect("lookup").expect("found");

@@ -410,8 +410,9 @@ pub async fn store_cleanup_deletes_only_expired_in_batches<S: IdempotencyStore +
 /// The span reference given to `complete` (the span that ran the action) is kept on the record:
 /// `complete`, `find` and `lookup` return it; a record completed without one has none.
 pub async fn store_keeps_the_execution_span<S: IdempotencyStore>(store: S, _caps: Capabilities) {
-    let span = crate::trace::SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
-        .expect("valid ids");
+    let span =
+        crate::trace::SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+            .expect("valid ids");
     for (name, given) in [("TRACED", Some(span)), ("UNTRACED", None)] {
         let id = id(name);
         let fingerprint = fp("e5");

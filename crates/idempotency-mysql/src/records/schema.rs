@@ -58,7 +58,9 @@ pub(crate) async fn create(pool: &MySqlPool, table: &TableName) -> Result<(), Er
          ADD COLUMN span_id VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NULL",
         table.quoted()
     );
-    if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(alter)).execute(pool).await
+    if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(alter))
+        .execute(pool)
+        .await
         && missing_trace_columns(pool, table).await? != 0
     {
         return Err(error.into());

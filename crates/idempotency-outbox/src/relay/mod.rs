@@ -27,7 +27,7 @@ mod wake;
 mod worker;
 
 pub use housekeeping::PurgeReport;
-pub use supervisor::{RelayWorkers, RelayMonitor};
+pub use supervisor::{RelayMonitor, RelayWorkers};
 pub use worker::BatchReport;
 
 /// Counts since the relay started, across its workers.

@@ -32,7 +32,8 @@ pub(super) type FindRow = (
 pub(super) type CompleteRow = (String, i64, Option<i64>, Option<i64>);
 
 pub(super) fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
-    let (hash, status, payload, code, created_at, completed_at, expires_at, trace_id, span_id) = row;
+    let (hash, status, payload, code, created_at, completed_at, expires_at, trace_id, span_id) =
+        row;
     let outcome = StoredOutcome::from_columns(&status, payload, code)?;
     Ok(IdempotencyRecord {
         fingerprint: Fingerprint::new(hash),
