@@ -36,7 +36,7 @@ use tracing_subscriber::layer::SubscriberExt;
 /// last statement it ran until its next one, so a request's span ends (and is exported) once
 /// the pool is closed.
 trait Backend: stores::Backend {
-    fn close(&self) -> impl std::future::Future<Output = ()>;
+    fn close(&self) -> impl Future<Output = ()>;
 }
 
 impl Backend for PgStore {
