@@ -6,6 +6,8 @@
 #   ASSEMBLE_ONLY=1 scripts/bench.sh  # rewrite PERFORMANCE.md from the last run's raw outputs
 #   DURATION=10s ROUNDS=2 RETENTION_EVENTS=1000000 scripts/bench.sh   # a shorter full grid
 #   HTTP_SECONDS=8s HTTP_ROUNDS=3 scripts/bench.sh   # the HTTP bench's rounds (the defaults)
+#   ONLY=http scripts/bench.sh        # the HTTP bench alone (tracing on and off included); the
+#                                     # other sections of PERFORMANCE.md are then left out
 #   PEERS=0 scripts/bench.sh          # without the peer libraries (installed by scripts/peers.sh
 #                                     # into $PEERS_DIR, default /var/tmp/idempotency-peers)
 #
@@ -31,7 +33,8 @@ http_rounds="${HTTP_ROUNDS:-$http_rounds}"
 retention_events="${RETENTION_EVENTS:-$retention_events}"
 out="$(cd "${CARGO_TARGET_DIR:-target}" 2>/dev/null && pwd || echo "$PWD/target")/bench"
 mkdir -p "$out"
-trap '[ -n "${demo_pid:-}" ] && kill "$demo_pid" 2>/dev/null || true' EXIT
+trap 'for p in "${demo_pid:-}" "${otel_pid:-}" "${sink_pid:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; true' EXIT
+only="${ONLY:-}"
 if [ -z "${ASSEMBLE_ONLY:-}" ]; then
 # A run records its parameters beside its raw outputs, so that ASSEMBLE_ONLY describes the
 # commands that produced them, whatever that shell's environment says.
@@ -39,9 +42,15 @@ printf 'duration=%q rounds=%q http_seconds=%q http_rounds=%q\n' \
   "$duration" "$rounds" "$http_seconds" "$http_rounds" > "$out/params"
 
 echo "== building (release)"
-cargo build --release -q -p idempotency-bench -p idempotency-load -p idempotency-demo
-cargo build --release -q -p idempotency-sqlite --example backlog_latency
+if [ "$only" = http ]; then
+  cargo build --release -q -p idempotency-load -p idempotency-demo
+else
+  cargo build --release -q -p idempotency-bench -p idempotency-load -p idempotency-demo
+  cargo build --release -q -p idempotency-sqlite --example backlog_latency
+fi
 target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/release"
+
+if [ "$only" != http ]; then
 
 echo "== fingerprint (criterion)"
 cargo bench -q -p idempotency-core --bench fingerprint -- "${criterion[@]}" 2>/dev/null \
@@ -82,6 +91,8 @@ echo "== outbox retention: $retention_events published events, batched DELETE ag
 echo "== outbox relay (criterion-style bench of idempotency-outbox)"
 cargo bench -q -p idempotency-outbox --all-features --bench relay 2>/dev/null > "$out/relay.txt" || true
 
+fi # ONLY=http
+
 echo "== HTTP: the demo (release) on PostgreSQL"
 admin="${DATABASE_URL%/*}/postgres"
 psql "$admin" -qc "DROP DATABASE IF EXISTS idempotency_bench_http WITH (FORCE)"
@@ -92,19 +103,37 @@ env DATABASE_URL="${DATABASE_URL%/*}/idempotency_bench_http" REDIS_URL="$REDIS_U
   "$target/idempotency-demo" > "$out/demo.log" 2>&1 &
 demo_pid=$!
 for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
+# Tracing on: a second demo, the same binary and database, with the OpenTelemetry layer (every
+# `info` span recorded: the request's, `idempotency.execute`, store statements, cache calls)
+# and the SDK's batch processor exporting OTLP/HTTP to a local receiver (scripts/otlp-sink.py,
+# which counts the spans it gets). Its queue is large enough that no span is dropped and its
+# delay short, so the export runs during the rounds. Its scenarios join the same rounds.
+sink_port=14318; otel_port=18091
+python3 scripts/otlp-sink.py "$sink_port" "$out/otlp-sink.counts" & sink_pid=$!
+env DATABASE_URL="${DATABASE_URL%/*}/idempotency_bench_http" REDIS_URL="$REDIS_URL" \
+  SERVER__PORT="$otel_port" DEMO_CONFIG="$PWD/demo/config/demo.yaml" RUST_LOG=warn \
+  OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$sink_port" OTEL_BSP_SCHEDULE_DELAY=200 \
+  OTEL_BSP_MAX_QUEUE_SIZE=262144 OTEL_BSP_MAX_EXPORT_BATCH_SIZE=512 \
+  "$target/idempotency-demo" > "$out/demo-otel.log" 2>&1 &
+otel_pid=$!
+for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$otel_port/health" >/dev/null 2>&1 && break; sleep 0.2; done
 rss() { awk '/VmRSS/ {print $2}' "/proc/$demo_pid/status"; }
 peak=0
 rm -f "$out/rss"
 sample() { while kill -0 "$demo_pid" 2>/dev/null; do r=$(rss); [ "${r:-0}" -gt "$peak" ] && peak=$r && echo "$peak" > "$out/rss"; sleep 0.2; done; }
 sample & sampler=$!
-client() { "$target/idempotency-load" --url "http://127.0.0.1:$port" --clients 16 --json "$@"; }
+client() { "$target/idempotency-load" --url "http://127.0.0.1:${client_port:-$port}" --clients 16 --json "$@"; }
 load() { client --duration "$http_seconds" "$@"; }
 # The load generator's arguments for each payment scenario, into `args`.
+# `client_port`: the demo it goes to (the `-otel` scenarios: the one with tracing on).
 scenario_args() {
+  client_port=$port
   case "$1" in
     unprotected) args=(--endpoint unprotected) ;;
     first) args=(--fresh) ;;
     replay) args=(--replay "bench-replay-key") ;;
+    first-otel) args=(--fresh); client_port=$otel_port ;;
+    replay-otel) args=(--replay "bench-replay-key-otel"); client_port=$otel_port ;;
   esac
 }
 # CPU time (clock ticks, utime + stime) of every PostgreSQL and Redis process and of the demo, one
@@ -115,10 +144,12 @@ scenario_args() {
 # whose children's times would start from zero.
 cpu_snapshot() {
   local pid comm stat
-  for pid in $(pgrep -x postgres) $(pgrep -x redis-server) "$demo_pid"; do
+  for pid in $(pgrep -x postgres) $(pgrep -x redis-server) "$demo_pid" "$otel_pid" "$sink_pid"; do
     stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || continue
     comm="$(cat "/proc/$pid/comm" 2>/dev/null)" || continue
-    [ "$pid" = "$demo_pid" ] && comm=demo
+    # Both demos count as the demo (the idle one spends next to nothing); the receiver apart.
+    [ "$pid" = "$demo_pid" ] || [ "$pid" = "$otel_pid" ] && comm=demo
+    [ "$pid" = "$sink_pid" ] && comm=otlp-sink
     # fields after the ")" that ends the command name: utime is the 12th, stime the 13th
     awk -v name="$comm" -v pid="$pid" '{ sub(/^.*\) /, ""); print name, pid, $12 + $13 }' <<<"$stat"
   done
@@ -134,14 +165,15 @@ measure() {
 }
 # Interleaved rounds, like the load bench: each round runs the three scenarios of a ratio back
 # to back, so both sides of it share the same background load and the same table sizes.
-rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-* "$out"/syscalls-*
+rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-* "$out"/syscalls-* "$out/otlp-sink.counts"
 for round in $(seq 1 "$http_rounds"); do
   echo "   round $round of $http_rounds ($http_seconds per scenario)"
-  for name in unprotected first replay; do
+  for name in unprotected first replay first-otel replay-otel; do
     scenario_args "$name"
     measure "http-$name-$round" "${args[@]}"
   done
 done
+scenario_args unprotected
 load --endpoint health > "$out/http-health.json"
 # System calls per request of each scenario, counted by strace on the demo over 2,000 requests
 # after the timed rounds (tracing slows the demo, so it is never on while the rounds are timed).
@@ -159,6 +191,9 @@ if command -v strace >/dev/null; then
 fi
 kill "$sampler" 2>/dev/null || true
 kill "$demo_pid"; wait "$demo_pid" 2>/dev/null || true; demo_pid=
+# The traced demo flushes its spans at shutdown; then the receiver writes what it counted.
+kill "$otel_pid"; wait "$otel_pid" 2>/dev/null || true; otel_pid=
+kill "$sink_pid"; wait "$sink_pid" 2>/dev/null || true; sink_pid=
 else
   # shellcheck source=/dev/null
   [ -f "$out/params" ] && source "$out/params"
@@ -182,7 +217,9 @@ redis = cmd("redis-cli -u \"$REDIS_URL\" INFO server | grep redis_version | cut 
 mysql = cmd("mysql -N -B -h 127.0.0.1 -u root -e 'SELECT VERSION()'")
 rustc = cmd("rustc --version")
 http_rounds = sorted(int(p.rsplit("-", 1)[1][:-5]) for p in glob.glob(os.path.join(out, "http-unprotected-*.json")))
-http = {name: [json.load(open(os.path.join(out, f"http-{name}-{r}.json"))) for r in http_rounds] for name in ["unprotected", "first", "replay"]}
+http = {name: [json.load(open(os.path.join(out, f"http-{name}-{r}.json"))) for r in http_rounds]
+        for name in ["unprotected", "first", "replay", "first-otel", "replay-otel"]
+        if all(os.path.exists(os.path.join(out, f"http-{name}-{r}.json")) for r in http_rounds)}
 health = json.load(open(os.path.join(out, "http-health.json")))
 rps = lambda report: report.get("ops_per_s", 0) or 1
 # The ratio of each round (both sides measured back to back), then their median and range.
@@ -199,9 +236,12 @@ def criterion_estimates(name):
             out[current] = float(time.group(1)) * scale[time.group(2)]
     return out
 
-def http_ratio(name):
-    ratios = [rps(a) / rps(b) for a, b in zip(http[name], http["unprotected"])]
+def http_ratio(name, base="unprotected"):
+    ratios = [rps(a) / rps(b) for a, b in zip(http[name], http[base])]
     return statistics.median(ratios), min(ratios), max(ratios)
+# Tracing on over tracing off, per round (the same scenario on the two demos, back to back).
+tracing = {name: http_ratio(f"{name}-otel", name) for name in ["first", "replay"] if f"{name}-otel" in http}
+sink = read("otlp-sink.counts").split()
 # CPU seconds per process group (postgres, redis-server, demo, load) spent during one HTTP
 # scenario: per-pid differences of the snapshots bench.sh takes around it; None without them.
 @functools.cache
@@ -221,12 +261,14 @@ def http_cpu(scenario):
     groups["load"] = children("times-after") - children("times-before")
     return groups
 CPU_GROUPS = [("postgres", "PostgreSQL"), ("demo", "demo"), ("redis-server", "Redis"), ("load", "load generator")]
+# With tracing on, the local OTLP receiver's share too (zero for the other scenarios).
+CPU_GROUPS_OTEL = CPU_GROUPS + [("otlp-sink", "OTLP receiver")]
 # CPU per request in microseconds per group and in total, and the cores the scenario kept busy.
 def http_cpu_per_request(name, i):
     groups, report = http_cpu(f"http-{name}-{http_rounds[i]}"), http[name][i]
     if groups is None or not report.get("requests"):
         return None
-    per = {g: groups.get(g, 0) * 1e6 / report["requests"] for g, _ in CPU_GROUPS}
+    per = {g: groups.get(g, 0) * 1e6 / report["requests"] for g, _ in CPU_GROUPS_OTEL}
     return per, sum(per.values()), sum(groups.values()) / (report.get("elapsed_s") or 1)
 # The ratio of the unprotected payment's CPU per request to the scenario's (median of the
 # rounds): the throughput ratio that the machine's cores allow when the run keeps them busy.
@@ -294,6 +336,10 @@ for name, what, floor in [("first", "first execution", 0.55), ("replay", "replay
     by_cpu, servers = cpu_ratio(name), cpu_ratio(name, servers_only=True)
     by_cpu = "" if by_cpu is None else f"; the same ratio of CPU per request {by_cpu:.2f}, {servers:.2f} without the load generator's, see the HTTP bench"
     print(f"| HTTP {what} / the same payment without idempotency (throughput, median of {len(http_rounds)} rounds, {low:.2f}-{high:.2f}; target >= {floor}{by_cpu}) | {median:.2f} | {'yes' if median >= floor else '**no**'} |")
+for name, what in [("first", "first execution"), ("replay", "replay")]:
+    if name in tracing:
+        median, low, high = tracing[name]
+        print(f"| HTTP {what} with tracing on (spans recorded, OTLP/HTTP batch export to a local receiver) / off (throughput, median of {len(http_rounds)} rounds, {low:.2f}-{high:.2f}; target >= 0.95; see Tracing cost) | {median:.2f} | {'yes' if median >= 0.95 else '**no**'} |")
 drain = re.findall(r"\| (\d) worker\(s\), batch 100, \d+ events \| (\d+) \|", read("load.txt"))
 ceilings = {w: (cores, split, int(c)) for w, cores, split, c in re.findall(r"\| (\d) worker\(s\): CPU ceiling on (\d+) cores \(CPU per event: ([^)]*)\) \| (\d+) \|", read("load.txt"))}
 for workers, rate in drain:
@@ -428,13 +474,13 @@ print("busy, throughput is the cores divided by the CPU per request, whatever th
 print(f"| round | endpoint | requests/s | p50 | p99 | CPU per request: {' + '.join(label for _, label in CPU_GROUPS)} = total | cores busy | statuses |")
 print("|---:|---|---:|---:|---:|---|---:|---|")
 label = {"unprotected": "`POST /api/payments/unprotected` (no idempotency)", "first": "`POST /api/payments`, fresh key (first execution)", "replay": "`POST /api/payments`, one key (replays)", "health": "`GET /health`"}
-def http_row(round_, name, r, cpu=None):
+def http_row(round_, name, r, cpu=None, groups=CPU_GROUPS):
     statuses = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("statuses", {}).items()))
     lat = r.get("latency_ms", {})
     split, busy = "", ""
     if cpu is not None:
         per, total, cores_busy = cpu
-        split = " + ".join(f"{per[g]:.0f}" for g, _ in CPU_GROUPS) + f" = **{total:.0f} us**"
+        split = " + ".join(f"{per[g]:.0f}" for g, _ in groups) + f" = **{total:.0f} us**"
         busy = f"{cores_busy:.2f}"
     print(f"| {round_} | {label[name]} | {r.get('ops_per_s', 0):.0f} | {lat.get('p50', 0):.2f} ms | {lat.get('p99', 0):.2f} ms | {split} | {busy} | {statuses} |")
 for i, round_ in enumerate(http_rounds):
@@ -449,6 +495,33 @@ if cf is not None and cp is not None:
     sf, sp = cpu_ratio("first", servers_only=True), cpu_ratio("replay", servers_only=True)
     print(f"Without the load generator's share (PostgreSQL + demo + Redis only: the ratios the servers' cores allow when the clients run on another machine): first execution **{sf:.2f}**, replay **{sp:.2f}**. The load generator shares the machine's cores: it spent {load_share('unprotected'):.0%} of the CPU per request of the payment without idempotency, {load_share('first'):.0%} of a first execution's and {load_share('replay'):.0%} of a replay's.")
 print(f"Peak resident memory of the demo during the HTTP bench: **{peak_kib/1024:.1f} MiB** (target: under 100 MiB).\n")
+if tracing:
+    print("## Tracing cost (issue 47)\n")
+    print("A second demo, the same release binary on the same database and Redis, runs with")
+    print("`OTEL_EXPORTER_OTLP_ENDPOINT` set: the `tracing-opentelemetry` layer records every `info`")
+    print("span (the request, `idempotency.execute`, each store statement and cache call; a replay's")
+    print("span carries its link to the execution it replays) and the SDK's batch processor exports")
+    print("them over OTLP/HTTP (protobuf) to a local receiver, `scripts/otlp-sink.py`, which answers")
+    print("each batch and counts its spans (`OTEL_BSP_SCHEDULE_DELAY=200`, a queue of 262,144 spans so")
+    print("that none is dropped). Each round runs a scenario on the demo without tracing, then on the")
+    print("one with tracing, back to back; the ratio is per round, then the median. The receiver's CPU")
+    print("is part of the traced side's (it shares the machine's cores).\n")
+    print(f"| round | endpoint | requests/s | p50 | p99 | CPU per request: {' + '.join(label for _, label in CPU_GROUPS_OTEL)} = total | cores busy | statuses |")
+    print("|---:|---|---:|---:|---:|---|---:|---|")
+    label["first-otel"] = "`POST /api/payments`, fresh key, **tracing on**"
+    label["replay-otel"] = "`POST /api/payments`, one key (replays), **tracing on**"
+    for i, round_ in enumerate(http_rounds):
+        for name in ["first", "first-otel", "replay", "replay-otel"]:
+            http_row(round_, name, http[name][i], http_cpu_per_request(name, i), CPU_GROUPS_OTEL)
+    (f, fl, fh), (p, pl, ph) = tracing["first"], tracing["replay"]
+    print(f"\nTracing on / off: first execution **{f:.2f}** (rounds {fl:.2f}-{fh:.2f}), replay **{p:.2f}** (rounds {pl:.2f}-{ph:.2f}); target >= 0.95 for both.")
+    if len(sink) == 3:
+        traced = sum(r.get("requests", 0) for name in ["first-otel", "replay-otel"] for r in http[name])
+        requests, spans, size = (int(x) for x in sink)
+        per = f", {spans / traced:.1f} spans per timed request (the strace sample runs on the demo without tracing)" if traced else ""
+        print(f"The receiver got {spans:,} spans in {requests:,} export requests ({size / 1e6:.1f} MB of protobuf){per}.\n")
+    else:
+        print("The receiver's counts are missing (it did not stop cleanly).\n")
 # strace -c's summary: "% time, seconds, usecs/call, calls, [errors,] syscall" per line.
 def syscalls(name):
     text, report = read(f"syscalls-{name}.txt"), read(f"syscalls-{name}.json")

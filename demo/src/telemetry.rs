@@ -61,9 +61,13 @@ impl Telemetry {
 }
 
 /// Installs the global subscriber: log lines filtered by `RUST_LOG` (default
-/// `info,sqlx=warn`), plus the OpenTelemetry layer when the environment asks for an exporter.
-/// On an error the log lines are installed all the same, so that the caller can log it.
+/// `info,sqlx=warn`), plus the OpenTelemetry layer when the environment asks for an exporter,
+/// which records the `info` spans whatever `RUST_LOG` says (`RUST_LOG=warn` keeps the log
+/// quiet, not the traces). On an error the log lines are installed all the same, so that the
+/// caller can log it.
 pub fn init() -> Result<Telemetry, TelemetryError> {
+    use tracing_subscriber::Layer as _;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,sqlx=warn".into());
     let (provider, error) = match provider_from(|name| std::env::var(name).ok()) {
@@ -71,11 +75,12 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
         Err(error) => (None, Some(error)),
     };
     let otel = provider.as_ref().map(|provider| {
-        tracing_opentelemetry::layer().with_tracer(provider.tracer("idempotency-demo"))
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("idempotency-demo"))
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     });
     tracing_subscriber::registry()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer())
+        .with(tracing_subscriber::fmt::layer().with_filter(filter))
         .with(otel)
         .init();
     match error {

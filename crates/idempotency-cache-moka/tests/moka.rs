@@ -31,6 +31,7 @@ fn record(
         created_at: SystemTime::now(),
         completed_at: Some(SystemTime::now()),
         expires_at,
+        execution_span: None,
     })
 }
 

@@ -1,9 +1,11 @@
 //! The cached value: a version tag, the entry's HMAC tag, then a compact JSON object.
 //!
-//! `v2:<64 hex digits>:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires]}`
+//! `v2:<64 hex digits>:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires],"x":["<trace id>","<span id>"]}`
 //! The stored payload is already JSON, so it is embedded as is (no escaping, and decoding borrows
 //! it); times are milliseconds since the Unix epoch. `p` is absent only for a rejection without
-//! details: a rejection whose details are JSON `null` has `"p":null`. The hex digits are the
+//! details: a rejection whose details are JSON `null` has `"p":null`. `x` (the span of the
+//! execution that stored the record) is absent when there is none, and in entries written
+//! before it existed: they still decode. The hex digits are the
 //! HMAC-SHA-256 of the record's identity and the JSON ([`Signer`]); an entry whose tag does not
 //! verify is [`Decoded::Forged`]. `v1:` entries (the same JSON without a tag) are read as
 //! another version: a miss, since nothing says who wrote them.
@@ -11,6 +13,7 @@
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
@@ -45,6 +48,11 @@ struct Wire<'a> {
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     c: Option<Cow<'a, str>>,
     t: (u64, Option<u64>, Option<u64>),
+    /// The span of the execution that stored the record, as `[trace id, span id]` in hex.
+    /// Absent when there is none, and in entries written before it existed (still `v2`: they
+    /// decode as before, with no span); a release before it ignores the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    x: Option<(String, String)>,
 }
 
 /// A present field is `Some`, also when it is `null`: a plain `Option` would read `"p":null` as
@@ -86,6 +94,9 @@ pub(crate) fn encode(
         ),
         None => return Ok(None),
     };
+    let span = record
+        .execution_span
+        .map(|s| (s.trace_id_hex(), s.span_id_hex()));
     let wire = Wire {
         f: Cow::Borrowed(record.fingerprint.as_str()),
         s: status,
@@ -96,6 +107,7 @@ pub(crate) fn encode(
             record.completed_at.map(millis),
             record.expires_at.map(millis),
         ),
+        x: span,
     };
     let json = serde_json::to_string(&wire)?;
     let mut out = String::with_capacity(TAG.len() + TAG_HEX_LEN + 1 + json.len());
@@ -159,6 +171,10 @@ pub(crate) fn decode(id: &RecordId, value: &str, signer: &Signer) -> Decoded {
         created_at: time(created),
         completed_at: completed.map(time),
         expires_at: expires.map(time),
+        // A malformed span costs the link, never the entry.
+        execution_span: wire
+            .x
+            .and_then(|(trace_id, span_id)| SpanRef::from_hex(&trace_id, &span_id)),
     })
 }
 
@@ -209,7 +225,44 @@ mod tests {
             created_at: UNIX_EPOCH + Duration::from_millis(1_796_000_000_123),
             completed_at: Some(UNIX_EPOCH + Duration::from_millis(1_796_000_000_456)),
             expires_at: None,
+            execution_span: None,
         }
+    }
+
+    #[test]
+    fn the_execution_span_round_trips_and_an_entry_without_it_still_decodes() {
+        let mut traced = record(Some(StoredOutcome::Completed {
+            payload: "1".into(),
+        }));
+        traced.execution_span =
+            SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+        let encoded = enc(&traced).unwrap().unwrap();
+        assert!(
+            encoded.contains(r#""x":["4bf92f3577b34da6a3ce929d0e0e4736","00f067aa0ba902b7"]"#),
+            "{encoded}"
+        );
+        let Decoded::Record(back) = dec(&encoded) else {
+            panic!("{encoded}")
+        };
+        assert_eq!(back, traced);
+        // Written by a release before the field: the same v2 entry, without `x`.
+        let old = tagged(r#"{"f":"x","s":"C","p":1,"t":[1,2,null]}"#);
+        let Decoded::Record(back) = dec(&old) else {
+            panic!("{old}")
+        };
+        assert_eq!(back.execution_span, None);
+        assert_eq!(
+            back.outcome,
+            Some(StoredOutcome::Completed {
+                payload: "1".into()
+            })
+        );
+        // A damaged span is no span, never a corrupt entry.
+        let damaged = tagged(r#"{"f":"x","s":"C","p":1,"t":[1,2,null],"x":["zz","00"]}"#);
+        let Decoded::Record(back) = dec(&damaged) else {
+            panic!("{damaged}")
+        };
+        assert_eq!(back.execution_span, None);
     }
 
     #[test]

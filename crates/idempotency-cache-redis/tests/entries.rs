@@ -45,6 +45,7 @@ async fn a_forged_entry_is_never_replayed_and_is_deleted_and_counted(target: Tar
         created_at: std::time::SystemTime::now(),
         completed_at: Some(std::time::SystemTime::now()),
         expires_at: None,
+        execution_span: None,
     };
     let old_format = format!(
         r#"v1:{{"f":"{}","s":"C","p":666,"t":[1,1,null]}}"#,
@@ -181,6 +182,7 @@ async fn a_success_value_replays_byte_identical_from_redis_and_moka(target: Targ
         created_at: std::time::SystemTime::now(),
         completed_at: Some(std::time::SystemTime::now()),
         expires_at: None,
+        execution_span: None,
     };
     l2.put(&id("PAY", "", "awkward"), &stored).await.unwrap();
 

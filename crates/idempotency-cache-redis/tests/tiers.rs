@@ -207,6 +207,7 @@ fn record(outcome: Option<StoredOutcome>) -> IdempotencyRecord {
         created_at: std::time::SystemTime::now(),
         completed_at: None,
         expires_at: None,
+        execution_span: None,
     }
 }
 

@@ -226,6 +226,7 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
     tokio::time::sleep(cool_down + Duration::from_millis(20)).await;
     let short_lived = IdempotencyRecord {
         expires_at: Some(std::time::SystemTime::now() + Duration::from_millis(50)),
+        execution_span: None,
         ..record(1)
     };
     cache.put(&ids[1], &short_lived).await.unwrap();

@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::key::RecordId;
 use crate::record::{IdempotencyRecord, StoredOutcome};
 use crate::store::{Claim, IdempotencyStore, StoreError};
+use crate::trace::SpanRef;
 
 /// The fencing token of a leased claim: it grows with every claim of the key, takeovers and
 /// claims after a release alike, so a holder whose lease was taken over can neither complete
@@ -81,11 +82,14 @@ pub trait LeasedClaims: IdempotencyStore {
 
     /// Stores `outcome` on the `PROCESSING` record of `id` if it still carries `token`, and
     /// returns the terminal record; `None` when the token is no longer current.
+    /// `execution_span` is kept on the record as by
+    /// [`complete`](IdempotencyStore::complete).
     fn complete_leased(
         &self,
         id: &RecordId,
         token: FencingToken,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> impl Future<Output = Result<Option<IdempotencyRecord>, StoreError>> + Send;
 
     /// Deletes the `PROCESSING` record of `id` if it still carries `token`, so that a retry

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::Fingerprint;
 use crate::store::StoreError;
+use crate::trace::SpanRef;
 
 /// The lifecycle status of a record.
 ///
@@ -153,6 +154,10 @@ pub struct IdempotencyRecord {
     /// When cleanup may delete the record; `None` keeps it forever. Not consulted on the request
     /// path: a record replays until it is physically deleted.
     pub expires_at: Option<SystemTime>,
+    /// The span of the execution that stored the outcome (feature `otel`, a sampled span), for
+    /// the span link of its replays; `None` otherwise, and in entries written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_span: Option<SpanRef>,
 }
 
 impl IdempotencyRecord {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::record::{IdempotencyRecord, RecordStatus, StoredOutcome};
+use crate::trace::SpanRef;
 
 /// A boxed error from a backend, kept as the `source` of a typed error.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -172,6 +173,10 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 
     /// Stores the outcome on the caller's `PROCESSING` record and returns the terminal record.
     ///
+    /// `execution_span` is the span that ran the action ([`SpanRef::current`] in it: `None`
+    /// without the `otel` feature); the store keeps it on the record and returns it in
+    /// [`IdempotencyRecord::execution_span`], from `find` and `lookup` too.
+    ///
     /// The service hands it outcomes at most [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH) deep; a
     /// store whose database refuses deeper JSON (MariaDB) refuses it before its statement.
     fn complete(
@@ -179,6 +184,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         conn: &mut Self::Connection,
         id: &RecordId,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> impl Future<Output = Result<IdempotencyRecord, StoreError>> + Send;
 
     /// Marks where the action starts in the caller's transaction (after `acquire`), for a
@@ -228,10 +234,12 @@ pub trait InsertCompleted: IdempotencyStore {
     /// Returns the inserted record, or `None` when the key is already taken. Like
     /// [`acquire`](IdempotencyStore::acquire), it waits (within [`Claim::wait`]) for a concurrent
     /// uncommitted holder of the key, failing with [`StoreError::LockTimeout`] past the budget.
+    /// `execution_span` is kept on the record as by [`complete`](IdempotencyStore::complete).
     fn insert_completed(
         &self,
         conn: &mut Self::Connection,
         claim: &Claim<'_>,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> impl Future<Output = Result<Option<IdempotencyRecord>, StoreError>> + Send;
 }

@@ -177,6 +177,117 @@ impl fmt::Display for TraceParent {
     }
 }
 
+/// The trace id and span id of one span, kept on an idempotency record: the span of the
+/// execution that committed it (an `idempotency.execute` span, or the layer's `idempotency`
+/// span), so that a replay's span carries an OpenTelemetry span link to it
+/// ([`link_to_execution`]) and a trace viewer jumps from the replay to the request that did the
+/// work.
+///
+/// Only a sampled span is kept ([`SpanRef::current`]): a link to a span that was never
+/// exported would lead nowhere. Stores keep it in two nullable columns, `trace_id` (32
+/// lower-case hex digits) and `span_id` (16); a record written without the `otel` feature, or
+/// outside a sampled span, has none.
+///
+/// ```
+/// use idempotency_core::trace::SpanRef;
+///
+/// let span = SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7").unwrap();
+/// assert_eq!(span.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+/// assert_eq!(span.span_id_hex(), "00f067aa0ba902b7");
+/// // Malformed or all-zero ids are no span at all, never an error.
+/// assert!(SpanRef::from_hex("4BF92F3577B34DA6A3CE929D0E0E4736", "00f067aa0ba902b7").is_none());
+/// assert!(SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "0000000000000000").is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SpanRef {
+    /// The trace id, 16 bytes, not all zero.
+    pub trace_id: [u8; 16],
+    /// The span id, 8 bytes, not all zero.
+    pub span_id: [u8; 8],
+}
+
+impl SpanRef {
+    /// The current span, when it has a valid and sampled OpenTelemetry context; always `None`
+    /// without the `otel` feature (nothing is read, nothing stored).
+    pub fn current() -> Option<Self> {
+        #[cfg(feature = "otel")]
+        {
+            let (parent, _) = current_context()?;
+            (parent.flags & 1 == 1).then_some(Self {
+                trace_id: parent.trace_id,
+                span_id: parent.span_id,
+            })
+        }
+        #[cfg(not(feature = "otel"))]
+        {
+            None
+        }
+    }
+
+    /// From the two stored columns (lower-case hex); `None` when either is absent, malformed
+    /// or all zero: a damaged column costs the link, never the replay.
+    pub fn from_columns(trace_id: Option<&str>, span_id: Option<&str>) -> Option<Self> {
+        Self::from_hex(trace_id?, span_id?)
+    }
+
+    /// From 32 and 16 lower-case hex digits; `None` when malformed or all zero.
+    pub fn from_hex(trace_id: &str, span_id: &str) -> Option<Self> {
+        let trace_id = hex::<16>(trace_id.as_bytes())?;
+        let span_id = hex::<8>(span_id.as_bytes())?;
+        (trace_id != [0; 16] && span_id != [0; 8]).then_some(Self { trace_id, span_id })
+    }
+
+    /// The trace id in lower-case hex (32 digits).
+    pub fn trace_id_hex(&self) -> String {
+        to_hex(&self.trace_id)
+    }
+
+    /// The span id in lower-case hex (16 digits).
+    pub fn span_id_hex(&self) -> String {
+        to_hex(&self.span_id)
+    }
+}
+
+/// Serialized as `{"trace_id": "<32 hex>", "span_id": "<16 hex>"}`.
+impl serde::Serialize for SpanRef {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("SpanRef", 2)?;
+        s.serialize_field("trace_id", &self.trace_id_hex())?;
+        s.serialize_field("span_id", &self.span_id_hex())?;
+        s.end()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SpanRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Wire<'a> {
+            #[serde(borrow)]
+            trace_id: std::borrow::Cow<'a, str>,
+            #[serde(borrow)]
+            span_id: std::borrow::Cow<'a, str>,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        Self::from_hex(&wire.trace_id, &wire.span_id)
+            .ok_or_else(|| serde::de::Error::custom("malformed trace_id or span_id"))
+    }
+}
+
+/// Adds a span link from `span` (a replay's) to the span of the execution that committed the
+/// record it replays. Returns whether the link was added (never without the `otel` feature).
+pub fn link_to_execution(span: &tracing::Span, execution: &SpanRef) -> bool {
+    link(
+        span,
+        &TraceParent {
+            trace_id: execution.trace_id,
+            span_id: execution.span_id,
+            // Only sampled spans are kept (`SpanRef::current`).
+            flags: 1,
+        },
+    )
+}
+
 /// `N` bytes from `2 * N` lower-case hex digits (W3C forbids upper case).
 fn hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
     if digits.len() != 2 * N {

@@ -384,6 +384,7 @@ async fn outcomes_nested_deeper_than_the_limit_are_refused_before_the_statement(
             &StoredOutcome::Completed {
                 payload: nested(deepest + 1),
             },
+            None,
         )
         .await;
     let Err(StoreError::Database(source)) = &refused else {
@@ -401,6 +402,7 @@ async fn outcomes_nested_deeper_than_the_limit_are_refused_before_the_statement(
             &StoredOutcome::Completed {
                 payload: nested(deepest),
             },
+            None,
         )
         .await
         .expect("the transaction is still usable and the deepest outcome is stored");

@@ -59,7 +59,7 @@ async fn case_insensitive_key_collations_are_refused() {
              request_hash VARCHAR(128) NOT NULL, status VARCHAR(32) NOT NULL,
              result_payload LONGTEXT NULL, error_code VARCHAR(128) NULL,
              created_at DATETIME(6) NOT NULL, completed_at DATETIME(6) NULL,
-             expires_at DATETIME(6) NULL,
+             expires_at DATETIME(6) NULL, trace_id VARCHAR(32) NULL, span_id VARCHAR(16) NULL,
              PRIMARY KEY (operation, scope, idempotency_key), INDEX (expires_at)
          ) DEFAULT CHARSET = utf8mb4",
     )
@@ -125,6 +125,7 @@ async fn every_difference_is_named() {
              result_payload LONGTEXT NULL, error_code VARCHAR(128) NULL,
              created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
              completed_at DATETIME(6) NULL, expires_at DATETIME(6) NULL,
+             trace_id VARCHAR(32) NULL, span_id VARCHAR(16) NULL,
              INDEX (operation, idempotency_key(10))
          ) DEFAULT CHARSET = utf8mb4",
     )
@@ -210,4 +211,54 @@ async fn count_tables(pool: &MySqlPool, name: &str) -> i64 {
     .fetch_one(pool)
     .await
     .unwrap()
+}
+
+/// A table of a release before the trace columns: `validate` names both and the migration that
+/// adds them; the migration makes it valid; `create` over such a table adds them itself.
+#[tokio::test]
+async fn validate_names_the_trace_columns_and_their_migration_adds_them() {
+    let earlier = idempotency_mysql::ddl(&TableName::parse("idempotency_records").unwrap())
+        .unwrap()
+        .lines()
+        .filter(|line| !line.contains("trace_id") && !line.contains("span_id"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(earlier.contains("expires_at       DATETIME(6)  NULL,"));
+    for fix in ["migration", "create"] {
+        let pool = idempotency_testing::mysql_pool().await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(earlier.clone()))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let store = MysqlStore::from_config(
+            pool.clone(),
+            &config("idempotency_records", SchemaMode::None),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            store.schema_problems().await.unwrap(),
+            [
+                SchemaProblem::MissingColumn { column: "trace_id" },
+                SchemaProblem::MissingColumn { column: "span_id" },
+            ]
+        );
+        let refused = store.validate_schema().await.unwrap_err().to_string();
+        assert!(
+            refused.contains("migrations/mysql/20261206000001_idempotency_trace.sql"),
+            "{refused}"
+        );
+        match fix {
+            "migration" => {
+                sqlx::raw_sql(include_str!(
+                    "../../../migrations/mysql/20261206000001_idempotency_trace.sql"
+                ))
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+            _ => store.create_schema().await.unwrap(),
+        }
+        assert_eq!(store.schema_problems().await.unwrap(), vec![], "{fix}");
+    }
 }

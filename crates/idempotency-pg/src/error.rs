@@ -106,6 +106,12 @@ impl fmt::Display for SchemaProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::MissingTable => f.write_str("the table does not exist"),
+            Self::MissingColumn { column } if matches!(*column, "trace_id" | "span_id") => write!(
+                f,
+                "column {column} is missing (added by \
+                 migrations/{}, or by schema create)",
+                crate::records::TRACE_MIGRATION
+            ),
             Self::MissingColumn { column } => write!(f, "column {column} is missing"),
             Self::WrongType {
                 column,

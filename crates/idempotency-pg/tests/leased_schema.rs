@@ -91,6 +91,11 @@ async fn validate_leases_names_what_a_table_without_leases_lacks() {
         include_str!("../../../migrations/20261201000001_idempotency_payload_json.sql"),
     )
     .await;
+    exec(
+        &pool,
+        include_str!("../../../migrations/20261206000001_idempotency_trace.sql"),
+    )
+    .await;
     let store = PgStore::new(pool);
     store.validate_schema().await.unwrap();
     let Err(Error::Schema { problems, .. }) = store.validate_leases().await else {

@@ -153,7 +153,10 @@ mod through_pgbouncer {
                     let outcome = StoredOutcome::Completed {
                         payload: format!("{{\"n\":{round}}}"),
                     };
-                    let done = store.complete_leased(&id, token, &outcome).await.unwrap();
+                    let done = store
+                        .complete_leased(&id, token, &outcome, None)
+                        .await
+                        .unwrap();
                     assert!(done.is_some(), "the holder's completion was refused");
                     let found = store
                         .lookup(&id)

@@ -393,6 +393,7 @@ async fn acquire_reports_exists_for_committed_keys_without_waiting() {
             &idempotency_core::StoredOutcome::Completed {
                 payload: "1".into(),
             },
+            None,
         )
         .await
         .unwrap();

@@ -100,7 +100,7 @@ async fn a_range_partitioned_records_table_is_refused_for_its_key() {
              idempotency_key VARCHAR(255) NOT NULL, request_hash VARCHAR(128) NOT NULL, \
              status VARCHAR(32) NOT NULL, result_payload JSON, error_code VARCHAR(128), \
              created_at TIMESTAMPTZ NOT NULL DEFAULT now(), completed_at TIMESTAMPTZ, \
-             expires_at TIMESTAMPTZ, \
+             expires_at TIMESTAMPTZ, trace_id VARCHAR(32), span_id VARCHAR(16), \
              PRIMARY KEY (operation, scope, idempotency_key, created_at)) \
          PARTITION BY RANGE (created_at); \
          CREATE INDEX ON idempotency_records (expires_at)",

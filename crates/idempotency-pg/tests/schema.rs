@@ -284,6 +284,26 @@ async fn the_migrations_give_the_canonical_table_and_keep_old_records() {
     )
     .await;
     let store = store(&pool).await;
+    // Without the trace columns (a table of a release before them), validate names both.
+    let problems = store.schema_problems().await.unwrap();
+    assert_eq!(
+        problems,
+        [
+            SchemaProblem::MissingColumn { column: "trace_id" },
+            SchemaProblem::MissingColumn { column: "span_id" },
+        ],
+        "{problems:?}"
+    );
+    let refused = store.validate_schema().await.unwrap_err().to_string();
+    assert!(
+        refused.contains("trace_id") && refused.contains("span_id"),
+        "{refused}"
+    );
+    exec(
+        &pool,
+        include_str!("../../../migrations/20261206000001_idempotency_trace.sql"),
+    )
+    .await;
     store.validate_schema().await.unwrap();
     let id = RecordId::new(
         Operation::new("OP").unwrap(),
@@ -297,6 +317,30 @@ async fn the_migrations_give_the_canonical_table_and_keep_old_records() {
             payload: r#"{"a": 2, "b": 1}"#.to_owned()
         })
     );
+    assert_eq!(record.execution_span, None, "an old record has no span");
+}
+
+/// `create` over a table of a release before the trace columns adds them (and leaves its
+/// records as they are); `validate` then accepts it.
+#[tokio::test]
+async fn create_adds_the_trace_columns_to_an_earlier_table() {
+    let pool = idempotency_testing::pg_pool().await;
+    let store = store(&pool).await;
+    store.create_schema().await.unwrap();
+    exec(
+        &pool,
+        "ALTER TABLE idempotency_records DROP COLUMN trace_id, DROP COLUMN span_id",
+    )
+    .await;
+    assert_eq!(
+        store.schema_problems().await.unwrap(),
+        [
+            SchemaProblem::MissingColumn { column: "trace_id" },
+            SchemaProblem::MissingColumn { column: "span_id" },
+        ]
+    );
+    store.create_schema().await.unwrap();
+    store.validate_schema().await.unwrap();
 }
 
 /// A nondeterministic (case-insensitive) collation on a key column would merge `tenant-a` with

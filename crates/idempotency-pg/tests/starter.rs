@@ -166,6 +166,13 @@ async fn a_starter_table_is_recognised_migrated_and_replays() {
             .execute(&pool)
             .await
             .unwrap();
+        // The later migrations of the sequence (the trace columns) follow it.
+        sqlx::raw_sql(include_str!(
+            "../../../migrations/20261206000001_idempotency_trace.sql"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
         store.validate_schema().await.unwrap();
     }
     let scopes: Vec<String> = sqlx::query_scalar("SELECT DISTINCT scope FROM idempotency_records")

@@ -11,6 +11,7 @@ use crate::table::TableName;
 
 /// Runs `ddl` (several statements) in one write transaction: instances starting at once take
 /// turns, and `IF NOT EXISTS` makes the later ones no-ops.
+#[cfg_attr(not(feature = "outbox"), allow(dead_code))] // the outbox's schema
 pub(crate) async fn run_ddl(pool: &SqlitePool, ddl: String) -> Result<(), Error> {
     let mut tx = pool.begin_with(BEGIN_IMMEDIATE).await?;
     sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;

@@ -174,6 +174,7 @@ async fn a_deferred_transaction_with_a_stale_snapshot_is_a_retryable_conflict() 
             &StoredOutcome::Completed {
                 payload: "1".into(),
             },
+            None,
         )
         .await
         .unwrap();

@@ -55,6 +55,15 @@ const EARLIER_DDL: &str = r#"CREATE TABLE "idempotency_records" (
 ) STRICT;
 CREATE INDEX "idempotency_records_expires_at_idx" ON "idempotency_records" (expires_at) WHERE expires_at IS NOT NULL;"#;
 
+/// [`EARLIER_DDL`] brought up to the trace columns by their migration (which an upgrade applies
+/// whatever the leases).
+fn earlier_with_trace_columns() -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(format!(
+        "{EARLIER_DDL}\n{}",
+        include_str!("../../../migrations/sqlite/20261206000001_idempotency_trace.sql")
+    ))
+}
+
 #[tokio::test]
 async fn validate_leases_names_what_an_earlier_table_lacks_and_prepare_leases_adds_it() {
     let path = support::temp_db_path();
@@ -63,7 +72,7 @@ async fn validate_leases_names_what_an_earlier_table_lacks_and_prepare_leases_ad
     let store = SqliteStore::connect(support::as_str(&path), &config)
         .await
         .unwrap();
-    sqlx::raw_sql(EARLIER_DDL)
+    sqlx::raw_sql(earlier_with_trace_columns())
         .execute(store.pool())
         .await
         .unwrap();

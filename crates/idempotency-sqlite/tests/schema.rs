@@ -442,3 +442,43 @@ async fn long_table_names_get_their_own_expiry_index() {
         assert!(problems.is_empty(), "{} chars: {problems:?}", name.len());
     }
 }
+
+/// A table of a release before the trace columns: `validate` names both and the migration that
+/// adds them; the migration makes it valid; `create` over such a table adds them itself.
+#[tokio::test]
+async fn validate_names_the_trace_columns_and_their_migration_adds_them() {
+    let earlier = ddl(&TableName::parse("idempotency_records").unwrap())
+        .lines()
+        .filter(|line| !line.contains("trace_id") && !line.contains("span_id"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(earlier.contains("expires_at       INTEGER,"));
+    for fix in ["migration", "create"] {
+        let pool = empty_pool().await;
+        exec(&pool, &earlier).await;
+        let store = SqliteStore::new(pool.clone());
+        assert_eq!(
+            validate_problems(&store).await,
+            [
+                SchemaProblem::MissingColumn { column: "trace_id" },
+                SchemaProblem::MissingColumn { column: "span_id" },
+            ]
+        );
+        let refused = store.validate_schema().await.unwrap_err().to_string();
+        assert!(
+            refused.contains("migrations/sqlite/20261206000001_idempotency_trace.sql"),
+            "{refused}"
+        );
+        match fix {
+            "migration" => {
+                exec(
+                    &pool,
+                    include_str!("../../../migrations/sqlite/20261206000001_idempotency_trace.sql"),
+                )
+                .await;
+            }
+            _ => store.create_schema().await.unwrap(),
+        }
+        assert!(validate_problems(&store).await.is_empty(), "{fix}");
+    }
+}

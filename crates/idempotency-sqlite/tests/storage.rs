@@ -132,6 +132,7 @@ async fn payloads_are_stored_as_written_and_must_be_json() {
             &StoredOutcome::Completed {
                 payload: written.into(),
             },
+            None,
         )
         .await
         .unwrap();
@@ -155,6 +156,7 @@ async fn payloads_are_stored_as_written_and_must_be_json() {
             &StoredOutcome::Completed {
                 payload: "{not json".into(),
             },
+            None,
         )
         .await
         .unwrap_err();

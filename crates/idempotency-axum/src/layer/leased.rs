@@ -15,6 +15,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::lease::{FencingToken, LeaseClaim, LeasedClaims};
+use idempotency_core::trace;
 use idempotency_core::{Claim, IdempotencyMetrics, InFlightPolicy, Level, LockWait, RecordId};
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -233,7 +234,11 @@ where
         let mut pause = FIRST_PAUSE;
         loop {
             let started = Instant::now();
-            let claimed = service.store().claim_leased(&claim, lease).await;
+            let claimed = service
+                .store()
+                .claim_leased(&claim, lease)
+                .instrument(trace::store_span(S::DB_SYSTEM, "claim_leased", "INSERT"))
+                .await;
             service.metrics().acquire_wait(op, started.elapsed());
             let (record, left) = match claimed {
                 Ok(LeaseClaim::Acquired { token, takeover }) => {
@@ -321,7 +326,12 @@ where
                 return (Answer::NotStored, answered());
             }
         };
-        match store.complete_leased(id, token, &outcome).await {
+        // The layer's span (current here: the task runs in it), for the span link of replays.
+        let completed = store
+            .complete_leased(id, token, &outcome, trace::SpanRef::current())
+            .instrument(trace::store_span(S::DB_SYSTEM, "complete_leased", "UPDATE"))
+            .await;
+        match completed {
             Ok(Some(record)) => {
                 self.service.metrics().persisted(op, outcome.status());
                 self.fill_caches(id, Arc::new(record)).await;
@@ -347,7 +357,13 @@ where
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) {
-        if let Err(error) = self.service.store().release_leased(id, token).await {
+        let released = self
+            .service
+            .store()
+            .release_leased(id, token)
+            .instrument(trace::store_span(S::DB_SYSTEM, "release_leased", "DELETE"))
+            .await;
+        if let Err(error) = released {
             tracing::warn!(
                 operation = id.operation.as_str(),
                 %error,

@@ -219,6 +219,10 @@ where
         match stored {
             Ok(stored) => {
                 metrics.replayed(op, record.status());
+                // The replay's (the layer's) span links to the span that stored the response.
+                if let Some(execution) = &record.execution_span {
+                    trace::link_to_execution(&tracing::Span::current(), execution);
+                }
                 // The allow-list again: a record from a cache or a store someone else can
                 // write replays only the headers this layer would have stored.
                 let stored = stored.retain_headers(&self.settings.headers);

@@ -372,8 +372,10 @@ where
         outcome: &idempotency_core::StoredOutcome,
     ) -> Result<idempotency_core::IdempotencyRecord, StoreError> {
         let store = self.service.store();
+        // The layer's span (current here), for the span link of later replays.
+        let execution_span = trace::SpanRef::current();
         let completed = store
-            .complete(tx.connection(), &keyed.id, outcome)
+            .complete(tx.connection(), &keyed.id, outcome, execution_span)
             .instrument(trace::store_span(S::DB_SYSTEM, "complete", "UPDATE"))
             .await;
         let error = match completed {
@@ -387,7 +389,10 @@ where
         {
             return Err(error);
         }
-        let record = store.complete(tx.connection(), &keyed.id, outcome).await?;
+        let record = store
+            .complete(tx.connection(), &keyed.id, outcome, execution_span)
+            .instrument(trace::store_span(S::DB_SYSTEM, "complete", "UPDATE"))
+            .await?;
         tracing::warn!(
             operation = keyed.id.operation.as_str(),
             %error,

@@ -124,6 +124,7 @@ pub(crate) fn completed(n: usize) -> IdempotencyRecord {
         created_at: SystemTime::now(),
         completed_at: Some(SystemTime::now()),
         expires_at: None,
+        execution_span: None,
     }
 }
 

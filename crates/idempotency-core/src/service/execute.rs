@@ -333,9 +333,10 @@ where
         let inner = &*self.inner;
         let result = action(tx.connection()).await?;
         let stored = inner.encode(&result)?;
+        // The execute span (current here), for the span link of later replays.
         let completed = inner
             .store
-            .complete(tx.connection(), &id, &stored)
+            .complete(tx.connection(), &id, &stored, trace::SpanRef::current())
             .instrument(trace::store_span(S::DB_SYSTEM, "complete", "UPDATE"))
             .await;
         let record = tx.watch(completed).map_err(Error::from)?;
@@ -582,6 +583,9 @@ where
         };
         self.metrics.replayed(op, record.status());
         mark(SpanOutcome::Replayed, level.as_str());
+        if let Some(execution) = &record.execution_span {
+            trace::link_to_execution(&tracing::Span::current(), execution);
+        }
         tracing::debug!(operation = op, level = level.as_str(), "replayed");
         let outcome = Outcome::new(result, Origin::Replayed { from: level });
         Ok(if stored_json {

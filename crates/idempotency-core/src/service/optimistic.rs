@@ -118,7 +118,7 @@ where
         let started = Instant::now();
         let inserted = inner
             .store
-            .insert_completed(tx.connection(), &claim, &stored)
+            .insert_completed(tx.connection(), &claim, &stored, trace::SpanRef::current())
             .instrument(trace::store_span(
                 S::DB_SYSTEM,
                 "insert_completed",

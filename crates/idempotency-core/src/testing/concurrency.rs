@@ -337,6 +337,7 @@ async fn concurrent_acquire<S: IdempotencyStore + Clone>(store: S, commit: bool)
                 &StoredOutcome::Completed {
                     payload: "1".into(),
                 },
+                None,
             )
             .await
             .expect("complete");

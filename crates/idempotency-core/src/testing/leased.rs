@@ -101,19 +101,19 @@ pub async fn leased_expired_lease_is_taken_over_and_the_stale_holder_is_fenced<S
     assert!(takeover);
     assert!(token > stale, "{token:?} after {stale:?}");
     let late = store
-        .complete_leased(&id, stale, &done("\"stale\""))
+        .complete_leased(&id, stale, &done("\"stale\""), None)
         .await
         .expect("complete");
     assert_eq!(late, None, "the stale holder's completion is refused");
     let record = store
-        .complete_leased(&id, token, &done("\"current\""))
+        .complete_leased(&id, token, &done("\"current\""), None)
         .await
         .expect("complete")
         .expect("the current holder completes");
     assert_eq!(record.status(), RecordStatus::Completed);
     assert_eq!(record.outcome, Some(done("\"current\"")));
     let again = store
-        .complete_leased(&id, token, &done("\"twice\""))
+        .complete_leased(&id, token, &done("\"twice\""), None)
         .await
         .expect("complete");
     assert_eq!(again, None, "a terminal record is not completed twice");
@@ -188,12 +188,12 @@ pub async fn leased_a_token_never_comes_back_after_a_release<S: LeasedClaims>(
     let c = acquire(&store, &claim(&id, &f), LONG).await;
     assert!(c > b, "{c:?} after the released {b:?} (and {a:?})");
     let late = store
-        .complete_leased(&id, a, &done("\"stale\""))
+        .complete_leased(&id, a, &done("\"stale\""), None)
         .await
         .expect("complete");
     assert_eq!(late, None, "A's late completion is refused");
     let record = store
-        .complete_leased(&id, c, &done("\"current\""))
+        .complete_leased(&id, c, &done("\"current\""), None)
         .await
         .expect("complete")
         .expect("C completes");
@@ -231,6 +231,36 @@ pub async fn leased_a_stale_release_never_frees_a_later_claim<S: LeasedClaims>(
     assert!(store.release_leased(&id, c).await.expect("release"));
 }
 
+/// `complete_leased` keeps the span reference it is given, as `complete` does: returned, then
+/// read back by `lookup` and reported by a later claim.
+pub async fn leased_completion_keeps_the_execution_span<S: LeasedClaims>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let span =
+        crate::trace::SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+            .expect("valid ids");
+    let (id, f) = (id(), fp("s"));
+    let token = acquire(&store, &claim(&id, &f), LONG).await;
+    let record = store
+        .complete_leased(&id, token, &done("\"traced\""), Some(span))
+        .await
+        .expect("complete")
+        .expect("the holder completes");
+    assert_eq!(record.execution_span, Some(span));
+    let found = store.lookup(&id).await.expect("lookup").expect("found");
+    assert_eq!(found.execution_span, Some(span));
+    match store
+        .claim_leased(&claim(&id, &f), LONG)
+        .await
+        .expect("claim")
+    {
+        LeaseClaim::Exists { record, .. } => assert_eq!(record.execution_span, Some(span)),
+        other => panic!("a terminal record was claimed: {other:?}"),
+    }
+}
+
 /// Generates the leased-claim conformance cases, for stores that implement
 /// [`LeasedClaims`](crate::lease::LeasedClaims).
 #[macro_export]
@@ -243,6 +273,7 @@ macro_rules! leased_conformance_tests {
             leased_release_frees_the_key_with_its_token_only,
             leased_a_token_never_comes_back_after_a_release,
             leased_a_stale_release_never_frees_a_later_claim,
+            leased_completion_keeps_the_execution_span,
         );
     };
 }

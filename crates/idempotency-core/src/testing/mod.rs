@@ -69,6 +69,7 @@ macro_rules! store_conformance_tests {
             store_long_keys_round_trip,
             store_expired_record_is_still_found,
             store_cleanup_deletes_only_expired_in_batches,
+            store_keeps_the_execution_span,
             first_run_executes_and_replay_does_not,
             rejected_outcome_is_replayed,
             rejection_codes_are_checked_before_writing,
@@ -116,6 +117,7 @@ macro_rules! optimistic_conformance_tests {
             optimistic_concurrent_duplicates_one_commits,
             optimistic_failure_after_a_winner_replays_it,
             optimistic_wait_budget_is_honoured,
+            optimistic_insert_keeps_the_execution_span,
         );
     };
 }

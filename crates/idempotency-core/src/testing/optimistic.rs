@@ -263,3 +263,47 @@ pub async fn optimistic_wait_budget_is_honoured<S: InsertCompleted + Clone>(
     }
     holder.await.expect("join");
 }
+
+/// `insert_completed` keeps the span reference it is given, as `complete` does: returned, then
+/// read back by `find` and `lookup`; none when none is given.
+pub async fn optimistic_insert_keeps_the_execution_span<S: InsertCompleted>(
+    store: S,
+    _caps: Capabilities,
+) {
+    use crate::store::{Claim, LockWait};
+    use crate::trace::SpanRef;
+    use crate::{Fingerprint, RecordId, Scope, StoredOutcome};
+    let span = SpanRef::from_hex("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+        .expect("valid ids");
+    for (name, given) in [("TRACED", Some(span)), ("UNTRACED", None)] {
+        let id = RecordId::new(super::support::op(name), Scope::default(), key("insert"));
+        let fingerprint = Fingerprint::new("f".repeat(64));
+        let claim = Claim {
+            id: &id,
+            fingerprint: &fingerprint,
+            ttl: Some(Duration::from_secs(3600)),
+            wait: LockWait::Timeout(Duration::from_secs(10)),
+        };
+        let outcome = StoredOutcome::Completed {
+            payload: "7".into(),
+        };
+        let mut tx = store.begin().await.expect("begin");
+        let record = store
+            .insert_completed(&mut tx, &claim, &outcome, given)
+            .await
+            .expect("insert")
+            .expect("a new key");
+        assert_eq!(record.execution_span, given, "{name}: insert_completed");
+        S::commit(tx).await.expect("commit");
+        let mut tx = store.begin().await.expect("begin");
+        let found = store
+            .find(&mut tx, &id)
+            .await
+            .expect("find")
+            .expect("found");
+        S::rollback(tx).await.expect("rollback");
+        assert_eq!(found.execution_span, given, "{name}: find");
+        let looked_up = store.lookup(&id).await.expect("lookup").expect("found");
+        assert_eq!(looked_up.execution_span, given, "{name}: lookup");
+    }
+}

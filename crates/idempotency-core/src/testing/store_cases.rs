@@ -46,7 +46,7 @@ pub(crate) async fn seed<S: IdempotencyStore>(
         Acquire::Acquired
     );
     store
-        .complete(&mut tx, id, &completed("1"))
+        .complete(&mut tx, id, &completed("1"), None)
         .await
         .expect("complete");
     S::commit(tx).await.expect("commit");
@@ -99,7 +99,7 @@ pub async fn store_complete_then_find_after_commit<S: IdempotencyStore>(
         .await
         .expect("acquire");
     let record = store
-        .complete(&mut tx, &id, &completed(r#"{"paymentId":"p-1"}"#))
+        .complete(&mut tx, &id, &completed(r#"{"paymentId":"p-1"}"#), None)
         .await
         .expect("complete");
     assert_eq!(record.status(), RecordStatus::Completed);
@@ -158,7 +158,7 @@ pub async fn store_rejected_round_trip<S: IdempotencyStore>(store: S, _caps: Cap
             details: details.map(str::to_owned),
         };
         let record = store
-            .complete(&mut tx, &id, &outcome)
+            .complete(&mut tx, &id, &outcome, None)
             .await
             .expect("complete");
         assert_eq!(record.status(), RecordStatus::Rejected);
@@ -187,7 +187,7 @@ pub async fn store_rollback_removes_record<S: IdempotencyStore>(store: S, _caps:
         .await
         .expect("acquire");
     store
-        .complete(&mut tx, &id, &completed("2"))
+        .complete(&mut tx, &id, &completed("2"), None)
         .await
         .expect("complete");
     S::rollback(tx).await.expect("rollback");
@@ -211,7 +211,7 @@ pub async fn store_complete_without_claim_fails<S: IdempotencyStore>(
     let id = id("NOCLAIM");
     let mut tx = store.begin().await.expect("begin");
     let error = store
-        .complete(&mut tx, &id, &completed("3"))
+        .complete(&mut tx, &id, &completed("3"), None)
         .await
         .expect_err("must fail");
     assert!(
@@ -228,7 +228,7 @@ pub async fn store_complete_twice_fails<S: IdempotencyStore>(store: S, _caps: Ca
     seed(&store, &id, &fingerprint, None).await;
     let mut tx = store.begin().await.expect("begin");
     let error = store
-        .complete(&mut tx, &id, &completed("4"))
+        .complete(&mut tx, &id, &completed("4"), None)
         .await
         .expect_err("must fail");
     assert!(
@@ -327,7 +327,7 @@ pub async fn store_payload_round_trip<S: IdempotencyStore>(store: S, _caps: Capa
             .await
             .expect("acquire");
         store
-            .complete(&mut tx, &id, &completed(payload))
+            .complete(&mut tx, &id, &completed(payload), None)
             .await
             .expect("complete");
         S::commit(tx).await.expect("commit");
@@ -405,4 +405,31 @@ pub async fn store_cleanup_deletes_only_expired_in_batches<S: IdempotencyStore +
     assert!(find_committed(&store, &live).await.is_some());
     assert!(find_committed(&store, &forever).await.is_some());
     assert_eq!(purge_expired(&store, 2).await.expect("purge").deleted, 0);
+}
+
+/// The span reference given to `complete` (the span that ran the action) is kept on the record:
+/// `complete`, `find` and `lookup` return it; a record completed without one has none.
+pub async fn store_keeps_the_execution_span<S: IdempotencyStore>(store: S, _caps: Capabilities) {
+    let span =
+        crate::trace::SpanRef::from_hex("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+            .expect("valid ids");
+    for (name, given) in [("TRACED", Some(span)), ("UNTRACED", None)] {
+        let id = id(name);
+        let fingerprint = fp("e5");
+        let mut tx = store.begin().await.expect("begin");
+        store
+            .acquire(&mut tx, &claim(&id, &fingerprint))
+            .await
+            .expect("acquire");
+        let record = store
+            .complete(&mut tx, &id, &completed("5"), given)
+            .await
+            .expect("complete");
+        assert_eq!(record.execution_span, given, "{name}: complete");
+        S::commit(tx).await.expect("commit");
+        let found = find_committed(&store, &id).await.expect("committed record");
+        assert_eq!(found.execution_span, given, "{name}: find");
+        let looked_up = store.lookup(&id).await.expect("lookup").expect("found");
+        assert_eq!(looked_up.execution_span, given, "{name}: lookup");
+    }
 }

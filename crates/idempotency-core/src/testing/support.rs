@@ -132,8 +132,9 @@ impl<S: IdempotencyStore> IdempotencyStore for VanishingStore<S> {
         conn: &mut Self::Connection,
         id: &RecordId,
         outcome: &StoredOutcome,
+        execution_span: Option<crate::trace::SpanRef>,
     ) -> Result<IdempotencyRecord, StoreError> {
-        self.0.complete(conn, id, outcome).await
+        self.0.complete(conn, id, outcome, execution_span).await
     }
 }
 
@@ -177,7 +178,8 @@ impl<S: IdempotencyStore> IdempotencyStore for FailingAcquireStore<S> {
         conn: &mut Self::Connection,
         id: &RecordId,
         outcome: &StoredOutcome,
+        execution_span: Option<crate::trace::SpanRef>,
     ) -> Result<IdempotencyRecord, StoreError> {
-        self.0.complete(conn, id, outcome).await
+        self.0.complete(conn, id, outcome, execution_span).await
     }
 }

@@ -7,6 +7,8 @@
 -- normalized binary form (keys reordered, numbers rewritten), so replays would not be
 -- byte-identical. Index names are per table in MySQL, so they need no table prefix; MySQL
 -- names the CHECK constraints `<table>_chk_<n>` (unique per database, at most 64 bytes).
+-- trace_id and span_id name the span of the execution that stored the outcome (feature otel),
+-- lower-case hex, for the span link of its replays; NULL without it.
 CREATE TABLE IF NOT EXISTS {table} (
     operation        VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     scope            VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',
@@ -20,6 +22,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     created_at       DATETIME(6)  NOT NULL,
     completed_at     DATETIME(6)  NULL,
     expires_at       DATETIME(6)  NULL,
+    trace_id         VARCHAR(32)  CHARACTER SET ascii COLLATE ascii_bin NULL,
+    span_id          VARCHAR(16)  CHARACTER SET ascii COLLATE ascii_bin NULL,
     PRIMARY KEY (operation, scope, idempotency_key),
     INDEX expires_at_idx (expires_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -5,6 +5,7 @@ mod schema;
 pub(crate) mod statements;
 mod store;
 
+pub(crate) use schema::TRACE_MIGRATION;
 pub use schema::{DDL_TEMPLATE, MAX_RECORDS_TABLE_LEN, ddl};
 #[cfg(feature = "outbox")]
 pub(crate) use statements::sql;

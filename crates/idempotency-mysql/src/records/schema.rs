@@ -40,8 +40,45 @@ pub fn ddl(table: &TableName) -> Result<String, Error> {
     Ok(DDL_TEMPLATE.replace("{table}", table.quoted()))
 }
 
+/// The migration that adds the trace columns to a table of an earlier release, under
+/// `migrations/mysql/`.
+pub(crate) const TRACE_MIGRATION: &str = "mysql/20261206000001_idempotency_trace.sql";
+
+/// Runs the DDL, then adds the trace columns (`trace_id`, `span_id`) to a table of an earlier
+/// release. MySQL has no `ADD COLUMN IF NOT EXISTS`: the columns are looked up first, and an
+/// instance that lost the race to add them (error 1060, duplicate column) finds them there.
 pub(crate) async fn create(pool: &MySqlPool, table: &TableName) -> Result<(), Error> {
-    introspect::run_ddl(pool, &ddl(table)?).await
+    introspect::run_ddl(pool, &ddl(table)?).await?;
+    if missing_trace_columns(pool, table).await? == 0 {
+        return Ok(());
+    }
+    let alter = format!(
+        "ALTER TABLE {} \
+         ADD COLUMN trace_id VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NULL, \
+         ADD COLUMN span_id VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NULL",
+        table.quoted()
+    );
+    if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(alter))
+        .execute(pool)
+        .await
+        && missing_trace_columns(pool, table).await? != 0
+    {
+        return Err(error.into());
+    }
+    Ok(())
+}
+
+/// How many of the trace columns the table lacks.
+async fn missing_trace_columns(pool: &MySqlPool, table: &TableName) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT 2 - COUNT(*) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+           AND COLUMN_NAME IN ('trace_id', 'span_id')",
+    )
+    .bind(table.database())
+    .bind(table.name())
+    .fetch_one(pool)
+    .await
 }
 
 const TEXT: &[&str] = &["varchar", "char"];
@@ -94,6 +131,22 @@ const EXPECTED: &[Expected] = &[
     time("created_at", false),
     time("completed_at", true),
     time("expires_at", true),
+    Expected {
+        column: "trace_id",
+        types: TEXT,
+        label: "varchar(32)",
+        nullable: true,
+        min_len: Some(32),
+        key: false,
+    },
+    Expected {
+        column: "span_id",
+        types: TEXT,
+        label: "varchar(16)",
+        nullable: true,
+        min_len: Some(16),
+        key: false,
+    },
 ];
 
 const KEY_COLUMNS: [&str; 3] = ["operation", "scope", "idempotency_key"];

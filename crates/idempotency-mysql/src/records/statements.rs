@@ -42,8 +42,9 @@ impl Statements {
             )),
             insert_completed: sql(format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
-                                  result_payload, error_code, created_at, completed_at, expires_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW} + INTERVAL ? MICROSECOND)"
+                                  result_payload, error_code, created_at, completed_at, expires_at, \
+                                  trace_id, span_id) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW} + INTERVAL ? MICROSECOND, ?, ?)"
             )),
             // The transaction's own row: always visible to it.
             inserted_times: sql(format!(
@@ -51,17 +52,19 @@ impl Statements {
             )),
             find: sql(format!(
                 "SELECT request_hash, status, result_payload, error_code, created_at, \
-                        completed_at, expires_at FROM {t} WHERE {key}"
+                        completed_at, expires_at, trace_id, span_id FROM {t} WHERE {key}"
             )),
             // The latest committed version, whatever the transaction's snapshot.
             find_locking: sql(format!(
                 "SELECT request_hash, status, result_payload, error_code, created_at, \
-                        completed_at, expires_at FROM {t} WHERE {key} LOCK IN SHARE MODE"
+                        completed_at, expires_at, trace_id, span_id FROM {t} WHERE {key} \
+                 LOCK IN SHARE MODE"
             )),
             // Never before created_at, even when the clock steps back.
             complete: sql(format!(
                 "UPDATE {t} SET status = ?, result_payload = ?, error_code = ?, \
-                        completed_at = GREATEST(UTC_TIMESTAMP(6), created_at) \
+                        completed_at = GREATEST(UTC_TIMESTAMP(6), created_at), \
+                        trace_id = ?, span_id = ? \
                  WHERE {key} AND status = 'PROCESSING'"
             )),
             completed_row: sql(format!(

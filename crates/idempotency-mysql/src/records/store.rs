@@ -8,13 +8,15 @@ use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
     Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
 };
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
 use sqlx::query::Query;
 use sqlx::{MySql, MySqlConnection, MySqlPool, SqlStr};
 
 use super::row::{
-    CompleteRow, FindRow, TimesRow, completed_record, parse_status, record_from_row, time,
+    CompleteRow, FindRow, TimesRow, completed_record, parse_status, record_from_row, span_columns,
+    time,
 };
 use super::schema;
 use super::statements::Statements;
@@ -417,13 +419,17 @@ impl IdempotencyStore for MysqlStore {
         conn: &mut MySqlConnection,
         id: &RecordId,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
         check_outcome(payload)?;
+        let (trace_id, span_id) = span_columns(execution_span);
         let updated = sqlx::query(self.sql.complete.clone())
             .bind(outcome.status().as_str())
             .bind(payload)
             .bind(code)
+            .bind(trace_id)
+            .bind(span_id)
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -449,7 +455,7 @@ impl IdempotencyStore for MysqlStore {
             .fetch_one(&mut *conn)
             .await
             .map_err(store_error)?;
-        Ok(completed_record(row, outcome.clone()))
+        Ok(completed_record(row, outcome.clone(), execution_span))
     }
 }
 
@@ -461,10 +467,12 @@ impl InsertCompleted for MysqlStore {
         conn: &mut MySqlConnection,
         claim: &Claim<'_>,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
         check_outcome(payload)?;
+        let (trace_id, span_id) = span_columns(execution_span);
         let result = self
             .insert_waiting(conn, claim.wait, &self.sql.insert_completed, |query| {
                 query
@@ -476,6 +484,8 @@ impl InsertCompleted for MysqlStore {
                     .bind(payload)
                     .bind(code)
                     .bind(ttl_micros(claim.ttl))
+                    .bind(trace_id.as_deref())
+                    .bind(span_id.as_deref())
             })
             .await?;
         if !result {
@@ -495,6 +505,7 @@ impl InsertCompleted for MysqlStore {
             created_at: time(created_at),
             completed_at: completed_at.map(time),
             expires_at: expires_at.map(time),
+            execution_span,
         }))
     }
 }

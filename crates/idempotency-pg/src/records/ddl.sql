@@ -1,7 +1,9 @@
 -- Canonical DDL of the idempotency records table (PostgreSQL 13+).
 -- {table}, {expires_index} and {lease_sequence} are replaced by the configured, validated and
 -- quoted names. lease_token, lease_expires_at and the sequence serve leased claims
--- (LeasedClaims, the layer's leased mode); other records leave them NULL.
+-- (LeasedClaims, the layer's leased mode); other records leave them NULL. trace_id and span_id
+-- name the span of the execution that stored the outcome (feature otel), for the span link of
+-- its replays; NULL without it.
 CREATE TABLE IF NOT EXISTS {table} (
     operation        VARCHAR(128) NOT NULL,
     scope            VARCHAR(255) NOT NULL DEFAULT '',
@@ -15,6 +17,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     expires_at       TIMESTAMPTZ,
     lease_token      BIGINT,
     lease_expires_at TIMESTAMPTZ,
+    trace_id         VARCHAR(32),
+    span_id          VARCHAR(16),
     PRIMARY KEY (operation, scope, idempotency_key)
 );
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use idempotency_core::lease::{FencingToken, LeaseClaim, LeasedClaims};
 use idempotency_core::store::{Claim, IdempotencyStore, StoreError};
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, SqlSafeStr};
@@ -192,15 +193,18 @@ impl LeasedClaims for PgStore {
         id: &RecordId,
         token: FencingToken,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let sql = self.lease_sql(|t, _| {
             format!(
                 "UPDATE {t} SET status = $5, result_payload = $6::json, error_code = $7, \
-                     completed_at = clock_timestamp(), lease_expires_at = NULL \
+                     completed_at = clock_timestamp(), lease_expires_at = NULL, \
+                     trace_id = $8, span_id = $9 \
                  WHERE {KEY} AND status = 'PROCESSING' AND lease_token = $4"
             )
         });
         let (payload, code) = outcome.to_columns();
+        let (trace_id, span_id) = super::row::span_columns(execution_span);
         let mut own = Own::open(self.pool(), self.pooler())
             .await
             .map_err(store_error)?;
@@ -213,6 +217,8 @@ impl LeasedClaims for PgStore {
             .bind(outcome.status().as_str())
             .bind(payload)
             .bind(code)
+            .bind(trace_id)
+            .bind(span_id)
             .execute(&mut *own)
             .await
             .map_err(store_error)?;

@@ -8,5 +8,6 @@ mod store;
 
 #[cfg(feature = "outbox")]
 pub(crate) use schema::QUIET;
+pub(crate) use schema::TRACE_MIGRATION;
 pub use schema::{DDL_TEMPLATE, RECORDS_HASH_PARTITION_KEY, ddl, records_hash_partitioned_ddl};
 pub use store::PgStore;

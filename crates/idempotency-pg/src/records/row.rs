@@ -4,6 +4,7 @@ use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
 use idempotency_core::store::StoreError;
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{Fingerprint, IdempotencyRecord, StoredOutcome};
 
 pub(super) type FindRow = (
@@ -14,6 +15,8 @@ pub(super) type FindRow = (
     DateTime<Utc>,
     Option<DateTime<Utc>>,
     Option<DateTime<Utc>>,
+    Option<String>,
+    Option<String>,
 );
 
 pub(super) type CompleteRow = (
@@ -24,7 +27,8 @@ pub(super) type CompleteRow = (
 );
 
 pub(super) fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
-    let (hash, status, payload, code, created_at, completed_at, expires_at) = row;
+    let (hash, status, payload, code, created_at, completed_at, expires_at, trace_id, span_id) =
+        row;
     let outcome = StoredOutcome::from_columns(&status, payload, code)?;
     Ok(IdempotencyRecord {
         fingerprint: Fingerprint::new(hash),
@@ -32,6 +36,7 @@ pub(super) fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreEr
         created_at: SystemTime::from(created_at),
         completed_at: completed_at.map(SystemTime::from),
         expires_at: expires_at.map(SystemTime::from),
+        execution_span: SpanRef::from_columns(trace_id.as_deref(), span_id.as_deref()),
     })
 }
 
@@ -40,3 +45,8 @@ pub(super) type InsertedRow = (
     Option<DateTime<Utc>>,
     Option<DateTime<Utc>>,
 );
+
+/// The two trace columns of `span`: lower-case hex, or NULLs.
+pub(crate) fn span_columns(span: Option<SpanRef>) -> (Option<String>, Option<String>) {
+    span.map(|s| (s.trace_id_hex(), s.span_id_hex())).unzip()
+}

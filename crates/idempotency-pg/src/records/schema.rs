@@ -95,8 +95,11 @@ pub(crate) async fn create(pool: &PgPool, pooler: Pooler, table: &TableName) -> 
     ];
     let mut own = Own::open(pool, pooler).await?;
     let exist = crate::table::all_exist(&mut own, &objects).await?;
+    // A table of an earlier release gets the trace columns (once: an `ALTER TABLE` waits for
+    // every open transaction on the table).
+    let lacks_trace = exist && lacks_trace_columns(&mut own, table).await?;
     own.finish().await?;
-    if exist {
+    if exist && !lacks_trace {
         return Ok(());
     }
     // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the catalog; serialize
@@ -113,6 +116,10 @@ pub(crate) async fn create(pool: &PgPool, pooler: Pooler, table: &TableName) -> 
     // An instance starting at the same time may have created both meanwhile.
     if !crate::table::all_exist(&mut tx, &objects).await? {
         sqlx::raw_sql(AssertSqlSafe(ddl(table)))
+            .execute(&mut *tx)
+            .await?;
+    } else if lacks_trace_columns(&mut tx, table).await? {
+        sqlx::raw_sql(AssertSqlSafe(trace_ddl(table)))
             .execute(&mut *tx)
             .await?;
     }
@@ -201,7 +208,52 @@ const EXPECTED: &[Expected] = &[
         nullable: true,
         min_len: None,
     },
+    Expected {
+        column: "trace_id",
+        types: TEXT,
+        type_label: "varchar(32)",
+        nullable: true,
+        min_len: Some(32),
+    },
+    Expected {
+        column: "span_id",
+        types: TEXT,
+        type_label: "varchar(16)",
+        nullable: true,
+        min_len: Some(16),
+    },
 ];
+
+/// The columns that keep the span of the execution that stored a record (a later release than
+/// the table's first), and the migration that adds them.
+const TRACE_COLUMNS: [&str; 2] = ["trace_id", "span_id"];
+
+/// The migration that adds [`TRACE_COLUMNS`], under `migrations/`.
+pub(crate) const TRACE_MIGRATION: &str = "20261206000001_idempotency_trace.sql";
+
+/// Adds the trace columns to a table of an earlier release; idempotent.
+pub(crate) fn trace_ddl(table: &TableName) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS trace_id VARCHAR(32), \
+                        ADD COLUMN IF NOT EXISTS span_id VARCHAR(16)",
+        table.quoted()
+    )
+}
+
+/// Whether the table lacks one of the trace columns.
+async fn lacks_trace_columns(conn: &mut PgConnection, table: &TableName) -> Result<bool, Error> {
+    let present: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_attribute a \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+           AND a.attname = ANY($2)",
+    )
+    .bind(table.quoted())
+    .bind(&TRACE_COLUMNS[..])
+    .persistent(false)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(present < TRACE_COLUMNS.len() as i64)
+}
 
 const KEY_COLUMNS: [&str; 3] = ["idempotency_key", "operation", "scope"];
 
@@ -219,9 +271,11 @@ fn is_starter_table(columns: &HashMap<String, (String, bool, Option<i32>)>) -> b
         && columns
             .get("result_payload")
             .is_some_and(|(ty, _, _)| ty == "jsonb" || ty == "json")
-        && EXPECTED
-            .iter()
-            .all(|e| e.column == "scope" || columns.contains_key(e.column))
+        && EXPECTED.iter().all(|e| {
+            e.column == "scope"
+                || TRACE_COLUMNS.contains(&e.column)
+                || columns.contains_key(e.column)
+        })
 }
 
 /// Everything that differs between the live table and the canonical schema.

@@ -31,7 +31,8 @@ impl Statements {
         let columns =
             "operation, scope, idempotency_key, request_hash, status, created_at, expires_at";
         let completed_columns = "operation, scope, idempotency_key, request_hash, status, \
-                                 result_payload, error_code, created_at, completed_at, expires_at";
+                                 result_payload, error_code, created_at, completed_at, expires_at, \
+                                 trace_id, span_id";
         Self {
             acquire: sql(format!(
                 "INSERT INTO {t} ({columns}) VALUES ($1, $2, $3, $4, 'PROCESSING', now(), now() + $5) \
@@ -54,7 +55,8 @@ impl Statements {
             )),
             insert_completed: sql(format!(
                 "INSERT INTO {t} ({completed_columns}) \
-                 VALUES ($1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8) \
+                 VALUES ($1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8, \
+                         $9, $10) \
                  ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
                  RETURNING created_at, completed_at, expires_at"
             )),
@@ -62,10 +64,11 @@ impl Statements {
             insert_completed_bounded: sql(format!(
                 "WITH cfg AS MATERIALIZED ( \
                      SELECT current_setting('lock_timeout') AS previous, \
-                            set_config('lock_timeout', $9, true) AS applied), \
+                            set_config('lock_timeout', $11, true) AS applied), \
                  ins AS ( \
                      INSERT INTO {t} ({completed_columns}) \
-                     SELECT $1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8 \
+                     SELECT $1, $2, $3, $4, $5, $6::json, $7, now(), clock_timestamp(), now() + $8, \
+                            $9, $10 \
                      FROM cfg \
                      ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
                      RETURNING created_at, completed_at, expires_at) \
@@ -75,11 +78,11 @@ impl Statements {
             )),
             find: sql(format!(
                 "SELECT request_hash, status, result_payload::text, error_code, created_at, \
-                        completed_at, expires_at FROM {t} WHERE {key}"
+                        completed_at, expires_at, trace_id, span_id FROM {t} WHERE {key}"
             )),
             complete: sql(format!(
                 "UPDATE {t} SET status = $4, result_payload = $5::json, error_code = $6, \
-                        completed_at = clock_timestamp() \
+                        completed_at = clock_timestamp(), trace_id = $7, span_id = $8 \
                  WHERE {key} AND status = 'PROCESSING' \
                  RETURNING request_hash, created_at, completed_at, expires_at"
             )),

@@ -7,11 +7,12 @@ use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
     Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, LockWait, StoreError,
 };
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{Fingerprint, IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{PgConnection, PgPool, Postgres};
 
-use super::row::{CompleteRow, FindRow, InsertedRow, record_from_row};
+use super::row::{CompleteRow, FindRow, InsertedRow, record_from_row, span_columns};
 use super::schema;
 use super::statements::Statements;
 use crate::error::{Error, SchemaProblem, store_error, wait_error};
@@ -328,8 +329,10 @@ impl IdempotencyStore for PgStore {
         conn: &mut PgConnection,
         id: &RecordId,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
+        let (trace_id, span_id) = span_columns(execution_span);
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
             .persistent(self.persistent())
             .bind(id.operation.as_str())
@@ -338,6 +341,8 @@ impl IdempotencyStore for PgStore {
             .bind(outcome.status().as_str())
             .bind(payload)
             .bind(code)
+            .bind(trace_id)
+            .bind(span_id)
             .fetch_optional(&mut *conn)
             .await
             .map_err(store_error)?;
@@ -362,6 +367,7 @@ impl IdempotencyStore for PgStore {
             created_at: SystemTime::from(created_at),
             completed_at: completed_at.map(SystemTime::from),
             expires_at: expires_at.map(SystemTime::from),
+            execution_span,
         })
     }
 }
@@ -372,9 +378,11 @@ impl InsertCompleted for PgStore {
         conn: &mut PgConnection,
         claim: &Claim<'_>,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
+        let (trace_id, span_id) = span_columns(execution_span);
         let timeout = lock_timeout(claim.wait);
         let sql = match timeout {
             None => self.sql.insert_completed.clone(),
@@ -389,7 +397,9 @@ impl InsertCompleted for PgStore {
             .bind(outcome.status().as_str())
             .bind(payload)
             .bind(code)
-            .bind(interval(claim.ttl));
+            .bind(interval(claim.ttl))
+            .bind(trace_id)
+            .bind(span_id);
         if let Some(timeout) = timeout {
             query = query.bind(timeout);
         }
@@ -404,6 +414,7 @@ impl InsertCompleted for PgStore {
             created_at: SystemTime::from(created_at),
             completed_at: completed_at.map(SystemTime::from),
             expires_at: expires_at.map(SystemTime::from),
+            execution_span,
         }))
     }
 }

@@ -4,6 +4,8 @@
 -- (LeasedClaims, the layer's leased mode); other records leave them NULL.
 -- Times are INTEGER milliseconds since the Unix epoch (UTC), from the database clock.
 -- result_payload is JSON text, stored exactly as the serializer wrote it.
+-- trace_id and span_id name the span of the execution that stored the outcome (feature otel),
+-- lower-case hex, for the span link of its replays; NULL without it.
 CREATE TABLE IF NOT EXISTS {table} (
     operation        TEXT    NOT NULL CHECK (length(operation) <= 128),
     scope            TEXT    NOT NULL DEFAULT '' CHECK (length(scope) <= 255),
@@ -17,6 +19,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     expires_at       INTEGER,
     lease_token      INTEGER,
     lease_expires_at INTEGER,
+    trace_id         TEXT,
+    span_id          TEXT,
     PRIMARY KEY (operation, scope, idempotency_key)
 ) STRICT;
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use idempotency_core::lease::{FencingToken, LeaseClaim, LeasedClaims};
 use idempotency_core::store::{Claim, IdempotencyStore, StoreError};
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
@@ -188,15 +189,20 @@ impl LeasedClaims for SqliteStore {
         id: &RecordId,
         token: FencingToken,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let sql = self.lease_sql(|t, _| {
             format!(
                 "UPDATE {t} SET status = ?5, result_payload = ?6, error_code = ?7, \
-                     completed_at = {NOW_MS}, lease_expires_at = NULL \
+                     completed_at = {NOW_MS}, lease_expires_at = NULL, \
+                     trace_id = ?8, span_id = ?9 \
                  WHERE {KEY} AND status = 'PROCESSING' AND lease_token = ?4"
             )
         });
         let (payload, code) = outcome.to_columns();
+        let (trace_id, span_id) = execution_span
+            .map(|s| (s.trace_id_hex(), s.span_id_hex()))
+            .unzip();
         let updated = sqlx::query(sql)
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -205,6 +211,8 @@ impl LeasedClaims for SqliteStore {
             .bind(outcome.status().as_str())
             .bind(payload)
             .bind(code)
+            .bind(trace_id)
+            .bind(span_id)
             .execute(self.pool())
             .await
             .map_err(store_error)?;

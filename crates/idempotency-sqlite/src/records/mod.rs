@@ -9,5 +9,6 @@ mod schema;
 mod statements;
 mod store;
 
+pub(crate) use schema::TRACE_MIGRATION;
 pub use schema::{DDL_TEMPLATE, ddl};
 pub use store::SqliteStore;

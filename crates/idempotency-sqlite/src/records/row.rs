@@ -1,6 +1,7 @@
 //! Rows of the records table, and how they become [`IdempotencyRecord`]s.
 
 use idempotency_core::store::StoreError;
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{Fingerprint, IdempotencyRecord, RecordStatus, StoredOutcome};
 
 use crate::clock::to_system_time;
@@ -13,7 +14,8 @@ pub(super) fn parse_status(status: &str) -> Result<RecordStatus, StoreError> {
         })
 }
 
-/// `request_hash, status, result_payload, error_code, created_at, completed_at, expires_at`.
+/// `request_hash, status, result_payload, error_code, created_at, completed_at, expires_at,
+/// trace_id, span_id`.
 pub(super) type FindRow = (
     String,
     String,
@@ -22,13 +24,16 @@ pub(super) type FindRow = (
     i64,
     Option<i64>,
     Option<i64>,
+    Option<String>,
+    Option<String>,
 );
 
 /// `request_hash, created_at, completed_at, expires_at`, returned by `complete`.
 pub(super) type CompleteRow = (String, i64, Option<i64>, Option<i64>);
 
 pub(super) fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreError> {
-    let (hash, status, payload, code, created_at, completed_at, expires_at) = row;
+    let (hash, status, payload, code, created_at, completed_at, expires_at, trace_id, span_id) =
+        row;
     let outcome = StoredOutcome::from_columns(&status, payload, code)?;
     Ok(IdempotencyRecord {
         fingerprint: Fingerprint::new(hash),
@@ -36,11 +41,16 @@ pub(super) fn record_from_row(row: FindRow) -> Result<IdempotencyRecord, StoreEr
         created_at: to_system_time(created_at),
         completed_at: completed_at.map(to_system_time),
         expires_at: expires_at.map(to_system_time),
+        execution_span: SpanRef::from_columns(trace_id.as_deref(), span_id.as_deref()),
     })
 }
 
 /// The terminal record `complete` returns, from its `RETURNING` row.
-pub(super) fn completed_record(row: CompleteRow, outcome: StoredOutcome) -> IdempotencyRecord {
+pub(super) fn completed_record(
+    row: CompleteRow,
+    outcome: StoredOutcome,
+    execution_span: Option<SpanRef>,
+) -> IdempotencyRecord {
     let (hash, created_at, completed_at, expires_at) = row;
     IdempotencyRecord {
         fingerprint: Fingerprint::new(hash),
@@ -48,5 +58,11 @@ pub(super) fn completed_record(row: CompleteRow, outcome: StoredOutcome) -> Idem
         created_at: to_system_time(created_at),
         completed_at: completed_at.map(to_system_time),
         expires_at: expires_at.map(to_system_time),
+        execution_span,
     }
+}
+
+/// The two trace columns of `span`: lower-case hex, or NULLs.
+pub(super) fn span_columns(span: Option<SpanRef>) -> (Option<String>, Option<String>) {
+    span.map(|s| (s.trace_id_hex(), s.span_id_hex())).unzip()
 }

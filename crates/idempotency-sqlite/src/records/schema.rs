@@ -26,8 +26,37 @@ pub fn ddl(table: &TableName) -> String {
         .replace("{lease_counter}", &super::lease::lease_counter(table))
 }
 
+/// The columns that keep the span of the execution that stored a record (added after the
+/// table's first release).
+const TRACE_COLUMNS: [&str; 2] = ["trace_id", "span_id"];
+
+/// The migration that adds [`TRACE_COLUMNS`] to a table of an earlier release, under
+/// `migrations/sqlite/`.
+pub(crate) const TRACE_MIGRATION: &str = "sqlite/20261206000001_idempotency_trace.sql";
+
+/// Runs the DDL, then adds the trace columns to a table of an earlier release (SQLite has no
+/// `ADD COLUMN IF NOT EXISTS`: they are looked up first, under the same write lock).
 pub(crate) async fn create(pool: &SqlitePool, table: &TableName) -> Result<(), Error> {
-    introspect::run_ddl(pool, ddl(table)).await
+    let mut tx = pool.begin_with(crate::connect::BEGIN_IMMEDIATE).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl(table)))
+        .execute(&mut *tx)
+        .await?;
+    for column in TRACE_COLUMNS {
+        let present: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2")
+                .bind(table.name())
+                .bind(column)
+                .fetch_one(&mut *tx)
+                .await?;
+        if present == 0 {
+            let sql = format!("ALTER TABLE {} ADD COLUMN {column} TEXT", table.quoted());
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 const fn column(column: &'static str, affinity: Affinity, nullable: bool) -> ExpectedColumn {
@@ -49,6 +78,8 @@ const EXPECTED: &[ExpectedColumn] = &[
     column("created_at", Affinity::Integer, false),
     column("completed_at", Affinity::Integer, true),
     column("expires_at", Affinity::Integer, true),
+    column("trace_id", Affinity::Text, true),
+    column("span_id", Affinity::Text, true),
 ];
 
 const KEY_COLUMNS: [&str; 3] = ["operation", "scope", "idempotency_key"];

@@ -36,18 +36,19 @@ impl Statements {
             )),
             insert_completed: sql(format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
-                                  result_payload, error_code, created_at, completed_at, expires_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {NOW_MS}, {NOW_MS}, {NOW_MS} + ?8) \
+                                  result_payload, error_code, created_at, completed_at, expires_at, \
+                                  trace_id, span_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, {NOW_MS}, {NOW_MS}, {NOW_MS} + ?8, ?9, ?10) \
                  ON CONFLICT (operation, scope, idempotency_key) DO NOTHING \
                  RETURNING request_hash, created_at, completed_at, expires_at"
             )),
             find: sql(format!(
                 "SELECT request_hash, status, result_payload, error_code, created_at, \
-                        completed_at, expires_at FROM {t} WHERE {key}"
+                        completed_at, expires_at, trace_id, span_id FROM {t} WHERE {key}"
             )),
             complete: sql(format!(
                 "UPDATE {t} SET status = ?4, result_payload = ?5, error_code = ?6, \
-                        completed_at = {NOW_MS} \
+                        completed_at = {NOW_MS}, trace_id = ?7, span_id = ?8 \
                  WHERE {key} AND status = 'PROCESSING' \
                  RETURNING request_hash, created_at, completed_at, expires_at"
             )),

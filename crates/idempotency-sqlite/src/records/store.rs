@@ -6,11 +6,14 @@ use idempotency_core::config::{PersistenceConfig, SchemaMode};
 use idempotency_core::store::{
     Acquire, Claim, ExpiredCleanup, IdempotencyStore, InsertCompleted, StoreError,
 };
+use idempotency_core::trace::SpanRef;
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
-use super::row::{CompleteRow, FindRow, completed_record, parse_status, record_from_row};
+use super::row::{
+    CompleteRow, FindRow, completed_record, parse_status, record_from_row, span_columns,
+};
 use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_millis;
@@ -214,8 +217,10 @@ impl IdempotencyStore for SqliteStore {
         conn: &mut SqliteConnection,
         id: &RecordId,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
+        let (trace_id, span_id) = span_columns(execution_span);
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -223,6 +228,8 @@ impl IdempotencyStore for SqliteStore {
             .bind(outcome.status().as_str())
             .bind(payload)
             .bind(code)
+            .bind(trace_id)
+            .bind(span_id)
             .fetch_optional(&mut *conn)
             .await
             .map_err(in_transaction_error)?;
@@ -237,7 +244,7 @@ impl IdempotencyStore for SqliteStore {
             let found = found.as_deref().map(parse_status).transpose()?;
             return Err(StoreError::NotProcessing { found });
         };
-        Ok(completed_record(row, outcome.clone()))
+        Ok(completed_record(row, outcome.clone(), execution_span))
     }
 }
 
@@ -249,9 +256,11 @@ impl InsertCompleted for SqliteStore {
         conn: &mut SqliteConnection,
         claim: &Claim<'_>,
         outcome: &StoredOutcome,
+        execution_span: Option<SpanRef>,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
+        let (trace_id, span_id) = span_columns(execution_span);
         let row: Option<CompleteRow> = sqlx::query_as(self.sql.insert_completed.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -261,10 +270,12 @@ impl InsertCompleted for SqliteStore {
             .bind(payload)
             .bind(code)
             .bind(ttl_millis(claim.ttl))
+            .bind(trace_id)
+            .bind(span_id)
             .fetch_optional(&mut *conn)
             .await
             .map_err(in_transaction_error)?;
-        Ok(row.map(|row| completed_record(row, outcome.clone())))
+        Ok(row.map(|row| completed_record(row, outcome.clone(), execution_span)))
     }
 }
 

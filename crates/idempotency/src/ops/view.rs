@@ -42,6 +42,7 @@ impl KeyView {
     ///     created_at: std::time::SystemTime::now(),
     ///     completed_at: None,
     ///     expires_at: None,
+    ///     execution_span: None,
     /// };
     /// let view = idempotency::ops::KeyView::of(&record);
     /// assert_eq!(view.outcome_size, 8);
