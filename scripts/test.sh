@@ -23,4 +23,6 @@ if [ "$#" -eq 0 ]; then
   cargo test -p idempotency --features sqlite,outbox,kafka --test kafka
   # Traces from the request to the consumer (NATS and RabbitMQ, the `otel` feature).
   cargo test -p idempotency-outbox --features nats,rabbitmq,otel --test otel
+  # A replay's span links to the execution it replays (the record's trace columns).
+  cargo test -p idempotency-axum --features otel --test replay_link
 fi
