@@ -72,10 +72,9 @@ impl PreparedReplays {
                 entries.bytes = 0;
             }
         }
-        let previous = entries.by_address.insert(
-            address(record),
-            (Arc::downgrade(record), response.clone()),
-        );
+        let previous = entries
+            .by_address
+            .insert(address(record), (Arc::downgrade(record), response.clone()));
         entries.bytes += size;
         if let Some((_, previous)) = previous {
             entries.bytes -= previous.body().len();
@@ -112,6 +111,7 @@ mod tests {
             created_at: SystemTime::now(),
             completed_at: Some(SystemTime::now()),
             expires_at: None,
+            execution_span: None,
         })
     }
 
