@@ -43,7 +43,8 @@ pub trait Database: Clone + Send + Sync + 'static {
     fn deployment(&self) -> String {
         String::new()
     }
-    /// Asks the database one round trip (`SELECT 1`) through the pool, for the health check.
+    /// Asks the database one round trip (`SELECT 1` in the simple query protocol, which holds
+    /// behind a transaction pooler) through the pool, for the health check.
     /// Unbounded as the pool makes it (a pool waits up to its `acquire_timeout` for a
     /// connection): the caller bounds it.
     fn ping(&self) -> impl Future<Output = Result<(), BoxError>> + Send;
@@ -138,7 +139,12 @@ macro_rules! database {
             }
 
             async fn ping(&self) -> Result<(), BoxError> {
-                sqlx::query("SELECT 1")
+                // The simple query protocol: one exchange, no prepared statement. Behind a
+                // transaction pooler (PgBouncer) a named statement meets a server connection
+                // that already has it ("prepared statement sqlx_s_1 already exists"), and an
+                // unnamed one parsed in one exchange may be bound on another server connection
+                // in the next; either way the service would report its database down.
+                sqlx::raw_sql("SELECT 1")
                     .execute(self)
                     .await
                     .map(|_| ())
