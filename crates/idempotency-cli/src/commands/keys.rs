@@ -2,10 +2,10 @@
 
 use idempotency::core::admin::Eviction;
 use idempotency::core::{IdempotencyKey, Operation, RecordId, Scope};
-use idempotency::ops::{AdminDatabase, Operations};
+use idempotency::ops::{AdminDatabase, KeyJson, Operations, rfc3339};
 use serde_json::json;
 
-use super::{Out, confirm, or_dash, table, time};
+use super::{Out, confirm, or_dash, table};
 use crate::cli::{Global, KeyArgs, KeysCommand};
 use crate::error::CliError;
 
@@ -56,9 +56,12 @@ async fn show<D: AdminDatabase>(
                 ["field", "value"],
                 [
                     ["status".to_owned(), view.status.to_string()],
-                    ["created".to_owned(), time(view.created_at)],
-                    ["completed".to_owned(), or_dash(view.completed_at.map(time))],
-                    ["expires".to_owned(), or_dash(view.expires_at.map(time))],
+                    ["created".to_owned(), rfc3339(view.created_at)],
+                    [
+                        "completed".to_owned(),
+                        or_dash(view.completed_at.map(rfc3339)),
+                    ],
+                    ["expires".to_owned(), or_dash(view.expires_at.map(rfc3339))],
                     ["fingerprint".to_owned(), view.fingerprint.clone()],
                     [
                         "rejection code".to_owned(),
@@ -74,18 +77,13 @@ async fn show<D: AdminDatabase>(
             )
         },
         || {
-            json!({
-                "operation": args.operation, "scope": args.scope, "key": args.key,
-                "status": view.status.as_str(),
-                "created_at": time(view.created_at),
-                "completed_at": view.completed_at.map(time),
-                "expires_at": view.expires_at.map(time),
-                "fingerprint": view.fingerprint,
-                "rejection_code": view.rejection_code,
-                "outcome_size": view.outcome_size,
-                "preview": view.preview,
-                "redis_key": cache_key,
-            })
+            json!(KeyJson::new(
+                &args.operation,
+                &args.scope,
+                &args.key,
+                &view,
+                cache_key.as_deref()
+            ))
         },
     );
     Ok(())
@@ -166,14 +164,14 @@ async fn stats<D: AdminDatabase>(ops: &Operations<D>, out: Out) -> Result<(), Cl
                     g.operation.clone(),
                     g.status.to_string(),
                     g.count.to_string(),
-                    time(g.oldest),
+                    rfc3339(g.oldest),
                 ]
             });
             format!(
                 "{}\ntotal: {}  oldest: {}  expired, not cleaned yet: {}",
                 table(["operation", "status", "count", "oldest"], rows),
                 stats.total(),
-                or_dash(stats.oldest().map(time)),
+                or_dash(stats.oldest().map(rfc3339)),
                 stats.expired
             )
         },
@@ -181,10 +179,10 @@ async fn stats<D: AdminDatabase>(ops: &Operations<D>, out: Out) -> Result<(), Cl
             json!({
                 "groups": stats.groups.iter().map(|g| json!({
                     "operation": g.operation, "status": g.status.as_str(),
-                    "count": g.count, "oldest": time(g.oldest),
+                    "count": g.count, "oldest": rfc3339(g.oldest),
                 })).collect::<Vec<_>>(),
                 "total": stats.total(),
-                "oldest": stats.oldest().map(time),
+                "oldest": stats.oldest().map(rfc3339),
                 "expired": stats.expired,
             })
         },

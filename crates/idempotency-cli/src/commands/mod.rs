@@ -5,7 +5,6 @@ mod outbox;
 mod schema;
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::time::SystemTime;
 
 use idempotency::Settings;
 use idempotency::ops::{Actor, AdminDatabase, Operations};
@@ -57,11 +56,6 @@ pub(crate) fn table<const N: usize>(
         table.add_row(row);
     }
     table.to_string()
-}
-
-/// RFC 3339, seconds, UTC.
-pub(crate) fn time(at: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// `None` as `-`.

@@ -2,13 +2,12 @@
 
 use std::time::Duration;
 
-use idempotency::ops::{AdminDatabase, Operations};
-use idempotency::outbox::DeadLetter;
+use idempotency::ops::{AdminDatabase, DeadLetterJson, Operations, OutboxStatusJson, rfc3339};
 use idempotency::outbox::admin::DeadLetterFilter;
 use idempotency::outbox::uuid::Uuid;
 use serde_json::json;
 
-use super::{Out, confirm, or_dash, progress, table, time};
+use super::{Out, confirm, or_dash, progress, table};
 use crate::cli::{DeadCommand, Filter, Global, PartitionsCommand, Selection};
 use crate::error::CliError;
 
@@ -43,16 +42,7 @@ pub(super) async fn status<D: AdminDatabase>(
                 ],
             )
         },
-        || {
-            json!({
-                "pending": s.pending,
-                "oldest_pending_age_seconds": s.oldest_pending_age,
-                "leased": s.leased,
-                "dead_lettered": s.dead_lettered,
-                "dead_letter_aggregates": s.dead_letter_aggregates,
-                "blocked_aggregates": s.blocked_aggregates,
-            })
-        },
+        || json!(OutboxStatusJson::from(&s)),
     );
     Ok(())
 }
@@ -74,26 +64,6 @@ fn filter(args: &Filter) -> DeadLetterFilter {
 fn parse_id(text: &str) -> Result<Uuid, CliError> {
     Uuid::parse_str(text)
         .map_err(|e| CliError::Usage(format!("dead letter id {text:?} is not a UUID: {e}")))
-}
-
-fn letter_json(d: &DeadLetter, full: bool) -> serde_json::Value {
-    let m = &d.message;
-    let mut value = json!({
-        "id": m.id.to_string(),
-        "aggregate_type": m.aggregate_type,
-        "aggregate_id": m.aggregate_id,
-        "sequence": m.sequence,
-        "event_type": m.event_type,
-        "attempts": m.attempts,
-        "created_at": m.created_at.to_rfc3339(),
-        "dead_lettered_at": d.dead_lettered_at.to_rfc3339(),
-        "last_error": d.last_error,
-    });
-    if full && let Some(object) = value.as_object_mut() {
-        object.insert("payload".into(), json!(m.payload));
-        object.insert("headers".into(), json!(m.headers));
-    }
-    value
 }
 
 pub(super) async fn dead<D: AdminDatabase>(
@@ -133,7 +103,7 @@ pub(super) async fn dead<D: AdminDatabase>(
                     json!(
                         letters
                             .iter()
-                            .map(|d| letter_json(d, false))
+                            .map(DeadLetterJson::summary)
                             .collect::<Vec<_>>()
                     )
                 },
@@ -173,7 +143,7 @@ pub(super) async fn dead<D: AdminDatabase>(
                         ],
                     )
                 },
-                || letter_json(&d, true),
+                || json!(DeadLetterJson::full(&d)),
             );
             Ok(())
         }
@@ -380,9 +350,9 @@ pub(super) async fn partitions<D: AdminDatabase>(
                     if p.default {
                         "DEFAULT".to_owned()
                     } else {
-                        or_dash(p.from.map(time))
+                        or_dash(p.from.map(rfc3339))
                     },
-                    or_dash(p.to.map(time)),
+                    or_dash(p.to.map(rfc3339)),
                 ]
             }),
         )
@@ -392,7 +362,7 @@ pub(super) async fn partitions<D: AdminDatabase>(
             list.iter()
                 .map(|p| json!({
                     "name": p.name, "default": p.default,
-                    "from": p.from.map(time), "to": p.to.map(time),
+                    "from": p.from.map(rfc3339), "to": p.to.map(rfc3339),
                 }))
                 .collect::<Vec<_>>()
         )

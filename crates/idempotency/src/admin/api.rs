@@ -1,6 +1,6 @@
 //! The JSON endpoints: the command line's reads and actions, its `--json` fields.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query};
@@ -8,16 +8,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idempotency_core::admin::Eviction;
 use idempotency_core::{IdempotencyKey, Operation, RecordId, RecordStatus, Scope};
-use idempotency_outbox::DeadLetter;
 use idempotency_outbox::admin::DeadLetterFilter;
 use idempotency_outbox::uuid::Uuid;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::problem::{Problem, same_origin};
-use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Principal, State};
-use crate::ops::{AdminDatabase, KeyView, Operations};
+use super::problem::Problem;
+use super::{Allowed, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Principal, State};
+use crate::ops::{AdminDatabase, DeadLetterJson, KeyJson, Operations, OutboxStatusJson, rfc3339};
 
 type Answer = Result<Response, Problem>;
 
@@ -32,11 +31,6 @@ pub(super) fn ok(value: &Value) -> Answer {
         value.to_string(),
     )
         .into_response())
-}
-
-/// RFC 3339, seconds, UTC (the command line's format).
-pub(super) fn time(at: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// The query string, or 400 naming what is wrong with it.
@@ -121,40 +115,10 @@ fn filter(
     filter
 }
 
-/// One dead letter as the command line's `--json` shows it.
-pub(super) fn letter_json(d: &DeadLetter, full: bool) -> Value {
-    let m = &d.message;
-    let mut value = json!({
-        "id": m.id.to_string(),
-        "aggregate_type": m.aggregate_type,
-        "aggregate_id": m.aggregate_id,
-        "sequence": m.sequence,
-        "event_type": m.event_type,
-        "attempts": m.attempts,
-        "created_at": m.created_at.to_rfc3339(),
-        "dead_lettered_at": d.dead_lettered_at.to_rfc3339(),
-        "last_error": d.last_error,
-    });
-    if full && let Some(object) = value.as_object_mut() {
-        object.insert("payload".into(), json!(m.payload));
-        object.insert("headers".into(), json!(m.headers));
-    }
-    value
-}
-
-pub(super) fn status_json(s: &idempotency_outbox::admin::OutboxStatus) -> Value {
-    json!({
-        "pending": s.pending,
-        "oldest_pending_age_seconds": s.oldest_pending_age,
-        "leased": s.leased,
-        "dead_lettered": s.dead_lettered,
-        "dead_letter_aggregates": s.dead_letter_aggregates,
-        "blocked_aggregates": s.blocked_aggregates,
-    })
-}
-
 pub(super) async fn status<D: AdminDatabase>(state: State<D>) -> Answer {
-    ok(&status_json(&state.ops.outbox_status().await?))
+    ok(&json!(OutboxStatusJson::from(
+        &state.ops.outbox_status().await?
+    )))
 }
 
 pub(super) async fn dead_list<D: AdminDatabase>(
@@ -177,7 +141,7 @@ pub(super) async fn dead_list<D: AdminDatabase>(
     ok(&json!(
         letters
             .iter()
-            .map(|d| letter_json(d, false))
+            .map(DeadLetterJson::summary)
             .collect::<Vec<_>>()
     ))
 }
@@ -185,7 +149,7 @@ pub(super) async fn dead_list<D: AdminDatabase>(
 pub(super) async fn dead_show<D: AdminDatabase>(state: State<D>, Path(id): Path<String>) -> Answer {
     let id = parse_id(&id)?;
     match state.ops.dead_letter(id).await? {
-        Some(d) => ok(&letter_json(&d, true)),
+        Some(d) => ok(&json!(DeadLetterJson::full(&d))),
         None => Err(Problem::not_found(format!("no dead letter with id {id}"))),
     }
 }
@@ -284,8 +248,6 @@ async fn change<D: AdminDatabase>(
     bytes: Bytes,
     change: Change,
 ) -> Answer {
-    state.mutable()?;
-    same_origin(&headers)?;
     let selection: Selection = body(&headers, &bytes)?;
     let ops = state.ops(principal);
     let ids = select(&ops, &selection).await?;
@@ -294,6 +256,7 @@ async fn change<D: AdminDatabase>(
 }
 
 pub(super) async fn requeue<D: AdminDatabase>(
+    _: Allowed,
     state: State<D>,
     principal: Principal,
     headers: HeaderMap,
@@ -303,6 +266,7 @@ pub(super) async fn requeue<D: AdminDatabase>(
 }
 
 pub(super) async fn discard<D: AdminDatabase>(
+    _: Allowed,
     state: State<D>,
     principal: Principal,
     headers: HeaderMap,
@@ -359,13 +323,12 @@ pub(super) async fn purge_preview<D: AdminDatabase>(
 }
 
 pub(super) async fn purge<D: AdminDatabase>(
+    _: Allowed,
     state: State<D>,
     principal: Principal,
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Answer {
-    state.mutable()?;
-    same_origin(&headers)?;
     let request: PurgeAges = body(&headers, &bytes)?;
     let ops = state.ops(principal);
     let (published, dead) = ages(&ops, &request)?;
@@ -379,30 +342,26 @@ pub(super) async fn partitions<D: AdminDatabase>(state: State<D>) -> Answer {
         list.iter()
             .map(|p| json!({
                 "name": p.name, "default": p.default,
-                "from": p.from.map(time), "to": p.to.map(time),
+                "from": p.from.map(rfc3339), "to": p.to.map(rfc3339),
             }))
             .collect::<Vec<_>>()
     ))
 }
 
 pub(super) async fn partitions_create<D: AdminDatabase>(
+    _: Allowed,
     state: State<D>,
     principal: Principal,
-    headers: HeaderMap,
 ) -> Answer {
-    state.mutable()?;
-    same_origin(&headers)?;
     let created = state.ops(principal).create_partitions().await?;
     ok(&json!({ "created": created }))
 }
 
 pub(super) async fn partitions_drop<D: AdminDatabase>(
+    _: Allowed,
     state: State<D>,
     principal: Principal,
-    headers: HeaderMap,
 ) -> Answer {
-    state.mutable()?;
-    same_origin(&headers)?;
     let dropped = state.ops(principal).drop_expired_partitions().await?;
     ok(&json!({ "dropped": dropped }))
 }
@@ -416,21 +375,6 @@ pub(super) struct KeyQuery {
     pub(super) key: String,
     #[serde(default)]
     pub(super) scope: String,
-}
-
-pub(super) fn key_json(q: &KeyQuery, view: &KeyView, redis_key: Option<&str>) -> Value {
-    json!({
-        "operation": q.operation, "scope": q.scope, "key": q.key,
-        "status": view.status.as_str(),
-        "created_at": time(view.created_at),
-        "completed_at": view.completed_at.map(time),
-        "expires_at": view.expires_at.map(time),
-        "fingerprint": view.fingerprint,
-        "rejection_code": view.rejection_code,
-        "outcome_size": view.outcome_size,
-        "preview": view.preview,
-        "redis_key": redis_key,
-    })
 }
 
 /// The Redis (L2) key of `id`, when Redis is configured.
@@ -453,7 +397,16 @@ pub(super) async fn key_show<D: AdminDatabase>(
     let q = query(q)?;
     let id = record_id(&q.operation, &q.scope, &q.key)?;
     match state.ops.key_show(&id).await? {
-        Some(view) => ok(&key_json(&q, &view, redis_key(&state.ops, &id).as_deref())),
+        Some(view) => {
+            let redis_key = redis_key(&state.ops, &id);
+            ok(&json!(KeyJson::new(
+                &q.operation,
+                &q.scope,
+                &q.key,
+                &view,
+                redis_key.as_deref()
+            )))
+        }
         None => Err(Problem::not_found(format!(
             "no record for {}",
             key_name(&q.operation, &q.scope, &q.key)
@@ -515,13 +468,12 @@ pub(super) async fn evict_key<D: AdminDatabase>(
 }
 
 pub(super) async fn key_evict<D: AdminDatabase>(
+    _: Allowed,
     state: State<D>,
     principal: Principal,
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Answer {
-    state.mutable()?;
-    same_origin(&headers)?;
     let request: EvictRequest = body(&headers, &bytes)?;
     let (status, cache_entry) = evict_key(&state.ops(principal), &request).await?;
     ok(&json!({
@@ -536,10 +488,10 @@ pub(super) async fn key_stats<D: AdminDatabase>(state: State<D>) -> Answer {
     ok(&json!({
         "groups": stats.groups.iter().map(|g| json!({
             "operation": g.operation, "status": g.status.as_str(),
-            "count": g.count, "oldest": time(g.oldest),
+            "count": g.count, "oldest": rfc3339(g.oldest),
         })).collect::<Vec<_>>(),
         "total": stats.total(),
-        "oldest": stats.oldest().map(time),
+        "oldest": stats.oldest().map(rfc3339),
         "expired": stats.expired,
     }))
 }
@@ -559,12 +511,10 @@ pub(super) async fn cleanup_preview<D: AdminDatabase>(state: State<D>) -> Answer
 }
 
 pub(super) async fn cleanup<D: AdminDatabase>(
+    _: Allowed,
     state: State<D>,
     principal: Principal,
-    headers: HeaderMap,
 ) -> Answer {
-    state.mutable()?;
-    same_origin(&headers)?;
     let report = state.ops(principal).cleanup(|_| ()).await?;
     ok(&cleanup_json(&report, false))
 }

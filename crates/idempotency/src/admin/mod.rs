@@ -95,6 +95,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::Extension;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::routing::{get, post};
 
 use crate::ops::{Actor, AdminDatabase, Operations};
@@ -245,14 +247,25 @@ impl<D: AdminDatabase> Admin<D> {
             None => Cow::Borrowed(&self.ops),
         }
     }
+}
 
-    /// `Err(403)` unless changes are on.
-    fn mutable(&self) -> Result<(), problem::Problem> {
-        if self.mutations {
-            Ok(())
-        } else {
-            Err(problem::Problem::mutations_disabled(&self.setting))
+/// A change may run: changes are on ([`AdminRouter::allow_mutations`]), else 403, and no other
+/// site's page sent it ([`problem::same_origin`]), else 403. Every changing handler takes it
+/// first, so both checks run before anything of the request is read.
+struct Allowed;
+
+impl<D: AdminDatabase> FromRequestParts<Arc<Admin<D>>> for Allowed {
+    type Rejection = problem::Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<Admin<D>>,
+    ) -> Result<Self, Self::Rejection> {
+        if !state.mutations {
+            return Err(problem::Problem::mutations_disabled(&state.setting));
         }
+        problem::same_origin(&parts.headers)?;
+        Ok(Self)
     }
 }
 

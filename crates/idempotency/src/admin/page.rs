@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use axum::Form;
 use axum::extract::rejection::{FormRejection, QueryRejection};
 use axum::extract::{OriginalUri, Path, Query};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::http::{StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse, Response};
 use idempotency_outbox::admin::DeadLetterFilter;
 use idempotency_outbox::uuid::Uuid;
@@ -14,9 +14,9 @@ use serde::Deserialize;
 
 use super::api::{self, Change, EvictRequest};
 use super::html::esc;
-use super::problem::{Problem, same_origin};
-use super::{Admin, Principal, State};
-use crate::ops::{AdminDatabase, OpsError};
+use super::problem::Problem;
+use super::{Admin, Allowed, Principal, State};
+use crate::ops::{AdminDatabase, OpsError, rfc3339};
 
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:80em}\
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.5em}\
@@ -290,10 +290,10 @@ async fn key_section<D: AdminDatabase>(
     };
     match found {
         Ok(Some(view)) => {
-            let or_dash = |t: Option<std::time::SystemTime>| t.map_or("-".to_owned(), api::time);
+            let or_dash = |t: Option<std::time::SystemTime>| t.map_or("-".to_owned(), rfc3339);
             let rows = [
                 ("status", view.status.to_string()),
-                ("created", api::time(view.created_at)),
+                ("created", rfc3339(view.created_at)),
                 ("completed", or_dash(view.completed_at)),
                 ("expires", or_dash(view.expires_at)),
                 ("fingerprint", view.fingerprint.clone()),
@@ -351,9 +351,9 @@ async fn key_section<D: AdminDatabase>(
 
 /// `POST /dead/{id}/{requeue|discard}` from the page's buttons: 303 back to the page.
 pub(super) async fn dead_action<D: AdminDatabase>(
+    allowed: Result<Allowed, Problem>,
     state: State<D>,
     principal: Principal,
-    headers: HeaderMap,
     OriginalUri(original): OriginalUri,
     inner: Uri,
     Path((id, action)): Path<(String, String)>,
@@ -369,8 +369,7 @@ pub(super) async fn dead_action<D: AdminDatabase>(
                 )));
             }
         };
-        state.mutable()?;
-        same_origin(&headers)?;
+        allowed?;
         let id = api::parse_id(&id)?;
         let ops = state.ops(principal);
         if ops.dead_letter(id).await?.is_none() {
@@ -400,17 +399,16 @@ pub(super) struct EvictForm {
 
 /// `POST /keys/evict` from the page: 303 back to the page.
 pub(super) async fn evict<D: AdminDatabase>(
+    allowed: Result<Allowed, Problem>,
     state: State<D>,
     principal: Principal,
-    headers: HeaderMap,
     OriginalUri(original): OriginalUri,
     inner: Uri,
     form: Result<Form<EvictForm>, FormRejection>,
 ) -> Response {
     let (home, _) = base(&original, &inner);
     let result = async {
-        state.mutable()?;
-        same_origin(&headers)?;
+        allowed?;
         let Form(form) = form.map_err(|e| Problem::bad_request(e.body_text()))?;
         let request = EvictRequest {
             operation: form.operation,

@@ -22,6 +22,7 @@
 mod audit;
 mod backend;
 mod error;
+mod json;
 mod view;
 
 use std::time::Duration;
@@ -37,6 +38,7 @@ use idempotency_outbox::{DeadLetter, DeadLetters, Housekeeping};
 pub use audit::{AUDIT_TARGET, Actor};
 pub use backend::AdminDatabase;
 pub use error::OpsError;
+pub use json::{DeadLetterJson, KeyJson, OutboxStatusJson, rfc3339};
 pub use view::{KeyView, PREVIEW_CHARS, Partition, TableDdl, TableKind, TableProblems};
 
 use crate::Settings;
