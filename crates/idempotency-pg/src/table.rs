@@ -151,6 +151,7 @@ impl TableName {
     /// `<table cut>_<hash>_<suffix>` instead: `CREATE ... IF NOT EXISTS` would otherwise skip
     /// the later object without a word. The first suffix keeps its name, so put the objects
     /// earlier releases created first.
+    #[cfg(feature = "outbox")]
     pub(crate) fn derived_names(&self, suffixes: &[&str]) -> Vec<String> {
         let mut names: Vec<String> = Vec::with_capacity(suffixes.len());
         for suffix in suffixes {

@@ -197,7 +197,8 @@ impl<D: Database> Idempotency<D> {
     pub fn health_check(&self) -> crate::health::HealthCheck<D> {
         crate::health::HealthCheck {
             pool: self.pool.clone(),
-            cache: self.service.distributed_cache().clone(),
+            // An associated call: without `redis` the tier is `NoCache`, which is `Copy`.
+            cache: DistributedTier::clone(self.service.distributed_cache()),
             #[cfg(feature = "outbox")]
             outbox: self.outbox.clone(),
             #[cfg(feature = "outbox")]

@@ -2,7 +2,9 @@
 
 use std::future::Future;
 
-use idempotency_core::config::{PersistenceConfig, Pooler};
+use idempotency_core::config::PersistenceConfig;
+#[cfg(feature = "outbox")]
+use idempotency_core::config::Pooler;
 use idempotency_core::{BoxError, ExpiredCleanup, IdempotencyStore};
 
 use crate::Error;

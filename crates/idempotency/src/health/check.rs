@@ -47,7 +47,8 @@ impl<D: Database> Clone for HealthCheck<D> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
-            cache: self.cache.clone(),
+            // An associated call: without `redis` the tier is `NoCache`, which is `Copy`.
+            cache: DistributedTier::clone(&self.cache),
             #[cfg(feature = "outbox")]
             outbox: self.outbox.clone(),
             #[cfg(feature = "outbox")]
