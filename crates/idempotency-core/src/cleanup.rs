@@ -197,8 +197,11 @@ impl<C: ExpiredCleanup, M: IdempotencyMetrics> CleanupJob<C, M> {
         Ok(report)
     }
 
-    /// Runs on schedule until `shutdown` completes, which also cuts a purge under way (its
-    /// current batch rolls back). A failed run is logged and retried at the next scheduled time.
+    /// Runs on schedule until `shutdown` completes, which also cuts a purge under way: no
+    /// batch after the current one is sent. The current batch is one autocommit `DELETE`
+    /// already sent, which the database finishes, and may commit, after this returned (it
+    /// deletes only expired records; earlier batches stay deleted). A failed run is logged and
+    /// retried at the next scheduled time.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -212,8 +215,9 @@ impl<C: ExpiredCleanup, M: IdempotencyMetrics> CleanupJob<C, M> {
                 () = &mut shutdown => return,
                 () = tokio::time::sleep(wait) => {}
             }
-            // A stop during a purge cuts it: the batch being deleted rolls back with its
-            // transaction, the batches before it stay deleted.
+            // A stop during a purge cuts it: no further batch is sent. The batch being
+            // deleted is one autocommit statement on a pooled connection, which the database
+            // may still finish and commit; the batches before it stay deleted.
             tokio::select! {
                 () = &mut shutdown => return,
                 result = self.run_once() => {
@@ -240,7 +244,8 @@ where
     ///
     /// let cleanup = CleanupJob::from_config(store, &CleanupConfig::default(), idempotency_core::NoopMetrics)?
     ///     .spawn();
-    /// // ... on shutdown (a purge under way stops; its current batch rolls back):
+    /// // ... on shutdown (a purge under way stops; its current batch, one statement
+    /// // already sent, may still commit after this returned):
     /// cleanup.shutdown().await;
     /// # Ok(()) }
     /// ```

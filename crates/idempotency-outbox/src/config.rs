@@ -573,9 +573,11 @@ impl RelayConfig {
     }
 
     /// The longest time between a message's first and last publish attempt by this relay
-    /// configuration: every lease plus every backoff at its maximum (jitter only shortens
-    /// them). A consumer inbox must keep ids longer than this (plus any broker redelivery
-    /// window, and any manual requeue of dead letters).
+    /// configuration, failures of the message's own counted: every lease plus every backoff at
+    /// its maximum (jitter only shortens them). A broker outage adds its length (its failures
+    /// do not count towards `max-attempts`). A consumer inbox must keep ids longer than this
+    /// (plus the longest outage to ride out, any broker redelivery window, and any manual
+    /// requeue of dead letters).
     pub fn retry_horizon(&self) -> Duration {
         let mut total = self.lease() * self.max_attempts;
         for attempt in 1..self.max_attempts {

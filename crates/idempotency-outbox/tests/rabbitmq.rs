@@ -584,6 +584,72 @@ async fn a_body_over_max_message_size_is_dead_lettered_at_once() {
     queue.delete().await;
 }
 
+/// A body the broker refuses although the publisher's limit lets it through (the client's
+/// `max-message-size` raised above the broker's `max_message_size`, 128 MiB by default on
+/// RabbitMQ 3.8 to 3.13 and 16 MiB on 4.x: the body here is over both): the broker closes the
+/// publish's channel with reply 406 (`PRECONDITION_FAILED`), the publish fails as an
+/// `InvalidMessage`, and the message is dead-lettered at its first attempt, never marked
+/// published. The other messages, on other channels, are delivered, and so are later ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_broker_refuses_is_dead_lettered_at_once_and_not_marked_published() {
+    use idempotency_outbox::publisher::rabbitmq::DEFAULT_MAX_MESSAGE_SIZE;
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 5;
+    // Time to carry the body to the broker in a debug build: the answer must be the broker's.
+    config.relay.publish_timeout = std::time::Duration::from_secs(60);
+    let (pool, outbox) = outbox(&config).await;
+    let queue = TestQueue::new().await;
+    // A JSON string: the body is this many bytes plus its two quotes.
+    let body = "x".repeat(DEFAULT_MAX_MESSAGE_SIZE);
+    let large = NewEvent::new("order", "big", "OrderUpdated", &body).unwrap();
+    drop(body);
+    let others = [event("big", 2), event("small", 1)];
+    commit(&pool, &outbox, std::slice::from_ref(&large)).await;
+    commit(&pool, &outbox, &others).await;
+    let publisher =
+        publisher(&idempotency_testing::amqp_url(), &queue).with_max_message_size(usize::MAX);
+    let handle = Relay::new(outbox.clone(), publisher, &config)
+        .unwrap()
+        .spawn();
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, others.len()).await;
+    eventually("settled", || async { pending(&pool).await == 0 }).await;
+    let (attempts, dead, marked, error): (i32, bool, bool, String) = sqlx::query_as(
+        "SELECT attempts, dead_lettered_at IS NOT NULL, published_at IS NOT NULL, last_error \
+         FROM outbox WHERE id = $1",
+    )
+    .bind(large.id())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(dead && !marked && attempts == 1, "{attempts} {error}");
+    assert!(
+        error.starts_with("message invalid for the broker") && error.contains("PRECONDITION"),
+        "{error}"
+    );
+    // Later messages go out on the same publisher.
+    let later = [event("big", 3), event("small", 2)];
+    commit(&pool, &outbox, &later).await;
+    let more = TestQueue::receive(&mut consumer, later.len()).await;
+    eventually("all marked", || async { published(&pool).await == 4 }).await;
+    let report = handle.shutdown().await;
+    assert!(report.graceful, "{report:?}");
+    let mut got: Vec<String> = deliveries
+        .iter()
+        .chain(&more)
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = others
+        .iter()
+        .chain(&later)
+        .map(|e| e.id().to_string())
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "the refused message never reached the queue");
+    queue.delete().await;
+}
+
 /// `outbox.publisher.rabbitmq`: the configured publisher connects, declares its exchange with
 /// `create`, publishes there with its routing-key template; what cannot work is refused naming
 /// the property.

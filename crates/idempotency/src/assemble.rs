@@ -113,6 +113,11 @@ pub struct Idempotency<D: Database> {
     relay: Option<idempotency_outbox::RelayHandle>,
     #[cfg(feature = "metrics")]
     prometheus: Option<idempotency_metrics::prometheus::PrometheusHandle>,
+    /// The Redis key prefix of this deployment, when the L2 cache is configured (for the
+    /// admin router's operations).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    cache_prefix: Option<String>,
 }
 
 /// What [`Idempotency::shutdown`] stopped (serializable, for a structured log line).
@@ -156,6 +161,16 @@ impl<D: Database> Idempotency<D> {
     ))]
     pub(crate) fn pool(&self) -> &D {
         &self.pool
+    }
+
+    /// The Redis key prefix of this deployment, when the L2 cache is configured.
+    #[cfg(all(
+        feature = "admin",
+        feature = "redis",
+        any(feature = "postgres", feature = "sqlite", feature = "mysql")
+    ))]
+    pub(crate) fn cache_prefix(&self) -> Option<&str> {
+        self.cache_prefix.as_deref()
     }
 
     /// The outbox: enqueue events with it in the transaction of the business change
@@ -712,18 +727,34 @@ fn check_in_flight<D: Database>(in_flight: &InFlightConfig) -> Result<(), Error>
     Ok(())
 }
 
-/// The Redis key prefix of a deployment: `distributed-cache.key-prefix`, then a digest of the
-/// database (`Database::deployment`) and `persistence.table-name`, then `:`. Two deployments
-/// sharing one Redis with the same `key-prefix` (the default) get their own keys; every
-/// instance of one deployment gets the same.
+/// The Redis key prefix of a deployment: `distributed-cache.key-prefix`, then a digest of
+/// where its records table is (`Database::table_location`) and `persistence.table-name`, then
+/// `:`. Two deployments sharing one Redis with the same `key-prefix` (the default) get their
+/// own keys; every instance of one deployment gets the same.
 #[cfg(feature = "redis")]
-pub(crate) fn deployment_key_prefix(
-    key_prefix: &str,
-    deployment: &str,
-    table_name: &str,
-) -> String {
-    let digest = idempotency_core::fingerprint::short_hash(&format!("{deployment}\n{table_name}"));
+pub(crate) fn deployment_key_prefix(key_prefix: &str, location: &str, table_name: &str) -> String {
+    let digest = idempotency_core::fingerprint::short_hash(&format!("{location}\n{table_name}"));
     format!("{key_prefix}{digest}:")
+}
+
+/// The Redis key prefix of the deployment on `pool` ([`deployment_key_prefix`], the
+/// database asked where the table is) when the L2 cache is enabled and has a URL; `None`
+/// otherwise, without asking.
+#[cfg(feature = "redis")]
+pub(crate) async fn cache_key_prefix<D: Database>(
+    pool: &D,
+    config: &idempotency_cache_redis::DistributedCacheConfig,
+    table_name: &str,
+) -> Result<Option<String>, Error> {
+    if !config.enabled || config.url.is_none() {
+        return Ok(None);
+    }
+    let location = pool.table_location(table_name).await?;
+    Ok(Some(deployment_key_prefix(
+        &config.key_prefix,
+        &location,
+        table_name,
+    )))
 }
 
 /// Connects the L2 cache when enabled. A cluster URL is probed before it is accepted, so the
@@ -856,15 +887,17 @@ where
         let local = idempotency_core::NoCache;
         // Redis last of what can fail: its client runs a connection task until told to quit.
         #[cfg(feature = "redis")]
-        let distributed = redis_cache(
+        let cache_prefix = cache_key_prefix(
+            &pool,
             &properties.distributed_cache,
-            deployment_key_prefix(
-                &properties.distributed_cache.key_prefix,
-                &pool.deployment(),
-                &properties.persistence.table_name,
-            ),
+            &properties.persistence.table_name,
         )
         .await?;
+        #[cfg(feature = "redis")]
+        let distributed = match &cache_prefix {
+            Some(prefix) => redis_cache(&properties.distributed_cache, prefix.clone()).await?,
+            None => None,
+        };
         #[cfg(not(feature = "redis"))]
         let distributed = idempotency_core::NoCache;
 
@@ -915,6 +948,8 @@ where
             relay,
             #[cfg(feature = "metrics")]
             prometheus: self.prometheus,
+            #[cfg(feature = "redis")]
+            cache_prefix,
         })
     }
 }

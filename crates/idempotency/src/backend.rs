@@ -38,12 +38,27 @@ pub trait Database: Clone + Send + Sync + 'static {
     /// Whether the store and the outbox can work behind a pooler in transaction mode
     /// (`persistence.pooler: transaction`): PostgreSQL only. Default `false`.
     const TRANSACTION_POOLER: bool = false;
-    /// What tells this database apart from every other one the application could be pointed
-    /// at (server, port and database; the file for SQLite; never a password). With
-    /// `persistence.table-name` it makes the Redis key prefix of the deployment, so that two
-    /// deployments sharing one Redis never read each other's records. Default empty.
+    /// The database the pool's connect options name (server, port and database; the file for
+    /// SQLite; never a password), without asking it. Default empty.
     fn deployment(&self) -> String {
         String::new()
+    }
+    /// Where the records table `table_name` (`persistence.table-name`) really is, asked of
+    /// the database once at start-up: [`deployment`](Self::deployment) and what connect
+    /// options cannot tell. PostgreSQL: the database the connections are in, the schema the
+    /// name resolves to through their `search_path` (schema per deployment on one database),
+    /// and the server's system identifier when the role may read `pg_control_system()` (two
+    /// servers reached by one host name); MySQL: the database an unqualified name is in
+    /// (`DATABASE()`); SQLite: the file's canonical absolute path (one relative path in two
+    /// working directories, one file spelled two ways). With `table_name` it makes the Redis
+    /// key prefix of the deployment, so that two deployments sharing one Redis never read
+    /// each other's records. Default: [`deployment`](Self::deployment).
+    fn table_location(
+        &self,
+        table_name: &str,
+    ) -> impl Future<Output = Result<String, Error>> + Send {
+        let _ = table_name;
+        std::future::ready(Ok(self.deployment()))
     }
     /// Asks the database one round trip (`SELECT 1` in the simple query protocol, which holds
     /// behind a transaction pooler) through the pool, for the health check.
@@ -98,6 +113,74 @@ fn server_deployment(
     format!("{scheme}://{server}/{}", database.unwrap_or(user))
 }
 
+/// PostgreSQL's [`Database::table_location`]. Simple-protocol statements with no parameter
+/// (the table name is checked and quoted first), which hold behind a transaction pooler.
+#[cfg(feature = "postgres")]
+async fn postgres_location(pool: &sqlx::PgPool, table_name: &str) -> Result<String, Error> {
+    use sqlx::Row;
+    let table = idempotency_pg::TableName::parse(table_name).map_err(store_error)?;
+    // The schema of the table the name resolves to, else the one it would be created in.
+    let fallback = match table.schema() {
+        Some(schema) => format!("'{schema}'"),
+        None => "current_schema()".to_owned(),
+    };
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT current_database()::text, coalesce((SELECT n.nspname::text \
+         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.oid = to_regclass('{}')), {fallback}, '')::text",
+        table.quoted()
+    )))
+    .fetch_one(pool)
+    .await
+    .map_err(store_error)?;
+    let database: String = row.try_get(0).map_err(store_error)?;
+    let schema: String = row.try_get(1).map_err(store_error)?;
+    // The server itself. A role that may not read it (or a server without the function) leaves
+    // it out; any other failure stops start-up, so that every instance of a deployment agrees.
+    let server = match sqlx::raw_sql("SELECT system_identifier::text FROM pg_control_system()")
+        .fetch_one(pool)
+        .await
+    {
+        Ok(row) => row.try_get::<String, _>(0).map_err(store_error)?,
+        Err(sqlx::Error::Database(error)) => {
+            tracing::debug!(%error, "the server's system identifier is not readable; the Redis key prefix leaves it out");
+            String::new()
+        }
+        Err(error) => return Err(store_error(error)),
+    };
+    Ok(format!(
+        "{} database={database} schema={schema} system={server}",
+        pool.deployment()
+    ))
+}
+
+/// MySQL's [`Database::table_location`]: an unqualified name's database is the connection's.
+#[cfg(feature = "mysql")]
+async fn mysql_location(pool: &sqlx::MySqlPool, table_name: &str) -> Result<String, Error> {
+    use sqlx::Row;
+    let table = idempotency_mysql::TableName::parse(table_name).map_err(store_error)?;
+    let database = match table.database() {
+        Some(database) => database.to_owned(),
+        None => sqlx::raw_sql("SELECT COALESCE(DATABASE(), '')")
+            .fetch_one(pool)
+            .await
+            .and_then(|row| row.try_get::<String, _>(0))
+            .map_err(store_error)?,
+    };
+    Ok(format!("{} database={database}", pool.deployment()))
+}
+
+/// SQLite's [`Database::table_location`]: the file, canonical (an in-memory database or a
+/// path that cannot be resolved stays as given).
+#[cfg(feature = "sqlite")]
+async fn sqlite_location(pool: &sqlx::SqlitePool, table_name: &str) -> Result<String, Error> {
+    let _ = table_name;
+    let options = pool.connect_options();
+    let file = options.get_filename();
+    let path = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    Ok(format!("sqlite://{}", path.display()))
+}
+
 /// The SQLite and MySQL outboxes have no transaction pooler to honour (`check` refuses
 /// `persistence.pooler: transaction` for them before this runs).
 #[cfg(all(feature = "outbox", feature = "sqlite"))]
@@ -122,7 +205,8 @@ async fn mysql_outbox(
 macro_rules! database {
     (
         $feature:literal, $pool:ty, $store:ty, $outbox:ty, $outbox_new:path, $notifications:expr,
-        $partitions:expr, $in_flight:expr, $pooler:expr, |$options:ident| $deployment:expr
+        $partitions:expr, $in_flight:expr, $pooler:expr, $location:path,
+        |$options:ident| $deployment:expr
     ) => {
         #[cfg(feature = $feature)]
         #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
@@ -138,6 +222,10 @@ macro_rules! database {
             fn deployment(&self) -> String {
                 let $options = self.connect_options();
                 $deployment
+            }
+
+            async fn table_location(&self, table_name: &str) -> Result<String, Error> {
+                $location(self, table_name).await
             }
 
             async fn ping(&self) -> Result<(), BoxError> {
@@ -183,6 +271,7 @@ database!(
     true,
     true,
     true,
+    postgres_location,
     |o| server_deployment(
         "postgres",
         o.get_host(),
@@ -202,6 +291,7 @@ database!(
     false,
     false,
     false,
+    sqlite_location,
     |o| format!("sqlite://{}", o.get_filename().display())
 );
 database!(
@@ -214,6 +304,7 @@ database!(
     false,
     true,
     false,
+    mysql_location,
     |o| server_deployment(
         "mysql",
         o.get_host(),

@@ -1,7 +1,8 @@
 //! Start-up refusals of issue 54 (items 7, 8, 10, 12): every property takes effect or stops
 //! start-up naming itself, and two deployments sharing one Redis never see each other's
 //! outcomes. Through the public API: `Loader`, `Settings`, `Idempotency::from_config`.
-//! SQLite files give each test its own database; Redis is the local server (`REDIS_URL`).
+//! SQLite files (and, for the shared-Redis cases, PostgreSQL schemas and MySQL databases) give
+//! each test its own database; Redis is the local server (`REDIS_URL`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -275,8 +276,8 @@ fn redis_url() -> String {
 }
 
 /// Runs `operation`/`key` with request `{"n": 1}` and the action answering `answer`.
-async fn run(
-    idempotency: &Idempotency<sqlx::SqlitePool>,
+async fn run<D: idempotency::Database>(
+    idempotency: &Idempotency<D>,
     operation: &str,
     key: &str,
     answer: u32,
@@ -300,21 +301,30 @@ async fn run(
     }
 }
 
-#[tokio::test]
-async fn two_deployments_sharing_redis_with_the_default_prefix_do_not_replay_each_other() {
-    use idempotency::core::{Operation, RecordId, Scope};
-    // Two services, each its own database with the default table, one Redis, the default
-    // key prefix, no L1 (so that every replay of another process's outcome comes from Redis).
-    let yaml = format!(
+/// Settings with one Redis, the default key prefix and no L1 (so that every replay of another
+/// process's outcome comes from Redis), the default table created.
+fn shared_redis_settings() -> Settings {
+    try_settings(&format!(
         "idempotency:\n  persistence:\n    schema:\n      mode: create\n  local-cache:\n    enabled: false\n  distributed-cache:\n    url: {}\n    secret: tests-only-secret-0123456789abcdef\n",
         redis_url()
-    );
-    let settings = try_settings(&yaml).unwrap();
-    let billing_pool = sqlite().await;
-    let billing = Idempotency::from_config(&settings, billing_pool.clone())
+    ))
+    .unwrap()
+}
+
+/// Two deployments, `billing` and `shipping`, on their own pools and one Redis with the
+/// default key prefix: the same operation and key in `shipping` runs there instead of
+/// replaying `billing`'s outcome, their Redis keys differ, and a restart of `billing` on the
+/// same pool keeps its keys.
+async fn deployments_keep_their_own_outcomes<D: idempotency::Database>(
+    settings: &Settings,
+    billing_pool: D,
+    shipping_pool: D,
+) {
+    use idempotency::core::{Operation, RecordId, Scope};
+    let billing = Idempotency::from_config(settings, billing_pool.clone())
         .await
         .unwrap();
-    let shipping = Idempotency::from_config(&settings, sqlite().await)
+    let shipping = Idempotency::from_config(settings, shipping_pool)
         .await
         .unwrap();
     let operation = format!("OP_{}", unique());
@@ -352,7 +362,7 @@ async fn two_deployments_sharing_redis_with_the_default_prefix_do_not_replay_eac
         "the deployments share Redis keys"
     );
     // Restarting a deployment keeps its own keys: the prefix is stable.
-    let billing_again = Idempotency::from_config(&settings, billing_pool)
+    let billing_again = Idempotency::from_config(settings, billing_pool)
         .await
         .unwrap();
     assert_eq!(
@@ -367,4 +377,77 @@ async fn two_deployments_sharing_redis_with_the_default_prefix_do_not_replay_eac
     billing.shutdown().await;
     shipping.shutdown().await;
     billing_again.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_deployments_sharing_redis_with_the_default_prefix_do_not_replay_each_other() {
+    // Each its own SQLite database with the default table.
+    deployments_keep_their_own_outcomes(&shared_redis_settings(), sqlite().await, sqlite().await)
+        .await;
+}
+
+#[tokio::test]
+async fn two_deployments_in_two_schemas_of_one_postgres_database_do_not_replay_each_other() {
+    // Schema per deployment: one PostgreSQL server and database, the same connection URL, each
+    // deployment's connections with a `search_path` of their own, the default (unqualified)
+    // table name. The connect options alone cannot tell them apart.
+    let billing = idempotency_testing::pg_pool().await;
+    let shipping = idempotency_testing::pg_pool().await;
+    assert_eq!(
+        billing.connect_options().get_database(),
+        shipping.connect_options().get_database()
+    );
+    deployments_keep_their_own_outcomes(&shared_redis_settings(), billing, shipping).await;
+}
+
+#[tokio::test]
+async fn two_deployments_in_two_databases_of_one_mysql_server_do_not_replay_each_other() {
+    // The database an unqualified table is in comes from the server (`DATABASE()`).
+    deployments_keep_their_own_outcomes(
+        &shared_redis_settings(),
+        idempotency_testing::mysql_pool().await,
+        idempotency_testing::mysql_pool().await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn one_sqlite_file_spelled_two_ways_is_one_deployment() {
+    use idempotency::core::{Operation, RecordId, Scope};
+    // Instances of one deployment started with two spellings of the same file (here a path
+    // through `..`; a relative path from another working directory, a symbolic link) share
+    // their Redis keys: the prefix names the file, not the spelling.
+    let dir = std::env::temp_dir().join(format!("idempotency-start-up-{}", unique()));
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let plain = dir.join("records.db");
+    let roundabout = dir.join("sub").join("..").join("records.db");
+    let settings = shared_redis_settings();
+    let open = |path: std::path::PathBuf| async move {
+        sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .unwrap()
+    };
+    let first = Idempotency::from_config(&settings, open(plain).await)
+        .await
+        .unwrap();
+    let second = Idempotency::from_config(&settings, open(roundabout).await)
+        .await
+        .unwrap();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("k").unwrap(),
+    );
+    let key = |idempotency: &Idempotency<sqlx::SqlitePool>| {
+        idempotency
+            .service()
+            .distributed_cache()
+            .as_ref()
+            .unwrap()
+            .key_for(&id)
+    };
+    assert_eq!(key(&first), key(&second));
+    first.shutdown().await;
+    second.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }

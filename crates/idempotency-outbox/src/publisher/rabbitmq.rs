@@ -77,10 +77,12 @@ fn short(what: &'static str, value: &str) -> Result<ShortString, PublishError> {
 /// Channels a publisher opens at most, by default ([`RabbitMqPublisher::with_channels`]).
 pub const DEFAULT_CHANNELS: usize = 32;
 
-/// The largest message body sent by default: RabbitMQ 3.8-3.13's default `max_message_size`
-/// (128 MiB; 4.0 lowered its default to 16 MiB, whose refusal reply 406 fails the publish as an
-/// `InvalidMessage` too). A larger body fails before anything is sent
-/// ([`RabbitMqPublisher::with_max_message_size`]).
+/// The largest message body sent by default: RabbitMQ 3.8-3.13's default `max_message_size`,
+/// 128 MiB (the generation the tests run against; 4.0 lowered its default to 16 MiB: set
+/// [`RabbitMqPublisher::with_max_message_size`] to `16 * 1024 * 1024` there). A larger body
+/// fails before anything is sent. A body under this but over the broker's own limit is sent
+/// and refused by the broker (reply 406 on its channel): the publish fails as an
+/// `InvalidMessage` all the same, and the relay dead-letters it at once.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 
 /// Publishes to RabbitMQ and awaits the publisher confirm.

@@ -164,8 +164,14 @@ where
     /// ([`RelayConfig::republish_window`](crate::config::RelayConfig::republish_window)): a
     /// copy published again after a lost ack would then be delivered twice. The error names
     /// the keys to change. Passes when the broker does not deduplicate
-    /// ([`Publisher::duplicate_window`] is `None`). Call it before [`spawn`](Self::spawn); the
-    /// `idempotency` facade does.
+    /// ([`Publisher::duplicate_window`] is `None`). Call it before [`spawn`](Self::spawn),
+    /// which does not; the `idempotency` facade does.
+    ///
+    /// What a long enough window covers: a copy republished after a lost ack, or after a relay
+    /// gone before marking, whose next attempt reaches the broker within the republish
+    /// window. A broker outage is retried without end (it dead-letters nothing), so a copy the
+    /// broker stored just before an outage longer than the window, then republished after it,
+    /// is stored twice: the consumer's inbox drops it.
     ///
     /// ```
     /// use idempotency_outbox::{Housekeeping, Relay, RelayStore};
@@ -188,6 +194,30 @@ where
     /// Starts `workers` worker tasks, the listener (with `wake-up: listen`) and the
     /// housekeeping task on the current tokio runtime. A worker that panics is restarted
     /// after a second and counted in [`RelayHandle::health`].
+    ///
+    /// `spawn` asks the broker nothing (it cannot fail and does not wait): it does not compare
+    /// the broker's duplicate window with the relay's republish window. The `idempotency`
+    /// facade does at start-up; a caller that builds the relay without it calls
+    /// [`check_duplicate_window`](Self::check_duplicate_window) first, or a JetStream stream
+    /// that forgets message ids too early stores a copy republished after a lost ack twice.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "nats")]
+    /// # async fn start<S>(store: S) -> Result<(), Box<dyn std::error::Error>>
+    /// # where S: idempotency_outbox::RelayStore + idempotency_outbox::Housekeeping {
+    /// use idempotency_outbox::{Relay, config::OutboxConfig, publisher::nats::NatsPublisher};
+    ///
+    /// let config = OutboxConfig::default();
+    /// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+    /// let publisher = NatsPublisher::new(client).with_subject("billing.{aggregate_type}.{event_type}")?;
+    /// publisher.ensure_stream("BILLING", config.relay.republish_window()).await?;
+    /// let relay = Relay::new(store, publisher, &config)?;
+    /// relay.check_duplicate_window().await?; // a window shorter than the republish window: refused
+    /// let workers = relay.spawn();
+    /// // ... on shutdown:
+    /// workers.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn spawn(&self) -> RelayHandle {
         let (stop, stopped) = watch::channel(false);
         let supervision = Arc::new(supervisor::Supervision::default());

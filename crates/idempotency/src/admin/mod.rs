@@ -290,6 +290,8 @@ impl<D: AdminDatabase> crate::Idempotency<D> {
             self.store().clone(),
             self.outbox().ok().cloned(),
             Actor::new("admin"),
+            #[cfg(feature = "redis")]
+            self.cache_prefix().map(str::to_owned),
         ))
     }
 }

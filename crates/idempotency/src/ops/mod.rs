@@ -82,6 +82,9 @@ pub struct Operations<D: AdminDatabase> {
     outbox: Option<D::Outbox>,
     inbox: Option<InboxConfig>,
     actor: Actor,
+    /// The deployment's Redis key prefix, when the L2 cache is configured.
+    #[cfg(feature = "redis")]
+    cache_prefix: Option<String>,
 }
 
 impl<D: AdminDatabase> Operations<D> {
@@ -99,6 +102,13 @@ impl<D: AdminDatabase> Operations<D> {
             }
             None => None,
         };
+        #[cfg(feature = "redis")]
+        let cache_prefix = crate::assemble::cache_key_prefix(
+            &pool,
+            &settings.idempotency.distributed_cache,
+            &persistence.table_name,
+        )
+        .await?;
         Ok(Self {
             pool,
             settings: settings.clone(),
@@ -106,6 +116,8 @@ impl<D: AdminDatabase> Operations<D> {
             outbox,
             inbox: None,
             actor,
+            #[cfg(feature = "redis")]
+            cache_prefix,
         })
     }
 
@@ -117,6 +129,7 @@ impl<D: AdminDatabase> Operations<D> {
         store: D::Store,
         outbox: Option<D::Outbox>,
         actor: Actor,
+        #[cfg(feature = "redis")] cache_prefix: Option<String>,
     ) -> Self {
         Self {
             pool,
@@ -125,6 +138,8 @@ impl<D: AdminDatabase> Operations<D> {
             outbox,
             inbox: None,
             actor,
+            #[cfg(feature = "redis")]
+            cache_prefix,
         }
     }
 
@@ -236,32 +251,24 @@ impl<D: AdminDatabase> Operations<D> {
         })
     }
 
-    /// The Redis (L2) key of `id` in this deployment, when the L2 cache is enabled: the key
-    /// every instance reads and writes (`distributed-cache.key-prefix`, then a digest of the
-    /// database and the records table).
+    /// The Redis (L2) key of `id` in this deployment, when the L2 cache is enabled and has a
+    /// URL: the key every instance reads and writes (`distributed-cache.key-prefix`, then a
+    /// digest of where the records table is: database, schema, server).
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn cache_key(&self, id: &RecordId) -> Option<String> {
-        let config = &self.settings.idempotency.distributed_cache;
-        config.enabled.then(|| {
-            let prefix = crate::assemble::deployment_key_prefix(
-                &config.key_prefix,
-                &self.pool.deployment(),
-                &self.settings.idempotency.persistence.table_name,
-            );
-            idempotency_cache_redis::redis_key(&prefix, id)
-        })
+        self.cache_prefix
+            .as_deref()
+            .map(|prefix| idempotency_cache_redis::redis_key(prefix, id))
     }
 
     #[cfg(feature = "redis")]
     async fn evict_cache_entry(&self, id: &RecordId) -> Result<Option<bool>, OpsError> {
         use idempotency_cache_redis::fred::interfaces::{ClientLike, KeysInterface};
         let config = &self.settings.idempotency.distributed_cache;
-        let prefix = crate::assemble::deployment_key_prefix(
-            &config.key_prefix,
-            &self.pool.deployment(),
-            &self.settings.idempotency.persistence.table_name,
-        );
+        let Some(prefix) = self.cache_prefix.clone() else {
+            return Ok(None);
+        };
         let Some(cache) = crate::assemble::redis_cache(config, prefix).await? else {
             return Ok(None);
         };
