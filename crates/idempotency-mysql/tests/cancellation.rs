@@ -172,6 +172,69 @@ async fn an_acquire_dropped_while_waiting_leaves_no_lock_wait_budget_on_the_conn
     assert_eq!(lock_wait().await, before);
 }
 
+/// The same drop, in a transaction the caller then rolls back: unlike a dropped transaction
+/// (whose connection is closed), the rollback hands the very connection back to the pool, so
+/// whatever the dropped acquire left on the session is there for the next user. It must find
+/// the session's own `innodb_lock_wait_timeout` (before the statement-scoped wait: 2 s left on
+/// the pooled connection).
+#[tokio::test]
+async fn a_dropped_acquire_rolled_back_returns_its_connection_with_its_own_lock_wait() {
+    let (direct, proxied, _proxy) = pools().await;
+    let session = async || -> (u64, u64) {
+        sqlx::query_as("SELECT CONNECTION_ID(), @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&proxied)
+            .await
+            .unwrap()
+    };
+    let (connection, before) = session().await;
+    assert!(before > 2, "the session's budget is {before}");
+    let mut config = PersistenceConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let holder_store = MysqlStore::from_config(direct.clone(), &config)
+        .await
+        .unwrap();
+    let store = MysqlStore::from_config(proxied.clone(), &config)
+        .await
+        .unwrap();
+    let id = RecordId::new(
+        idempotency_core::testing::op("OP"),
+        Scope::new("s").unwrap(),
+        idempotency_core::testing::key("leak-rolled-back"),
+    );
+    let fingerprint = Fingerprint::new("ab".repeat(32));
+    let claim = |wait| Claim {
+        id: &id,
+        fingerprint: &fingerprint,
+        ttl: None,
+        wait,
+    };
+    let mut holder = holder_store.begin().await.unwrap();
+    let held = holder_store
+        .acquire(&mut holder, &claim(LockWait::NoWait))
+        .await
+        .unwrap();
+    assert_eq!(held, Acquire::Acquired);
+
+    let bounded = claim(LockWait::Timeout(Duration::from_secs(2)));
+    let mut tx = store.begin().await.unwrap();
+    let waiting = store.acquire(&mut tx, &bounded);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "the acquire did not wait for the holder"
+    );
+    holder.rollback().await.unwrap();
+    tx.rollback().await.unwrap();
+    until_idle(&proxied).await;
+    let (returned, after) = session().await;
+    assert_eq!(
+        returned, connection,
+        "the rollback did not hand the connection back to the pool"
+    );
+    assert_eq!(after, before, "the budget leaked into the pool");
+}
+
 /// A relay worker aborted (the shutdown deadline) while its claim's `START TRANSACTION` is on
 /// the wire must not hand the pool a connection inside a transaction nobody owns.
 #[cfg(feature = "outbox")]
