@@ -17,6 +17,15 @@
 /// - an outbox event: `idempotency_outbox::Error::InvalidEvent`, nothing enqueued;
 /// - an HTTP request body declared JSON: `422 invalid-request-body`, nothing stored.
 ///
+/// An outcome is refused *after* its action ran: its depth is that of the value the action
+/// returns, known only once the action has returned it and the serializer has written it, so
+/// no check can come before the action. Nothing of that run is kept (its database changes roll
+/// back with the transaction, and no record is stored or left claimed), so a retry of the same
+/// request finds the key free and runs the action again, and fails again if its result is as
+/// deep: effects outside the transaction (a call to a payment provider, an e-mail) happen once
+/// per try. Keep results shallow (return an id or a summary rather than a deep document), and
+/// test an action's deepest result.
+///
 /// Depth counts brackets: `1` and `"x"` are 0 deep, `[]` and `{}` 1, `{"a":[1]}` 2.
 pub const MAX_JSON_DEPTH: usize = 31;
 

@@ -30,7 +30,8 @@ pub enum SerializationError {
     /// [`MAX_JSON_DEPTH`](crate::MAX_JSON_DEPTH), which not every backend can store. Found
     /// after the action ran and before anything of its outcome was written: `execute` rolls
     /// the transaction back (the action's changes with it), `execute_in`'s caller must. A
-    /// retry of the same request fails the same way; keep results shallower.
+    /// retry of the same request runs the action again (the depth is known only once the
+    /// action returned its result) and fails the same way; keep results shallower.
     #[error("the result cannot be stored")]
     TooDeep(#[from] crate::JsonTooDeep),
 }

@@ -8,13 +8,13 @@ use tracing::Instrument as _;
 use crate::transaction::MysqlTransaction;
 
 use crate::error::{
-    ER_LOCK_DEADLOCK, ER_SP_DOES_NOT_EXIST, Error, InTransaction, TransactionRolledBack,
-    error_number,
+    ER_BAD_NULL_ERROR, ER_LOCK_DEADLOCK, ER_SP_DOES_NOT_EXIST, EndedEarlier, Error, InTransaction,
+    TransactionRolledBack, error_number,
 };
 
 /// What every begin of this crate runs first, in the same round trip: puts back a lock wait
 /// budget that a bounded wait set on MySQL 8 and could not restore (its future was dropped
-/// while the statement ran; see [`set_lock_wait`]), so that the transaction begins with the
+/// while the statement ran; see [`SET_LOCK_WAIT`]), so that the transaction begins with the
 /// session's own `innodb_lock_wait_timeout`.
 macro_rules! heal_lock_wait {
     () => {
@@ -122,6 +122,39 @@ pub(crate) async fn begin_with(
 /// releasing it fails with 1305.
 const PROBE: &str = "SAVEPOINT idempotency_probe; RELEASE SAVEPOINT idempotency_probe";
 
+/// What this crate's writes on MariaDB bind their first key column with, in place of `?`:
+/// `NULL` when the session is not in a transaction any more, which the `NOT NULL` column
+/// refuses (1048), so that the statement fails instead of committing on its own. MariaDB's
+/// `@@in_transaction` is 0 outside a transaction, autocommit statements included, and 1 from
+/// `START TRANSACTION` on. It costs no round trip: the check runs inside the statement. MySQL 8
+/// has no such variable: there [`ensure_open`] asks first.
+pub(crate) const IN_TRANSACTION_ONLY: &str = "IF(@@in_transaction, ?, NULL)";
+
+/// MySQL 8's check (see [`IN_TRANSACTION_ONLY`] for MariaDB's) that the caller's transaction
+/// is still open before a statement of this crate writes in it: when the server ended it
+/// before (a deadlock of one of the caller's own statements), ends the session too and
+/// reports [`TransactionRolledBack`], so that neither that write nor anything after it commits
+/// on its own. `lock_wait`: sets the bounded wait budget too ([`SET_LOCK_WAIT`]), in
+/// the same round trip (the `SET` does not run when the check fails).
+pub(crate) async fn ensure_open(
+    conn: &mut MySqlConnection,
+    lock_wait: Option<u64>,
+) -> Result<(), InTransaction> {
+    let probed = match lock_wait {
+        None => sqlx::raw_sql(PROBE).execute(&mut *conn).await,
+        Some(seconds) => {
+            let set = SET_LOCK_WAIT.replace('?', &seconds.to_string());
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("{PROBE}; {set}")))
+                .execute(&mut *conn)
+                .await
+        }
+    };
+    match probed {
+        Ok(_) => Ok(()),
+        Err(error) => Err(failed_in_transaction(conn, error).await),
+    }
+}
+
 /// Ends this connection's session on the server: every later statement through it fails, and
 /// the pool closes it when it comes back.
 const END_SESSION: &str = "KILL CONNECTION_ID()";
@@ -152,6 +185,14 @@ pub(crate) async fn failed_in_transaction(
         return InTransaction::Statement(error);
     }
     end_session(conn).await;
+    // A savepoint the server did not keep, or the NULL of `IN_TRANSACTION_ONLY`: the statement
+    // failed because the transaction had ended before it, not with it.
+    if matches!(
+        error_number(&error),
+        Some(ER_SP_DOES_NOT_EXIST | ER_BAD_NULL_ERROR)
+    ) {
+        return InTransaction::RolledBack(TransactionRolledBack::new(EndedEarlier));
+    }
     InTransaction::RolledBack(TransactionRolledBack::new(error))
 }
 
@@ -248,42 +289,22 @@ impl Server {
     }
 }
 
-/// `statement` with `innodb_lock_wait_timeout = seconds` for its own run only (MariaDB's
-/// `SET STATEMENT ... FOR`): the session's value is never changed, so a caller that drops the
-/// statement's future leaves nothing behind.
-pub(crate) fn with_statement_lock_wait(statement: &str, seconds: u64) -> SqlStr {
-    crate::records::statements::sql(format!(
-        "SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR {statement}"
-    ))
-}
-
-/// Keeps the session's own value unless one is kept already: a budget left by a wait whose
-/// restore never ran (its future was dropped) is not mistaken for the session's own.
+/// MySQL 8 (whose `SET_VAR` hint does not cover `innodb_lock_wait_timeout`): sets the session's
+/// `innodb_lock_wait_timeout` for the statements until [`restore_lock_wait`], keeping the
+/// session's own value in a session variable unless one is kept already, so that a budget left
+/// by a wait whose restore never ran (its future was dropped) is not mistaken for the session's
+/// own (the assignments of one `SET` run left to right). When the restore never runs, the next
+/// bounded wait on the connection restores the kept value, and so does every begin of this
+/// crate (`BEGIN`), before anything else runs. `0` means "do not wait" on MariaDB; MySQL's
+/// minimum is 1 (it clamps 0 to 1 with a warning). [`ensure_open`] runs it, with the budget in
+/// place of `?`.
 pub(crate) const SET_LOCK_WAIT: &str = "SET @idempotency_lock_wait = \
      CAST(COALESCE(@idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED), \
      SESSION innodb_lock_wait_timeout = ?";
 pub(crate) const RESTORE_LOCK_WAIT: &str = "SET SESSION innodb_lock_wait_timeout = \
      @idempotency_lock_wait, @idempotency_lock_wait = NULL";
 
-/// MySQL 8 (whose `SET_VAR` hint does not cover `innodb_lock_wait_timeout`): sets the session's
-/// `innodb_lock_wait_timeout` to `seconds` for the statements until [`restore_lock_wait`],
-/// keeping the session's own value in a session variable (one round trip; the assignments of
-/// one `SET` run left to right). When the restore never runs (the caller dropped the future
-/// while the statement waited), the next bounded wait on the connection restores the kept
-/// value, and so does every begin of this crate (`BEGIN`), before anything else runs.
-/// `0` means "do not wait" on MariaDB; MySQL's minimum is 1 (it clamps 0 to 1 with a warning).
-pub(crate) async fn set_lock_wait(
-    conn: &mut MySqlConnection,
-    seconds: u64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(SET_LOCK_WAIT)
-        .bind(seconds)
-        .execute(&mut *conn)
-        .await
-        .map(drop)
-}
-
-/// Puts back the value [`set_lock_wait`] replaced.
+/// Puts back the value [`SET_LOCK_WAIT`] replaced.
 pub(crate) async fn restore_lock_wait(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
     sqlx::query(RESTORE_LOCK_WAIT)
         .execute(&mut *conn)
@@ -307,25 +328,117 @@ mod tests {
     #[tokio::test]
     async fn a_budget_left_unrestored_heals_at_the_next_wait_and_the_next_begin() {
         let pool = idempotency_testing::mysql_pool_with(1).await;
-        let mut conn = pool.acquire().await.unwrap();
-        let own = session_lock_wait(&mut conn).await;
+        let own = session_lock_wait(&mut pool.acquire().await.unwrap()).await;
         assert!(own > 3, "{own}");
+        let mut tx = begin(&pool).await.unwrap();
         // A wait whose future was dropped: set, never restored.
-        set_lock_wait(&mut conn, 2).await.unwrap();
-        assert_eq!(session_lock_wait(&mut conn).await, 2);
+        ensure_open(&mut tx, Some(2)).await.unwrap();
+        assert_eq!(session_lock_wait(&mut tx).await, 2);
         // The next wait keeps the session's own value, not the leaked 2.
-        set_lock_wait(&mut conn, 3).await.unwrap();
-        restore_lock_wait(&mut conn).await.unwrap();
-        assert_eq!(session_lock_wait(&mut conn).await, own);
-        // Leaked again; the next begin heals it.
-        set_lock_wait(&mut conn, 2).await.unwrap();
-        drop(conn);
+        ensure_open(&mut tx, Some(3)).await.unwrap();
+        restore_lock_wait(&mut tx).await.unwrap();
+        assert_eq!(session_lock_wait(&mut tx).await, own);
+        // Leaked again, and the connection goes back to the pool with it; the next begin
+        // heals it.
+        ensure_open(&mut tx, Some(2)).await.unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(
+            session_lock_wait(&mut pool.acquire().await.unwrap()).await,
+            2
+        );
         let mut tx = begin(&pool).await.unwrap();
         assert_eq!(session_lock_wait(&mut tx).await, own);
         tx.rollback().await.unwrap();
         let mut tx = begin_read_committed(&pool).await.unwrap();
         assert_eq!(session_lock_wait(&mut tx).await, own);
         tx.rollback().await.unwrap();
+    }
+
+    /// The session's transaction ended under sqlx (as after a deadlock: the session is back in
+    /// autocommit, sqlx still counts the transaction), shown with a `ROLLBACK` sent as plain
+    /// SQL.
+    async fn ended_under_sqlx(pool: &MySqlPool) -> MysqlTransaction {
+        let mut tx = begin(pool).await.unwrap();
+        sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await.unwrap();
+        tx
+    }
+
+    fn assert_ended_earlier(result: Result<(), InTransaction>) {
+        let Err(InTransaction::RolledBack(error)) = result else {
+            panic!("not refused: {result:?}");
+        };
+        let source = std::error::Error::source(&error).unwrap();
+        assert!(source.is::<EndedEarlier>(), "{source:?}");
+    }
+
+    /// MySQL 8's check, run on whatever server the tests have: refused once the transaction
+    /// ended, the budget's `SET` not run, and the session ended with it.
+    #[tokio::test]
+    async fn ensure_open_refuses_a_transaction_the_server_ended() {
+        let pool = idempotency_testing::mysql_pool_with(1).await;
+        let own = session_lock_wait(&mut pool.acquire().await.unwrap()).await;
+        let mut tx = begin(&pool).await.unwrap();
+        ensure_open(&mut tx, None).await.unwrap();
+        tx.rollback().await.unwrap();
+        let mut tx = ended_under_sqlx(&pool).await;
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_ended_earlier(ensure_open(&mut tx, Some(2)).await);
+        assert!(
+            sqlx::query("SELECT 1").execute(&mut *tx).await.is_err(),
+            "the session goes on"
+        );
+        drop(tx);
+        let mut conn = pool.acquire().await.unwrap();
+        let now: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_ne!(now, id, "the ended session came back to the pool");
+        assert_eq!(session_lock_wait(&mut conn).await, own);
+    }
+
+    /// MariaDB's check: `IN_TRANSACTION_ONLY` is read at each run of a prepared statement, so
+    /// the statement prepared in an open transaction fails once the transaction ended.
+    #[tokio::test]
+    async fn the_mariadb_guard_refuses_a_write_once_the_transaction_ended() {
+        let pool = idempotency_testing::mysql_pool_with(1).await;
+        let mariadb = Server::ask(&mut pool.acquire().await.unwrap())
+            .await
+            .unwrap()
+            .mariadb;
+        if !mariadb {
+            return; // MySQL 8 has no `@@in_transaction`: `ensure_open` asks there.
+        }
+        sqlx::raw_sql("CREATE TABLE guarded (name VARCHAR(10) PRIMARY KEY) ENGINE = InnoDB")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let insert = format!("INSERT INTO guarded (name) VALUES ({IN_TRANSACTION_ONLY})");
+        let mut tx = begin(&pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
+            .bind("in")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = ended_under_sqlx(&pool).await;
+        let result = sqlx::query(sqlx::AssertSqlSafe(insert))
+            .bind("out")
+            .execute(&mut *tx)
+            .await;
+        let error = result.unwrap_err();
+        assert_eq!(error_number(&error), Some(ER_BAD_NULL_ERROR), "{error:?}");
+        let failed = failed_in_transaction(&mut tx, error).await;
+        assert_ended_earlier(Err(failed));
+        drop(tx);
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM guarded")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(names, ["in"]);
     }
 
     #[test]

@@ -148,9 +148,12 @@ impl fmt::Display for SchemaProblems<'_> {
 }
 
 /// The server ended the caller's whole transaction while one of this crate's statements ran in
-/// it: InnoDB rolled it back (a deadlock, 1213; a lock wait timeout under
+/// it, or before it: InnoDB rolled it back (a deadlock, 1213; a lock wait timeout under
 /// `innodb_rollback_on_timeout`; ...) and the session went back to autocommit, while sqlx still
-/// counts the transaction as open.
+/// counts the transaction as open. A statement of this crate that would write in the caller's
+/// transaction (an acquire, an outbox enqueue, an inbox record) first makes sure that the
+/// transaction is still open, so a caller whose own statement deadlocked and who went on gets
+/// this error too, instead of a write that commits on its own.
 ///
 /// Whatever ran after that would commit on its own, so the connection is closed (the server
 /// ends the session): every later statement through that transaction, its commit included,
@@ -186,6 +189,16 @@ impl TransactionRolledBack {
     }
 }
 
+/// The source of a [`TransactionRolledBack`] found at one of this crate's statements when the
+/// server had ended the transaction before it: an earlier statement of the caller's (a
+/// deadlock, 1213) rolled it back, and the caller went on.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the server had ended the transaction before this statement (an earlier statement's error, \
+     such as a deadlock, rolled it back)"
+)]
+pub(crate) struct EndedEarlier;
+
 /// A statement of this crate that failed in the caller's transaction.
 #[derive(Debug)]
 pub(crate) enum InTransaction {
@@ -204,6 +217,9 @@ impl From<InTransaction> for StoreError {
     }
 }
 
+/// `ER_BAD_NULL_ERROR`: a `NOT NULL` column was given `NULL` (on MariaDB, the transaction
+/// guard of this crate's inserts, `connect::IN_TRANSACTION_ONLY`).
+pub(crate) const ER_BAD_NULL_ERROR: u16 = 1048;
 /// `ER_DUP_ENTRY`: the key exists.
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 /// `ER_LOCK_WAIT_TIMEOUT`: `innodb_lock_wait_timeout` ran out (also MariaDB's `NOWAIT`).

@@ -172,6 +172,69 @@ async fn an_acquire_dropped_while_waiting_leaves_no_lock_wait_budget_on_the_conn
     assert_eq!(lock_wait().await, before);
 }
 
+/// The same drop, in a transaction the caller then rolls back: unlike a dropped transaction
+/// (whose connection is closed), the rollback hands the very connection back to the pool, so
+/// whatever the dropped acquire left on the session is there for the next user. It must find
+/// the session's own `innodb_lock_wait_timeout` (before the statement-scoped wait: 2 s left on
+/// the pooled connection).
+#[tokio::test]
+async fn a_dropped_acquire_rolled_back_returns_its_connection_with_its_own_lock_wait() {
+    let (direct, proxied, _proxy) = pools().await;
+    let session = async || -> (u64, u64) {
+        sqlx::query_as("SELECT CONNECTION_ID(), @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&proxied)
+            .await
+            .unwrap()
+    };
+    let (connection, before) = session().await;
+    assert!(before > 2, "the session's budget is {before}");
+    let mut config = PersistenceConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let holder_store = MysqlStore::from_config(direct.clone(), &config)
+        .await
+        .unwrap();
+    let store = MysqlStore::from_config(proxied.clone(), &config)
+        .await
+        .unwrap();
+    let id = RecordId::new(
+        idempotency_core::testing::op("OP"),
+        Scope::new("s").unwrap(),
+        idempotency_core::testing::key("leak-rolled-back"),
+    );
+    let fingerprint = Fingerprint::new("ab".repeat(32));
+    let claim = |wait| Claim {
+        id: &id,
+        fingerprint: &fingerprint,
+        ttl: None,
+        wait,
+    };
+    let mut holder = holder_store.begin().await.unwrap();
+    let held = holder_store
+        .acquire(&mut holder, &claim(LockWait::NoWait))
+        .await
+        .unwrap();
+    assert_eq!(held, Acquire::Acquired);
+
+    let bounded = claim(LockWait::Timeout(Duration::from_secs(2)));
+    let mut tx = store.begin().await.unwrap();
+    let waiting = store.acquire(&mut tx, &bounded);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "the acquire did not wait for the holder"
+    );
+    holder.rollback().await.unwrap();
+    tx.rollback().await.unwrap();
+    until_idle(&proxied).await;
+    let (returned, after) = session().await;
+    assert_eq!(
+        returned, connection,
+        "the rollback did not hand the connection back to the pool"
+    );
+    assert_eq!(after, before, "the budget leaked into the pool");
+}
+
 /// A relay worker aborted (the shutdown deadline) while its claim's `START TRANSACTION` is on
 /// the wire must not hand the pool a connection inside a transaction nobody owns.
 #[cfg(feature = "outbox")]
@@ -198,6 +261,147 @@ async fn a_claim_dropped_during_its_begin_leaves_no_transaction_open_in_the_pool
     };
     proxy.drop_while_held(outbox.claim(&request)).await;
     assert_pool_is_clean(&direct, &proxied).await;
+}
+
+/// A single-relay claim dropped while the answer to its `GET_LOCK` is on the wire (the server
+/// granted the lock): the connection holding the lock must not go back to the pool, where it
+/// would keep the lock with no relay behind it and every relay's claim would return nothing.
+#[cfg(feature = "outbox")]
+#[tokio::test]
+async fn a_single_relay_claim_dropped_during_its_get_lock_leaves_no_lock_in_the_pool() {
+    use idempotency_mysql::{MysqlOutbox, TableName};
+    use idempotency_outbox::NewEvent;
+    use idempotency_outbox::config::Ordering;
+    use idempotency_outbox::store::{ClaimRequest, RelayStore};
+
+    let (direct, proxied, proxy) = pools().await;
+    // Named locks are the server's, not a database's: one of this test's own.
+    let lock = idempotency_testing::unique_name("relay");
+    let table = TableName::parse("outbox").unwrap();
+    let survivor = MysqlOutbox::with_options(direct.clone(), table.clone(), Ordering::Ordered)
+        .unwrap()
+        .with_single_relay(&lock)
+        .unwrap();
+    survivor.create_schema().await.unwrap();
+    let mut tx = idempotency_mysql::begin(&direct).await.unwrap();
+    let event = NewEvent::new("order", "o-1", "Placed", &serde_json::json!({"n": 1})).unwrap();
+    survivor.enqueue(&mut tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    let dropped = MysqlOutbox::with_options(proxied.clone(), table, Ordering::Ordered)
+        .unwrap()
+        .with_single_relay(&lock)
+        .unwrap();
+    let request = ClaimRequest {
+        limit: 10,
+        lease: Duration::from_secs(30),
+        token: uuid::Uuid::now_v7(),
+        ordering: Ordering::Ordered,
+        max_attempts: 5,
+    };
+    // The claim's statement is prepared on the pooled connection already: the answer held is
+    // the one to its execution, after the server granted the lock.
+    for sql in ["SELECT GET_LOCK(?, 0)", "SELECT RELEASE_LOCK(?)"] {
+        sqlx::query_scalar::<_, Option<i64>>(sql)
+            .bind("warm-up")
+            .fetch_one(&proxied)
+            .await
+            .unwrap();
+    }
+    until_idle(&proxied).await;
+    let lock_held = async || -> bool {
+        let held: i64 = sqlx::query_scalar("SELECT IS_USED_LOCK(?) IS NOT NULL")
+            .bind(&lock)
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+        held == 1
+    };
+    proxy.hold();
+    let (claimed, granted) = tokio::join!(
+        tokio::time::timeout(Duration::from_millis(300), dropped.claim(&request)),
+        async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            lock_held().await
+        }
+    );
+    proxy.release();
+    assert!(
+        claimed.is_err(),
+        "the claim finished while its answer was held"
+    );
+    assert!(
+        granted,
+        "the server had not granted the lock when the claim was dropped"
+    );
+    let deadline = tokio::time::Instant::now() + RETURN_WITHIN;
+    while lock_held().await && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !lock_held().await,
+        "a session nobody runs a relay on still holds the single-relay lock"
+    );
+    let taken = survivor.claim(&request).await.unwrap();
+    assert_eq!(taken.messages.len(), 1, "the other relay claimed nothing");
+    assert!(
+        comes_back(&proxied).await,
+        "the connection did not come back"
+    );
+}
+
+/// A single-relay claim dropped while its `START TRANSACTION` is on the wire, on the connection
+/// that already holds the lock: the next claim claims the pending event.
+#[cfg(feature = "outbox")]
+#[tokio::test]
+async fn a_single_relay_claim_dropped_during_its_begin_does_not_fail_the_next_claim() {
+    use idempotency_mysql::{MysqlOutbox, TableName};
+    use idempotency_outbox::NewEvent;
+    use idempotency_outbox::config::Ordering;
+    use idempotency_outbox::store::{ClaimRequest, RelayStore};
+
+    let (direct, proxied, proxy) = pools().await;
+    // Named locks are the server's, not a database's: one of this test's own.
+    let lock = idempotency_testing::unique_name("relay");
+    let table = TableName::parse("outbox").unwrap();
+    let writer =
+        MysqlOutbox::with_options(direct.clone(), table.clone(), Ordering::Ordered).unwrap();
+    writer.create_schema().await.unwrap();
+    let relay = MysqlOutbox::with_options(proxied.clone(), table, Ordering::Ordered)
+        .unwrap()
+        .with_single_relay(&lock)
+        .unwrap();
+    let request = ClaimRequest {
+        limit: 10,
+        lease: Duration::from_secs(30),
+        token: uuid::Uuid::now_v7(),
+        ordering: Ordering::Ordered,
+        max_attempts: 5,
+    };
+    // The lock taken, its connection kept.
+    assert!(relay.claim(&request).await.unwrap().messages.is_empty());
+    let mut tx = idempotency_mysql::begin(&direct).await.unwrap();
+    let event = NewEvent::new("order", "o-1", "Placed", &serde_json::json!({"n": 1})).unwrap();
+    writer.enqueue(&mut tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    proxy.drop_while_held(relay.claim(&request)).await;
+    // The relay's next polls: the lock may take a moment to come free if it went with the
+    // session.
+    let deadline = tokio::time::Instant::now() + RETURN_WITHIN;
+    loop {
+        let claimed = tokio::time::timeout(RETURN_WITHIN, relay.claim(&request))
+            .await
+            .expect("the next claim did not answer")
+            .expect("the next claim failed");
+        if !claimed.messages.is_empty() {
+            assert_eq!(claimed.messages.len(), 1);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the event was never claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// How long a pooled connection may take to come back once its user is gone.

@@ -204,3 +204,190 @@ async fn an_enqueue_after_the_callers_own_statement_deadlocked_fails() {
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM business").await, 1);
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM outbox").await, 0);
 }
+
+/// The deadlock hits one of the caller's own statements: the inbox record that follows finds
+/// the transaction gone and refuses to run outside it (the message would be marked processed
+/// without the effects the deadlock rolled back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_record_after_the_callers_own_statement_deadlocked_fails() {
+    let pool = idempotency_testing::mysql_pool().await;
+    sqlx::raw_sql(
+        "CREATE TABLE business (name VARCHAR(10) NOT NULL) ENGINE = InnoDB; \
+         CREATE TABLE taken (name VARCHAR(10) PRIMARY KEY) ENGINE = InnoDB",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut config = InboxConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let inbox = MysqlInbox::from_config(pool.clone(), &config)
+        .await
+        .unwrap();
+    let mut victims = 0;
+    for (mut tx, result) in deadlock(&pool, Step::Business).await {
+        match result {
+            Ok(()) => tx.commit().await.unwrap(),
+            Err(_) => {
+                victims += 1;
+                let error = inbox.record(&mut tx, "consumer", "z").await.unwrap_err();
+                assert_rolled_back(&error);
+                assert!(tx.commit().await.is_err(), "the commit succeeded");
+            }
+        }
+    }
+    assert_eq!(victims, 1);
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM business").await, 1);
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM inbox").await,
+        0,
+        "the message was recorded outside the caller's transaction"
+    );
+}
+
+/// The deadlock hits one of the caller's own statements before `execute_in`: the store's
+/// acquire finds the transaction gone and refuses to run outside it. Before, the `PROCESSING`
+/// record, the action's write and the completed record each committed on their own, and the
+/// caller's commit "succeeded" without the business row the deadlock rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_in_after_the_callers_own_statement_deadlocked_fails() {
+    use idempotency_core::{Call, ExecutionResult, IdempotencyService, Outcome, StoreError};
+    use idempotency_mysql::{MysqlStore, MysqlTx};
+
+    let pool = idempotency_testing::mysql_pool().await;
+    sqlx::raw_sql(
+        "CREATE TABLE business (name VARCHAR(10) NOT NULL) ENGINE = InnoDB; \
+         CREATE TABLE taken (name VARCHAR(10) PRIMARY KEY) ENGINE = InnoDB",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut config = idempotency_core::config::PersistenceConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let store = MysqlStore::from_config(pool.clone(), &config)
+        .await
+        .unwrap();
+    for lookup_before_acquire in [false, true] {
+        let service = IdempotencyService::builder(store.clone())
+            .config(idempotency_core::ServiceOptions {
+                lookup_before_acquire,
+                ..Default::default()
+            })
+            .build();
+        let mut victims = 0;
+        for (tx, result) in deadlock(&pool, Step::Business).await {
+            match result {
+                Ok(()) => tx.commit().await.unwrap(),
+                Err(_) => {
+                    victims += 1;
+                    let mut tx = MysqlTx::new(tx);
+                    let key = idempotency_core::testing::key("after-deadlock");
+                    let ran = std::sync::atomic::AtomicBool::new(false);
+                    let executed: Result<Outcome<i32>, idempotency_core::Error> = service
+                        .execute_in(
+                            &mut tx,
+                            Call::new("OP", key, &serde_json::json!({"n": 1})),
+                            async |conn| {
+                                ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                                sqlx::query("INSERT INTO business (name) VALUES ('action')")
+                                    .execute(conn)
+                                    .await
+                                    .map_err(|e| {
+                                        idempotency_core::Error::Store(
+                                            idempotency_mysql::store_error(e),
+                                        )
+                                    })?;
+                                Ok(ExecutionResult::success(1))
+                            },
+                        )
+                        .await;
+                    let error = executed.unwrap_err();
+                    let idempotency_core::Error::Store(StoreError::Conflict(source)) = &error
+                    else {
+                        panic!("not a conflict: {error:?}");
+                    };
+                    assert!(
+                        source.downcast_ref::<TransactionRolledBack>().is_some(),
+                        "the source is {source:?}"
+                    );
+                    assert!(error.is_retryable(), "{error:?}");
+                    assert!(
+                        !ran.load(std::sync::atomic::Ordering::SeqCst),
+                        "the action ran outside the transaction"
+                    );
+                    assert!(tx.commit().await.is_err(), "the commit succeeded");
+                }
+            }
+        }
+        assert_eq!(victims, 1);
+        assert_eq!(
+            count(&pool, "SELECT COUNT(*) FROM idempotency_records").await,
+            0,
+            "a record committed outside the caller's transaction"
+        );
+        assert_eq!(
+            count(&pool, "SELECT COUNT(*) FROM business WHERE name = 'action'").await,
+            0,
+            "the action's write committed outside the caller's transaction"
+        );
+        sqlx::raw_sql("DELETE FROM business; DELETE FROM taken")
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// An action that goes on after the server ended the transaction under it (here a `ROLLBACK`
+/// sent as plain SQL, which leaves the session as a deadlock the action swallowed does: back in
+/// autocommit, the transaction still counted by sqlx): `complete` finds the acquired record
+/// gone with the transaction and says so, and nothing the caller runs next commits on its own
+/// (before: `NotProcessing`, and the caller's next statement autocommitted).
+#[tokio::test]
+async fn complete_after_the_transaction_ended_under_the_action_fails() {
+    use idempotency_core::{Call, ExecutionResult, IdempotencyService, Outcome, StoreError};
+    use idempotency_mysql::{MysqlStore, MysqlTx};
+
+    let pool = idempotency_testing::mysql_pool().await;
+    sqlx::raw_sql("CREATE TABLE business (name VARCHAR(10) NOT NULL) ENGINE = InnoDB")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut config = idempotency_core::config::PersistenceConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let store = MysqlStore::from_config(pool.clone(), &config)
+        .await
+        .unwrap();
+    let service = IdempotencyService::new(store.clone());
+    let mut tx = MysqlTx::new(idempotency_mysql::begin(&pool).await.unwrap());
+    let key = idempotency_core::testing::key("ended-under-the-action");
+    let executed: Result<Outcome<i32>, idempotency_core::Error> = service
+        .execute_in(
+            &mut tx,
+            Call::new("OP", key, &serde_json::json!({"n": 1})),
+            async |conn| {
+                sqlx::raw_sql("ROLLBACK").execute(conn).await.unwrap();
+                Ok(ExecutionResult::success(1))
+            },
+        )
+        .await;
+    let error = executed.unwrap_err();
+    let idempotency_core::Error::Store(StoreError::Conflict(source)) = &error else {
+        panic!("not a conflict: {error:?}");
+    };
+    assert!(
+        source.downcast_ref::<TransactionRolledBack>().is_some(),
+        "the source is {source:?}"
+    );
+    let later = sqlx::query("INSERT INTO business (name) VALUES ('late')")
+        .execute(&mut *tx)
+        .await;
+    assert!(
+        later.is_err(),
+        "a statement ran after the transaction ended"
+    );
+    assert!(tx.commit().await.is_err(), "the commit succeeded");
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM business").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM idempotency_records").await,
+        0
+    );
+}

@@ -1,6 +1,6 @@
 //! [`MysqlInbox`]: consumer-side deduplication on MySQL / MariaDB.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idempotency_core::config::SchemaMode;
@@ -11,7 +11,7 @@ use sqlx::{Connection, MySqlConnection, MySqlPool, SqlStr};
 use uuid::Uuid;
 
 use crate::clock::{NOW, micros};
-use crate::connect::{self, begin_read_committed, in_transaction};
+use crate::connect::{self, IN_TRANSACTION_ONLY, begin_read_committed, in_transaction};
 use crate::outbox::schema::{self, Index, Shape, name_col, time_col};
 use crate::outbox::{from_crate_error, in_transaction_error, outbox_error, refuse_trailing_space};
 use crate::records::sql;
@@ -51,7 +51,11 @@ const MAX_LEN: usize = 255;
 
 #[derive(Debug)]
 struct Statements {
+    /// MySQL 8's record, after `connect::ensure_open`.
     record: SqlStr,
+    /// MariaDB's: the consumer bound through `connect::IN_TRANSACTION_ONLY`, so that it fails
+    /// when the caller's transaction ended before it.
+    record_mariadb: SqlStr,
     old: SqlStr,
     table: String,
 }
@@ -81,20 +85,24 @@ pub struct MysqlInbox {
     pool: MySqlPool,
     table: Arc<TableName>,
     sql: Arc<Statements>,
+    /// Whether the server is MariaDB, asked at the first record.
+    mariadb: Arc<OnceLock<bool>>,
 }
 
 impl MysqlInbox {
     /// An inbox on `table`; the schema is not touched.
     pub fn with_table(pool: MySqlPool, table: TableName) -> Result<Self, Error> {
         let t = table.quoted();
+        let record = format!(
+            "INSERT INTO {t} (consumer, message_id, received_at) VALUES ({{consumer}}, ?, {NOW}) \
+             ON DUPLICATE KEY UPDATE received_at = IF(LAST_INSERT_ID(1), received_at, \
+                                                      received_at)"
+        );
         let sql = Statements {
             // The records store's duplicate marker: `LAST_INSERT_ID(1)` runs only on a
             // duplicate key, whose row stays as it was.
-            record: sql(format!(
-                "INSERT INTO {t} (consumer, message_id, received_at) VALUES (?, ?, {NOW}) \
-                 ON DUPLICATE KEY UPDATE received_at = IF(LAST_INSERT_ID(1), received_at, \
-                                                          received_at)"
-            )),
+            record: sql(record.replace("{consumer}", "?")),
+            record_mariadb: sql(record.replace("{consumer}", IN_TRANSACTION_ONLY)),
             old: sql(format!(
                 "SELECT consumer, message_id FROM {t} \
                  WHERE received_at < {NOW} - INTERVAL ? MICROSECOND \
@@ -106,6 +114,7 @@ impl MysqlInbox {
             pool,
             table: Arc::new(table),
             sql: Arc::new(sql),
+            mariadb: Arc::default(),
         })
     }
 
@@ -147,6 +156,10 @@ impl MysqlInbox {
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx: the entry would commit without the consumer's effects.
+    /// Fails with a retryable [`Error::Conflict`] whose source is
+    /// [`TransactionRolledBack`](crate::TransactionRolledBack), the connection closed, when the
+    /// server ended that transaction before or during the record (a deadlock of one of the
+    /// consumer's own statements): retry the whole transaction.
     pub async fn record(
         &self,
         conn: &mut MySqlConnection,
@@ -166,7 +179,18 @@ impl MysqlInbox {
             }
             refuse_trailing_space(what, value)?;
         }
-        let result = sqlx::query(self.sql.record.clone())
+        // The caller's transaction may have ended before (one of its own statements
+        // deadlocked): the record must then fail, not commit on its own. MariaDB's statement
+        // checks it itself; MySQL 8 is asked first (one round trip).
+        let statement = if self.is_mariadb(conn).await? {
+            self.sql.record_mariadb.clone()
+        } else {
+            connect::ensure_open(conn, None)
+                .await
+                .map_err(in_transaction_error)?;
+            self.sql.record.clone()
+        };
+        let result = sqlx::query(statement)
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
@@ -175,6 +199,15 @@ impl MysqlInbox {
             .await
             .map_err(in_transaction_error)?;
         Ok(result.last_insert_id() != 1)
+    }
+
+    /// Whether the server is MariaDB, asked once on `conn`.
+    async fn is_mariadb(&self, conn: &mut MySqlConnection) -> Result<bool, Error> {
+        if let Some(mariadb) = self.mariadb.get() {
+            return Ok(*mariadb);
+        }
+        let server = connect::Server::ask(conn).await.map_err(outbox_error)?;
+        Ok(*self.mariadb.get_or_init(|| server.mariadb))
     }
 
     /// [`record`](Self::record) for an outbox message id.
@@ -258,5 +291,41 @@ impl Inbox for MysqlInbox {
         }
         tx.commit().await.map_err(outbox_error)?;
         Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The MySQL 8 path, run on whatever server the tests have (MySQL 8 itself is not among
+    /// them): a record in a transaction the server ended (a `ROLLBACK` sent as plain SQL leaves
+    /// the session as a deadlock does) fails instead of committing on its own; in an open
+    /// transaction it records.
+    #[tokio::test]
+    async fn the_mysql_8_record_refuses_a_transaction_the_server_ended() {
+        let pool = idempotency_testing::mysql_pool_with(1).await;
+        let mut config = InboxConfig::default();
+        config.schema.mode = SchemaMode::Create;
+        let inbox = MysqlInbox::from_config(pool.clone(), &config)
+            .await
+            .unwrap();
+        let _ = inbox.mariadb.set(false);
+        let mut tx = connect::begin(&pool).await.unwrap();
+        sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await.unwrap();
+        let error = inbox.record(&mut tx, "consumer", "m-1").await.unwrap_err();
+        let Error::Conflict(source) = &error else {
+            panic!("not a conflict: {error:?}");
+        };
+        assert!(source.is::<crate::TransactionRolledBack>(), "{source:?}");
+        drop(tx);
+        let mut tx = connect::begin(&pool).await.unwrap();
+        assert!(inbox.record(&mut tx, "consumer", "m-2").await.unwrap());
+        tx.commit().await.unwrap();
+        let ids: Vec<String> = sqlx::query_scalar("SELECT message_id FROM inbox")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(ids, ["m-2"], "only the record in an open transaction");
     }
 }

@@ -219,7 +219,10 @@ impl MysqlOutbox {
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx: the events would commit on their own (a `BEGIN` sent
-    /// as plain SQL is not seen).
+    /// as plain SQL is not seen). Fails with a retryable [`Error::Conflict`] whose source is
+    /// [`TransactionRolledBack`](crate::TransactionRolledBack), the connection closed, when the
+    /// server ended that transaction before or during the enqueue (a deadlock): retry the
+    /// whole transaction.
     pub async fn enqueue_all(
         &self,
         conn: &mut MySqlConnection,

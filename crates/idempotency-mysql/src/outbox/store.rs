@@ -9,6 +9,7 @@ use idempotency_outbox::store::{
     OutboxStats, RelayStore,
 };
 use idempotency_outbox::{DeadLetter, Error, NewEvent};
+use sqlx::pool::PoolConnection;
 use sqlx::{Connection, MySql, MySqlConnection, SqlStr};
 use uuid::Uuid;
 
@@ -48,6 +49,21 @@ impl ClaimTx for MysqlTransaction {
 impl ClaimTx for sqlx::Transaction<'_, MySql> {
     fn commit(self) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         sqlx::Transaction::commit(self)
+    }
+}
+
+/// Marks a pooled connection to be closed, not returned to the pool, when the guard is dropped
+/// while still `armed`: a statement on it may have been cut off with its answer on the wire.
+struct CloseIfDropped<'a> {
+    conn: &'a mut PoolConnection<MySql>,
+    armed: bool,
+}
+
+impl Drop for CloseIfDropped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.close_on_drop();
+        }
     }
 }
 
@@ -158,31 +174,50 @@ impl RelayStore for MysqlOutbox {
             return self.claim_on(tx, request).await;
         };
         let mut holder = single.holder.lock().await;
-        if holder.is_none() {
-            let mut conn = self.pool.acquire().await.map_err(outbox_error)?;
-            let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                .bind(&single.name)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(outbox_error)?;
-            if taken != Some(1) {
-                return Ok(Claimed::default());
+        let mut conn = match holder.take() {
+            Some(conn) => conn,
+            None => {
+                let mut conn = self.pool.acquire().await.map_err(outbox_error)?;
+                // Until the answer is read, the connection may hold the lock: dropped before
+                // that (a worker aborted at the shutdown deadline), or failed, it is closed,
+                // not returned to the pool, where it would keep the lock with no relay behind
+                // it and every relay's claim would come back empty. The server releases the
+                // lock with the session.
+                let mut guard = CloseIfDropped {
+                    conn: &mut conn,
+                    armed: true,
+                };
+                let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(&single.name)
+                    .fetch_one(&mut **guard.conn)
+                    .await
+                    .map_err(outbox_error)?;
+                guard.armed = false;
+                drop(guard);
+                if taken != Some(1) {
+                    return Ok(Claimed::default());
+                }
+                tracing::info!(lock = %single.name, "this relay holds the single-relay lock");
+                conn
             }
-            tracing::info!(lock = %single.name, "this relay holds the single-relay lock");
-            *holder = Some(conn);
-        }
-        let Some(conn) = holder.as_mut() else {
-            return Ok(Claimed::default());
         };
-        // The lock's connection never goes back to the pool: a begin dropped on the wire
-        // leaves an empty transaction there, which the next claim's begin commits.
-        let claimed = match conn.begin_with(BEGIN_READ_COMMITTED).await {
+        // The lock's connection never goes back to the pool. Dropped before the claim ended (a
+        // worker aborted at the shutdown deadline), it is closed: a statement cut off on the
+        // wire may leave it out of step with the server (see `MysqlTransaction`), and the
+        // lock goes with the session, for any relay to take at its next claim.
+        let mut guard = CloseIfDropped {
+            conn: &mut conn,
+            armed: true,
+        };
+        let claimed = match guard.conn.begin_with(BEGIN_READ_COMMITTED).await {
             Ok(tx) => self.claim_on(tx, request).await,
             Err(error) => Err(outbox_error(error)),
         };
-        if claimed.is_err()
-            && let Some(conn) = holder.take()
-        {
+        guard.armed = false;
+        drop(guard);
+        if claimed.is_ok() {
+            *holder = Some(conn);
+        } else {
             // The lock may have gone with the session: close the connection (the server
             // releases whatever it held) and compete for the lock again at the next claim.
             let _ = conn.detach().close().await;

@@ -5,13 +5,40 @@ use std::sync::Arc;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::clock::NOW;
+use crate::connect::IN_TRANSACTION_ONLY;
 use crate::table::TableName;
+
+/// An insert of the store, in the form each server runs it.
+#[derive(Debug)]
+pub(super) struct Insert {
+    /// MySQL 8: the plain statement, after `connect::ensure_open`.
+    pub(super) mysql: SqlStr,
+    /// MariaDB: with `innodb_lock_wait_timeout = 0` for the statement alone (`SET STATEMENT
+    /// ... FOR`: the session's value is never changed, so a caller that drops the statement's
+    /// future leaves nothing behind; see `MysqlStore::insert_waiting`), its operation bound through
+    /// `connect::IN_TRANSACTION_ONLY` (the statement fails when the caller's transaction
+    /// ended before it).
+    pub(super) mariadb: SqlStr,
+}
+
+impl Insert {
+    /// `statement` has `{operation}` where the operation's `?` goes.
+    fn new(statement: &str) -> Self {
+        Self {
+            mysql: sql(statement.replace("{operation}", "?")),
+            mariadb: sql(format!(
+                "SET STATEMENT innodb_lock_wait_timeout = 0 FOR {}",
+                statement.replace("{operation}", IN_TRANSACTION_ONLY)
+            )),
+        }
+    }
+}
 
 /// The store's SQL. sqlx prepares each statement once per connection and reuses it.
 #[derive(Debug)]
 pub(super) struct Statements {
-    pub(super) acquire: SqlStr,
-    pub(super) insert_completed: SqlStr,
+    pub(super) acquire: Insert,
+    pub(super) insert_completed: Insert,
     pub(super) inserted_times: SqlStr,
     pub(super) find: SqlStr,
     pub(super) find_locking: SqlStr,
@@ -35,16 +62,18 @@ impl Statements {
             // which turns every error, a too-long value, a CHECK, into a warning), and leaves a
             // shared lock on the row, which other replays share (`ON DUPLICATE KEY UPDATE`
             // would lock it exclusively until the replayer's transaction ends).
-            acquire: sql(format!(
+            acquire: Insert::new(&format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
                                   created_at, expires_at) \
-                 VALUES (?, ?, ?, ?, 'PROCESSING', {NOW}, {NOW} + INTERVAL ? MICROSECOND)"
+                 VALUES ({{operation}}, ?, ?, ?, 'PROCESSING', {NOW}, \
+                         {NOW} + INTERVAL ? MICROSECOND)"
             )),
-            insert_completed: sql(format!(
+            insert_completed: Insert::new(&format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
                                   result_payload, error_code, created_at, completed_at, expires_at, \
                                   trace_id, span_id) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW} + INTERVAL ? MICROSECOND, ?, ?)"
+                 VALUES ({{operation}}, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, \
+                         {NOW} + INTERVAL ? MICROSECOND, ?, ?)"
             )),
             // The transaction's own row: always visible to it.
             inserted_times: sql(format!(

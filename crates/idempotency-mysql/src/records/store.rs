@@ -19,11 +19,11 @@ use super::row::{
     time,
 };
 use super::schema;
-use super::statements::Statements;
+use super::statements::{Insert, Statements};
 use crate::clock::ttl_micros;
 use crate::connect::{
-    self, Server, begin_read_committed, failed_in_transaction, in_transaction, restore_lock_wait,
-    set_lock_wait,
+    self, Server, begin_read_committed, ensure_open, failed_in_transaction, in_transaction,
+    restore_lock_wait,
 };
 use crate::error::{
     ER_DUP_ENTRY, ER_LOCK_WAIT_TIMEOUT, Error, SchemaProblem, error_number, store_error,
@@ -169,12 +169,16 @@ impl MysqlStore {
     /// benchmarks: `acquire`, `insert_completed`, `inserted_times` (read after an optimistic
     /// insert), `find`, `find_locking` (`find` after `acquire` reported `Exists`), `complete`,
     /// `completed_row` (read after `complete`), `set_lock_wait` and `restore_lock_wait` (around
-    /// a bounded wait on MySQL 8), `expired` (a cleanup batch's keys).
+    /// a bounded wait on MySQL 8), `expired` (a cleanup batch's keys). `acquire` and
+    /// `insert_completed` are the forms MySQL 8 runs; MariaDB runs them under `SET STATEMENT
+    /// innodb_lock_wait_timeout = 0 FOR`, the operation bound through
+    /// `IF(@@in_transaction, ?, NULL)` (a caller's transaction the server already ended makes
+    /// the insert fail instead of committing on its own).
     pub fn statement(&self, name: &str) -> Option<&str> {
         let sql = &self.sql;
         Some(match name {
-            "acquire" => sql.acquire.as_str(),
-            "insert_completed" => sql.insert_completed.as_str(),
+            "acquire" => sql.acquire.mysql.as_str(),
+            "insert_completed" => sql.insert_completed.mysql.as_str(),
             "inserted_times" => sql.inserted_times.as_str(),
             "find" => sql.find.as_str(),
             "find_locking" => sql.find_locking.as_str(),
@@ -192,6 +196,14 @@ impl MysqlStore {
     /// the key exists (committed; the failed insert holds a shared lock on it, which other
     /// replays share).
     ///
+    /// The insert is the first write in the caller's transaction: when the server ended that
+    /// transaction before it (one of the caller's own statements deadlocked and the caller went
+    /// on), it would commit on its own. It fails instead with
+    /// [`TransactionRolledBack`](crate::TransactionRolledBack), the session ended: on MariaDB
+    /// the statement checks `@@in_transaction` itself (`connect::IN_TRANSACTION_ONLY`, no
+    /// round trip); on MySQL 8 `connect::ensure_open` asks first, in the round trip that sets
+    /// the wait budget (one more round trip when the wait is unbounded).
+    ///
     /// On MariaDB the insert does not wait inside the server: it runs with
     /// `innodb_lock_wait_timeout = 0` for that statement only (`SET STATEMENT ... FOR`) and is
     /// tried again after a short sleep while the holder is in flight, until the budget runs
@@ -202,12 +214,12 @@ impl MysqlStore {
     ///
     /// MySQL 8 has no statement-scoped `innodb_lock_wait_timeout` and no wait below one
     /// second: the insert waits in the server, the budget set and restored around it (see
-    /// `connect::set_lock_wait` for how a restore that never ran is made up for).
+    /// `connect::SET_LOCK_WAIT` for how a restore that never ran is made up for).
     async fn insert_waiting<'q>(
         &self,
         conn: &mut MySqlConnection,
         wait: LockWait,
-        sql: &SqlStr,
+        insert: &Insert,
         bind: impl Fn(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
     ) -> Result<bool, StoreError> {
         let server = self.server(conn).await?;
@@ -217,17 +229,18 @@ impl MysqlStore {
                 LockWait::NoWait => Some(Instant::now()),
                 LockWait::Timeout(timeout) => Instant::now().checked_add(timeout),
             };
-            return insert_polling(conn, deadline, server, sql, bind).await;
+            return insert_polling(conn, deadline, server, &insert.mariadb, bind).await;
         }
-        let Some(seconds) = lock_wait_seconds(wait) else {
-            let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
-            return inserted(conn, result).await;
-        };
-        set_lock_wait(conn, seconds).await.map_err(store_error)?;
-        let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
-        let restored = restore_lock_wait(conn).await;
-        if result.is_ok() {
-            restored.map_err(store_error)?;
+        let seconds = lock_wait_seconds(wait);
+        ensure_open(conn, seconds).await?;
+        let result = bind(sqlx::query(insert.mysql.clone()))
+            .execute(&mut *conn)
+            .await;
+        if seconds.is_some() {
+            let restored = restore_lock_wait(conn).await;
+            if result.is_ok() {
+                restored.map_err(store_error)?;
+            }
         }
         inserted(conn, result).await
     }
@@ -297,9 +310,9 @@ async fn inserted(
     }
 }
 
-/// MariaDB's wait (see `MysqlStore::insert_waiting`): the insert without a server-side wait,
-/// again every few milliseconds while a holder has the key, until `deadline` (`None`: until
-/// the holder ends).
+/// MariaDB's wait (see `MysqlStore::insert_waiting`): the insert `sql` (its MariaDB form, with
+/// no server-side wait), again every few milliseconds while a holder has the key, until
+/// `deadline` (`None`: until the holder ends).
 async fn insert_polling<'q>(
     conn: &mut MySqlConnection,
     deadline: Option<Instant>,
@@ -307,10 +320,9 @@ async fn insert_polling<'q>(
     sql: &SqlStr,
     bind: impl Fn(Query<'q, MySql, MySqlArguments>) -> Query<'q, MySql, MySqlArguments>,
 ) -> Result<bool, StoreError> {
-    let nowait = connect::with_statement_lock_wait(sql.as_str(), 0);
     let mut pause = POLL_FIRST;
     loop {
-        let result = bind(sqlx::query(nowait.clone())).execute(&mut *conn).await;
+        let result = bind(sqlx::query(sql.clone())).execute(&mut *conn).await;
         let in_flight = result
             .as_ref()
             .is_err_and(|error| error_number(error) == Some(ER_LOCK_WAIT_TIMEOUT));
@@ -437,6 +449,10 @@ impl IdempotencyStore for MysqlStore {
             .await;
         let updated = in_transaction(conn, updated).await?.rows_affected();
         if updated == 0 {
+            // The acquire's row is gone: with the transaction, when the server ended it since
+            // (an action that went on after its own statement deadlocked). Nothing the caller
+            // runs next may commit on its own.
+            ensure_open(conn, None).await?;
             let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
@@ -546,7 +562,75 @@ impl ExpiredCleanup for MysqlStore {
 mod tests {
     use std::time::Duration;
 
+    use idempotency_core::{Fingerprint, Scope};
+
     use super::*;
+    use crate::TransactionRolledBack;
+
+    /// The MySQL 8 path, run on whatever server the tests have (MySQL 8 itself is not among
+    /// them): an acquire in a transaction the server ended (a `ROLLBACK` sent as plain SQL
+    /// leaves the session as a deadlock does) fails instead of committing a record on its own,
+    /// with an unbounded wait and with a bounded one (whose budget is set in the check's round
+    /// trip); in an open transaction it acquires and puts the budget back.
+    #[tokio::test]
+    async fn the_mysql_8_acquire_refuses_a_transaction_the_server_ended() {
+        let pool = idempotency_testing::mysql_pool_with(1).await;
+        let mut config = PersistenceConfig::default();
+        config.schema.mode = SchemaMode::Create;
+        let store = MysqlStore::from_config(pool.clone(), &config)
+            .await
+            .unwrap();
+        let _ = store.server.set(Server {
+            mariadb: false,
+            rollback_on_timeout: false,
+        });
+        let id = RecordId::new(
+            idempotency_core::testing::op("OP"),
+            Scope::new("s").unwrap(),
+            idempotency_core::testing::key("mysql-8"),
+        );
+        let fingerprint = Fingerprint::new("ab".repeat(32));
+        let claim = |wait| Claim {
+            id: &id,
+            fingerprint: &fingerprint,
+            ttl: None,
+            wait,
+        };
+        let lock_wait = async |conn: &mut MySqlConnection| -> u64 {
+            sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+                .fetch_one(conn)
+                .await
+                .unwrap()
+        };
+        let own = lock_wait(&mut pool.acquire().await.unwrap()).await;
+        for wait in [
+            LockWait::Unbounded,
+            LockWait::Timeout(Duration::from_secs(2)),
+        ] {
+            let mut tx = connect::begin(&pool).await.unwrap();
+            sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await.unwrap();
+            let error = store.acquire(&mut tx, &claim(wait)).await.unwrap_err();
+            let StoreError::Conflict(source) = &error else {
+                panic!("not a conflict: {error:?}");
+            };
+            assert!(source.is::<TransactionRolledBack>(), "{source:?}");
+            assert!(sqlx::query("SELECT 1").execute(&mut *tx).await.is_err());
+        }
+        let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(records, 0, "a record committed on its own");
+        assert_eq!(lock_wait(&mut pool.acquire().await.unwrap()).await, own);
+        let mut tx = connect::begin(&pool).await.unwrap();
+        let acquired = store
+            .acquire(&mut tx, &claim(LockWait::Timeout(Duration::from_secs(2))))
+            .await
+            .unwrap();
+        assert_eq!(acquired, Acquire::Acquired);
+        assert_eq!(lock_wait(&mut tx).await, own);
+        tx.rollback().await.unwrap();
+    }
 
     #[test]
     fn wait_budgets_are_whole_seconds() {
