@@ -115,10 +115,12 @@ async fn send(app: &Router, method: Method, key: &str) -> Reply {
 }
 
 /// Issue 53, item 2: a made-up method (61 characters, and one of 120 that no operation name
-/// can hold) and a standard method the route does not serve reach the route's 405 without a
-/// record, without an operation name in any meter, and without a 500.
+/// can hold) and a standard method outside the layer's set reach the route's 405 without a
+/// record, without an operation name in any meter, and without a 500. The layer's own methods
+/// that the route does not serve (`PUT`, `PATCH`, `DELETE` on a `POST` route) answer the same
+/// 405, which is transient and never stored, and name only their own operation: a bounded set.
 #[tokio::test]
-async fn methods_the_route_does_not_serve_leave_no_record_and_no_label() {
+async fn methods_the_route_does_not_serve_store_no_record_and_name_only_the_layers_operations() {
     let fresh = fresh().await;
     let labels = Labels::default();
     let service = IdempotencyService::builder(fresh.store.clone())
@@ -135,17 +137,38 @@ async fn methods_the_route_does_not_serve_leave_no_record_and_no_label() {
         let reply = send(&app, method, &format!("m-{i}")).await;
         assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{length}");
     }
-    for method in [Method::GET, Method::PUT, Method::DELETE, Method::OPTIONS] {
+    for method in [Method::GET, Method::HEAD, Method::OPTIONS] {
         let reply = send(&app, method.clone(), "std").await;
         assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
     }
     assert_eq!(records(&fresh.store).await, 0, "no record for a 405");
+    assert_eq!(
+        labels.seen(),
+        Vec::<String>::new(),
+        "methods outside the layer's set name no operation"
+    );
+    // The layer's methods: each runs through the layer, gets the route's 405, stores nothing,
+    // and a second try with the same key runs again (nothing to replay).
+    for method in [Method::PUT, Method::PATCH, Method::DELETE] {
+        for _ in 0..2 {
+            let reply = send(&app, method.clone(), "layer-method").await;
+            assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+            assert!(!reply.is_replay(), "{method}: a 405 is never replayed");
+        }
+    }
+    assert_eq!(records(&fresh.store).await, 0, "no record for a 405");
     let seen = labels.seen();
+    let bounded = ["PUT:/payments", "PATCH:/payments", "DELETE:/payments"];
     assert!(
-        seen.iter()
-            .all(|op| op == "PUT:/payments" || op == "DELETE:/payments"),
+        seen.iter().all(|op| bounded.contains(&op.as_str())),
         "only the layer's methods name operations: {seen:?}"
     );
+    for op in bounded {
+        assert!(
+            seen.iter().any(|seen| seen == op),
+            "{op} went through the layer: {seen:?}"
+        );
+    }
     // The method the route serves still works, and is the only one stored.
     let paid = send(&app, Method::POST, "p-1").await;
     assert_eq!(paid.status, StatusCode::CREATED);
@@ -265,12 +288,38 @@ async fn leased_a_client_that_hangs_up_does_not_cancel_the_handler() {
     assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect ran once");
 }
 
+/// Connections of `pool` checked out now.
+fn in_use(pool: &sqlx::PgPool) -> u32 {
+    pool.size() - u32::try_from(pool.num_idle()).unwrap()
+}
+
+/// Waits until `pool` has `n` connections checked out (at most 10 s).
+async fn until_in_use(pool: &sqlx::PgPool, n: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while in_use(pool) != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} connections in use, not {n}",
+            in_use(pool)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Issue 53, item 6: duplicates of one slow request wait for it with a pooled connection each;
 /// past `max_waiters_per_key` they answer 409 at once, without one, and the ones that waited
-/// replay the holder's response.
+/// replay the holder's response. The pool has exactly one connection more than the holder and
+/// its two waiters need: while four more copies arrive, it stays the only free one, and a
+/// request of another key gets it. (Without the bound, the first copy past the waiters takes
+/// it and blocks on the row lock, and the others queue for a connection: the other key's
+/// request then waits for the pool's acquire timeout.)
 #[tokio::test]
 async fn duplicates_beyond_the_waiters_of_a_key_answer_409_without_a_connection() {
-    let store = PgStore::new(idempotency_testing::pg_pool().await);
+    let pool = idempotency_testing::pg_pool_with_options(4, |options| {
+        options.acquire_timeout(Duration::from_secs(3))
+    })
+    .await;
+    let store = PgStore::new(pool.clone());
     store.create_schema().await.unwrap();
     let entered = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
@@ -282,22 +331,47 @@ async fn duplicates_beyond_the_waiters_of_a_key_answer_409_without_a_connection(
             (StatusCode::CREATED, "done")
         }
     };
-    let app = Router::new().route("/payments", post(handler)).route_layer(
-        IdempotencyLayer::new(IdempotencyService::new(store))
-            .scope::<SharedScope>()
-            .max_waiters_per_key(2),
-    );
+    let app = Router::new()
+        .route("/payments", post(handler))
+        .route("/other", post(|| async { (StatusCode::CREATED, "other") }))
+        .route_layer(
+            IdempotencyLayer::new(IdempotencyService::new(store))
+                .scope::<SharedScope>()
+                .max_waiters_per_key(2),
+        );
     let spawn = || {
         let app = app.clone();
         tokio::spawn(async move { send(&app, Method::POST, "slow").await })
     };
     let holder = spawn();
     entered.notified().await;
-    let duplicates: Vec<_> = (0..6).map(|_| spawn()).collect();
-    // The refused ones answer while the holder still runs.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let finished = duplicates.iter().filter(|d| d.is_finished()).count();
-    assert_eq!(finished, 4, "four duplicates refused at once");
+    let mut duplicates: Vec<_> = (0..2).map(|_| spawn()).collect();
+    until_in_use(&pool, 3).await; // the holder and its two waiters
+    duplicates.extend((0..4).map(|_| spawn()));
+    // The refused ones answer while the holder still runs, without taking the spare connection.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while duplicates.iter().filter(|d| d.is_finished()).count() < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "four duplicates refused at once"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(in_use(&pool), 3, "the refused copies hold no connection");
+    let other = tokio::time::timeout(
+        Duration::from_secs(2),
+        support::send(
+            &app,
+            Method::POST,
+            "/other",
+            &[("idempotency-key", b"other-key")],
+            Some(&serde_json::json!({})),
+        ),
+    )
+    .await
+    .expect("another key's request gets the spare connection");
+    assert_eq!(other.status, StatusCode::CREATED, "{}", other.text());
+    assert!(!holder.is_finished(), "the holder still runs");
     release.notify_one();
     assert_eq!(holder.await.unwrap().status, StatusCode::CREATED);
     let mut statuses = Vec::new();

@@ -106,6 +106,10 @@ impl Setup {
             &DistributedCacheConfig {
                 timeout: Duration::from_secs(1),
                 key_prefix: format!("{}:", idempotency_testing::unique_name("bench")),
+                secret: Some(
+                    idempotency_cache_redis::CacheSecret::new("bench-only-secret-0123456789abcdef")
+                        .expect("secret"),
+                ),
                 ..Default::default()
             },
         )

@@ -61,6 +61,10 @@ fn tiers(c: &mut Criterion) {
             &DistributedCacheConfig {
                 timeout: Duration::from_secs(1),
                 key_prefix: format!("{}:", idempotency_testing::unique_name("bench")),
+                secret: Some(
+                    idempotency_cache_redis::CacheSecret::new("bench-only-secret-0123456789abcdef")
+                        .expect("secret"),
+                ),
                 ..Default::default()
             },
         )

@@ -36,6 +36,14 @@ pub enum Error {
         /// The URL, its password replaced by `***`.
         url: String,
     },
+    /// The configuration has no [`secret`](DistributedCacheConfig::secret): without one,
+    /// whoever can write to the Redis could make the service replay a response of their
+    /// choosing.
+    #[error(
+        "the distributed cache has no secret: set idempotency.distributed-cache.secret \
+         (at least 32 bytes, the same in every instance sharing the Redis)"
+    )]
+    NoSecret,
 }
 
 /// The counter of write-behind entries, label `outcome`: `queued` (by `put`, for the writer),
@@ -121,10 +129,14 @@ struct Counters {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use idempotency_cache_redis::RedisCache;
-/// use idempotency_cache_redis::DistributedCacheConfig;
+/// use idempotency_cache_redis::{CacheSecret, DistributedCacheConfig, RedisCache};
 ///
-/// let cache = RedisCache::connect("redis://127.0.0.1:6379", &DistributedCacheConfig::default())?;
+/// let config = DistributedCacheConfig {
+///     // from your secret store, never from the repository
+///     secret: Some(CacheSecret::new(std::env::var("IDEMPOTENCY_CACHE_SECRET")?)?),
+///     ..DistributedCacheConfig::default()
+/// };
+/// let cache = RedisCache::connect("redis://127.0.0.1:6379", &config)?;
 /// // IdempotencyService::builder(store).distributed_cache(cache).build()
 /// # Ok(()) }
 /// ```
@@ -188,20 +200,29 @@ where
 {
     /// A cache over an existing fred client, configured by `idempotency.distributed-cache`.
     ///
-    /// Without [`secret`](DistributedCacheConfig::secret) the entries' tags have no key: they
-    /// detect damage, not forgery, and whoever can write to the Redis can make the service
-    /// replay a response of their choosing; a warning says so. The `idempotency` facade
-    /// refuses an enabled cache without a secret.
-    pub fn new(client: C, config: &DistributedCacheConfig) -> Self {
-        if config.secret.is_none() {
-            tracing::warn!(
-                "distributed cache without a secret: its entries are not authenticated, and \
-                 whoever can write to this Redis can forge replays; set \
-                 idempotency.distributed-cache.secret"
-            );
-        }
-        Self {
-            signer: Signer::new(config.secret.as_ref()),
+    /// [`Error::NoSecret`] without [`secret`](DistributedCacheConfig::secret): every entry
+    /// is tagged with an HMAC keyed by it, and an entry whose tag does not verify is never
+    /// replayed. Without a key, whoever can write to the Redis could make the service replay a
+    /// response of their choosing.
+    ///
+    /// ```
+    /// use idempotency_cache_redis::{CacheSecret, DistributedCacheConfig, Error, RedisCache};
+    /// use idempotency_cache_redis::fred::prelude::Builder;
+    ///
+    /// let client = Builder::default_centralized().build()?; // not connected
+    /// let refused = RedisCache::new(client.clone(), &DistributedCacheConfig::default());
+    /// assert!(matches!(refused, Err(Error::NoSecret)));
+    /// let config = DistributedCacheConfig {
+    ///     secret: Some(CacheSecret::new("4f0c8a8e2b7d4c3e9a1f6b5d0e7c2a9b")?),
+    ///     ..DistributedCacheConfig::default()
+    /// };
+    /// let cache = RedisCache::new(client, &config)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(client: C, config: &DistributedCacheConfig) -> Result<Self, Error> {
+        let secret = config.secret.as_ref().ok_or(Error::NoSecret)?;
+        Ok(Self {
+            signer: Signer::new(secret),
             client: Arc::new(RwLock::new(client)),
             prefix: Arc::from(config.key_prefix.as_str()),
             ttl: config.ttl,
@@ -219,7 +240,7 @@ where
                 .enabled
                 .then(|| Arc::new(Queue::new(config.write_behind.clone()))),
             refresh: None,
-        }
+        })
     }
 
     /// The cache with `refresh` run after timeouts.

@@ -202,7 +202,7 @@ mod tests {
     }
 
     fn signer() -> Signer {
-        Signer::new(Some(&CacheSecret::new("c".repeat(32)).unwrap()))
+        Signer::new(&CacheSecret::new("c".repeat(32)).unwrap())
     }
 
     fn enc(record: &IdempotencyRecord) -> Result<Option<String>, serde_json::Error> {
@@ -345,10 +345,10 @@ mod tests {
         assert!(matches!(dec(&tagged(json)), Decoded::Record(_)));
         assert!(matches!(dec(&format!("v1:{json}")), Decoded::OtherVersion));
         assert!(matches!(dec(&format!("{TAG}{json}")), Decoded::Forged));
-        let other_secret = Signer::new(Some(&CacheSecret::new("d".repeat(32)).unwrap()));
+        let other_secret = Signer::new(&CacheSecret::new("d".repeat(32)).unwrap());
         let forged = format!("{TAG}{}:{json}", other_secret.tag(&id(), json));
         assert!(matches!(dec(&forged), Decoded::Forged));
-        let unkeyed = format!("{TAG}{}:{json}", Signer::new(None).tag(&id(), json));
+        let unkeyed = format!("{TAG}{}:{json}", Signer::unkeyed().tag(&id(), json));
         assert!(matches!(dec(&unkeyed), Decoded::Forged));
         let changed = tagged(json).replace(r#"{"a":1}"#, r#"{"a":2}"#);
         assert!(matches!(dec(&changed), Decoded::Forged));

@@ -43,9 +43,10 @@ pub struct DistributedCacheConfig {
     pub write_behind: WriteBehindConfig,
     /// The key of the HMAC that authenticates every entry (at least 32 bytes; the same in
     /// every instance sharing the Redis). An entry whose tag does not verify is a miss, deleted
-    /// and counted (`RedisCacheStats::forged`), never a replay. Default `null`: entries are
-    /// not authenticated (see [`RedisCache::new`](crate::RedisCache::new)); the `idempotency`
-    /// facade refuses an enabled cache without one.
+    /// and counted (`RedisCacheStats::forged`), never a replay. Default `null`, which
+    /// [`RedisCache::new`](crate::RedisCache::new) and `connect` refuse
+    /// ([`Error::NoSecret`](crate::Error::NoSecret)), as the `idempotency` facade refuses an
+    /// enabled cache without one.
     pub secret: Option<CacheSecret>,
 }
 

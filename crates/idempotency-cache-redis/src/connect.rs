@@ -54,8 +54,14 @@ impl RedisCache<Client> {
     /// that were queued when its task ended, and from then on leaves each command unflushed
     /// in the socket until the next one, or a timeout, pushes it out.)
     ///
+    /// [`Error::NoSecret`] without [`secret`](DistributedCacheConfig::secret), before any
+    /// connection (see [`new`](RedisCache::new)).
+    ///
     /// Must be called inside a tokio runtime.
     pub fn connect(url: &str, config: &DistributedCacheConfig) -> Result<Self, Error> {
+        if config.secret.is_none() {
+            return Err(Error::NoSecret);
+        }
         let fred_config = client_config(url).map_err(Error::Config)?;
         if let ServerConfig::Clustered { hosts, .. } = &fred_config.server
             && !hosts.iter().any(answers)
@@ -72,7 +78,7 @@ impl RedisCache<Client> {
             .map_err(Error::Config)?;
         let task = client.connect();
         let clustered = client.is_clustered();
-        let cache = Self::new(client, config);
+        let cache = Self::new(client, config)?;
         tokio::spawn(supervise(cache.client_slot(), task));
         Ok(if clustered {
             let refresh = Refresh::new(cache.client_slot());

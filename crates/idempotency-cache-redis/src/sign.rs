@@ -79,14 +79,23 @@ pub(crate) struct Signer {
 }
 
 impl Signer {
-    /// A signer keyed with `secret`; without one, with the empty key: the tag then only
-    /// detects damage, not forgery (the cache warns about it when it is built).
-    pub(crate) fn new(secret: Option<&CacheSecret>) -> Self {
-        let key = secret.map_or(&[][..], |s| s.0.as_bytes());
+    /// A signer keyed with `secret`.
+    pub(crate) fn new(secret: &CacheSecret) -> Self {
+        Self::keyed_with(secret.0.as_bytes())
+    }
+
+    fn keyed_with(key: &[u8]) -> Self {
         // HMAC takes keys of any length; the error cannot happen.
         let mac = Hmac::<Sha256>::new_from_slice(key)
             .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
         Self { mac }
+    }
+
+    /// A signer with the empty key, as a forger who knows the format but not the secret
+    /// would tag an entry.
+    #[cfg(test)]
+    pub(crate) fn unkeyed() -> Self {
+        Self::keyed_with(&[])
     }
 
     fn keyed(&self, id: &RecordId, value: &str) -> Hmac<Sha256> {
@@ -157,7 +166,7 @@ mod tests {
     }
 
     fn signer(secret: &str) -> Signer {
-        Signer::new(Some(&CacheSecret::new(secret).unwrap()))
+        Signer::new(&CacheSecret::new(secret).unwrap())
     }
 
     #[test]

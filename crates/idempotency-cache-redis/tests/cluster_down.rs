@@ -42,6 +42,7 @@ async fn cache(url: &str, prefix: &str, policy: FailurePolicy) -> RedisCache {
             failure_threshold: 5,
             cool_down: COOL_DOWN,
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(url, &config).unwrap();

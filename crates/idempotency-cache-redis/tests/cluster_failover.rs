@@ -79,6 +79,7 @@ async fn failover(seeds: Seeds, write_behind: bool) {
             enabled: write_behind,
             ..Default::default()
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let mut masters = cluster.masters();

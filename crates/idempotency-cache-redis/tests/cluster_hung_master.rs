@@ -45,6 +45,7 @@ async fn after_a_hung_master_is_replaced_l2_serves_its_keys_again() {
             failure_threshold: 5,
             cool_down: Duration::from_secs(1),
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&cluster.url(), &config).unwrap();

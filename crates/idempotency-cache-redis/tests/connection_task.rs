@@ -113,6 +113,7 @@ async fn after_the_connection_task_ends_on_an_error_the_client_connects_again() 
     let config = DistributedCacheConfig {
         key_prefix: "task:".to_owned(),
         timeout: Duration::from_secs(5),
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&url, &config).unwrap();

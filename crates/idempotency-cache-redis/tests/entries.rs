@@ -5,7 +5,9 @@
 
 mod support;
 
-use idempotency_cache_redis::fred::prelude::{HashesInterface, KeysInterface, ListInterface};
+use idempotency_cache_redis::fred::prelude::{
+    Builder, HashesInterface, KeysInterface, ListInterface,
+};
 use idempotency_cache_redis::{BreakerState, CacheSecret, RedisCache};
 use idempotency_cache_redis::{CircuitBreakerConfig, DistributedCacheConfig};
 use idempotency_core::{
@@ -18,9 +20,23 @@ use serde_json::value::RawValue;
 
 use support::{Target, id, in_redis, moka, on_both, pay, redis, store, wipe_store};
 
+/// A response the service never produced that the forged entries below hold: `666` for `7`.
+fn forged_record(request: i64) -> IdempotencyRecord {
+    let request = serde_json::to_value(request).unwrap();
+    IdempotencyRecord {
+        fingerprint: JcsFingerprint::default().fingerprint(&request).unwrap(),
+        outcome: Some(StoredOutcome::Completed {
+            payload: "666".to_owned(),
+        }),
+        created_at: std::time::SystemTime::now(),
+        completed_at: Some(std::time::SystemTime::now()),
+        expires_at: None,
+        execution_span: None,
+    }
+}
+
 /// A response the service never produced, as someone who can write to Redis but does not hold
-/// the secret would plant it: the old format (`v1:`, no tag), and the current one tagged with
-/// another secret.
+/// the secret would plant it: the current format, tagged with another secret.
 async fn a_forged_entry_is_never_replayed_and_is_deleted_and_counted(target: Target) {
     let (pool, store) = store().await;
     let l2 = redis(target, Default::default()).await;
@@ -35,80 +51,127 @@ async fn a_forged_entry_is_never_replayed_and_is_deleted_and_counted(target: Tar
             secret: Some(CacheSecret::new("the-attackers-own-secret-0123456789").unwrap()),
             ..Default::default()
         },
-    );
-    let request = serde_json::to_value(7).unwrap();
-    let forged = IdempotencyRecord {
-        fingerprint: JcsFingerprint::default().fingerprint(&request).unwrap(),
-        outcome: Some(StoredOutcome::Completed {
-            payload: "666".to_owned(),
-        }),
-        created_at: std::time::SystemTime::now(),
-        completed_at: Some(std::time::SystemTime::now()),
-        expires_at: None,
-        execution_span: None,
-    };
-    let old_format = format!(
-        r#"v1:{{"f":"{}","s":"C","p":666,"t":[1,1,null]}}"#,
-        forged.fingerprint.as_str()
-    );
-    let untagged_key = l2.key_for(&id("PAY", "", "forged-v1"));
-    let _: () = l2
-        .client()
-        .set(
-            untagged_key.as_str(),
-            old_format.as_str(),
-            None,
-            None,
-            false,
-        )
-        .await
-        .unwrap();
-    attacker
-        .put(&id("PAY", "", "forged-tag"), &forged)
-        .await
-        .unwrap();
-    let planted = in_redis(&l2, &id("PAY", "", "forged-tag")).await.unwrap();
+    )
+    .unwrap();
+    let forged_tag = id("PAY", "", "forged-tag");
+    attacker.put(&forged_tag, &forged_record(7)).await.unwrap();
+    let planted = in_redis(&l2, &forged_tag).await.unwrap();
 
-    let local = moka();
     let service = IdempotencyService::builder(store)
-        .local_cache(local.clone())
+        .local_cache(moka())
         .distributed_cache(l2.clone())
         .build();
-    for key in ["forged-v1", "forged-tag"] {
-        let outcome = pay(&service, key, 7).await;
-        assert!(
-            outcome.is_executed(),
-            "{key}: the action runs, the forgery is not replayed: {:?}",
-            outcome.origin()
-        );
-        assert_eq!(
-            outcome.result().value(),
-            Some(&serde_json::json!({"paid": 7})),
-            "{key}"
-        );
-    }
+    let outcome = pay(&service, "forged-tag", 7).await;
+    assert!(
+        outcome.is_executed(),
+        "the action runs, the forgery is not replayed: {:?}",
+        outcome.origin()
+    );
+    assert_eq!(
+        outcome.result().value(),
+        Some(&serde_json::json!({"paid": 7}))
+    );
     let stats = l2.stats();
     assert_eq!((stats.forged, stats.corrupt), (1, 1), "{stats:?}");
-    let rewritten = in_redis(&l2, &id("PAY", "", "forged-tag")).await.unwrap();
+    let rewritten = in_redis(&l2, &forged_tag).await.unwrap();
     assert_ne!(
         rewritten, planted,
         "the forgery was replaced by the real outcome"
     );
-    // The real outcome replays from L1 and L2; the forgery never reached L1.
+    // The real outcome replays from L1; the forgery never reached L1.
     wipe_store(&pool).await;
-    for key in ["forged-v1", "forged-tag"] {
-        let replay = pay(&service, key, 7).await;
-        assert_eq!(
-            replay.origin(),
-            Origin::Replayed { from: Level::Local },
-            "{key}"
-        );
-        assert_eq!(
-            replay.result().value(),
-            Some(&serde_json::json!({"paid": 7})),
-            "{key}"
-        );
-    }
+    let replay = pay(&service, "forged-tag", 7).await;
+    assert_eq!(replay.origin(), Origin::Replayed { from: Level::Local });
+    assert_eq!(
+        replay.result().value(),
+        Some(&serde_json::json!({"paid": 7}))
+    );
+}
+
+/// An entry in the format before the tag (`v1:`, no tag), as a release before it wrote it, or
+/// as anyone who can write to Redis could plant it: like another version's entry it is a miss,
+/// never a replay, left in place and not counted (during a rolling deploy the older release's
+/// entries are not forgeries), and the request's own outcome overwrites it.
+async fn an_untagged_v1_entry_is_a_miss_never_replayed_and_overwritten_by_the_outcome(
+    target: Target,
+) {
+    let (pool, store) = store().await;
+    let l2 = redis(target, Default::default()).await;
+    let untagged = id("PAY", "", "forged-v1");
+    let planted = format!(
+        r#"v1:{{"f":"{}","s":"C","p":666,"t":[1,1,null]}}"#,
+        forged_record(7).fingerprint.as_str()
+    );
+    let key = l2.key_for(&untagged);
+    let _: () = l2
+        .client()
+        .set(key.as_str(), planted.as_str(), None, None, false)
+        .await
+        .unwrap();
+    assert_eq!(l2.get(&untagged).await.unwrap(), None, "a miss");
+    assert_eq!(
+        in_redis(&l2, &untagged).await.as_deref(),
+        Some(planted.as_str()),
+        "left in place"
+    );
+    let stats = l2.stats();
+    assert_eq!((stats.forged, stats.corrupt), (0, 0), "{stats:?}");
+
+    let service = IdempotencyService::builder(store)
+        .local_cache(moka())
+        .distributed_cache(l2.clone())
+        .build();
+    let outcome = pay(&service, "forged-v1", 7).await;
+    assert!(
+        outcome.is_executed(),
+        "the action runs, the v1 entry is not replayed: {:?}",
+        outcome.origin()
+    );
+    assert_eq!(
+        outcome.result().value(),
+        Some(&serde_json::json!({"paid": 7}))
+    );
+    let rewritten = in_redis(&l2, &untagged).await.unwrap();
+    assert!(
+        rewritten.starts_with("v2:"),
+        "the outcome overwrote it: {rewritten}"
+    );
+    let stats = l2.stats();
+    assert_eq!((stats.forged, stats.corrupt), (0, 0), "{stats:?}");
+    wipe_store(&pool).await;
+    let replay = pay(&service, "forged-v1", 7).await;
+    assert_eq!(replay.origin(), Origin::Replayed { from: Level::Local });
+    assert_eq!(
+        replay.result().value(),
+        Some(&serde_json::json!({"paid": 7}))
+    );
+}
+
+/// There is no cache without a secret: `new` and `connect` refuse the configuration (and
+/// `connect` before it connects anywhere), so no entry is ever tagged with an empty key that
+/// anyone who can write to Redis could reproduce.
+#[tokio::test]
+async fn without_a_secret_there_is_no_cache() {
+    let url = idempotency_testing::redis_url();
+    let refused = RedisCache::connect(&url, &DistributedCacheConfig::default());
+    assert!(
+        matches!(refused, Err(idempotency_cache_redis::Error::NoSecret)),
+        "{:?}",
+        refused.err()
+    );
+    let client = Builder::from_config(idempotency_cache_redis::client_config(&url).unwrap())
+        .build()
+        .unwrap();
+    let refused = RedisCache::new(client, &DistributedCacheConfig::default());
+    assert!(matches!(
+        refused,
+        Err(idempotency_cache_redis::Error::NoSecret)
+    ));
+    let message = idempotency_cache_redis::Error::NoSecret.to_string();
+    assert!(
+        message.contains("idempotency.distributed-cache.secret"),
+        "{message}"
+    );
 }
 
 async fn a_rejection_with_null_details_replays_from_redis_with_null_details(target: Target) {
@@ -376,6 +439,7 @@ async fn another_format_version_is_a_miss_not_an_error(target: Target) {
 
 on_both!(
     a_forged_entry_is_never_replayed_and_is_deleted_and_counted,
+    an_untagged_v1_entry_is_a_miss_never_replayed_and_overwritten_by_the_outcome,
     a_rejection_with_null_details_replays_from_redis_with_null_details,
     a_success_value_replays_byte_identical_from_redis_and_moka,
     a_success_value_replays_byte_identical_through_every_tier,

@@ -28,6 +28,7 @@ async fn the_entry_expires_at_its_records_expiry_even_when_written_late() {
     let config = DistributedCacheConfig {
         key_prefix: format!("{}:", idempotency_testing::unique_name("pxat")),
         timeout: Duration::from_secs(20),
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&server.url(), &config).unwrap();
@@ -96,6 +97,7 @@ async fn a_write_given_up_after_the_timeout_is_never_sent_later() {
     let config = DistributedCacheConfig {
         key_prefix: format!("{}:", idempotency_testing::unique_name("given-up")),
         timeout: Duration::from_millis(50),
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&server.url(), &config).unwrap();

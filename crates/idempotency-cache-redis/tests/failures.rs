@@ -35,6 +35,7 @@ fn config(policy: FailurePolicy) -> DistributedCacheConfig {
             failure_threshold: 5,
             cool_down: Duration::from_secs(30),
         },
+        secret: Some(support::secret()),
         ..Default::default()
     }
 }
@@ -215,6 +216,7 @@ async fn a_cancelled_trial_call_does_not_keep_the_breaker_half_open() {
             failure_threshold: 1,
             cool_down,
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let (url, redis_back) = hanging_then_redis_url().await;

@@ -273,9 +273,10 @@ async fn a_fred_pool_works_as_well_as_a_client(target: Target) {
     let config = DistributedCacheConfig {
         key_prefix: format!("{}:", idempotency_testing::unique_name("pool")),
         timeout: Duration::from_secs(2),
+        secret: Some(support::secret()),
         ..Default::default()
     };
-    let l2 = RedisCache::new(fred_pool, &config);
+    let l2 = RedisCache::new(fred_pool, &config).unwrap();
     let first = IdempotencyService::builder(store.clone())
         .distributed_cache(l2.clone())
         .build();

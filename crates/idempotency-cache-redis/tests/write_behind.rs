@@ -170,6 +170,7 @@ async fn a_failed_batch_is_counted_as_unwritten() {
             linger: Duration::ZERO,
             ..Default::default()
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&hanging_url().await, &config).unwrap();
@@ -216,6 +217,7 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
             linger: Duration::from_millis(200),
             ..Default::default()
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&hanging_url().await, &config).unwrap();
@@ -271,6 +273,7 @@ async fn failing_write_behind_batches_do_not_open_the_breaker_of_reads() {
             linger: Duration::ZERO,
             ..Default::default()
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&server.url(), &config).unwrap();

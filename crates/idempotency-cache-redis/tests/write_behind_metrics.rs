@@ -55,6 +55,7 @@ async fn failed_write_behind_batches_are_counted_in_the_metrics() {
             linger: Duration::ZERO,
             ..Default::default()
         },
+        secret: Some(support::secret()),
         ..Default::default()
     };
     let cache = RedisCache::connect(&hanging_url().await, &config).unwrap();

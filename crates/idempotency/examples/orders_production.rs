@@ -79,6 +79,8 @@ async fn main() -> Result<(), Report> {
         .await?;
     let router = Router::new()
         .route("/orders", post(create_order))
+        // Keys belong to the tenant the gateway authenticated: it sets X-Tenant-Id and strips
+        // the client's. Without such a gateway, use PrincipalScope (see orders_postgres.rs).
         .route_layer(idempotency.layer().scope::<TenantHeader>())
         .with_state(idempotency.outbox()?.clone())
         .merge(idempotency.metrics_router())

@@ -14,7 +14,7 @@ use std::mem::size_of_val;
 use idempotency::moka::{LocalCacheConfig, MokaCache};
 use idempotency::postgres::PgStore;
 use idempotency::redis::fred::prelude::Builder as RedisBuilder;
-use idempotency::redis::{DistributedCacheConfig, RedisCache};
+use idempotency::redis::{CacheSecret, DistributedCacheConfig, RedisCache};
 use idempotency::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Meters, Service};
 use sqlx::postgres::PgPoolOptions;
 
@@ -28,10 +28,16 @@ fn service() -> Service<PgStore> {
     let client = RedisBuilder::default_centralized().build().unwrap();
     IdempotencyService::builder(PgStore::new(pool))
         .local_cache(Some(MokaCache::new(&LocalCacheConfig::default())))
-        .distributed_cache(Some(RedisCache::new(
-            client,
-            &DistributedCacheConfig::default(),
-        )))
+        .distributed_cache(Some(
+            RedisCache::new(
+                client,
+                &DistributedCacheConfig {
+                    secret: Some(CacheSecret::new("tests-only-secret-0123456789abcdef").unwrap()),
+                    ..DistributedCacheConfig::default()
+                },
+            )
+            .unwrap(),
+        ))
         .metrics(Meters::default())
         .build()
 }

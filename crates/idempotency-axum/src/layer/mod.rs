@@ -43,7 +43,7 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
 /// [`IdempotencyLayer::scope`] does not compile. The scope must come from the authenticated
 /// principal: a replay answers before the handler's own authorization checks run.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// # use axum::{Router, routing::post};
 /// # use idempotency_axum::IdempotencyLayer;
 /// # use idempotency_core::IdempotencyService;

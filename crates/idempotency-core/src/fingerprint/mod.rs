@@ -262,6 +262,18 @@ pub fn canonicalize(value: &serde_json::Value) -> String {
 
 /// A short, stable digest of a secret-ish string (an idempotency key) for logs: the first 16 hex
 /// characters of its SHA-256.
+///
+/// It correlates log lines; it does not hide the key. The hash is unkeyed, so a guessable key
+/// (an order number, a counter) is recovered from it by hashing candidates: use random keys
+/// (UUID v4/v7), or treat logs as holding the keys (SECURITY.md, "`key_hash` in logs is not a
+/// secret").
+///
+/// ```
+/// let hash = idempotency_core::fingerprint::short_hash("order-1042");
+/// assert_eq!(hash.len(), 16);
+/// // Anyone can compute it: an order number is found again by trying candidates.
+/// assert!((1000..2000).any(|n| idempotency_core::fingerprint::short_hash(&format!("order-{n}")) == hash));
+/// ```
 pub fn short_hash(value: &str) -> String {
     let digest = sha2::Sha256::digest(value.as_bytes());
     to_hex(&digest[..8])

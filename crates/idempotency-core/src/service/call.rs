@@ -26,6 +26,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(1000 * 365 * 24 * 60 * 60);
 ///
 /// let key = IdempotencyKey::new("demo-1")?;
 /// let body = serde_json::json!({"orderId": "o-1", "amount": "100.00"});
+/// // The authenticated caller's tenant, never a value the request chose.
 /// let call = Call::new("CREATE_PAYMENT", key, &body)
 ///     .scoped(Scope::new("tenant-7")?)
 ///     .ttl(Duration::from_secs(24 * 3600));
@@ -44,6 +45,16 @@ pub struct Call<'a, R: ?Sized> {
 impl<'a, R: ?Sized> Call<'a, R> {
     /// A call of `operation` with `key`, fingerprinting `request`. The operation name is
     /// validated by `execute` (1 to 128 visible ASCII characters).
+    ///
+    /// **The call is in the shared, empty scope until [`scoped`](Self::scoped) says otherwise.**
+    /// In the shared scope, any caller who sends another caller's key (and payload) receives
+    /// that caller's stored outcome, and learns from a payload conflict that the key exists: a
+    /// replay answers before the action, and so before its own authorization checks, runs.
+    /// Wherever more than one client sends keys, call `.scoped(scope)` with a scope taken from
+    /// the authenticated principal (never from the request), at least as fine-grained as who
+    /// may read the outcome. The shared scope suits a service with a single client, or keys
+    /// that the service makes itself. (`idempotency-axum`'s `ScopedKey::call` builds a scoped
+    /// call from the request's principal.)
     pub fn new(operation: &'a str, key: IdempotencyKey, request: &'a R) -> Self {
         Self {
             operation,
@@ -54,7 +65,8 @@ impl<'a, R: ?Sized> Call<'a, R> {
         }
     }
 
-    /// Scopes the key to a tenant or principal.
+    /// Scopes the key to a tenant or principal: the authenticated caller's, at least as
+    /// fine-grained as who may read the outcome (see [`new`](Self::new)).
     pub fn scoped(mut self, scope: Scope) -> Self {
         self.scope = scope;
         self

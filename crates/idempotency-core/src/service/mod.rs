@@ -103,14 +103,16 @@ pub(crate) struct Inner<S, L, D, M, Z> {
 ///
 /// ```no_run
 /// # async fn demo<S: idempotency_core::IdempotencyStore>(store: S) -> Result<(), idempotency_core::Error> {
-/// use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService};
+/// use idempotency_core::{Call, ExecutionResult, IdempotencyKey, IdempotencyService, Scope};
 ///
 /// let service = IdempotencyService::new(store);
 /// let key = IdempotencyKey::new("demo-1")?;
+/// let tenant = Scope::new("tenant-7")?; // the authenticated caller's, never the request's
 /// let request = serde_json::json!({"orderId": "o-1", "amount": "100.00"});
 ///
+/// let call = Call::new("CREATE_PAYMENT", key, &request).scoped(tenant);
 /// let outcome = service
-///     .execute(Call::new("CREATE_PAYMENT", key, &request), async |_conn| {
+///     .execute(call, async |_conn| {
 ///         // business statements run on `_conn`, in the same transaction as the record
 ///         Ok::<_, idempotency_core::Error>(ExecutionResult::success("p-1".to_owned()))
 ///     })
