@@ -100,7 +100,7 @@ fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
 /// How many due rows the ordered claim looks at, oldest first, on top of its batch size,
 /// before it walks the aggregates instead: enough to fill a batch when most due rows are the
 /// first of their aggregate, few enough that a claim behind leased first rows stays short.
-pub(crate) const CLAIM_WINDOW: i64 = 256;
+const CLAIM_WINDOW: i64 = 256;
 
 /// Pending rows of the table aliased `p`.
 const PENDING_P: &str = "p.published_at IS NULL AND p.dead_lettered_at IS NULL";
@@ -134,22 +134,25 @@ fn claim_unordered(t: &str) -> String {
 /// - Otherwise (a full window of rows waiting behind their aggregate's first) a walk over the
 ///   aggregates with pending rows, a loose index scan of the aggregate index (`after`, then
 ///   `upto`: one probe per aggregate to find the next one, however many rows it holds), and
-///   each aggregate's first pending row (one more probe), taken when it is due. The walk
-///   starts after the aggregate `($5, $6)` (where the relay's previous walk ended; `''`,
-///   `''` for the first) and wraps around, so every aggregate gets its turn however many
-///   others sort before it. It runs only as far as the claim reads it: it stops once `$1`
+///   each aggregate's first pending row (one more probe), taken when it is due (rows without
+///   a sequence come after those with one there: the window hands them out). The walk starts
+///   after the aggregate `($5, $6)` (the last one the previous walk handed a row out of;
+///   `''`, `''` for the first) and wraps around, so every aggregate gets its turn however
+///   many others sort before it. It runs only as far as the claim reads it: it stops once `$1`
 ///   rows are locked, having read the aggregates whose first row is leased or failing on the
 ///   way, and the due first rows it hands out.
 /// - `cand` locks the candidates in that order (`SKIP LOCKED`: a row another claim holds is
-///   left to it) by primary key, until `$1` are locked. The pending test there is spelt with
-///   `coalesce` so that no partial index can serve it: the lookup is the primary key's,
-///   whatever the statistics say.
+///   left to it), until `$1` are locked. Each is fetched by the `ctid` the statement's
+///   snapshot found it at (a TID scan, in the partition its `created_at` names): a row
+///   another claim updated since is followed to its latest version, whose columns are tested
+///   again (the `ctid` is not), as for any `FOR UPDATE`. The pending test there is spelt with
+///   `coalesce` so that no partial index can serve it, whatever the statistics say.
 ///
 /// Rows that came from the walk return where they were in it (`lap`, `n`); the relay starts
 /// its next walk after the last of them.
 fn claim_ordered(t: &str) -> String {
     let window = format!("$1 + {CLAIM_WINDOW}");
-    // The aggregate after `(w.t, w.a)` that has pending rows, and its pending rows' first.
+    // The next aggregate with pending rows after `(w.t, w.a)` (the walk's last), within `bound`.
     let next = |bound: &str| {
         format!(
             "SELECT p.aggregate_type, p.aggregate_id FROM {t} p \
@@ -157,6 +160,7 @@ fn claim_ordered(t: &str) -> String {
              ORDER BY p.aggregate_type, p.aggregate_id LIMIT 1"
         )
     };
+    // The first aggregate with pending rows within `bound`.
     let first = |bound: &str| {
         format!(
             "SELECT p.aggregate_type, p.aggregate_id FROM {t} p \
@@ -171,13 +175,14 @@ fn claim_ordered(t: &str) -> String {
     let next_upto = next(&format!("AND {up_to_start}"));
     let cand = format!(
         "win AS MATERIALIZED ( \
-             SELECT o.id, o.created_at, o.aggregate_type, o.aggregate_id, o.sequence FROM {t} o \
+             SELECT o.ctid, o.id, o.created_at, o.aggregate_type, o.aggregate_id, o.sequence \
+             FROM {t} o \
              WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
                AND o.next_attempt_at <= now() \
              ORDER BY o.next_attempt_at \
              LIMIT {window}), \
          firsts AS MATERIALIZED ( \
-             SELECT w.id, w.created_at FROM win w \
+             SELECT w.ctid, w.id, w.created_at FROM win w \
              WHERE w.sequence IS NULL OR w.sequence <= ( \
                  SELECT p.sequence FROM {t} p \
                  WHERE p.aggregate_type = w.aggregate_type AND p.aggregate_id = w.aggregate_id \
@@ -194,26 +199,26 @@ fn claim_ordered(t: &str) -> String {
              SELECT s.aggregate_type, s.aggregate_id, w.n + 1 \
              FROM upto w CROSS JOIN LATERAL ({next_upto}) s), \
          walked AS ( \
-             SELECT h.id, h.created_at, w.lap, w.n FROM ( \
+             SELECT h.ctid, h.id, h.created_at, w.lap, w.n FROM ( \
                  SELECT t, a, 0 AS lap, n FROM after \
                  UNION ALL \
                  SELECT t, a, 1 AS lap, n FROM upto) w \
              CROSS JOIN LATERAL ( \
-                 SELECT p.id, p.created_at, p.next_attempt_at FROM {t} p \
+                 SELECT p.ctid, p.id, p.created_at, p.next_attempt_at FROM {t} p \
                  WHERE p.aggregate_type = w.t AND p.aggregate_id = w.a AND {PENDING_P} \
                  ORDER BY p.sequence LIMIT 1) h \
              WHERE h.next_attempt_at <= now() \
                AND NOT EXISTS (SELECT 1 FROM firsts f WHERE f.id = h.id)), \
          picked AS ( \
-             SELECT id, created_at, NULL::int4 AS lap, NULL::int8 AS n FROM firsts \
+             SELECT ctid, id, created_at, NULL::int4 AS lap, NULL::int8 AS n FROM firsts \
              UNION ALL \
-             SELECT id, created_at, lap, n FROM walked \
+             SELECT ctid, id, created_at, lap, n FROM walked \
              WHERE (SELECT count(*) FROM win) = {window}), \
          cand AS ( \
              SELECT l.id, l.created_at, l.unmarked, c.lap, c.n \
              FROM picked c CROSS JOIN LATERAL ( \
                  SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-                 WHERE o.id = c.id AND o.created_at = c.created_at \
+                 WHERE o.ctid = c.ctid AND o.id = c.id AND o.created_at = c.created_at \
                    AND coalesce(o.published_at, o.dead_lettered_at) IS NULL \
                    AND o.next_attempt_at <= now() \
                  FOR UPDATE OF o SKIP LOCKED) l \
