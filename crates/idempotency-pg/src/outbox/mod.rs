@@ -60,6 +60,7 @@ pub struct PgOutbox {
     partitioning: Option<PartitioningConfig>,
     pooler: Pooler,
     listen_pool: Option<PgPool>,
+    walk_start: Arc<store::WalkStart>,
 }
 
 impl PgOutbox {
@@ -91,6 +92,7 @@ impl PgOutbox {
             partitioning: None,
             pooler: Pooler::None,
             listen_pool: None,
+            walk_start: Arc::default(),
         }
     }
 
@@ -468,7 +470,12 @@ impl PgOutbox {
 
     /// The SQL text of the relay's claim for `ordering` (one statement per claim), for
     /// inspection (`EXPLAIN`) and benchmarks. Its parameters: the batch size (`int8`), the lease
-    /// (`interval`), the claim token (`uuid`) and `max-attempts` (`int4`).
+    /// (`interval`), the claim token (`uuid`) and `max-attempts` (`int4`); the ordered claim's
+    /// also the aggregate type and id (`text`, `text`) its walk over the aggregates starts
+    /// after (`''`, `''`: from the first). It returns the message's columns, then two that
+    /// say where the ordered claim's walk found the row (`NULL` otherwise). The relay runs the
+    /// ordered claim in a transaction with `enable_sort` and `enable_seqscan` off, which an
+    /// `EXPLAIN` should set as well to see its plan.
     ///
     /// ```
     /// use idempotency_outbox::config::Ordering;

@@ -97,25 +97,140 @@ fn enqueue(table: &TableName, ordering: Ordering, notify: bool) -> String {
     }
 }
 
-fn claim(t: &str, ordered: bool) -> String {
-    let head = if ordered {
-        // Only the first pending row of its aggregate: while it is leased (in flight) or
-        // backing off after a failure, the aggregate's later rows wait. A correlated
-        // `LIMIT 1` subquery rather than `NOT EXISTS`: it is planned as one index probe per
-        // candidate even before the table was ever analyzed (an anti-join may then be planned
-        // as a full scan per batch). Which of the two partial indexes it probes depends on the
-        // table's size when it is planned, so the relay plans this claim at every call
-        // (`RelayStore::claim`).
+/// How many due rows the ordered claim looks at, oldest first, on top of its batch size,
+/// before it walks the aggregates instead: enough to fill a batch when most due rows are the
+/// first of their aggregate, few enough that a claim behind leased first rows stays short.
+const CLAIM_WINDOW: i64 = 256;
+
+/// Pending rows of the table aliased `p`.
+const PENDING_P: &str = "p.published_at IS NULL AND p.dead_lettered_at IS NULL";
+
+/// The unordered claim: the first `$1` due rows in `next_attempt_at` order, as the pending
+/// index holds them, skipping those another claim has locked.
+fn claim_unordered(t: &str) -> String {
+    let cand = format!(
+        "SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked, \
+                NULL::int4 AS lap, NULL::int8 AS n FROM {t} o \
+         WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+           AND o.next_attempt_at <= now() \
+         ORDER BY o.next_attempt_at \
+         LIMIT $1 \
+         FOR UPDATE OF o SKIP LOCKED"
+    );
+    claim(t, &format!("cand AS ({cand})"))
+}
+
+/// The ordered claim: only the first pending row of its aggregate (by `sequence`) is handed
+/// out; while it is leased (in flight) or backing off after a failure, the aggregate's later
+/// rows wait. Rows without a sequence (enqueued by an unordered outbox) wait for nothing.
+///
+/// Every step is an index probe or a bounded index range, so the rows it reads do not grow
+/// with the backlog behind leased first rows:
+///
+/// - `win`: the oldest `$1 + CLAIM_WINDOW` due rows (the pending index), and `firsts`, those
+///   of them that are the first pending row of their aggregate (one probe of the aggregate
+///   index each). When the window is not full it held every due row, and `firsts` is all
+///   there is to claim.
+/// - Otherwise (a full window of rows waiting behind their aggregate's first) a walk over the
+///   aggregates with pending rows, a loose index scan of the aggregate index (`after`, then
+///   `upto`: one probe per aggregate to find the next one, however many rows it holds), and
+///   each aggregate's first pending row (one more probe), taken when it is due (rows without
+///   a sequence come after those with one there: the window hands them out). The walk starts
+///   after the aggregate `($5, $6)` (the last one the previous walk handed a row out of;
+///   `''`, `''` for the first) and wraps around, so every aggregate gets its turn however
+///   many others sort before it. It runs only as far as the claim reads it: it stops once `$1`
+///   rows are locked, having read the aggregates whose first row is leased or failing on the
+///   way, and the due first rows it hands out.
+/// - `cand` locks the candidates in that order (`SKIP LOCKED`: a row another claim holds is
+///   left to it), until `$1` are locked. Each is fetched by the `ctid` the statement's
+///   snapshot found it at (a TID scan, in the partition its `created_at` names): a row
+///   another claim updated since is followed to its latest version, whose columns are tested
+///   again (the `ctid` is not), as for any `FOR UPDATE`. The pending test there is spelt with
+///   `coalesce` so that no partial index can serve it, whatever the statistics say.
+///
+/// Rows that came from the walk return where they were in it (`lap`, `n`); the relay starts
+/// its next walk after the last of them.
+fn claim_ordered(t: &str) -> String {
+    let window = format!("$1 + {CLAIM_WINDOW}");
+    // The next aggregate with pending rows after `(w.t, w.a)` (the walk's last), within `bound`.
+    let next = |bound: &str| {
         format!(
-            "AND (o.sequence IS NULL OR o.sequence <= ( \
-                 SELECT p.sequence FROM {t} p \
-                 WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-                   AND p.published_at IS NULL AND p.dead_lettered_at IS NULL \
-                 ORDER BY p.sequence LIMIT 1))"
+            "SELECT p.aggregate_type, p.aggregate_id FROM {t} p \
+             WHERE {PENDING_P} AND (p.aggregate_type, p.aggregate_id) > (w.t, w.a) {bound} \
+             ORDER BY p.aggregate_type, p.aggregate_id LIMIT 1"
         )
-    } else {
-        String::new()
     };
+    // The first aggregate with pending rows within `bound`.
+    let first = |bound: &str| {
+        format!(
+            "SELECT p.aggregate_type, p.aggregate_id FROM {t} p \
+             WHERE {PENDING_P} AND {bound} \
+             ORDER BY p.aggregate_type, p.aggregate_id LIMIT 1"
+        )
+    };
+    let up_to_start = "(p.aggregate_type, p.aggregate_id) <= ($5::text, $6::text)";
+    let first_after = first("(p.aggregate_type, p.aggregate_id) > ($5::text, $6::text)");
+    let next_after = next("");
+    let first_upto = first(up_to_start);
+    let next_upto = next(&format!("AND {up_to_start}"));
+    let cand = format!(
+        "win AS MATERIALIZED ( \
+             SELECT o.ctid, o.id, o.created_at, o.aggregate_type, o.aggregate_id, o.sequence \
+             FROM {t} o \
+             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
+               AND o.next_attempt_at <= now() \
+             ORDER BY o.next_attempt_at \
+             LIMIT {window}), \
+         firsts AS MATERIALIZED ( \
+             SELECT w.ctid, w.id, w.created_at FROM win w \
+             WHERE w.sequence IS NULL OR w.sequence <= ( \
+                 SELECT p.sequence FROM {t} p \
+                 WHERE p.aggregate_type = w.aggregate_type AND p.aggregate_id = w.aggregate_id \
+                   AND {PENDING_P} \
+                 ORDER BY p.sequence LIMIT 1)), \
+         after(t, a, n) AS ( \
+             SELECT s.aggregate_type, s.aggregate_id, 1::int8 FROM ({first_after}) s \
+             UNION ALL \
+             SELECT s.aggregate_type, s.aggregate_id, w.n + 1 \
+             FROM after w CROSS JOIN LATERAL ({next_after}) s), \
+         upto(t, a, n) AS ( \
+             SELECT s.aggregate_type, s.aggregate_id, 1::int8 FROM ({first_upto}) s \
+             UNION ALL \
+             SELECT s.aggregate_type, s.aggregate_id, w.n + 1 \
+             FROM upto w CROSS JOIN LATERAL ({next_upto}) s), \
+         walked AS ( \
+             SELECT h.ctid, h.id, h.created_at, w.lap, w.n FROM ( \
+                 SELECT t, a, 0 AS lap, n FROM after \
+                 UNION ALL \
+                 SELECT t, a, 1 AS lap, n FROM upto) w \
+             CROSS JOIN LATERAL ( \
+                 SELECT p.ctid, p.id, p.created_at, p.next_attempt_at FROM {t} p \
+                 WHERE p.aggregate_type = w.t AND p.aggregate_id = w.a AND {PENDING_P} \
+                 ORDER BY p.sequence LIMIT 1) h \
+             WHERE h.next_attempt_at <= now() \
+               AND NOT EXISTS (SELECT 1 FROM firsts f WHERE f.id = h.id)), \
+         picked AS ( \
+             SELECT ctid, id, created_at, NULL::int4 AS lap, NULL::int8 AS n FROM firsts \
+             UNION ALL \
+             SELECT ctid, id, created_at, lap, n FROM walked \
+             WHERE (SELECT count(*) FROM win) = {window}), \
+         cand AS ( \
+             SELECT l.id, l.created_at, l.unmarked, c.lap, c.n \
+             FROM picked c CROSS JOIN LATERAL ( \
+                 SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
+                 WHERE o.ctid = c.ctid AND o.id = c.id AND o.created_at = c.created_at \
+                   AND coalesce(o.published_at, o.dead_lettered_at) IS NULL \
+                   AND o.next_attempt_at <= now() \
+                 FOR UPDATE OF o SKIP LOCKED) l \
+             LIMIT $1)"
+    );
+    claim(t, &format!("RECURSIVE {cand}"))
+}
+
+/// The claim itself, after the CTEs `ctes` (what follows `WITH`), whose last, `cand` (`id`,
+/// `created_at`, `unmarked`, `lap`, `n`), holds the locked rows it may hand out in their
+/// order. Both claims return the message columns, then `lap` and `n`.
+fn claim(t: &str, ctes: &str) -> String {
     // A row already claimed `max-attempts` ($4) times was never marked: its publishes
     // crashed their relay (or outlived the lease). It is dead-lettered instead of handed out
     // again, and comes back with `attempts` past `max-attempts` so the caller can tell.
@@ -124,19 +239,14 @@ fn claim(t: &str, ordered: bool) -> String {
     // died (or outlived its lease) with it in its batch, and it may be the message that kills
     // relays. Such a row is handed out alone, so a crasher costs only its own attempts and the
     // healthy rows of its batch are not dead-lettered with it. The candidates are taken in
-    // index order as before; only the rows handed out change.
+    // their order as before; only the rows handed out change.
     format!(
-        "WITH cand AS ( \
-             SELECT o.id, o.created_at, o.claim_token IS NOT NULL AS unmarked FROM {t} o \
-             WHERE o.published_at IS NULL AND o.dead_lettered_at IS NULL \
-               AND o.next_attempt_at <= now() {head} \
-             ORDER BY o.next_attempt_at \
-             LIMIT $1 \
-             FOR UPDATE OF o SKIP LOCKED), \
+        "WITH {ctes}, \
          due AS ( \
-             SELECT id, created_at FROM cand WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
+             SELECT id, created_at, lap, n FROM cand \
+             WHERE NOT EXISTS (SELECT 1 FROM cand WHERE unmarked) \
              UNION ALL \
-             (SELECT id, created_at FROM cand WHERE unmarked LIMIT 1)) \
+             (SELECT id, created_at, lap, n FROM cand WHERE unmarked LIMIT 1)) \
          UPDATE {t} AS o \
          SET attempts = o.attempts + 1, \
              next_attempt_at = CASE WHEN {spent} THEN o.next_attempt_at ELSE now() + $2 END, \
@@ -147,7 +257,7 @@ fn claim(t: &str, ordered: bool) -> String {
                       || coalesce('; last error: ' || o.last_error, ''), 1000) \
                  ELSE o.last_error END \
          FROM due WHERE o.id = due.id AND o.created_at = due.created_at \
-         RETURNING {MESSAGE_COLUMNS}"
+         RETURNING {MESSAGE_COLUMNS}, due.lap, due.n"
     )
 }
 
@@ -157,8 +267,8 @@ impl Statements {
         Self {
             enqueue: sql(enqueue(table, ordering, notify)),
             enqueue_quiet: sql(enqueue(table, ordering, false)),
-            claim_ordered: sql(claim(t, true)),
-            claim_unordered: sql(claim(t, false)),
+            claim_ordered: sql(claim_ordered(t)),
+            claim_unordered: sql(claim_unordered(t)),
             mark_published: sql(format!(
                 "UPDATE {t} SET published_at = clock_timestamp(), claim_token = NULL \
                  WHERE id = ANY($1) AND claim_token = $2"

@@ -67,9 +67,10 @@ fn limit(n: u32) -> i64 {
     i64::from(n)
 }
 
-/// The ordered claim's transaction: it may use neither a sort nor a sequential scan, so it
-/// walks the pending index in `next_attempt_at` order and finds each candidate's aggregate
-/// head with one probe of the aggregate index, whatever the statistics say.
+/// The ordered claim's transaction: it may use neither a sort nor a sequential scan. The claim
+/// is written as index probes and bounded index ranges (see `statements::claim_ordered`);
+/// these settings keep the planner from choosing anything else for them whatever the
+/// statistics say.
 ///
 /// Without statistics (a table never analysed: a burst before autovacuum's first `ANALYZE`)
 /// both partial indexes look almost empty, their costs tie, and the planner may look a head
@@ -81,10 +82,28 @@ fn limit(n: u32) -> i64 {
 /// claim costs two round trips more than a bare statement: `BEGIN`, the claim, `COMMIT`.
 const INDEX_BOUNDED: &str = "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_seqscan = off";
 
+/// A claimed row: the message, then where the ordered claim's walk over the aggregates found
+/// it (its lap and its place in that lap; `NULL` for a row from the window, and in the
+/// unordered claim).
+type ClaimRow = (
+    Uuid,
+    String,
+    String,
+    Option<i64>,
+    String,
+    String,
+    String,
+    DateTime<Utc>,
+    i32,
+    f64,
+    Option<i32>,
+    Option<i64>,
+);
+
 type ClaimQuery = sqlx::query::QueryAs<
     'static,
     sqlx::Postgres,
-    MessageRow,
+    ClaimRow,
     <sqlx::Postgres as sqlx::Database>::Arguments,
 >;
 
@@ -95,6 +114,44 @@ fn claim_query(sql: sqlx::SqlStr, persistent: bool, request: &ClaimRequest) -> C
         .bind(request.lease)
         .bind(request.token)
         .bind(i32::try_from(request.max_attempts).unwrap_or(i32::MAX))
+}
+
+/// Where the next ordered claim starts its walk over the aggregates: after the last
+/// aggregate the previous walk handed a row out of, so that every aggregate gets its turn
+/// (the walk runs in key order, and stops once it has a batch). Shared by the clones of an
+/// outbox, so by every worker of a relay; `None` until a walk handed something out.
+#[derive(Debug, Default)]
+pub(crate) struct WalkStart(std::sync::Mutex<Option<(String, String)>>);
+
+impl WalkStart {
+    /// The aggregate to start after (`''`, `''`: from the first).
+    fn get(&self) -> (String, String) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default()
+    }
+
+    /// Moves the start after the last aggregate of `rows` that the walk found, if any.
+    fn advance(&self, rows: &[ClaimRow]) {
+        let last = rows
+            .iter()
+            .filter_map(|row| Some(((row.10?, row.11?), row)))
+            .max_by_key(|(place, _)| *place);
+        if let Some((_, row)) = last {
+            *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some((row.1.clone(), row.2.clone()));
+        }
+    }
+}
+
+fn claimed(row: ClaimRow) -> Result<OutboxMessage, Error> {
+    let (a, b, c, d, e, f, g, h, i, j, _, _) = row;
+    message((a, b, c, d, e, f, g, h, i, j))
 }
 
 impl Enqueue for PgOutbox {
@@ -113,18 +170,22 @@ impl RelayStore for PgOutbox {
     type Listener = PgNotificationListener;
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
-        let rows: Vec<MessageRow> = match request.ordering {
+        let rows: Vec<ClaimRow> = match request.ordering {
             Ordering::Ordered => {
                 // In a transaction of its own that rules out plans that are not index-bounded
                 // (`INDEX_BOUNDED`), planned again at every call (an unnamed statement).
+                let (after_type, after_id) = self.walk_start.get();
                 let mut tx = crate::begin::begin_with(&self.pool, INDEX_BOUNDED)
                     .await
                     .map_err(outbox_error)?;
                 let rows = claim_query(self.sql.claim_ordered.clone(), false, request)
+                    .bind(after_type)
+                    .bind(after_id)
                     .fetch_all(&mut *tx)
                     .await
                     .map_err(outbox_error)?;
                 tx.commit().await.map_err(outbox_error)?;
+                self.walk_start.advance(&rows);
                 rows
             }
             Ordering::Unordered => {
@@ -142,7 +203,7 @@ impl RelayStore for PgOutbox {
         };
         let messages = rows
             .into_iter()
-            .map(message)
+            .map(claimed)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Claimed::split(messages, request.max_attempts))
     }
