@@ -183,7 +183,10 @@ async fn health_finds_the_database_up_through_pgbouncer_under_traffic() {
     };
     let (failures, _) = tokio::join!(checking, writing);
     let failures: Vec<String> = failures.into_iter().flatten().collect();
-    assert!(runs.load(Ordering::SeqCst) > 0, "no request ran beside the checks");
+    assert!(
+        runs.load(Ordering::SeqCst) > 0,
+        "no request ran beside the checks"
+    );
     assert!(
         failures.is_empty(),
         "{} of {} health checks found the database down; the first: {:?}",
