@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 source scripts/services.sh
 ensure_postgres
 ensure_pgbouncer
+ensure_tools jq curl python3
 CLIENTS="${CLIENTS:-16}" SECONDS_EACH="${SECONDS_EACH:-10}" PROFILE="${PROFILE:-release}"
 port="${BENCH_DEMO_PORT:-18460}"
 if [ -z "${BIN_DIR:-}" ]; then

@@ -16,7 +16,7 @@
 #   scripts/services.sh nats-cluster start  [BASE_PORT [DIR]]    # default 4232 /var/tmp/idempotency-nats-cluster
 #   scripts/services.sh nats-cluster stop   [BASE_PORT [DIR]]
 #   scripts/services.sh nats-cluster status [BASE_PORT]
-#   scripts/services.sh pgbouncer start [PORT [SERVER_PORT [DIR]]]  # default 6432 5432 /var/tmp/idempotency-pgbouncer-PORT
+#   scripts/services.sh pgbouncer start [PORT [SERVER [DIR]]]  # default 6432 127.0.0.1:5432 /var/tmp/idempotency-pgbouncer-PORT
 #   scripts/services.sh pgbouncer stop  [PORT [DIR]]
 set -euo pipefail
 
@@ -28,6 +28,20 @@ apt_install() {
   log "installing $*"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# ensure_tools TOOL...: installs the Debian package of each tool missing from PATH (jq, curl,
+# python3, psql: postgresql-client).
+ensure_tools() {
+  local tool packages=()
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 && continue
+    case "$tool" in
+      psql) packages+=(postgresql-client) ;;
+      *) packages+=("$tool") ;;
+    esac
+  done
+  if [ ${#packages[@]} -gt 0 ]; then apt_install "${packages[@]}"; fi
 }
 
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
@@ -42,11 +56,19 @@ wait_for() { # name host port seconds
   return 1
 }
 
-given() { # name url default-port seconds: waits for a server named by a URL set by the caller
-  local name=$1 rest=${2#*://} default=$3 seconds=$4 host port
+# url_host_port URL DEFAULT-PORT: "HOST|PORT" of a server URL (scheme://[user@]host[:port][/...]);
+# HOST is empty for a Unix socket (postgres:///db?host=/run/postgresql).
+url_host_port() {
+  local rest=${1#*://} default=$2 host port
   rest=${rest##*@}; rest=${rest%%/*}; rest=${rest%%\?*}
   host=${rest%:*}; port=${rest##*:}
   [ "$host" = "$rest" ] && port=$default
+  echo "$host|$port"
+}
+
+given() { # name url default-port seconds: waits for a server named by a URL set by the caller
+  local name=$1 seconds=$4 host port
+  IFS='|' read -r host port <<<"$(url_host_port "$2" "$3")"
   [ -z "$host" ] && return 0 # a Unix socket: nothing to wait for on TCP
   wait_for "$name" "$host" "$port" "$seconds"
 }
@@ -79,8 +101,10 @@ ensure_postgres() {
 
 # ---------------------------------------------------------------- PgBouncer
 # PgBouncer (Debian's `pgbouncer`) in `pool_mode = transaction` on PGBOUNCER_PORT (default 6432)
-# in front of the PostgreSQL on SERVER_PORT (default 5432): every database name is passed
-# through (`* =`), users postgres and root are trusted (as the local PostgreSQL trusts 127.0.0.1). Its
+# in front of the PostgreSQL at SERVER (PORT or HOST:PORT, default 127.0.0.1:5432;
+# ensure_pgbouncer takes the host and port of DATABASE_URL): every database name is passed
+# through (`* =`), users postgres, root and PGBOUNCER_USER (when set) are trusted (as the local
+# PostgreSQL trusts 127.0.0.1). Its
 # configuration, pid file and log are generated into DIR (default
 # /var/tmp/idempotency-pgbouncer-PORT), never into the clone. What it needs for sqlx clients:
 #
@@ -97,15 +121,18 @@ pgbouncer_bin() {
   command -v pgbouncer 2>/dev/null || { [ -x /usr/sbin/pgbouncer ] && echo /usr/sbin/pgbouncer; }
 }
 
-# pgbouncer_config PORT SERVER_PORT DIR [POOL_MODE]: writes DIR/pgbouncer.ini.
+# pgbouncer_config PORT SERVER DIR [POOL_MODE]: writes DIR/pgbouncer.ini; SERVER is PORT (on
+# 127.0.0.1) or HOST:PORT.
 pgbouncer_config() {
-  local port=$1 server_port=$2 dir=$3 mode=${4:-transaction}
+  local port=$1 server=$2 dir=$3 mode=${4:-transaction} server_host=127.0.0.1 server_port=$2
+  if [[ "$server" == *:* ]]; then server_host=${server%:*} server_port=${server##*:}; fi
   mkdir -p "$dir"
   # `trust` still wants the user in auth_file: the users the tests and the demo connect as.
   printf '"postgres" ""\n"root" ""\n' >"$dir/userlist.txt"
+  if [ -n "${PGBOUNCER_USER:-}" ]; then printf '"%s" ""\n' "$PGBOUNCER_USER" >>"$dir/userlist.txt"; fi
   cat >"$dir/pgbouncer.ini" <<INI
 [databases]
-* = host=127.0.0.1 port=$server_port
+* = host=$server_host port=$server_port
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -130,9 +157,10 @@ pgbouncer_answers() { # PORT
   psql "postgres://postgres@127.0.0.1:$1/pgbouncer" -qAtc "SHOW VERSION" >/dev/null 2>&1
 }
 
-# pgbouncer_start PORT SERVER_PORT DIR: reuses a PgBouncer already answering on PORT.
+# pgbouncer_start PORT SERVER DIR: SERVER is PORT (on 127.0.0.1) or HOST:PORT; reuses a
+# PgBouncer already answering on PORT.
 pgbouncer_start() {
-  local port=${1:-$PGBOUNCER_PORT} server_port=${2:-5432} dir=${3:-} bin i
+  local port=${1:-$PGBOUNCER_PORT} server=${2:-5432} dir=${3:-} bin i
   dir=${dir:-$(pgbouncer_dir "$port")}
   if pgbouncer_answers "$port"; then return 0; fi
   bin=$(pgbouncer_bin) || true
@@ -141,8 +169,9 @@ pgbouncer_start() {
     log "port $port is taken by something other than PgBouncer; set PGBOUNCER_PORT"
     return 1
   fi
-  pgbouncer_config "$port" "$server_port" "$dir"
-  log "starting PgBouncer (pool_mode = transaction) on $port in front of 127.0.0.1:$server_port ($dir)"
+  pgbouncer_config "$port" "$server" "$dir"
+  [[ "$server" == *:* ]] || server="127.0.0.1:$server"
+  log "starting PgBouncer (pool_mode = transaction) on $port in front of $server ($dir)"
   # -u: PgBouncer refuses to run as root.
   if [ "$(id -u)" = 0 ]; then
     chown -R postgres "$dir"
@@ -166,10 +195,23 @@ pgbouncer_stop() { # PORT [DIR]
   log "PgBouncer on $port stopped"
 }
 
+# ensure_pgbouncer: a PgBouncer on PGBOUNCER_PORT in front of the server of DATABASE_URL (its
+# host and port; ensure_postgres sets it), PGBOUNCER_URL with that URL's user and database.
 ensure_pgbouncer() {
   if [ -n "${PGBOUNCER_URL:-}" ]; then given PgBouncer "$PGBOUNCER_URL" 6432 30; return; fi
-  pgbouncer_start "$PGBOUNCER_PORT" 5432
-  export PGBOUNCER_URL="postgres://postgres@127.0.0.1:$PGBOUNCER_PORT/test"
+  local url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} host port rest user=postgres database=test
+  IFS='|' read -r host port <<<"$(url_host_port "$url" 5432)"
+  if [ -z "$host" ]; then
+    log "DATABASE_URL names a Unix socket; PgBouncer connects to 127.0.0.1:$port"
+    host=127.0.0.1
+  fi
+  rest=${url#*://}
+  if [[ "$rest" == *@* ]]; then user=${rest%%@*} user=${user%%:*}; fi
+  rest=${rest#*/}; rest=${rest%%\?*}
+  if [[ "${url#*://}" == */* ]] && [ -n "$rest" ]; then database=$rest; fi
+  case "$user" in postgres | root) ;; *) export PGBOUNCER_USER="$user" ;; esac
+  pgbouncer_start "$PGBOUNCER_PORT" "$host:$port"
+  export PGBOUNCER_URL="postgres://$user@127.0.0.1:$PGBOUNCER_PORT/$database"
 }
 
 ensure_redis() {
@@ -401,7 +443,7 @@ nats_cluster_wait() {
 nats_cluster_start() {
   local base=${1:-$NATS_CLUSTER_BASE_PORT} dir=${2:-$NATS_CLUSTER_DIR} i port
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || apt_install nats-server
-  command -v jq >/dev/null || apt_install jq
+  ensure_tools jq curl
   if nats_cluster_ok "$base"; then
     log "NATS cluster on $base-$((base + 2)) already up (meta leader elected)"
     return 0
@@ -557,7 +599,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     "nats-cluster stop") nats_cluster_stop "${3:-$NATS_CLUSTER_BASE_PORT}" "${4:-$NATS_CLUSTER_DIR}" ;;
     "nats-cluster status")
       if nats_cluster_ok "${3:-$NATS_CLUSTER_BASE_PORT}"; then echo ok; else echo "not ok"; exit 1; fi ;;
-    "pgbouncer start") pgbouncer_start "${3:-$PGBOUNCER_PORT}" "${4:-5432}" "${5:-}"
+    "pgbouncer start") pgbouncer_start "${3:-$PGBOUNCER_PORT}" "${4:-127.0.0.1:5432}" "${5:-}"
       echo "PGBOUNCER_URL=postgres://postgres@127.0.0.1:${3:-$PGBOUNCER_PORT}/test" ;;
     "pgbouncer stop") pgbouncer_stop "${3:-$PGBOUNCER_PORT}" "${4:-}" ;;
     *) echo "usage: $0 redis-cluster|nats-cluster start|stop|status [BASE_PORT [DIR]] | pgbouncer start|stop [PORT ...]" >&2; exit 2 ;;

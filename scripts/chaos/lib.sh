@@ -100,17 +100,32 @@ build() {
 
 # ---------------------------------------------------------------- PostgreSQL
 
+# pg_server_bin: the directory of PostgreSQL's server programs (initdb, pg_ctl, postgres,
+# pg_basebackup, one version). Debian keeps them off PATH, in /usr/lib/postgresql/<version>/bin
+# (the newest is taken); elsewhere they are on PATH (a link there is followed to its directory).
+pg_server_bin() {
+  local dir candidates=()
+  if command -v initdb >/dev/null; then candidates+=("$(dirname "$(readlink -f "$(command -v initdb)")")"); fi
+  while read -r dir; do candidates+=("$dir"); done < <(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin 2>/dev/null | sort -rV)
+  for dir in "${candidates[@]}"; do
+    if [ -x "$dir/initdb" ] && [ -x "$dir/pg_ctl" ] && [ -x "$dir/pg_basebackup" ]; then echo "$dir"; return; fi
+  done
+  echo "missing tools: initdb, pg_ctl and pg_basebackup (PostgreSQL's server programs), neither on PATH nor in /usr/lib/postgresql/*/bin" >&2
+  exit 2
+}
+
 # Starts a private PostgreSQL (initdb into $WORK/pg, trust auth, 127.0.0.1:$CHAOS_PG_PORT, its
 # own socket directory) and creates database `demo`. Sets PG_URL. Stopped and removed on exit.
 pg_private_start() {
-  need initdb pg_ctl
+  local bin
+  bin="$(pg_server_bin)"
   require_free_port "$CHAOS_PG_PORT" CHAOS_PG_PORT
   PG_DATA="$WORK/pg"
   mkdir -p "$PG_DATA"
   local as=()
   if [ "$(id -u)" = 0 ]; then chown postgres "$PG_DATA"; as=(runuser -u postgres --); fi
-  "${as[@]}" initdb -D "$PG_DATA" -U postgres --auth=trust -E UTF8 >"$WORK/initdb.log" 2>&1
-  PG_CTL=("${as[@]}" pg_ctl -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t 60
+  "${as[@]}" "$bin/initdb" -D "$PG_DATA" -U postgres --auth=trust -E UTF8 >"$WORK/initdb.log" 2>&1
+  PG_CTL=("${as[@]}" "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t 60
     -o "-p $CHAOS_PG_PORT -c listen_addresses=127.0.0.1 -k $PG_DATA -c max_connections=100 -c fsync=off")
   "${PG_CTL[@]}" start >/dev/null
   # shellcheck disable=SC2016 # expanded when the cleanup runs

@@ -41,6 +41,10 @@ WORKERS="${WORKERS:-2}"
 BATCH="${BATCH:-100}"
 REPUBLISH="${REPUBLISH:-200}"
 BASE="${CHAOS_NATS_CLUSTER_PORT:-4242}"
+# The shared PostgreSQL (the run's database is a fresh one there) up, the tools installed.
+ensure_postgres
+ensure_tools jq curl
+command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || apt_install nats-server
 need psql jq curl
 
 build

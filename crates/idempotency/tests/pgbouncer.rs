@@ -136,3 +136,63 @@ async fn pooler_transaction_refuses_listen_wake_ups_and_other_databases() {
     .unwrap_err();
     assert_eq!(property_of(error), "idempotency.persistence.pooler");
 }
+
+/// `health()` many times at once, beside requests that hold server connections in their
+/// transactions, through PgBouncer: every report finds the database up. A prepared `SELECT 1`
+/// failed there now and then (a named one meets a server connection that already has
+/// `sqlx_s_1`, or is bound on one that has not; an unnamed one is parsed on one server
+/// connection and bound on another), and `/health/ready` answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_finds_the_database_up_through_pgbouncer_under_traffic() {
+    const CHECKERS: usize = 8;
+    const CHECKS: usize = 60;
+    const WRITERS: usize = 4;
+    let (pool, schema) = bouncer().await;
+    let idempotency = Builder::new(&settings(&yaml(&schema, "transaction", "poll")))
+        .publisher(idempotency::outbox::LoggingPublisher::new())
+        .build(pool)
+        .await
+        .unwrap();
+    // A bound far above any wait for a pooled connection here: a failure is the database's.
+    let check = idempotency
+        .health_check()
+        .with_timeout(Duration::from_secs(30));
+    let runs = AtomicUsize::new(0);
+    let checks = AtomicUsize::new(0);
+    let checking = async {
+        let checkers = (0..CHECKERS).map(|_| async {
+            let mut failures = Vec::new();
+            for _ in 0..CHECKS {
+                let health = check.check().await;
+                checks.fetch_add(1, Ordering::SeqCst);
+                if health.database.status != idempotency::health::Status::Up {
+                    failures.push(health.database.error.unwrap_or_default());
+                }
+            }
+            failures
+        });
+        futures_util::future::join_all(checkers).await
+    };
+    let writing = async {
+        let writers = (0..WRITERS).map(|_| async {
+            while checks.load(Ordering::SeqCst) < CHECKERS * CHECKS {
+                assert_eq!(run(&idempotency, &unique(), &runs).await, 7);
+            }
+        });
+        futures_util::future::join_all(writers).await
+    };
+    let (failures, _) = tokio::join!(checking, writing);
+    let failures: Vec<String> = failures.into_iter().flatten().collect();
+    assert!(
+        runs.load(Ordering::SeqCst) > 0,
+        "no request ran beside the checks"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} health checks found the database down; the first: {:?}",
+        failures.len(),
+        CHECKERS * CHECKS,
+        failures.iter().take(3).collect::<Vec<_>>()
+    );
+    idempotency.shutdown().await;
+}
