@@ -13,6 +13,7 @@ use rand::{RngExt, SeedableRng};
 
 use idempotency_core::IdempotencyStore;
 use idempotency_core::config::{PersistenceConfig, SchemaMode};
+use idempotency_core::store::InsertCompleted;
 use idempotency_mysql::MysqlStore;
 use idempotency_pg::PgStore;
 use idempotency_sqlite::SqliteStore;
@@ -51,7 +52,7 @@ pub struct NewEffect<'a> {
 }
 
 /// A database the checker runs a subject on.
-pub trait Backend: IdempotencyStore + Clone + Send + Sync + 'static {
+pub trait Backend: IdempotencyStore + InsertCompleted + Clone + Send + Sync + 'static {
     /// Its name in subjects (`pg`, `sqlite`, `mysql`).
     const NAME: &'static str;
     /// A fresh store on its own schema, database or file, with the records table and the

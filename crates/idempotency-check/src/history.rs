@@ -99,10 +99,12 @@ impl fmt::Display for Answer {
     }
 }
 
-/// What became of the service subject's transaction.
+/// What became of the service subject's transaction: the caller's (`execute_in`), or as the
+/// service reports its own (`execute`, `execute_optimistic`: an executed outcome is
+/// `Committed`, an error `RolledBack`, a replay `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxEnd {
-    /// Not a transaction of the caller's (the layer subjects).
+    /// No transaction of the caller's (the layer subjects; a replay of the service's own).
     None,
     /// Committed.
     Committed,
@@ -133,7 +135,7 @@ impl fmt::Display for Entry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "op {:>4} client {:>2} [{:>6.1}..{:>6.1} ms] key {}{} {:?} {:?} `{}` ->",
+            "op {:>4} client {:>2} [{:>6.1}..{:>6.1} ms] key {}{}{} {:?} {:?} `{}` ->",
             self.op.id,
             self.op.client,
             self.span.0.as_secs_f64() * 1e3,
@@ -142,6 +144,10 @@ impl fmt::Display for Entry {
             self.op
                 .second_key
                 .map(|k| format!("+{k}"))
+                .unwrap_or_default(),
+            self.op
+                .via
+                .map(|via| format!(" {}", via.name()))
                 .unwrap_or_default(),
             self.op.kind,
             self.op.fault,

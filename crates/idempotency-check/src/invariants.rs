@@ -451,7 +451,11 @@ pub fn leased(entries: &[Entry], runs: &[LeasedRun], lease: Duration) -> Vec<Vio
     out
 }
 
-/// `execute_in` in a caller's transaction.
+/// The service: `execute_in` in a caller's transaction, `execute` and `execute_optimistic` in
+/// the service's own. The same invariants hold for all three: `execute_optimistic` documents
+/// that two concurrent duplicates may both run the action, the later one rolling back all it
+/// did and replaying the winner's outcome, so what is held against it is what committed and
+/// what was answered, never how many actions ran.
 pub fn service(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
     let mut out = Vec::new();
     one_effect_per_key(effects, &mut out);
@@ -567,6 +571,7 @@ mod tests {
             client: 0,
             key,
             second_key: None,
+            via: None,
             variant: Variant {
                 tenant: 0,
                 account: 0,

@@ -58,7 +58,8 @@ pub enum CheckError {
 /// What runs the history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// `execute_in` in a caller's transaction (two keys per transaction at times).
+    /// The service: `execute_in` in a caller's transaction (two keys per transaction at
+    /// times) and `execute` in its own, or (a seed in three) `execute_optimistic` throughout.
     Service,
     /// `IdempotencyLayer` in transactional mode.
     Layer,
@@ -154,6 +155,7 @@ impl Subject {
                 slow_ms: 80,
                 commit_after_error: true,
                 second_keys: true,
+                entry_points: true,
             },
             Mode::Layer => Shape {
                 clients: 6,
@@ -162,6 +164,7 @@ impl Subject {
                 slow_ms: 80,
                 commit_after_error: false,
                 second_keys: false,
+                entry_points: false,
             },
             Mode::Outbox => Shape {
                 clients: 6,
@@ -170,6 +173,7 @@ impl Subject {
                 slow_ms: 40,
                 commit_after_error: false,
                 second_keys: false,
+                entry_points: false,
             },
             // Slow handlers run up to twice the lease: takeovers, late completions.
             Mode::Leased => Shape {
@@ -179,6 +183,7 @@ impl Subject {
                 slow_ms: 600,
                 commit_after_error: false,
                 second_keys: false,
+                entry_points: false,
             },
         }
     }
@@ -228,6 +233,20 @@ impl Report {
         self.entries.len()
     }
 
+    /// The plan's settings beyond caches, in-flight policy and lookup, as the report prints
+    /// them after those (empty when there are none).
+    pub fn settings(&self) -> String {
+        let mut settings = String::new();
+        if self.subject.mode == Mode::Service {
+            settings.push_str(if self.plan.optimistic {
+                " entry execute_optimistic"
+            } else {
+                " entry execute_in+execute"
+            });
+        }
+        settings
+    }
+
     /// The faults the plan put into this history, by kind: requests dropped at a random point
     /// (`drop`), transactions committed after an error (`commit-after-error`), and database
     /// connections killed mid-transaction (`kill`: the service and the layer on PostgreSQL and
@@ -270,12 +289,13 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {} subject {} caches {} in-flight {} lookup {}: {} operations, {} faults, {} violations",
+            "seed {} subject {} caches {} in-flight {} lookup {}{}: {} operations, {} faults, {} violations",
             self.seed,
             self.subject,
             self.plan.caches.name(),
             if self.plan.wait { "wait" } else { "reject" },
             self.plan.lookup,
+            self.settings(),
             self.operations(),
             self.plan.faults(),
             self.violations.len()

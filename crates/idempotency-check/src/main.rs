@@ -110,10 +110,11 @@ async fn main() -> ExitCode {
                     }
                     if report.violations.is_empty() {
                         println!(
-                            "ok   seed {seed} {subject} ({} operations, {} faults, caches {})",
+                            "ok   seed {seed} {subject} ({} operations, {} faults, caches {}{})",
                             report.operations(),
                             report.plan.faults(),
-                            report.plan.caches.name()
+                            report.plan.caches.name(),
+                            report.settings()
                         );
                     } else {
                         failed += 1;

@@ -56,6 +56,30 @@ impl Kind {
     }
 }
 
+/// Which of the service's entry points runs an operation (the service subjects).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `execute_in`, in the caller's transaction (one or two keys).
+    ExecuteIn,
+    /// `execute`: the key claimed, the action run and the outcome stored in a transaction of
+    /// the service's own.
+    Execute,
+    /// `execute_optimistic`: the action first, the terminal record inserted at the end, in a
+    /// transaction of the service's own.
+    Optimistic,
+}
+
+impl Via {
+    /// The entry point's name, as the service spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ExecuteIn => "execute_in",
+            Self::Execute => "execute",
+            Self::Optimistic => "execute_optimistic",
+        }
+    }
+}
+
 /// A fault injected into one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -93,6 +117,8 @@ pub struct Op {
     pub key: usize,
     /// A second key, for the service subject's two-call transactions.
     pub second_key: Option<usize>,
+    /// The service subjects: the entry point that runs it (`None` elsewhere).
+    pub via: Option<Via>,
     /// Who and what.
     pub variant: Variant,
     /// What the handler does.
@@ -114,6 +140,9 @@ pub struct Plan {
     pub wait: bool,
     /// Whether the service looks the key up before acquiring it (`lookup_before_acquire`).
     pub lookup: bool,
+    /// The service subjects: every operation runs through `execute_optimistic` (its duplicates
+    /// may run the action concurrently, so it is not mixed with the claiming entry points).
+    pub optimistic: bool,
     /// Each client's operations, in order.
     pub clients: Vec<Vec<Op>>,
 }
@@ -133,12 +162,19 @@ pub struct Shape {
     pub commit_after_error: bool,
     /// Whether operations carry a second key (the service subject).
     pub second_keys: bool,
+    /// Whether operations choose among the service's entry points (`execute_in`, `execute`,
+    /// `execute_optimistic`; the service subject).
+    pub entry_points: bool,
 }
 
 impl Plan {
     /// The plan of `seed` with `shape`.
     pub fn generate(seed: u64, shape: Shape) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
+        // The choices added after the first plans come from a stream of their own, so that the
+        // draws above (keys, variants, kinds, faults) of a seed stay what they were.
+        let mut extra = StdRng::seed_from_u64(seed ^ 0x6578_7472_6173);
+        let optimistic = shape.entry_points && extra.random_bool(0.3);
         let caches = match rng.random_range(0..3) {
             0 => Caches::None,
             1 => Caches::Moka,
@@ -178,19 +214,37 @@ impl Plan {
                             15 => Kind::Kill,
                             _ => Kind::Slow(rng.random_range(shape.slow_ms / 4..=shape.slow_ms)),
                         };
-                        let fault = match rng.random_range(0..10) {
+                        let mut fault = match rng.random_range(0..10) {
                             0 | 1 => Fault::Drop(rng.random_range(0..60)),
                             2 | 3 if shape.commit_after_error => Fault::CommitAfterError,
                             _ => Fault::None,
                         };
-                        let second_key = (shape.second_keys && rng.random_bool(0.5))
+                        let mut second_key = (shape.second_keys && rng.random_bool(0.5))
                             .then(|| rng.random_range(0..shape.keys));
+                        let via = shape.entry_points.then(|| {
+                            if optimistic {
+                                Via::Optimistic
+                            } else if extra.random_bool(0.3) {
+                                Via::Execute
+                            } else {
+                                Via::ExecuteIn
+                            }
+                        });
+                        if via.is_some_and(|via| via != Via::ExecuteIn) {
+                            // One call in the service's own transaction: no second key, and no
+                            // caller to commit after an error.
+                            second_key = None;
+                            if fault == Fault::CommitAfterError {
+                                fault = Fault::None;
+                            }
+                        }
                         next += 1;
                         Op {
                             id: next,
                             client,
                             key,
                             second_key,
+                            via,
                             variant,
                             kind,
                             fault,
@@ -205,6 +259,7 @@ impl Plan {
             caches,
             wait,
             lookup,
+            optimistic,
             clients,
         }
     }
@@ -237,6 +292,7 @@ mod tests {
         slow_ms: 40,
         commit_after_error: true,
         second_keys: true,
+        entry_points: true,
     };
 
     #[test]

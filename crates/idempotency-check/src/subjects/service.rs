@@ -1,6 +1,8 @@
-//! `IdempotencyService::execute_in` in a caller's transaction: one or two calls (two keys) in
-//! one transaction, the action writing its effect on the transaction's connection; on an error
-//! the caller rolls back, or (the fault `CommitAfterError`) commits anyway.
+//! The service's entry points. `execute_in` in a caller's transaction: one or two calls (two
+//! keys) in one transaction, the action writing its effect on the transaction's connection; on
+//! an error the caller rolls back, or (the fault `CommitAfterError`) commits anyway. `execute`
+//! and `execute_optimistic`: one call in a transaction the service begins, commits or rolls
+//! back itself; the same action.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,7 @@ use super::{Ctx, clients, service_config};
 use crate::backend::{Backend, NewEffect, Wire};
 use crate::history::{Answer, Entry, TxEnd};
 use crate::invariants;
-use crate::plan::{Fault, Kind, Op, Plan};
+use crate::plan::{Fault, Kind, Op, Plan, Via};
 use crate::{CheckError, Run};
 
 /// The action's error.
@@ -44,10 +46,19 @@ fn error_kind(error: &ActionError) -> Answer {
     }
 }
 
-/// One `execute_in` of `op` for `key`, on `tx`.
+/// The transaction a call runs in.
+enum In<'a, B: Backend> {
+    /// `execute_in`: the caller's.
+    Caller(&'a mut Tx<B>),
+    /// `execute` or `execute_optimistic`: the service's own.
+    Own(Via),
+}
+
+/// One call of `op` for `key`: `execute_in` on the caller's transaction, or `execute` /
+/// `execute_optimistic` in the service's own.
 async fn call<B, L, D>(
     service: &IdempotencyService<B, L, D>,
-    tx: &mut Tx<B>,
+    tx: In<'_, B>,
     op: &Op,
     key: usize,
     tenant: &str,
@@ -64,34 +75,37 @@ where
     let scope = Scope::new(tenant).map_err(|e| CheckError::Setup(e.to_string()))?;
     let call = Call::new("CHARGE", idempotency_key, request).scoped(scope);
     let kind = op.kind;
-    let result = service
-        .execute_in(tx, call, async |conn: &mut B::Connection| {
-            let effect = NewEffect {
-                tenant,
-                key,
-                identity,
-                op: op.id,
-            };
-            let id = B::insert_effect(conn, effect)
-                .await
-                .map_err(|e| ActionError::Statement(e.to_string()))?;
-            let value = json!({ "effect": id, "identity": identity });
-            match kind {
-                Kind::Reject => ExecutionResult::rejected_with("REJECTED", &value)
-                    .map_err(|e| ActionError::Statement(e.to_string())),
-                Kind::Fail => Err(ActionError::Failed),
-                Kind::Slow(ms) => {
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    Ok(ExecutionResult::success(value))
-                }
-                Kind::Kill => {
-                    B::kill(conn).await;
-                    Ok(ExecutionResult::success(value))
-                }
-                Kind::Ok => Ok(ExecutionResult::success(value)),
+    let action = async |conn: &mut B::Connection| {
+        let effect = NewEffect {
+            tenant,
+            key,
+            identity,
+            op: op.id,
+        };
+        let id = B::insert_effect(conn, effect)
+            .await
+            .map_err(|e| ActionError::Statement(e.to_string()))?;
+        let value = json!({ "effect": id, "identity": identity });
+        match kind {
+            Kind::Reject => ExecutionResult::rejected_with("REJECTED", &value)
+                .map_err(|e| ActionError::Statement(e.to_string())),
+            Kind::Fail => Err(ActionError::Failed),
+            Kind::Slow(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(ExecutionResult::success(value))
             }
-        })
-        .await;
+            Kind::Kill => {
+                B::kill(conn).await;
+                Ok(ExecutionResult::success(value))
+            }
+            Kind::Ok => Ok(ExecutionResult::success(value)),
+        }
+    };
+    let result = match tx {
+        In::Caller(tx) => service.execute_in(tx, call, action).await,
+        In::Own(Via::Optimistic) => service.execute_optimistic(call, action).await,
+        In::Own(_) => service.execute(call, action).await,
+    };
     Ok(match result {
         Ok(outcome) => {
             let replayed = outcome.is_replayed();
@@ -115,7 +129,8 @@ where
     })
 }
 
-/// Runs one operation: a transaction with its calls, then commit or rollback.
+/// Runs one operation: a transaction with its calls, then commit or rollback; or one call in
+/// the service's own transaction.
 async fn one<B, L, D>(
     service: IdempotencyService<B, L, D>,
     op: Op,
@@ -139,6 +154,46 @@ where
         .into_iter()
         .flatten()
         .collect();
+    if let Some(via @ (Via::Execute | Via::Optimistic)) = op.via {
+        let own = async {
+            let answer = call(
+                &service,
+                In::Own(via),
+                &op,
+                op.key,
+                &tenant,
+                &request,
+                &identity,
+            )
+            .await?;
+            // What the service did with its own transaction: an outcome it executed was
+            // committed; an error rolled everything back; a replay committed nothing of its own.
+            let tx = match &answer {
+                Answer::Value {
+                    replayed: false, ..
+                }
+                | Answer::Rejected {
+                    replayed: false, ..
+                } => TxEnd::Committed,
+                Answer::Value { .. } | Answer::Rejected { .. } => TxEnd::None,
+                _ => TxEnd::RolledBack,
+            };
+            Ok::<_, CheckError>((answer, tx))
+        };
+        let (answer, tx) = match op.fault {
+            Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), own)
+                .await
+                .unwrap_or(Ok((Answer::Dropped, TxEnd::Dropped)))?,
+            _ => own.await?,
+        };
+        return Ok(Entry {
+            op,
+            identity,
+            answers: vec![(op.key, answer)],
+            tx,
+            span: (sent, start.elapsed()),
+        });
+    }
     let transaction = async {
         let mut tx = match service.begin().await {
             Ok(tx) => tx,
@@ -149,7 +204,16 @@ where
         };
         let mut failed = false;
         for key in keys {
-            let answer = call(&service, &mut tx, &op, key, &tenant, &request, &identity).await?;
+            let answer = call(
+                &service,
+                In::Caller(&mut tx),
+                &op,
+                key,
+                &tenant,
+                &request,
+                &identity,
+            )
+            .await?;
             failed = matches!(answer, Answer::Error(_) | Answer::Unexpected(_));
             answers.push((key, answer));
             if failed {
@@ -206,7 +270,7 @@ where
     Ok(Run::new(entries, violations, unclean))
 }
 
-/// Runs `plan` through `execute_in` on a fresh `B`.
+/// Runs `plan` through the service's entry points on a fresh `B`.
 pub async fn run<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
     let (store, wire) = B::fresh().await?;
     with_caches!(
