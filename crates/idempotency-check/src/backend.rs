@@ -79,7 +79,7 @@ const EFFECTS: &str = "check_effects";
 const RETURN_WITHIN: Duration = Duration::from_secs(10);
 
 /// `host:port` of a server URL (`scheme://[user@]host:port/...`).
-fn host_port(url: &str, default_port: u16) -> String {
+pub(crate) fn host_port(url: &str, default_port: u16) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
     let host = rest.split(['/', '?']).next().unwrap_or(rest);

@@ -60,6 +60,18 @@ pub enum Answer {
     Unexpected(String),
 }
 
+impl Answer {
+    /// Whether it is a fail-fast refusal of a failing Redis (`503 cache-unavailable`, the
+    /// service's `Error::Cache`).
+    pub fn is_cache_refusal(&self) -> bool {
+        match self {
+            Self::Problem { slug, .. } => slug == "cache-unavailable",
+            Self::Error(kind) => kind.starts_with("cache"),
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for Answer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let replay = |r: &bool| if *r { " (replay)" } else { "" };

@@ -27,6 +27,7 @@ use idempotency_pg::PgStore;
 use idempotency_sqlite::SqliteStore;
 
 pub mod backend;
+pub mod cache_wire;
 pub mod history;
 pub mod invariants;
 pub mod plan;
@@ -237,6 +238,10 @@ impl Report {
     /// them after those (empty when there are none).
     pub fn settings(&self) -> String {
         let mut settings = String::new();
+        if let Some(redis) = self.plan.redis {
+            settings.push_str(" redis ");
+            settings.push_str(redis.name());
+        }
         if self.subject.mode == Mode::Service {
             settings.push_str(if self.plan.optimistic {
                 " entry execute_optimistic"

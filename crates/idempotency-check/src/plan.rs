@@ -27,6 +27,30 @@ impl Caches {
     }
 }
 
+/// The Redis L2's failure policy, and whether Redis fails while the history runs (moka + Redis
+/// only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redis {
+    /// `fail-fast`: a failing read refuses the request (`503 cache-unavailable`,
+    /// `Error::Cache`) before anything runs; otherwise `fail-open`: a failing read is a miss.
+    pub fail_fast: bool,
+    /// Whether Redis is made to hang (its answers held) or unreachable (its connections cut)
+    /// for stretches at random moments.
+    pub faults: bool,
+}
+
+impl Redis {
+    /// The name printed in reports.
+    pub fn name(self) -> &'static str {
+        match (self.fail_fast, self.faults) {
+            (false, false) => "fail-open",
+            (false, true) => "fail-open+outages",
+            (true, false) => "fail-fast",
+            (true, true) => "fail-fast+outages",
+        }
+    }
+}
+
 /// What the handler (or action) does for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -136,6 +160,8 @@ pub struct Plan {
     pub seed: u64,
     /// The caches in front of the store.
     pub caches: Caches,
+    /// With moka + Redis: Redis's failure policy and faults.
+    pub redis: Option<Redis>,
     /// The in-flight policy: wait for the holder (a bounded budget), or answer at once.
     pub wait: bool,
     /// Whether the service looks the key up before acquiring it (`lookup_before_acquire`).
@@ -180,6 +206,10 @@ impl Plan {
             1 => Caches::Moka,
             _ => Caches::MokaRedis,
         };
+        let redis = (caches == Caches::MokaRedis).then(|| Redis {
+            fail_fast: extra.random_bool(0.5),
+            faults: extra.random_bool(0.6),
+        });
         let wait = rng.random_bool(0.5);
         let lookup = rng.random_bool(0.3);
         // Each key's usual request; operations mostly repeat it (retries), sometimes change one
@@ -257,6 +287,7 @@ impl Plan {
         Self {
             seed,
             caches,
+            redis,
             wait,
             lookup,
             optimistic,

@@ -7,6 +7,7 @@
 //! Transactional mode: the handler writes its effect in the layer's transaction. Leased mode: the
 //! handler's effect is outside the database, in a log of runs kept here.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,7 @@ use tower::ServiceExt;
 
 use super::{Ctx, clients, service_config};
 use crate::backend::{Backend, NewEffect, Wire};
+use crate::cache_wire::CacheWire;
 use crate::history::{Answer, Entry, LeasedRun, TxEnd};
 use crate::invariants;
 use crate::plan::{Fault, Kind, Op, Plan};
@@ -38,11 +40,13 @@ struct Charge {
     amount: i64,
 }
 
-/// What the handlers share: the run's clock and the leased runs' log.
+/// What the handlers share: the run's clock, the leased runs' log, and the operations whose
+/// transactional handler started.
 #[derive(Debug)]
 struct Shared {
     start: Instant,
     runs: Mutex<Vec<LeasedRun>>,
+    ran: Mutex<HashSet<u64>>,
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
@@ -77,6 +81,7 @@ fn behaviour(headers: &HeaderMap) -> (String, u64) {
 
 /// The transactional handler: its effect is a row written on the layer's transaction.
 async fn transactional<B: Backend>(
+    State(shared): State<Arc<Shared>>,
     uri: Uri,
     headers: HeaderMap,
     mut tx: IdempotentTx<B>,
@@ -89,6 +94,9 @@ async fn transactional<B: Backend>(
         .parse()
         .unwrap_or(usize::MAX);
     let op = header_str(&headers, "x-check-op").parse().unwrap_or(0);
+    if let Ok(mut ran) = shared.ran.lock() {
+        ran.insert(op);
+    }
     let effect = NewEffect {
         tenant: &tenant,
         key,
@@ -275,7 +283,7 @@ fn config(plan: &Plan) -> ServiceOptions {
     config
 }
 
-fn transactional_app<B, L, D>(service: IdempotencyService<B, L, D>) -> Router
+fn transactional_app<B, L, D>(service: IdempotencyService<B, L, D>, shared: Arc<Shared>) -> Router
 where
     B: Backend,
     L: LocalCache,
@@ -284,6 +292,7 @@ where
     Router::new()
         .route("/acct/{account}/charges", post(transactional::<B>))
         .route_layer(IdempotencyLayer::new(service).scope::<TenantHeader>())
+        .with_state(shared)
 }
 
 fn leased_app<B, L, D>(service: IdempotencyService<B, L, D>, shared: Arc<Shared>) -> Router
@@ -308,12 +317,12 @@ async fn drive<B: Backend>(
     app: Router,
     plan: &Plan,
     store: &B,
-    wire: Option<Wire>,
+    wires: (Option<Wire>, Option<Arc<CacheWire>>),
     shared: Arc<Shared>,
     leased_mode: bool,
 ) -> Result<Run, CheckError> {
     let start = shared.start;
-    let entries = clients(plan, wire, move |op| {
+    let entries = clients(plan, wires.0, wires.1, move |op| {
         let app = app.clone();
         async move { send(&app, &op, start).await }
     })
@@ -326,12 +335,14 @@ async fn drive<B: Backend>(
     })
     .await;
     let unclean = store.unclean_connections().await?;
+    let fail_fast = plan.redis.is_some_and(|r| r.fail_fast);
     let violations = if leased_mode {
         let runs = shared.runs.lock().map(|r| r.clone()).unwrap_or_default();
-        invariants::leased(&entries, &runs, LEASE)
+        invariants::leased(&entries, &runs, LEASE, fail_fast)
     } else {
         let effects = store.effects().await?;
-        invariants::transactional(&entries, &effects)
+        let ran = shared.ran.lock().map(|r| r.clone()).unwrap_or_default();
+        invariants::transactional(&entries, &effects, &ran, fail_fast)
     };
     Ok(Run::new(entries, violations, unclean))
 }
@@ -340,17 +351,19 @@ fn shared() -> Arc<Shared> {
     Arc::new(Shared {
         start: Instant::now(),
         runs: Mutex::new(Vec::new()),
+        ran: Mutex::new(HashSet::new()),
     })
 }
 
 /// Runs `plan` through the layer in transactional mode on a fresh `B`.
 pub async fn run_transactional<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
     let (store, wire) = B::fresh().await?;
+    let (redis, cache_wire) = ctx.redis(plan).await?;
     let shared = shared();
-    let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
-        transactional_app(service)
+    let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
+        transactional_app(service, Arc::clone(&shared))
     });
-    drive(app, plan, &store, wire, shared, false).await
+    drive(app, plan, &store, (wire, cache_wire), shared, false).await
 }
 
 /// Runs `plan` through the layer in leased mode on a fresh `B`.
@@ -363,9 +376,10 @@ pub async fn run_leased<B: Backend + LeasedClaims>(
         .prepare_leases()
         .await
         .map_err(|e| CheckError::Setup(e.to_string()))?;
+    let (redis, cache_wire) = ctx.redis(plan).await?;
     let shared = shared();
-    let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
+    let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
         leased_app(service, Arc::clone(&shared))
     });
-    drive(app, plan, &store, wire, shared, true).await
+    drive(app, plan, &store, (wire, cache_wire), shared, true).await
 }

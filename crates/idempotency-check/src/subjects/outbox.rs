@@ -397,7 +397,7 @@ pub async fn run<B: OutboxDb>(plan: &Plan) -> Result<Run, CheckError> {
     let clients = {
         let backend = backend.clone();
         let outbox = outbox.clone();
-        super::clients(plan, None, move |op| {
+        super::clients(plan, None, None, move |op| {
             let backend = backend.clone();
             let outbox = outbox.clone();
             async move { Ok(one(backend, outbox, op, start).await) }

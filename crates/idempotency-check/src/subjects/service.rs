@@ -4,6 +4,8 @@
 //! and `execute_optimistic`: one call in a transaction the service begins, commits or rolls
 //! back itself; the same action.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency_core::cache::{DistributedCache, LocalCache};
@@ -14,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::{Ctx, clients, service_config};
 use crate::backend::{Backend, NewEffect, Wire};
+use crate::cache_wire::CacheWire;
 use crate::history::{Answer, Entry, TxEnd};
 use crate::invariants;
 use crate::plan::{Fault, Kind, Op, Plan, Via};
@@ -54,28 +57,48 @@ enum In<'a, B: Backend> {
     Own(Via),
 }
 
+/// The calls whose action started, by operation and key.
+type Ran = Mutex<HashSet<(u64, usize)>>;
+
+/// What one operation sends.
+struct Sent<'a> {
+    op: &'a Op,
+    tenant: &'a str,
+    request: &'a Value,
+    identity: &'a str,
+    /// Where the action notes that it started.
+    ran: &'a Ran,
+}
+
 /// One call of `op` for `key`: `execute_in` on the caller's transaction, or `execute` /
 /// `execute_optimistic` in the service's own.
 async fn call<B, L, D>(
     service: &IdempotencyService<B, L, D>,
     tx: In<'_, B>,
-    op: &Op,
+    sent: &Sent<'_>,
     key: usize,
-    tenant: &str,
-    request: &Value,
-    identity: &str,
 ) -> Result<Answer, CheckError>
 where
     B: Backend,
     L: LocalCache,
     D: DistributedCache,
 {
+    let Sent {
+        op,
+        tenant,
+        request,
+        identity,
+        ran,
+    } = *sent;
     let idempotency_key =
         IdempotencyKey::new(format!("k{key}")).map_err(|e| CheckError::Setup(e.to_string()))?;
     let scope = Scope::new(tenant).map_err(|e| CheckError::Setup(e.to_string()))?;
     let call = Call::new("CHARGE", idempotency_key, request).scoped(scope);
     let kind = op.kind;
     let action = async |conn: &mut B::Connection| {
+        if let Ok(mut ran) = ran.lock() {
+            ran.insert((op.id, key));
+        }
         let effect = NewEffect {
             tenant,
             key,
@@ -135,6 +158,7 @@ async fn one<B, L, D>(
     service: IdempotencyService<B, L, D>,
     op: Op,
     start: Instant,
+    ran: Arc<Ran>,
 ) -> Result<Entry, CheckError>
 where
     B: Backend,
@@ -154,18 +178,16 @@ where
         .into_iter()
         .flatten()
         .collect();
+    let sending = Sent {
+        op: &op,
+        tenant: &tenant,
+        request: &request,
+        identity: &identity,
+        ran: &ran,
+    };
     if let Some(via @ (Via::Execute | Via::Optimistic)) = op.via {
         let own = async {
-            let answer = call(
-                &service,
-                In::Own(via),
-                &op,
-                op.key,
-                &tenant,
-                &request,
-                &identity,
-            )
-            .await?;
+            let answer = call(&service, In::Own(via), &sending, op.key).await?;
             // What the service did with its own transaction: an outcome it executed was
             // committed; an error rolled everything back; a replay committed nothing of its own.
             let tx = match &answer {
@@ -204,16 +226,7 @@ where
         };
         let mut failed = false;
         for key in keys {
-            let answer = call(
-                &service,
-                In::Caller(&mut tx),
-                &op,
-                key,
-                &tenant,
-                &request,
-                &identity,
-            )
-            .await?;
+            let answer = call(&service, In::Caller(&mut tx), &sending, key).await?;
             failed = matches!(answer, Answer::Error(_) | Answer::Unexpected(_));
             answers.push((key, answer));
             if failed {
@@ -254,7 +267,7 @@ async fn drive<B, L, D>(
     service: IdempotencyService<B, L, D>,
     plan: &Plan,
     store: &B,
-    wire: Option<Wire>,
+    wires: (Option<Wire>, Option<Arc<CacheWire>>),
 ) -> Result<Run, CheckError>
 where
     B: Backend,
@@ -262,22 +275,33 @@ where
     D: DistributedCache,
 {
     let start = Instant::now();
-    let entries = clients(plan, wire, move |op| one(service.clone(), op, start)).await?;
+    let ran = Arc::new(Ran::default());
+    let entries = {
+        let ran = Arc::clone(&ran);
+        clients(plan, wires.0, wires.1, move |op| {
+            one(service.clone(), op, start, Arc::clone(&ran))
+        })
+        .await?
+    };
     tokio::time::sleep(Duration::from_millis(50)).await;
     let unclean = store.unclean_connections().await?;
     let effects = store.effects().await?;
-    let violations = invariants::service(&entries, &effects);
+    let ran = ran.lock().map(|r| r.clone()).unwrap_or_default();
+    let fail_fast = plan.redis.is_some_and(|r| r.fail_fast);
+    let violations = invariants::service(&entries, &effects, &ran, fail_fast);
     Ok(Run::new(entries, violations, unclean))
 }
 
 /// Runs `plan` through the service's entry points on a fresh `B`.
 pub async fn run<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
     let (store, wire) = B::fresh().await?;
+    let (redis, cache_wire) = ctx.redis(plan).await?;
     with_caches!(
-        plan.caches,
+        plan,
+        redis,
         store.clone(),
         service_config(plan),
         ctx,
-        |service| drive(service, plan, &store, wire).await
+        |service| drive(service, plan, &store, (wire, cache_wire)).await
     )
 }
