@@ -63,6 +63,12 @@ pub trait Backend: IdempotencyStore + InsertCompleted + Clone + Send + Sync + 's
         conn: &mut Self::Connection,
         effect: NewEffect<'_>,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Runs a statement that fails on a unique key (inserting the row `taken` again), as a
+    /// handler that catches a constraint violation does; `Ok` when it failed that way, the
+    /// unexpected outcome otherwise.
+    fn violate_unique(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), String>> + Send;
     /// Kills the connection's own server session, as a database restart or an operator would,
     /// mid-transaction (nothing on SQLite, which has no server).
     fn kill(conn: &mut Self::Connection) -> impl Future<Output = ()> + Send;
@@ -74,6 +80,39 @@ pub trait Backend: IdempotencyStore + InsertCompleted + Clone + Send + Sync + 's
 }
 
 const EFFECTS: &str = "check_effects";
+
+/// A table with one row, `taken`, whose name is unique: inserting it again fails.
+const TAKEN: &str = "check_taken";
+
+/// Inserts [`TAKEN`]'s row (again).
+const INSERT_TAKEN: &str = "INSERT INTO check_taken (name) VALUES ('taken')";
+
+/// Creates [`TAKEN`] with its row.
+async fn create_taken<'c, E>(pool: E) -> Result<(), CheckError>
+where
+    E: sqlx::Executor<'c> + Copy,
+{
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE TABLE {TAKEN} (name VARCHAR(16) PRIMARY KEY)"
+    )))
+    .execute(pool)
+    .await
+    .map_err(db)?;
+    sqlx::raw_sql(INSERT_TAKEN)
+        .execute(pool)
+        .await
+        .map_err(db)?;
+    Ok(())
+}
+
+/// The insert of [`TAKEN`]'s row again: `Ok` when it failed on the unique key.
+fn violated<T>(inserted: Result<T, sqlx::Error>) -> Result<(), String> {
+    match inserted {
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(()),
+        Err(other) => Err(other.to_string()),
+        Ok(_) => Err(format!("the row `taken` of {TAKEN} was inserted twice")),
+    }
+}
 
 /// How long every pooled connection has to come back once the history is over.
 const RETURN_WITHIN: Duration = Duration::from_secs(10);
@@ -147,6 +186,7 @@ impl Backend for PgStore {
         .execute(store.pool())
         .await
         .map_err(db)?;
+        create_taken(store.pool()).await?;
         Ok((store, Some(wire)))
     }
 
@@ -164,6 +204,10 @@ impl Backend for PgStore {
         .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
         .fetch_one(conn)
         .await
+    }
+
+    async fn violate_unique(conn: &mut Self::Connection) -> Result<(), String> {
+        violated(sqlx::raw_sql(INSERT_TAKEN).execute(conn).await)
     }
 
     async fn kill(conn: &mut Self::Connection) {
@@ -249,6 +293,7 @@ impl Backend for SqliteStore {
         .execute(store.pool())
         .await
         .map_err(db)?;
+        create_taken(store.pool()).await?;
         Ok((store, None))
     }
 
@@ -266,6 +311,10 @@ impl Backend for SqliteStore {
         .bind(i64::try_from(effect.op).unwrap_or(i64::MAX))
         .fetch_one(conn)
         .await
+    }
+
+    async fn violate_unique(conn: &mut Self::Connection) -> Result<(), String> {
+        violated(sqlx::raw_sql(INSERT_TAKEN).execute(conn).await)
     }
 
     async fn kill(conn: &mut Self::Connection) {
@@ -350,6 +399,7 @@ impl Backend for MysqlStore {
         .execute(store.pool())
         .await
         .map_err(db)?;
+        create_taken(store.pool()).await?;
         Ok((store, Some(wire)))
     }
 
@@ -367,6 +417,10 @@ impl Backend for MysqlStore {
         .execute(conn)
         .await?;
         Ok(i64::try_from(result.last_insert_id()).unwrap_or(i64::MAX))
+    }
+
+    async fn violate_unique(conn: &mut Self::Connection) -> Result<(), String> {
+        violated(sqlx::raw_sql(INSERT_TAKEN).execute(conn).await)
     }
 
     async fn kill(conn: &mut Self::Connection) {

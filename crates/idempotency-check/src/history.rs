@@ -206,3 +206,19 @@ pub struct LeasedRun {
     /// The operation that ran it.
     pub op: u64,
 }
+
+/// A transactional handler that caught a failed statement and answered a 422 naming its effect
+/// (undone on PostgreSQL, where the layer returns to its savepoint to store the answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaughtRun {
+    /// The operation.
+    pub op: u64,
+    /// The effect its answer names.
+    pub effect: i64,
+    /// The tenant it ran for.
+    pub tenant: String,
+    /// The key's number.
+    pub key: usize,
+    /// The identity it echoed.
+    pub identity: String,
+}

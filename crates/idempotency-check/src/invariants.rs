@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use crate::history::{Answer, Effect, Entry, LeasedRun, TxEnd};
+use crate::history::{Answer, CaughtRun, Effect, Entry, LeasedRun, TxEnd};
 use crate::plan::Via;
 
 /// Every invariant, by name, with what it says.
@@ -55,6 +55,13 @@ pub const INVARIANTS: &[(&str, &str)] = &[
         COMMIT_MEANS_COMMITTED,
         "a commit that answered success made every outcome executed in it durable; a refused \
          commit or a rollback made none",
+    ),
+    (
+        CAUGHT_STORED,
+        "a transactional handler that caught a failed statement and answered (a stored 422) has \
+         that answer given to its client and stored, so that retries replay it; on PostgreSQL \
+         its statements are undone (the layer returns to its savepoint), elsewhere they commit \
+         with the answer",
     ),
     (
         ONE_COMPLETION,
@@ -112,6 +119,8 @@ pub const REUSE_CAUSE: &str = "key-reuse-has-a-cause";
 pub const NO_COMMIT_AFTER_ERROR: &str = "no-commit-after-an-error";
 /// `commit-means-committed`.
 pub const COMMIT_MEANS_COMMITTED: &str = "commit-means-committed";
+/// `caught-failure-stored`.
+pub const CAUGHT_STORED: &str = "caught-failure-stored";
 /// `one-completion-per-key`.
 pub const ONE_COMPLETION: &str = "one-completion-per-key";
 /// `stale-completion-refused`.
@@ -411,37 +420,150 @@ fn reuse_has_a_cause(
     }
 }
 
-/// The layer in transactional mode: `ran` are the operations whose handler started.
-pub fn transactional(
-    entries: &[Entry],
-    effects: &[Effect],
-    ran: &HashSet<u64>,
-    fail_fast: bool,
-) -> Vec<Violation> {
+/// What the transactional layer's history left, besides what the clients saw.
+#[derive(Debug, Clone, Copy)]
+pub struct Transactional<'a> {
+    /// The committed effects.
+    pub effects: &'a [Effect],
+    /// The effect each key's committed record names (its stored response's `effect`).
+    pub stored: &'a BTreeMap<Group, i64>,
+    /// The handlers that caught a failed statement and answered.
+    pub caught: &'a [CaughtRun],
+    /// Whether a caught failure undoes the handler's statements (PostgreSQL: the layer
+    /// returns to the savepoint it took before the handler); elsewhere they commit.
+    pub undoes_caught: bool,
+    /// The operations whose handler started.
+    pub ran: &'a HashSet<u64>,
+    /// Whether the plan's Redis is `fail-fast`.
+    pub fail_fast: bool,
+}
+
+/// The layer in transactional mode.
+pub fn transactional(entries: &[Entry], seen: &Transactional<'_>) -> Vec<Violation> {
     let mut out = Vec::new();
+    let effects = seen.effects;
     one_effect_per_key(effects, &mut out);
     let by_id: HashMap<i64, &Effect> = effects.iter().map(|e| (e.id, e)).collect();
+    // A caught failure's effect, undone, is still the key's outcome when its record names it.
+    let undone: HashMap<i64, &CaughtRun> = seen
+        .caught
+        .iter()
+        .filter(|c| seen.undoes_caught && !by_id.contains_key(&c.effect))
+        .filter(|c| seen.stored.get(&(c.tenant.clone(), c.key)) == Some(&c.effect))
+        .map(|c| (c.effect, c))
+        .collect();
     let outcome = |id: i64| {
         by_id
             .get(&id)
             .map(|e| ((e.tenant.clone(), e.key), Some(e.identity.clone())))
+            .or_else(|| {
+                undone
+                    .get(&id)
+                    .map(|c| ((c.tenant.clone(), c.key), Some(c.identity.clone())))
+            })
     };
-    let ran = |op: u64, _key: usize| ran.contains(&op);
+    let ran = |op: u64, _key: usize| seen.ran.contains(&op);
     let refusals = Refusals {
-        fail_fast,
+        fail_fast: seen.fail_fast,
         ran: &ran,
     };
     let outcomes = answers(entries, &outcome, refusals, &mut out);
     identical(&outcomes, ONE_EFFECT, &mut out);
+    records(seen, &by_id, &undone, &mut out);
+    caught(entries, seen, &by_id, &mut out);
     let committed = |group: &Group| {
-        effects
+        let mut identities: Vec<String> = effects
             .iter()
             .filter(|e| e.tenant == group.0 && e.key == group.1)
             .map(|e| e.identity.clone())
-            .collect()
+            .collect();
+        if let Some(c) = seen.stored.get(group).and_then(|id| undone.get(id)) {
+            identities.push(c.identity.clone());
+        }
+        identities
     };
     reuse_has_a_cause(entries, &committed, &mut out);
     out
+}
+
+/// Each key's committed record against the committed effects: the record names an effect
+/// that committed with it (or a caught failure's, undone), and no other effect of the key
+/// committed.
+fn records(
+    seen: &Transactional<'_>,
+    by_id: &HashMap<i64, &Effect>,
+    undone: &HashMap<i64, &CaughtRun>,
+    out: &mut Vec<Violation>,
+) {
+    for (group, stored) in seen.stored {
+        if !by_id.contains_key(stored) && !undone.contains_key(stored) {
+            out.push(violation(
+                COMMITTED,
+                group,
+                format!("the key's record names effect {stored}, which never committed"),
+            ));
+        }
+        for effect in seen.effects {
+            if (&effect.tenant, effect.key) == (&group.0, group.1) && effect.id != *stored {
+                out.push(violation(
+                    ONE_EFFECT,
+                    group,
+                    format!(
+                        "the key's record names effect {stored}, yet effect {} (op {}) \
+                         committed too",
+                        effect.id, effect.op
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// `caught-failure-stored`: a handler that caught a failed statement and answered has that
+/// answer given to its client (unless the client left) and stored; on PostgreSQL its
+/// statements are undone.
+fn caught(
+    entries: &[Entry],
+    seen: &Transactional<'_>,
+    by_id: &HashMap<i64, &Effect>,
+    out: &mut Vec<Violation>,
+) {
+    for run in seen.caught {
+        let group = (run.tenant.clone(), run.key);
+        let answered = entries
+            .iter()
+            .find(|e| e.op.id == run.op)
+            .and_then(|e| e.answers.first())
+            .map(|(_, answer)| answer);
+        match answered {
+            None | Some(Answer::Dropped) => {}
+            Some(Answer::Handler {
+                effect,
+                replayed: false,
+                ..
+            }) if *effect == run.effect => {}
+            Some(other) => out.push(violation(
+                CAUGHT_STORED,
+                &group,
+                format!(
+                    "op {}'s handler caught a failed statement and answered 422 (effect {}), \
+                     but its client got {other}",
+                    run.op, run.effect
+                ),
+            )),
+        }
+        if seen.undoes_caught && by_id.contains_key(&run.effect) {
+            out.push(violation(
+                CAUGHT_STORED,
+                &group,
+                format!(
+                    "op {}'s effect {} committed, though its statements were to be undone \
+                     with the failed one",
+                    run.op, run.effect
+                ),
+            ));
+        }
+    }
 }
 
 /// The layer in leased mode: `runs` is the log of the handler's runs, `lease` the lease.
@@ -684,6 +806,7 @@ mod tests {
                 account: 0,
                 note: None,
                 amount: 100,
+                currency: 0,
             },
             kind,
             fault: Fault::None,
@@ -721,6 +844,24 @@ mod tests {
         }
     }
 
+    /// The transactional layer's invariants, without records read back or caught failures.
+    fn layer(
+        entries: &[Entry],
+        effects: &[Effect],
+        ran: &HashSet<u64>,
+        fail_fast: bool,
+    ) -> Vec<Violation> {
+        let seen = Transactional {
+            effects,
+            stored: &BTreeMap::new(),
+            caught: &[],
+            undoes_caught: false,
+            ran,
+            fail_fast,
+        };
+        transactional(entries, &seen)
+    }
+
     fn names(violations: &[Violation]) -> Vec<&'static str> {
         violations.iter().map(|v| v.invariant).collect()
     }
@@ -747,7 +888,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            transactional(&entries, &[effect(1, 0, a, 1)], &HashSet::new(), false),
+            layer(&entries, &[effect(1, 0, a, 1)], &HashSet::new(), false),
             []
         );
     }
@@ -760,7 +901,7 @@ mod tests {
             entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
             entry(op(2, 0, Kind::Ok), b, handler(1, a, true)),
         ];
-        let found = transactional(&entries, &[effect(1, 0, a, 1)], &HashSet::new(), false);
+        let found = layer(&entries, &[effect(1, 0, a, 1)], &HashSet::new(), false);
         assert_eq!(names(&found), [FOR_THIS_REQUEST]);
     }
 
@@ -769,7 +910,7 @@ mod tests {
         let a = "t0 /acct/0/charges 100";
         let entries = [entry(op(1, 0, Kind::Ok), a, handler(7, a, true))];
         assert_eq!(
-            names(&transactional(&entries, &[], &HashSet::new(), false)),
+            names(&layer(&entries, &[], &HashSet::new(), false)),
             [COMMITTED]
         );
     }
@@ -783,7 +924,7 @@ mod tests {
             retry_after: false,
         };
         let entries = [entry(op(1, 0, Kind::Ok), a, reused)];
-        let found = transactional(
+        let found = layer(
             &entries,
             &[effect(1, 0, a, 1), effect(2, 0, a, 2)],
             &HashSet::new(),
@@ -812,7 +953,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            names(&transactional(&entries, &[], &HashSet::new(), false)),
+            names(&layer(&entries, &[], &HashSet::new(), false)),
             [DOCUMENTED, DOCUMENTED]
         );
     }
@@ -874,14 +1015,11 @@ mod tests {
         };
         let entries = [entry(op(1, 0, Kind::Ok), a, refused)];
         let none = HashSet::new();
-        assert_eq!(transactional(&entries, &[], &none, true), []);
-        assert_eq!(
-            names(&transactional(&entries, &[], &none, false)),
-            [DOCUMENTED]
-        );
+        assert_eq!(layer(&entries, &[], &none, true), []);
+        assert_eq!(names(&layer(&entries, &[], &none, false)), [DOCUMENTED]);
         let ran = HashSet::from([1]);
         assert_eq!(
-            names(&transactional(&entries, &[], &ran, true)),
+            names(&layer(&entries, &[], &ran, true)),
             [REFUSAL_RUNS_NOTHING]
         );
         // The service: an action that started before a refusal; under execute_optimistic only
@@ -901,6 +1039,88 @@ mod tests {
         assert_eq!(service(&[optimistic.clone()], &[], &ran, true), []);
         let found = service(&[optimistic], &[effect(5, 0, a, 2)], &ran, true);
         assert!(names(&found).contains(&REFUSAL_RUNS_NOTHING), "{found:?}");
+    }
+
+    /// The transactional layer's invariants with records read back (`stored`: key and the
+    /// effect its record names, tenant `t0`) and caught failures.
+    fn with_records(
+        entries: &[Entry],
+        effects: &[Effect],
+        stored: &[(usize, i64)],
+        caught: &[CaughtRun],
+        undoes_caught: bool,
+    ) -> Vec<Violation> {
+        let stored: BTreeMap<Group, i64> = stored
+            .iter()
+            .map(|(key, effect)| (("t0".to_owned(), *key), *effect))
+            .collect();
+        let seen = Transactional {
+            effects,
+            stored: &stored,
+            caught,
+            undoes_caught,
+            ran: &HashSet::new(),
+            fail_fast: false,
+        };
+        transactional(entries, &seen)
+    }
+
+    #[test]
+    fn a_caught_failure_is_stored_and_undone_on_postgres() {
+        let a = "t0 /acct/0/charges 100 []";
+        let caught = [CaughtRun {
+            op: 1,
+            effect: 7,
+            tenant: "t0".to_owned(),
+            key: 0,
+            identity: a.to_owned(),
+        }];
+        let rejected = |replayed| Answer::Handler {
+            status: 422,
+            replayed,
+            effect: 7,
+            identity: a.to_owned(),
+            bytes: b"422 7".to_vec(),
+        };
+        let entries = [
+            entry(op(1, 0, Kind::Caught), a, rejected(false)),
+            entry(op(2, 0, Kind::Ok), a, rejected(true)),
+        ];
+        // PostgreSQL: the effect was undone, the record names it.
+        assert_eq!(with_records(&entries, &[], &[(0, 7)], &caught, true), []);
+        // Its statements committed after all.
+        let committed = [effect(7, 0, a, 1)];
+        let found = with_records(&entries, &committed, &[(0, 7)], &caught, true);
+        assert_eq!(names(&found), [CAUGHT_STORED]);
+        // Elsewhere they commit with the answer.
+        assert_eq!(
+            with_records(&entries, &committed, &[(0, 7)], &caught, false),
+            []
+        );
+        // Nothing stored: the answers name an outcome that never committed.
+        let found = with_records(&entries, &[], &[], &caught, true);
+        assert_eq!(names(&found), [COMMITTED, COMMITTED]);
+        // The layer answered 503 instead of the handler's answer.
+        let refused = Answer::Problem {
+            status: 503,
+            slug: "store-unavailable".to_owned(),
+            retry_after: true,
+        };
+        let entries = [entry(op(1, 0, Kind::Caught), a, refused)];
+        let found = with_records(&entries, &[], &[], &caught, true);
+        assert_eq!(names(&found), [CAUGHT_STORED]);
+    }
+
+    #[test]
+    fn a_record_without_its_effect_or_beside_another_is_caught() {
+        let a = "t0 /acct/0/charges 100 []";
+        let found = with_records(&[], &[], &[(0, 9)], &[], false);
+        assert_eq!(names(&found), [COMMITTED]);
+        let one = [effect(1, 0, a, 1)];
+        assert_eq!(with_records(&[], &one, &[(0, 1)], &[], false), []);
+        let two = [effect(1, 0, a, 1), effect(2, 0, a, 2)];
+        let found = with_records(&[], &two, &[(0, 1)], &[], false);
+        assert_eq!(names(&found), [ONE_EFFECT, ONE_EFFECT]);
     }
 
     #[test]

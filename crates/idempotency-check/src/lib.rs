@@ -157,6 +157,8 @@ impl Subject {
                 commit_after_error: true,
                 second_keys: true,
                 entry_points: true,
+                opt_in_header: false,
+                caught: false,
             },
             Mode::Layer => Shape {
                 clients: 6,
@@ -166,6 +168,8 @@ impl Subject {
                 commit_after_error: false,
                 second_keys: false,
                 entry_points: false,
+                opt_in_header: true,
+                caught: true,
             },
             Mode::Outbox => Shape {
                 clients: 6,
@@ -175,6 +179,8 @@ impl Subject {
                 commit_after_error: false,
                 second_keys: false,
                 entry_points: false,
+                opt_in_header: false,
+                caught: false,
             },
             // Slow handlers run up to twice the lease: takeovers, late completions.
             Mode::Leased => Shape {
@@ -185,6 +191,8 @@ impl Subject {
                 commit_after_error: false,
                 second_keys: false,
                 entry_points: false,
+                opt_in_header: true,
+                caught: false,
             },
         }
     }

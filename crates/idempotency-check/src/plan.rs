@@ -65,6 +65,11 @@ pub enum Kind {
     /// Writes its effect, then its database connection is killed mid-transaction (PostgreSQL
     /// `pg_terminate_backend`, MariaDB `KILL`; on SQLite it succeeds like `Ok`).
     Kill,
+    /// The layer's transactional handler: writes its effect, runs a statement that fails (a
+    /// unique violation), catches the error and answers a 422, which the layer must store and
+    /// replay. On PostgreSQL the failure aborts the transaction: the layer returns to the
+    /// savepoint it took before the handler, which undoes the effect.
+    Caught,
 }
 
 impl Kind {
@@ -76,6 +81,7 @@ impl Kind {
             Self::Fail => "fail",
             Self::Slow(_) => "slow",
             Self::Kill => "kill",
+            Self::Caught => "caught",
         }
     }
 }
@@ -128,6 +134,21 @@ pub struct Variant {
     pub note: Option<u8>,
     /// The amount in the body.
     pub amount: i64,
+    /// The values of the opted-in header `X-Currency` (the layer subjects): 0 none, 1 `eur`,
+    /// 2 `usd`, 3 both, in two header lines.
+    pub currency: u8,
+}
+
+impl Variant {
+    /// The `X-Currency` values the request sends, in order.
+    pub fn currencies(&self) -> &'static [&'static str] {
+        match self.currency {
+            0 => &[],
+            1 => &["eur"],
+            2 => &["usd"],
+            _ => &["eur", "usd"],
+        }
+    }
 }
 
 /// One operation of one client.
@@ -191,6 +212,12 @@ pub struct Shape {
     /// Whether operations choose among the service's entry points (`execute_in`, `execute`,
     /// `execute_optimistic`; the service subject).
     pub entry_points: bool,
+    /// Whether requests send values of the opted-in header `X-Currency`, which the layer
+    /// fingerprints (the layer subjects).
+    pub opt_in_header: bool,
+    /// Whether handlers catch a failed statement (`Kind::Caught`; the layer in transactional
+    /// mode).
+    pub caught: bool,
 }
 
 impl Plan {
@@ -214,14 +241,20 @@ impl Plan {
         let lookup = rng.random_bool(0.3);
         // Each key's usual request; operations mostly repeat it (retries), sometimes change one
         // part of it (another resource, tenant, payload).
-        let base: Vec<Variant> = (0..shape.keys)
+        let mut base: Vec<Variant> = (0..shape.keys)
             .map(|_| Variant {
                 tenant: rng.random_range(0..2),
                 account: rng.random_range(0..2),
                 note: None,
                 amount: rng.random_range(1..4) * 100,
+                currency: 0,
             })
             .collect();
+        if shape.opt_in_header {
+            for variant in &mut base {
+                variant.currency = extra.random_range(0..4);
+            }
+        }
         let mut next = 0;
         let clients = (0..shape.clients)
             .map(|client| {
@@ -237,7 +270,10 @@ impl Plan {
                                 _ => variant.amount += 1,
                             }
                         }
-                        let kind = match rng.random_range(0..20) {
+                        if shape.opt_in_header && extra.random_bool(0.1) {
+                            variant.currency = (variant.currency + extra.random_range(1..4)) % 4;
+                        }
+                        let mut kind = match rng.random_range(0..20) {
                             0..=9 => Kind::Ok,
                             10..=12 => Kind::Reject,
                             13 | 14 => Kind::Fail,
@@ -251,6 +287,12 @@ impl Plan {
                         };
                         let mut second_key = (shape.second_keys && rng.random_bool(0.5))
                             .then(|| rng.random_range(0..shape.keys));
+                        if shape.caught
+                            && matches!(kind, Kind::Ok | Kind::Reject)
+                            && extra.random_bool(0.2)
+                        {
+                            kind = Kind::Caught;
+                        }
                         let via = shape.entry_points.then(|| {
                             if optimistic {
                                 Via::Optimistic
@@ -324,6 +366,8 @@ mod tests {
         commit_after_error: true,
         second_keys: true,
         entry_points: true,
+        opt_in_header: true,
+        caught: true,
     };
 
     #[test]

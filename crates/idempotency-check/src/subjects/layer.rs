@@ -1,34 +1,38 @@
 //! `IdempotencyLayer` in transactional and leased mode, driven in process through an axum
 //! router (`oneshot`, no socket): `POST /acct/{account}/charges[?note=N]` with the tenant in
-//! `X-Tenant-Id` (the layer's scope) and `{"amount": N}` as the body. The handler's behaviour
-//! (succeed, reject, fail, run long) comes in headers the fingerprint does not cover, so a retry
-//! of one request can fail and then succeed.
+//! `X-Tenant-Id` (the layer's scope), none, one or two values of `X-Currency` (a header the
+//! layer is told to fingerprint) and `{"amount": N}` as the body. The handler's behaviour
+//! (succeed, reject, fail, run long, catch a failed statement) comes in headers the fingerprint
+//! does not cover, so a retry of one request can fail and then succeed.
 //!
 //! Transactional mode: the handler writes its effect in the layer's transaction. Leased mode: the
 //! handler's effect is outside the database, in a log of runs kept here.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, Request, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idempotency_axum::{IdempotencyLayer, IdempotentTx, TenantHeader};
+use idempotency_axum::{IdempotencyLayer, IdempotentTx, StoredResponse, TenantHeader};
 use idempotency_core::cache::{DistributedCache, LocalCache};
-use idempotency_core::{IdempotencyService, InFlightPolicy, LeasedClaims, ServiceOptions};
+use idempotency_core::{
+    IdempotencyKey, IdempotencyService, InFlightPolicy, LeasedClaims, Operation, RecordId, Scope,
+    ServiceOptions,
+};
 use serde::Deserialize;
 use tower::ServiceExt;
 
 use super::{Ctx, clients, service_config};
 use crate::backend::{Backend, NewEffect, Wire};
 use crate::cache_wire::CacheWire;
-use crate::history::{Answer, Entry, LeasedRun, TxEnd};
-use crate::invariants;
+use crate::history::{Answer, CaughtRun, Entry, LeasedRun, TxEnd};
+use crate::invariants::{self, Group};
 use crate::plan::{Fault, Kind, Op, Plan};
 use crate::{CheckError, Run};
 
@@ -40,13 +44,17 @@ struct Charge {
     amount: i64,
 }
 
-/// What the handlers share: the run's clock, the leased runs' log, and the operations whose
-/// transactional handler started.
+/// The request header the layer fingerprints besides the request itself.
+const CURRENCY: &str = "x-currency";
+
+/// What the handlers share: the run's clock, the leased runs' log, the operations whose
+/// transactional handler started, and the handlers that caught a failed statement.
 #[derive(Debug)]
 struct Shared {
     start: Instant,
     runs: Mutex<Vec<LeasedRun>>,
     ran: Mutex<HashSet<u64>>,
+    caught: Mutex<Vec<CaughtRun>>,
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
@@ -56,9 +64,20 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
         .unwrap_or_default()
 }
 
-/// The identity a handler echoes, and a client expects back: tenant, path and query, amount.
-fn identity(tenant: &str, uri: &str, amount: i64) -> String {
-    format!("{tenant} {uri} {amount}")
+/// The identity a handler echoes, and a client expects back: tenant, path and query, amount,
+/// the `X-Currency` values.
+fn identity(tenant: &str, uri: &str, amount: i64, currencies: &str) -> String {
+    format!("{tenant} {uri} {amount} [{currencies}]")
+}
+
+/// The `X-Currency` values a handler received, in order.
+fn currencies(headers: &HeaderMap) -> String {
+    headers
+        .get_all(CURRENCY)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn answer(status: StatusCode, effect: i64, identity: &str) -> Response {
@@ -88,7 +107,12 @@ async fn transactional<B: Backend>(
     axum::Json(charge): axum::Json<Charge>,
 ) -> Response {
     let tenant = header_str(&headers, "x-tenant-id").to_owned();
-    let identity = identity(&tenant, &uri.to_string(), charge.amount);
+    let identity = identity(
+        &tenant,
+        &uri.to_string(),
+        charge.amount,
+        &currencies(&headers),
+    );
     let key = header_str(&headers, "idempotency-key")
         .trim_start_matches('k')
         .parse()
@@ -117,6 +141,23 @@ async fn transactional<B: Backend>(
             B::kill(&mut tx).await;
             answer(StatusCode::CREATED, id, &identity)
         }
+        // "Insert, catch the unique violation, answer 422": on PostgreSQL the transaction is
+        // aborted from here on, and the layer must still store this answer.
+        "caught" => match B::violate_unique(&mut tx).await {
+            Ok(()) => {
+                if let Ok(mut caught) = shared.caught.lock() {
+                    caught.push(CaughtRun {
+                        op,
+                        effect: id,
+                        tenant: tenant.clone(),
+                        key,
+                        identity: identity.clone(),
+                    });
+                }
+                answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity)
+            }
+            Err(unexpected) => (StatusCode::SERVICE_UNAVAILABLE, unexpected).into_response(),
+        },
         _ => {
             tokio::time::sleep(Duration::from_millis(slow)).await;
             answer(StatusCode::CREATED, id, &identity)
@@ -132,7 +173,12 @@ async fn leased(
     axum::Json(charge): axum::Json<Charge>,
 ) -> Response {
     let tenant = header_str(&headers, "x-tenant-id").to_owned();
-    let identity = identity(&tenant, &uri.to_string(), charge.amount);
+    let identity = identity(
+        &tenant,
+        &uri.to_string(),
+        charge.amount,
+        &currencies(&headers),
+    );
     let key = header_str(&headers, "idempotency-key")
         .trim_start_matches('k')
         .parse()
@@ -174,15 +220,21 @@ fn request(op: &Op) -> Result<(Request<Body>, String), CheckError> {
         Some(note) => format!("/acct/{}/charges?note={note}", op.variant.account),
         None => format!("/acct/{}/charges", op.variant.account),
     };
-    let expected = identity(&tenant, &uri, op.variant.amount);
+    let expected = identity(
+        &tenant,
+        &uri,
+        op.variant.amount,
+        &op.variant.currencies().join(","),
+    );
     let (behaviour, slow) = match op.kind {
         Kind::Ok => ("ok", 0),
         Kind::Reject => ("reject", 0),
         Kind::Fail => ("fail", 0),
         Kind::Slow(ms) => ("slow", ms),
         Kind::Kill => ("kill", 0),
+        Kind::Caught => ("caught", 0),
     };
-    let request = Request::builder()
+    let mut request = Request::builder()
         .method(Method::POST)
         .uri(uri)
         .header("idempotency-key", format!("k{}", op.key))
@@ -190,7 +242,11 @@ fn request(op: &Op) -> Result<(Request<Body>, String), CheckError> {
         .header("x-check-op", op.id.to_string())
         .header("x-check-behaviour", behaviour)
         .header("x-check-slow-ms", slow.to_string())
-        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_TYPE, "application/json");
+    for currency in op.variant.currencies() {
+        request = request.header(CURRENCY, *currency);
+    }
+    let request = request
         .body(Body::from(
             serde_json::json!({ "amount": op.variant.amount }).to_string(),
         ))
@@ -283,32 +339,43 @@ fn config(plan: &Plan) -> ServiceOptions {
     config
 }
 
-fn transactional_app<B, L, D>(service: IdempotencyService<B, L, D>, shared: Arc<Shared>) -> Router
+fn transactional_app<B, L, D>(
+    service: IdempotencyService<B, L, D>,
+    shared: Arc<Shared>,
+) -> Result<Router, CheckError>
 where
     B: Backend,
     L: LocalCache,
     D: DistributedCache,
 {
-    Router::new()
+    let layer = IdempotencyLayer::new(service)
+        .scope::<TenantHeader>()
+        .fingerprint_header(HeaderName::from_static(CURRENCY))
+        .map_err(|e| CheckError::Setup(e.to_string()))?;
+    Ok(Router::new()
         .route("/acct/{account}/charges", post(transactional::<B>))
-        .route_layer(IdempotencyLayer::new(service).scope::<TenantHeader>())
-        .with_state(shared)
+        .route_layer(layer)
+        .with_state(shared))
 }
 
-fn leased_app<B, L, D>(service: IdempotencyService<B, L, D>, shared: Arc<Shared>) -> Router
+fn leased_app<B, L, D>(
+    service: IdempotencyService<B, L, D>,
+    shared: Arc<Shared>,
+) -> Result<Router, CheckError>
 where
     B: Backend + LeasedClaims,
     L: LocalCache,
     D: DistributedCache,
 {
-    Router::new()
+    let layer = IdempotencyLayer::new(service)
+        .scope::<TenantHeader>()
+        .fingerprint_header(HeaderName::from_static(CURRENCY))
+        .map_err(|e| CheckError::Setup(e.to_string()))?
+        .leased(LEASE);
+    Ok(Router::new()
         .route("/acct/{account}/charges", post(leased))
-        .route_layer(
-            IdempotencyLayer::new(service)
-                .scope::<TenantHeader>()
-                .leased(LEASE),
-        )
-        .with_state(shared)
+        .route_layer(layer)
+        .with_state(shared))
 }
 
 /// Sends every client's operations through `app`, then holds the history against the
@@ -342,9 +409,60 @@ async fn drive<B: Backend>(
     } else {
         let effects = store.effects().await?;
         let ran = shared.ran.lock().map(|r| r.clone()).unwrap_or_default();
-        invariants::transactional(&entries, &effects, &ran, fail_fast)
+        let caught = shared.caught.lock().map(|c| c.clone()).unwrap_or_default();
+        let stored = stored(store, &entries).await?;
+        invariants::transactional(
+            &entries,
+            &invariants::Transactional {
+                effects: &effects,
+                stored: &stored,
+                caught: &caught,
+                undoes_caught: B::NAME == "pg",
+                ran: &ran,
+                fail_fast,
+            },
+        )
     };
     Ok(Run::new(entries, violations, unclean))
+}
+
+/// The effect each key's committed record names (the stored response's `effect`), read from
+/// the store after the history, for every key the history used.
+async fn stored<B: Backend>(
+    store: &B,
+    entries: &[Entry],
+) -> Result<BTreeMap<Group, i64>, CheckError> {
+    let setup = |e: &dyn std::fmt::Display| CheckError::Setup(e.to_string());
+    let operation = Operation::new("POST:/acct/{account}/charges").map_err(|e| setup(&e))?;
+    let groups: BTreeSet<Group> = entries
+        .iter()
+        .map(|e| (format!("t{}", e.op.variant.tenant), e.op.key))
+        .collect();
+    let mut stored = BTreeMap::new();
+    for (tenant, key) in groups {
+        let id = RecordId::new(
+            operation.clone(),
+            Scope::new(tenant.as_str()).map_err(|e| setup(&e))?,
+            IdempotencyKey::new(format!("k{key}")).map_err(|e| setup(&e))?,
+        );
+        let record = store
+            .lookup(&id)
+            .await
+            .map_err(|e| CheckError::Database(e.to_string()))?;
+        let Some(outcome) = record.and_then(|r| r.outcome) else {
+            continue;
+        };
+        let effect = outcome
+            .to_columns()
+            .0
+            .and_then(|text| serde_json::from_str::<StoredResponse>(text).ok())
+            .and_then(|response| serde_json::from_slice::<serde_json::Value>(response.body()).ok())
+            .and_then(|body| body["effect"].as_i64());
+        if let Some(effect) = effect {
+            stored.insert((tenant, key), effect);
+        }
+    }
+    Ok(stored)
 }
 
 fn shared() -> Arc<Shared> {
@@ -352,6 +470,7 @@ fn shared() -> Arc<Shared> {
         start: Instant::now(),
         runs: Mutex::new(Vec::new()),
         ran: Mutex::new(HashSet::new()),
+        caught: Mutex::new(Vec::new()),
     })
 }
 
@@ -362,7 +481,7 @@ pub async fn run_transactional<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run
     let shared = shared();
     let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
         transactional_app(service, Arc::clone(&shared))
-    });
+    })?;
     drive(app, plan, &store, (wire, cache_wire), shared, false).await
 }
 
@@ -380,6 +499,6 @@ pub async fn run_leased<B: Backend + LeasedClaims>(
     let shared = shared();
     let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
         leased_app(service, Arc::clone(&shared))
-    });
+    })?;
     drive(app, plan, &store, (wire, cache_wire), shared, true).await
 }

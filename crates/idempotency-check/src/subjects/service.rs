@@ -121,7 +121,7 @@ where
                 B::kill(conn).await;
                 Ok(ExecutionResult::success(value))
             }
-            Kind::Ok => Ok(ExecutionResult::success(value)),
+            Kind::Ok | Kind::Caught => Ok(ExecutionResult::success(value)),
         }
     };
     let result = match tx {
