@@ -229,45 +229,7 @@ impl Backend for PgStore {
     }
 
     async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
-        let pool = self.pool();
-        let size = pool.options().get_max_connections();
-        let mut held = Vec::new();
-        let mut unclean = Vec::new();
-        for n in 0..size {
-            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
-                unclean.push(format!(
-                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
-                ));
-                break;
-            };
-            let mut conn = conn.map_err(db)?;
-            // A savepoint is refused outside a transaction block (25P01), taken inside one.
-            let in_tx = sqlx::raw_sql("SAVEPOINT check_probe")
-                .execute(&mut *conn)
-                .await
-                .is_ok();
-            if in_tx {
-                sqlx::raw_sql("RELEASE SAVEPOINT check_probe")
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db)?;
-            }
-            let row = sqlx::query(
-                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')",
-            )
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db)?;
-            let (lock, statement): (String, String) = (row.get(0), row.get(1));
-            if in_tx || lock != "0" || statement != "0" {
-                unclean.push(format!(
-                    "connection {n}: in a transaction: {in_tx}, lock_timeout {lock}, \
-                     statement_timeout {statement}"
-                ));
-            }
-            held.push(conn);
-        }
-        Ok(unclean)
+        pg_unclean(self.pool()).await
     }
 }
 
@@ -334,31 +296,7 @@ impl Backend for SqliteStore {
     }
 
     async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
-        let pool = self.pool();
-        let size = pool.options().get_max_connections();
-        let mut held = Vec::new();
-        let mut unclean = Vec::new();
-        for n in 0..size {
-            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
-                unclean.push(format!(
-                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
-                ));
-                break;
-            };
-            let mut conn = conn.map_err(db)?;
-            // A connection inside a transaction refuses a nested BEGIN.
-            match sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
-                Ok(_) => {
-                    sqlx::raw_sql("ROLLBACK")
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(db)?;
-                }
-                Err(error) => unclean.push(format!("connection {n}: {error}")),
-            }
-            held.push(conn);
-        }
-        Ok(unclean)
+        sqlite_unclean(self.pool()).await
     }
 }
 
@@ -447,43 +385,140 @@ impl Backend for MysqlStore {
     }
 
     async fn unclean_connections(&self) -> Result<Vec<String>, CheckError> {
-        let pool = self.pool();
-        let size = pool.options().get_max_connections();
-        let mut held = Vec::new();
-        let mut unclean = Vec::new();
-        for n in 0..size {
-            let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
-                // Found by this checker: a statement dropped during its prepare left sqlx's
-                // connection waiting for ever in the pool's release ping, every server session
-                // idle (fixed by `idempotency_mysql::MysqlTransaction`). The server's sessions
-                // tell a connection held on the client side from one busy on the server.
-                unclean.push(format!(
-                    "connection {n} did not come back to the pool within {RETURN_WITHIN:?}; \
-                     the server's sessions: {}",
-                    mysql_sessions().await
-                ));
-                break;
-            };
-            let mut conn = conn.map_err(db)?;
-            let row = sqlx::query(
-                "SELECT CAST(@@in_transaction AS SIGNED), \
-                 CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED), \
-                 CAST(@@GLOBAL.innodb_lock_wait_timeout AS SIGNED)",
-            )
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db)?;
-            let (in_tx, session, global): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-            if in_tx != 0 || session != global {
-                unclean.push(format!(
-                    "connection {n}: in a transaction: {in_tx}, innodb_lock_wait_timeout \
-                     {session} (server default {global})"
-                ));
-            }
-            held.push(conn);
-        }
-        Ok(unclean)
+        mysql_unclean(self.pool()).await
     }
+}
+
+/// One line per connection of `pool` that is unclean after a history, or does not come back
+/// within [`RETURN_WITHIN`]. PostgreSQL: inside a transaction (a savepoint is taken),
+/// `lock_timeout` / `statement_timeout` not at 0, or any setting changed for the session.
+pub(crate) async fn pg_unclean(pool: &sqlx::PgPool) -> Result<Vec<String>, CheckError> {
+    let size = pool.options().get_max_connections();
+    let mut held = Vec::new();
+    let mut unclean = Vec::new();
+    for n in 0..size {
+        let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+            unclean.push(format!(
+                "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+            ));
+            break;
+        };
+        let mut conn = conn.map_err(db)?;
+        // A savepoint is refused outside a transaction block (25P01), taken inside one.
+        let in_tx = sqlx::raw_sql("SAVEPOINT check_probe")
+            .execute(&mut *conn)
+            .await
+            .is_ok();
+        if in_tx {
+            sqlx::raw_sql("RELEASE SAVEPOINT check_probe")
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?;
+        }
+        // Any setting changed by a `SET` (not `SET LOCAL`) outlives the transaction: its
+        // source is then `session`.
+        let row = sqlx::query(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), \
+             (SELECT coalesce(string_agg(name || '=' || setting, ', ' ORDER BY name), '') \
+              FROM pg_settings WHERE source = 'session')",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+        let (lock, statement, set): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        if in_tx || lock != "0" || statement != "0" || !set.is_empty() {
+            unclean.push(format!(
+                "connection {n}: in a transaction: {in_tx}, lock_timeout {lock}, \
+                 statement_timeout {statement}, set in the session: [{set}]"
+            ));
+        }
+        held.push(conn);
+    }
+    Ok(unclean)
+}
+
+/// One line per connection of `pool` that is unclean after a history, or does not come back
+/// within [`RETURN_WITHIN`]. SQLite: inside a transaction (a nested `BEGIN` is refused).
+pub(crate) async fn sqlite_unclean(pool: &sqlx::SqlitePool) -> Result<Vec<String>, CheckError> {
+    let size = pool.options().get_max_connections();
+    let mut held = Vec::new();
+    let mut unclean = Vec::new();
+    for n in 0..size {
+        let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+            unclean.push(format!(
+                "connection {n} did not come back to the pool within {RETURN_WITHIN:?}"
+            ));
+            break;
+        };
+        let mut conn = conn.map_err(db)?;
+        // A connection inside a transaction refuses a nested BEGIN.
+        match sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
+            Ok(_) => {
+                sqlx::raw_sql("ROLLBACK")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+            }
+            Err(error) => unclean.push(format!("connection {n}: {error}")),
+        }
+        held.push(conn);
+    }
+    Ok(unclean)
+}
+
+/// One line per connection of `pool` that is unclean after a history, or does not come back
+/// within [`RETURN_WITHIN`]. MariaDB: inside a transaction, autocommit off, or
+/// `innodb_lock_wait_timeout`, the isolation level or `lock_wait_timeout` not at the server's
+/// default.
+pub(crate) async fn mysql_unclean(pool: &sqlx::MySqlPool) -> Result<Vec<String>, CheckError> {
+    let size = pool.options().get_max_connections();
+    let mut held = Vec::new();
+    let mut unclean = Vec::new();
+    for n in 0..size {
+        let Ok(conn) = tokio::time::timeout(RETURN_WITHIN, pool.acquire()).await else {
+            // Found by this checker: a statement dropped during its prepare left sqlx's
+            // connection waiting for ever in the pool's release ping, every server session
+            // idle (fixed by `idempotency_mysql::MysqlTransaction`). The server's sessions
+            // tell a connection held on the client side from one busy on the server.
+            unclean.push(format!(
+                "connection {n} did not come back to the pool within {RETURN_WITHIN:?}; \
+                 the server's sessions: {}",
+                mysql_sessions().await
+            ));
+            break;
+        };
+        let mut conn = conn.map_err(db)?;
+        let row = sqlx::query(
+            "SELECT CAST(@@in_transaction AS SIGNED), \
+             CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED), \
+             CAST(@@GLOBAL.innodb_lock_wait_timeout AS SIGNED), \
+             CAST(@@autocommit AS SIGNED), @@SESSION.tx_isolation, @@GLOBAL.tx_isolation, \
+             CAST(@@SESSION.lock_wait_timeout AS SIGNED), \
+             CAST(@@GLOBAL.lock_wait_timeout AS SIGNED)",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+        let (in_tx, session, global): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        let autocommit: i64 = row.get(3);
+        let (isolation, default_isolation): (String, String) = (row.get(4), row.get(5));
+        let (lock_wait, default_lock_wait): (i64, i64) = (row.get(6), row.get(7));
+        if in_tx != 0
+            || session != global
+            || autocommit != 1
+            || isolation != default_isolation
+            || lock_wait != default_lock_wait
+        {
+            unclean.push(format!(
+                "connection {n}: in a transaction: {in_tx}, innodb_lock_wait_timeout \
+                 {session} (server default {global}), autocommit {autocommit}, isolation \
+                 {isolation} (server default {default_isolation}), lock_wait_timeout \
+                 {lock_wait} (server default {default_lock_wait})"
+            ));
+        }
+        held.push(conn);
+    }
+    Ok(unclean)
 }
 
 /// What the MariaDB server's sessions are doing (user sessions, with their transactions): the

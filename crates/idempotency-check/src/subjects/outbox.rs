@@ -23,6 +23,7 @@ use rand::{RngExt, SeedableRng};
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool, Row, SqlitePool};
 use uuid::Uuid;
 
+use crate::backend::{mysql_unclean, pg_unclean, sqlite_unclean};
 use crate::history::{Answer, Entry, TxEnd};
 use crate::invariants::{self, Violation};
 use crate::plan::{Fault, Kind, Op, Plan};
@@ -52,6 +53,9 @@ pub trait OutboxDb: OutboxBackend + Clone {
     fn changes(&self) -> impl Future<Output = Result<Vec<Uuid>, CheckError>> + Send;
     /// Every applied message id, once per application.
     fn applied(&self) -> impl Future<Output = Result<Vec<Uuid>, CheckError>> + Send;
+    /// One line per pooled connection (of the pool enqueue, the relay and the inbox share)
+    /// that is unclean after the history or does not come back (`pool-is-clean`).
+    fn unclean(&self) -> impl Future<Output = Result<Vec<String>, CheckError>> + Send;
 }
 
 #[allow(clippy::needless_pass_by_value)] // used as `map_err(db)`
@@ -78,7 +82,7 @@ fn inbox_config() -> InboxConfig {
 /// Implements the suite's backend and [`OutboxDb`] for one database; `$p(n)` is its `n`th
 /// placeholder.
 macro_rules! outbox_db {
-    ($ty:ident, $pool:ty, $db:ty, $tx:ty, $outbox:ty, $inbox:ty, $begin:expr, $fresh:expr, $ph:expr) => {
+    ($ty:ident, $pool:ty, $db:ty, $tx:ty, $outbox:ty, $inbox:ty, $begin:expr, $fresh:expr, $ph:expr, $unclean:path) => {
         /// The outbox subject's database.
         #[derive(Debug, Clone)]
         pub struct $ty($pool);
@@ -184,6 +188,10 @@ macro_rules! outbox_db {
                     .map_err(db)?;
                 uuids(&rows.iter().map(|r| r.get::<String, _>(0)).collect::<Vec<_>>())
             }
+
+            async fn unclean(&self) -> Result<Vec<String>, CheckError> {
+                $unclean(&self.0).await
+            }
         }
     };
 }
@@ -236,7 +244,8 @@ outbox_db!(
     PgInbox,
     idempotency_pg::begin,
     pg_fresh(),
-    dollar
+    dollar,
+    pg_unclean
 );
 outbox_db!(
     MysqlDb,
@@ -247,7 +256,8 @@ outbox_db!(
     MysqlInbox,
     idempotency_mysql::begin,
     mysql_fresh(),
-    question
+    question,
+    mysql_unclean
 );
 outbox_db!(
     SqliteDb,
@@ -258,7 +268,8 @@ outbox_db!(
     SqliteInbox,
     sqlite_begin,
     sqlite_fresh(),
-    question
+    question,
+    sqlite_unclean
 );
 
 /// A broker that refuses at random (as unavailable), and keeps what it confirmed in order.
@@ -437,10 +448,13 @@ pub async fn run<B: OutboxDb>(plan: &Plan) -> Result<Run, CheckError> {
         }
     }
     consume(&backend, delivered).await?;
+    // Every connection enqueue, the aborted and the stopped relay workers and the inbox used is
+    // back in the pool, outside a transaction, its session settings restored.
+    let unclean = backend.unclean().await?;
     let changes = backend.changes().await?;
     let applied = backend.applied().await?;
     let violations = check(&changes, &published, &applied);
-    Ok(Run::new(entries, violations, Vec::new()))
+    Ok(Run::new(entries, violations, unclean))
 }
 
 /// The outbox invariants.
