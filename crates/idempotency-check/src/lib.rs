@@ -246,7 +246,12 @@ impl Report {
     /// them after those (empty when there are none).
     pub fn settings(&self) -> String {
         let mut settings = String::new();
-        if let Some(redis) = self.plan.redis {
+        // The outbox subjects have no caches.
+        if let Some(redis) = self
+            .plan
+            .redis
+            .filter(|_| self.subject.mode != Mode::Outbox)
+        {
             settings.push_str(" redis ");
             settings.push_str(redis.name());
         }
