@@ -20,18 +20,21 @@ use idempotency_sqlite::SqliteStore;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::CheckError;
+use crate::faults::{Faults, Injected};
 use crate::history::Effect;
 
 /// The wire between a store's pool and its server: a proxy whose answers can be held, so that
 /// requests dropped meanwhile are dropped with a statement (a `BEGIN`, a `COMMIT`) on the wire.
 pub type Wire = Arc<HoldingProxy>;
 
-/// Holds the wire's answers for short random stretches until `done`, then lets them through.
-pub(crate) async fn stall(wire: Wire, seed: u64, done: Arc<AtomicBool>) {
+/// Holds the wire's answers for short random stretches until `done`, then lets them through;
+/// counts each stretch in `faults`.
+pub(crate) async fn stall(wire: Wire, seed: u64, done: Arc<AtomicBool>, faults: Arc<Faults>) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x0057_4111);
     while !done.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..150))).await;
         wire.hold();
+        faults.count(Injected::WireHold);
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..40))).await;
         wire.release();
     }
@@ -70,8 +73,8 @@ pub trait Backend: IdempotencyStore + InsertCompleted + Clone + Send + Sync + 's
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), String>> + Send;
     /// Kills the connection's own server session, as a database restart or an operator would,
-    /// mid-transaction (nothing on SQLite, which has no server).
-    fn kill(conn: &mut Self::Connection) -> impl Future<Output = ()> + Send;
+    /// mid-transaction; whether a session was killed (nothing on SQLite, which has no server).
+    fn kill(conn: &mut Self::Connection) -> impl Future<Output = bool> + Send;
     /// Every committed effect.
     fn effects(&self) -> impl Future<Output = Result<Vec<Effect>, CheckError>> + Send;
     /// One line per pooled connection that is inside a transaction or has a session setting a
@@ -210,10 +213,17 @@ impl Backend for PgStore {
         violated(sqlx::raw_sql(INSERT_TAKEN).execute(conn).await)
     }
 
-    async fn kill(conn: &mut Self::Connection) {
-        let _ = sqlx::raw_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+    async fn kill(conn: &mut Self::Connection) -> bool {
+        // The session ends while answering: its own termination (57P01) or a closed connection.
+        match sqlx::raw_sql("SELECT pg_terminate_backend(pg_backend_pid())")
             .execute(conn)
-            .await;
+            .await
+        {
+            Ok(_) => true,
+            Err(sqlx::Error::Database(e)) => e.code().as_deref() == Some("57P01"),
+            Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) => true,
+            Err(_) => false,
+        }
     }
 
     async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
@@ -279,8 +289,9 @@ impl Backend for SqliteStore {
         violated(sqlx::raw_sql(INSERT_TAKEN).execute(conn).await)
     }
 
-    async fn kill(conn: &mut Self::Connection) {
+    async fn kill(conn: &mut Self::Connection) -> bool {
         let _ = conn;
+        false
     }
 
     async fn effects(&self) -> Result<Vec<Effect>, CheckError> {
@@ -361,15 +372,15 @@ impl Backend for MysqlStore {
         violated(sqlx::raw_sql(INSERT_TAKEN).execute(conn).await)
     }
 
-    async fn kill(conn: &mut Self::Connection) {
+    async fn kill(conn: &mut Self::Connection) -> bool {
         let id: Result<u64, _> = sqlx::query_scalar("SELECT CONNECTION_ID()")
             .fetch_one(&mut *conn)
             .await;
-        if let Ok(id) = id {
-            let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
-                .execute(conn)
-                .await;
-        }
+        let Ok(id) = id else { return false };
+        let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+            .execute(conn)
+            .await;
+        true
     }
 
     async fn effects(&self) -> Result<Vec<Effect>, CheckError> {

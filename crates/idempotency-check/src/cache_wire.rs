@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::CheckError;
+use crate::faults::{Faults, Injected};
 
 /// A TCP proxy in front of Redis. What the client sends goes through at once; while
 /// [`hang`](Self::hang) is in force, Redis's answers wait in the proxy; while
@@ -106,8 +107,13 @@ impl CacheWire {
 
 /// Makes Redis hang or unreachable for 50 to 250 ms stretches, 150 to 450 ms apart (the first
 /// within 150 ms, while the keys' first requests read Redis), until
-/// `done`.
-pub(crate) async fn disturb(wire: Arc<CacheWire>, seed: u64, done: Arc<AtomicBool>) {
+/// `done`; counts each stretch in `faults`.
+pub(crate) async fn disturb(
+    wire: Arc<CacheWire>,
+    seed: u64,
+    done: Arc<AtomicBool>,
+    faults: Arc<Faults>,
+) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x00ca_c4e5);
     let mut gap = rng.random_range(0..150);
     while !done.load(Ordering::Relaxed) {
@@ -115,8 +121,10 @@ pub(crate) async fn disturb(wire: Arc<CacheWire>, seed: u64, done: Arc<AtomicBoo
         gap = rng.random_range(150..450);
         if rng.random_bool(0.5) {
             wire.hang();
+            faults.count(Injected::RedisHang);
         } else {
             wire.cut();
+            faults.count(Injected::RedisCut);
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..250))).await;
         wire.restore();

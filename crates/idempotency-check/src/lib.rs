@@ -21,6 +21,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use idempotency_mysql::MysqlStore;
 use idempotency_pg::PgStore;
@@ -28,6 +29,7 @@ use idempotency_sqlite::SqliteStore;
 
 pub mod backend;
 pub mod cache_wire;
+pub mod faults;
 pub mod history;
 pub mod invariants;
 pub mod plan;
@@ -36,6 +38,7 @@ pub mod subjects;
 pub use invariants::{INVARIANTS, Violation};
 pub use subjects::Ctx;
 
+use faults::Faults;
 use history::Entry;
 use plan::{Plan, Shape};
 
@@ -234,6 +237,8 @@ pub struct Report {
     pub entries: Vec<Entry>,
     /// The broken invariants.
     pub violations: Vec<Violation>,
+    /// The faults injected, by kind.
+    pub faults: [(&'static str, usize); faults::KINDS.len()],
 }
 
 impl Report {
@@ -265,40 +270,15 @@ impl Report {
         settings
     }
 
-    /// The faults the plan put into this history, by kind: requests dropped at a random point
-    /// (`drop`), transactions committed after an error (`commit-after-error`), and database
-    /// connections killed mid-transaction (`kill`: the service and the layer on PostgreSQL and
-    /// MariaDB; SQLite has no server, the outbox's actions kill nothing). Wire stalls,
-    /// late leased holders, aborted relay workers, refused publishes and redeliveries are drawn
-    /// while the history runs and are not counted here.
-    pub fn faults_by_kind(&self) -> [(&'static str, usize); 3] {
-        let ops = || self.plan.clients.iter().flatten();
-        let kills = matches!(
-            self.subject.mode,
-            Mode::Service | Mode::Layer | Mode::Leased
-        ) && self.subject.database != Database::Sqlite;
-        [
-            (
-                "drop",
-                ops()
-                    .filter(|op| matches!(op.fault, plan::Fault::Drop(_)))
-                    .count(),
-            ),
-            (
-                "commit-after-error",
-                ops()
-                    .filter(|op| op.fault == plan::Fault::CommitAfterError)
-                    .count(),
-            ),
-            (
-                "kill",
-                if kills {
-                    ops().filter(|op| op.kind == plan::Kind::Kill).count()
-                } else {
-                    0
-                },
-            ),
-        ]
+    /// The faults this history really had, by kind, counted where they were injected (see
+    /// [`faults`]).
+    pub fn faults_by_kind(&self) -> [(&'static str, usize); faults::KINDS.len()] {
+        self.faults
+    }
+
+    /// How many faults this history really had.
+    pub fn faults_injected(&self) -> usize {
+        self.faults.iter().map(|(_, n)| n).sum()
     }
 }
 
@@ -315,7 +295,7 @@ impl fmt::Display for Report {
             self.plan.lookup,
             self.settings(),
             self.operations(),
-            self.plan.faults(),
+            self.faults_injected(),
             self.violations.len()
         )?;
         for violation in &self.violations {
@@ -350,6 +330,8 @@ impl fmt::Display for Report {
 /// Generates the plan of `seed` for `subject`, runs it, and checks the history.
 pub async fn check(subject: Subject, seed: u64, ctx: &Ctx) -> Result<Report, CheckError> {
     let plan = Plan::generate(seed, subject.shape());
+    let faults = Arc::new(Faults::default());
+    let ctx = &ctx.with_faults(Arc::clone(&faults));
     let run = match (subject.mode, subject.database) {
         (Mode::Service, Database::Postgres) => subjects::service::run::<PgStore>(&plan, ctx).await,
         (Mode::Service, Database::Sqlite) => {
@@ -372,13 +354,13 @@ pub async fn check(subject: Subject, seed: u64, ctx: &Ctx) -> Result<Report, Che
             subjects::layer::run_leased::<SqliteStore>(&plan, ctx).await
         }
         (Mode::Outbox, Database::Postgres) => {
-            subjects::outbox::run::<subjects::outbox::PgDb>(&plan).await
+            subjects::outbox::run::<subjects::outbox::PgDb>(&plan, ctx).await
         }
         (Mode::Outbox, Database::Sqlite) => {
-            subjects::outbox::run::<subjects::outbox::SqliteDb>(&plan).await
+            subjects::outbox::run::<subjects::outbox::SqliteDb>(&plan, ctx).await
         }
         (Mode::Outbox, Database::Mysql) => {
-            subjects::outbox::run::<subjects::outbox::MysqlDb>(&plan).await
+            subjects::outbox::run::<subjects::outbox::MysqlDb>(&plan, ctx).await
         }
         (Mode::Leased, Database::Mysql) => {
             return Err(CheckError::UnknownSubject(subject.to_string()));
@@ -390,5 +372,6 @@ pub async fn check(subject: Subject, seed: u64, ctx: &Ctx) -> Result<Report, Che
         plan,
         entries: run.entries,
         violations: run.violations,
+        faults: faults.by_kind(),
     })
 }

@@ -344,7 +344,9 @@ impl Plan {
         ops
     }
 
-    /// How many operations carry a fault.
+    /// How many operations the plan drew a fault for: not how many were injected (a drop may
+    /// fire after its request finished; a commit after an error needs an error), which
+    /// [`Faults`](crate::faults::Faults) counts where they happen.
     pub fn faults(&self) -> usize {
         self.clients
             .iter()

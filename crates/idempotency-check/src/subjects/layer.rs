@@ -28,12 +28,13 @@ use idempotency_core::{
 use serde::Deserialize;
 use tower::ServiceExt;
 
-use super::{Ctx, clients, service_config};
+use super::{Ctx, clients, dropped_or, service_config};
 use crate::backend::{Backend, NewEffect, Wire};
 use crate::cache_wire::CacheWire;
+use crate::faults::{Faults, Injected};
 use crate::history::{Answer, CaughtRun, Entry, LeasedRun, TxEnd};
 use crate::invariants::{self, Group};
-use crate::plan::{Fault, Kind, Op, Plan};
+use crate::plan::{Kind, Op, Plan};
 use crate::{CheckError, Run};
 
 /// The lease of the leased subject: shorter than its slowest handlers, so takeovers happen.
@@ -55,6 +56,7 @@ struct Shared {
     runs: Mutex<Vec<LeasedRun>>,
     ran: Mutex<HashSet<u64>>,
     caught: Mutex<Vec<CaughtRun>>,
+    faults: Arc<Faults>,
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
@@ -138,7 +140,9 @@ async fn transactional<B: Backend>(
         "reject" => answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity),
         "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
         "kill" => {
-            B::kill(&mut tx).await;
+            if B::kill(&mut tx).await {
+                shared.faults.count(Injected::Kill);
+            }
             answer(StatusCode::CREATED, id, &identity)
         }
         // "Insert, catch the unique violation, answer 422": on PostgreSQL the transaction is
@@ -204,7 +208,12 @@ async fn leased(
     if let Ok(mut runs) = shared.runs.lock()
         && let Some(run) = runs.iter_mut().find(|r| r.id == id)
     {
-        run.end = Some(shared.start.elapsed());
+        let end = shared.start.elapsed();
+        run.end = Some(end);
+        // A holder that wakes up after its lease ran out: others may have taken the key over.
+        if end.saturating_sub(run.start) > LEASE {
+            shared.faults.count(Injected::LeaseOutlived);
+        }
     }
     match behaviour.as_str() {
         "reject" => answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity),
@@ -299,7 +308,7 @@ fn classify(status: StatusCode, headers: &HeaderMap, body: &Bytes) -> Answer {
 }
 
 /// Sends `op` through `app`, with its fault.
-async fn send(app: &Router, op: &Op, start: Instant) -> Result<Entry, CheckError> {
+async fn send(app: &Router, op: &Op, start: Instant, faults: &Faults) -> Result<Entry, CheckError> {
     let (request, expected) = request(op)?;
     let sent = start.elapsed();
     let exchange = async {
@@ -315,12 +324,9 @@ async fn send(app: &Router, op: &Op, start: Instant) -> Result<Entry, CheckError
             Err(error) => Answer::Unexpected(format!("body: {error}")),
         }
     };
-    let answer = match op.fault {
-        Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), exchange)
-            .await
-            .unwrap_or(Answer::Dropped),
-        _ => exchange.await,
-    };
+    let answer = dropped_or(op.fault, faults, exchange)
+        .await
+        .unwrap_or(Answer::Dropped);
     Ok(Entry {
         op: *op,
         identity: expected,
@@ -389,9 +395,10 @@ async fn drive<B: Backend>(
     leased_mode: bool,
 ) -> Result<Run, CheckError> {
     let start = shared.start;
-    let entries = clients(plan, wires.0, wires.1, move |op| {
-        let app = app.clone();
-        async move { send(&app, &op, start).await }
+    let faults = Arc::clone(&shared.faults);
+    let entries = clients(plan, wires, &shared.faults, move |op| {
+        let (app, faults) = (app.clone(), Arc::clone(&faults));
+        async move { send(&app, &op, start, &faults).await }
     })
     .await?;
     // Handlers that outlive their client (leased mode) get time to end.
@@ -465,12 +472,13 @@ async fn stored<B: Backend>(
     Ok(stored)
 }
 
-fn shared() -> Arc<Shared> {
+fn shared(faults: &Arc<Faults>) -> Arc<Shared> {
     Arc::new(Shared {
         start: Instant::now(),
         runs: Mutex::new(Vec::new()),
         ran: Mutex::new(HashSet::new()),
         caught: Mutex::new(Vec::new()),
+        faults: Arc::clone(faults),
     })
 }
 
@@ -478,7 +486,7 @@ fn shared() -> Arc<Shared> {
 pub async fn run_transactional<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
     let (store, wire) = B::fresh().await?;
     let (redis, cache_wire) = ctx.redis(plan).await?;
-    let shared = shared();
+    let shared = shared(ctx.faults());
     let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
         transactional_app(service, Arc::clone(&shared))
     })?;
@@ -496,7 +504,7 @@ pub async fn run_leased<B: Backend + LeasedClaims>(
         .await
         .map_err(|e| CheckError::Setup(e.to_string()))?;
     let (redis, cache_wire) = ctx.redis(plan).await?;
-    let shared = shared();
+    let shared = shared(ctx.faults());
     let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
         leased_app(service, Arc::clone(&shared))
     })?;

@@ -13,8 +13,9 @@ use tokio::task::JoinSet;
 use crate::CheckError;
 use crate::backend::{Wire, stall};
 use crate::cache_wire::{CacheWire, disturb};
+use crate::faults::{Faults, Injected};
 use crate::history::Entry;
-use crate::plan::{Op, Plan};
+use crate::plan::{Fault, Op, Plan};
 
 /// Builds the service over `$store` with the plan's caches (`$redis`: the Redis L2 when the
 /// plan has one) and runs `$body` with it bound to `$service` (each cache choice is another
@@ -51,10 +52,11 @@ pub mod layer;
 pub mod outbox;
 pub mod service;
 
-/// What every run shares: where Redis is.
+/// What every run shares: where Redis is, and the counters of the faults injected.
 #[derive(Debug, Clone)]
 pub struct Ctx {
     redis_url: String,
+    faults: Arc<Faults>,
 }
 
 impl Ctx {
@@ -62,7 +64,21 @@ impl Ctx {
     pub fn new() -> Self {
         Self {
             redis_url: idempotency_testing::redis_url(),
+            faults: Arc::default(),
         }
+    }
+
+    /// The same context, counting the faults it injects in `faults`.
+    pub fn with_faults(&self, faults: Arc<Faults>) -> Self {
+        Self {
+            redis_url: self.redis_url.clone(),
+            faults,
+        }
+    }
+
+    /// The counters of the faults injected.
+    pub(crate) fn faults(&self) -> &Arc<Faults> {
+        &self.faults
     }
 
     /// The L1. While Redis fails in the plan, its entries live 30 ms, so that replays read
@@ -144,8 +160,8 @@ pub(crate) fn service_config(plan: &Plan) -> ServiceOptions {
 /// makes Redis hang or unreachable at random; returns every entry in operation order.
 pub(crate) async fn clients<F, Fut>(
     plan: &Plan,
-    wire: Option<Wire>,
-    cache_wire: Option<Arc<CacheWire>>,
+    wires: (Option<Wire>, Option<Arc<CacheWire>>),
+    faults: &Arc<Faults>,
     send: F,
 ) -> Result<Vec<Entry>, CheckError>
 where
@@ -153,8 +169,23 @@ where
     Fut: Future<Output = Result<Entry, CheckError>> + Send + 'static,
 {
     let done = Arc::new(AtomicBool::new(false));
-    let stalls = wire.map(|wire| tokio::spawn(stall(wire, plan.seed, Arc::clone(&done))));
-    let outages = cache_wire.map(|wire| tokio::spawn(disturb(wire, plan.seed, Arc::clone(&done))));
+    let (wire, cache_wire) = wires;
+    let stalls = wire.map(|wire| {
+        tokio::spawn(stall(
+            wire,
+            plan.seed,
+            Arc::clone(&done),
+            Arc::clone(faults),
+        ))
+    });
+    let outages = cache_wire.map(|wire| {
+        tokio::spawn(disturb(
+            wire,
+            plan.seed,
+            Arc::clone(&done),
+            Arc::clone(faults),
+        ))
+    });
     let entries = run_clients(plan, send).await;
     done.store(true, Ordering::Relaxed);
     for task in [stalls, outages].into_iter().flatten() {
@@ -165,6 +196,25 @@ where
 
 /// How long a client refused for a cache failure waits before its next request.
 const CACHE_REFUSAL_BACK_OFF: Duration = Duration::from_millis(120);
+
+/// Runs `future`, dropped after `ms` when `fault` is `Drop(ms)`: `None` when it was dropped
+/// before it finished, which is counted in `faults` (a drop that fires after the end is none).
+pub(crate) async fn dropped_or<T>(
+    fault: Fault,
+    faults: &Faults,
+    future: impl Future<Output = T>,
+) -> Option<T> {
+    match fault {
+        Fault::Drop(ms) => match tokio::time::timeout(Duration::from_millis(ms), future).await {
+            Ok(done) => Some(done),
+            Err(_) => {
+                faults.count(Injected::Drop);
+                None
+            }
+        },
+        _ => Some(future.await),
+    }
+}
 
 async fn run_clients<F, Fut>(plan: &Plan, send: F) -> Result<Vec<Entry>, CheckError>
 where

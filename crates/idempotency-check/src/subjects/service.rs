@@ -14,9 +14,10 @@ use idempotency_core::{
 };
 use serde_json::{Value, json};
 
-use super::{Ctx, clients, service_config};
+use super::{Ctx, clients, dropped_or, service_config};
 use crate::backend::{Backend, NewEffect, Wire};
 use crate::cache_wire::CacheWire;
+use crate::faults::{Faults, Injected};
 use crate::history::{Answer, Entry, TxEnd};
 use crate::invariants;
 use crate::plan::{Fault, Kind, Op, Plan, Via};
@@ -68,6 +69,8 @@ struct Sent<'a> {
     identity: &'a str,
     /// Where the action notes that it started.
     ran: &'a Ran,
+    /// Where the faults injected are counted.
+    faults: &'a Faults,
 }
 
 /// One call of `op` for `key`: `execute_in` on the caller's transaction, or `execute` /
@@ -89,6 +92,7 @@ where
         request,
         identity,
         ran,
+        faults,
     } = *sent;
     let idempotency_key =
         IdempotencyKey::new(format!("k{key}")).map_err(|e| CheckError::Setup(e.to_string()))?;
@@ -118,7 +122,9 @@ where
                 Ok(ExecutionResult::success(value))
             }
             Kind::Kill => {
-                B::kill(conn).await;
+                if B::kill(conn).await {
+                    faults.count(Injected::Kill);
+                }
                 Ok(ExecutionResult::success(value))
             }
             Kind::Ok | Kind::Caught => Ok(ExecutionResult::success(value)),
@@ -159,6 +165,7 @@ async fn one<B, L, D>(
     op: Op,
     start: Instant,
     ran: Arc<Ran>,
+    faults: Arc<Faults>,
 ) -> Result<Entry, CheckError>
 where
     B: Backend,
@@ -184,6 +191,7 @@ where
         request: &request,
         identity: &identity,
         ran: &ran,
+        faults: &faults,
     };
     if let Some(via @ (Via::Execute | Via::Optimistic)) = op.via {
         let own = async {
@@ -202,12 +210,9 @@ where
             };
             Ok::<_, CheckError>((answer, tx))
         };
-        let (answer, tx) = match op.fault {
-            Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), own)
-                .await
-                .unwrap_or(Ok((Answer::Dropped, TxEnd::Dropped)))?,
-            _ => own.await?,
-        };
+        let (answer, tx) = dropped_or(op.fault, &faults, own)
+            .await
+            .unwrap_or(Ok((Answer::Dropped, TxEnd::Dropped)))?;
         return Ok(Entry {
             op,
             identity,
@@ -239,18 +244,18 @@ where
                 Err(e) => TxEnd::CommitFailed(format!("rollback: {e}")),
             }
         } else {
+            if failed {
+                faults.count(Injected::CommitAfterError);
+            }
             match tx.commit().await {
                 Ok(()) => TxEnd::Committed,
                 Err(e) => TxEnd::CommitFailed(e.to_string()),
             }
         })
     };
-    let tx = match op.fault {
-        Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), transaction)
-            .await
-            .unwrap_or(Ok(TxEnd::Dropped))?,
-        _ => transaction.await?,
-    };
+    let tx = dropped_or(op.fault, &faults, transaction)
+        .await
+        .unwrap_or(Ok(TxEnd::Dropped))?;
     if tx == TxEnd::Dropped {
         answers.push((op.key, Answer::Dropped));
     }
@@ -268,6 +273,7 @@ async fn drive<B, L, D>(
     plan: &Plan,
     store: &B,
     wires: (Option<Wire>, Option<Arc<CacheWire>>),
+    faults: &Arc<Faults>,
 ) -> Result<Run, CheckError>
 where
     B: Backend,
@@ -277,9 +283,15 @@ where
     let start = Instant::now();
     let ran = Arc::new(Ran::default());
     let entries = {
-        let ran = Arc::clone(&ran);
-        clients(plan, wires.0, wires.1, move |op| {
-            one(service.clone(), op, start, Arc::clone(&ran))
+        let (ran, counts) = (Arc::clone(&ran), Arc::clone(faults));
+        clients(plan, wires, faults, move |op| {
+            one(
+                service.clone(),
+                op,
+                start,
+                Arc::clone(&ran),
+                Arc::clone(&counts),
+            )
         })
         .await?
     };
@@ -302,6 +314,6 @@ pub async fn run<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> 
         store.clone(),
         service_config(plan),
         ctx,
-        |service| drive(service, plan, &store, (wire, cache_wire)).await
+        |service| drive(service, plan, &store, (wire, cache_wire), ctx.faults()).await
     )
 }
