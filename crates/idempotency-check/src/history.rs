@@ -60,6 +60,18 @@ pub enum Answer {
     Unexpected(String),
 }
 
+impl Answer {
+    /// Whether it is a fail-fast refusal of a failing Redis (`503 cache-unavailable`, the
+    /// service's `Error::Cache`).
+    pub fn is_cache_refusal(&self) -> bool {
+        match self {
+            Self::Problem { slug, .. } => slug == "cache-unavailable",
+            Self::Error(kind) => kind.starts_with("cache"),
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for Answer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let replay = |r: &bool| if *r { " (replay)" } else { "" };
@@ -99,10 +111,12 @@ impl fmt::Display for Answer {
     }
 }
 
-/// What became of the service subject's transaction.
+/// What became of the service subject's transaction: the caller's (`execute_in`), or as the
+/// service reports its own (`execute`, `execute_optimistic`: an executed outcome is
+/// `Committed`, an error `RolledBack`, a replay `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxEnd {
-    /// Not a transaction of the caller's (the layer subjects).
+    /// No transaction of the caller's (the layer subjects; a replay of the service's own).
     None,
     /// Committed.
     Committed,
@@ -133,7 +147,7 @@ impl fmt::Display for Entry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "op {:>4} client {:>2} [{:>6.1}..{:>6.1} ms] key {}{} {:?} {:?} `{}` ->",
+            "op {:>4} client {:>2} [{:>6.1}..{:>6.1} ms] key {}{}{} {:?} {:?} `{}` ->",
             self.op.id,
             self.op.client,
             self.span.0.as_secs_f64() * 1e3,
@@ -142,6 +156,10 @@ impl fmt::Display for Entry {
             self.op
                 .second_key
                 .map(|k| format!("+{k}"))
+                .unwrap_or_default(),
+            self.op
+                .via
+                .map(|via| format!(" {}", via.name()))
                 .unwrap_or_default(),
             self.op.kind,
             self.op.fault,
@@ -187,4 +205,20 @@ pub struct LeasedRun {
     pub end: Option<Duration>,
     /// The operation that ran it.
     pub op: u64,
+}
+
+/// A transactional handler that caught a failed statement and answered a 422 naming its effect
+/// (undone on PostgreSQL, where the layer returns to its savepoint to store the answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaughtRun {
+    /// The operation.
+    pub op: u64,
+    /// The effect its answer names.
+    pub effect: i64,
+    /// The tenant it ran for.
+    pub tenant: String,
+    /// The key's number.
+    pub key: usize,
+    /// The identity it echoed.
+    pub identity: String,
 }

@@ -2,11 +2,12 @@
 //! the checker's README use) and is checked on what the clients saw and what the database (or
 //! the leased runs' log) holds at the end.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use crate::history::{Answer, Effect, Entry, LeasedRun, TxEnd};
+use crate::history::{Answer, CaughtRun, Effect, Entry, LeasedRun, TxEnd};
+use crate::plan::Via;
 
 /// Every invariant, by name, with what it says.
 pub const INVARIANTS: &[(&str, &str)] = &[
@@ -31,8 +32,15 @@ pub const INVARIANTS: &[(&str, &str)] = &[
     ),
     (
         DOCUMENTED,
-        "every answer is the outcome, a 409 with Retry-After, a 422 key reuse, a 503, a \
-         handler's own unstored 500 for a failing request, or a dropped client: nothing else",
+        "every answer is the outcome, a 409 with Retry-After, a 422 key reuse, a 503 with \
+         Retry-After (cache-unavailable only from a fail-fast Redis), a handler's own unstored \
+         500 for a failing request, or a dropped client: nothing else",
+    ),
+    (
+        REFUSAL_RUNS_NOTHING,
+        "a fail-fast refusal of a failing Redis (503 cache-unavailable, Error::Cache) ran no \
+         handler or action for its request (execute_optimistic: committed nothing of it, its \
+         action may have run and been rolled back before a refused replay)",
     ),
     (
         REUSE_CAUSE,
@@ -47,6 +55,13 @@ pub const INVARIANTS: &[(&str, &str)] = &[
         COMMIT_MEANS_COMMITTED,
         "a commit that answered success made every outcome executed in it durable; a refused \
          commit or a rollback made none",
+    ),
+    (
+        CAUGHT_STORED,
+        "a transactional handler that caught a failed statement and answered (a stored 422) has \
+         that answer given to its client and stored, so that retries replay it; on PostgreSQL \
+         its statements are undone (the layer returns to its savepoint), elsewhere they commit \
+         with the answer",
     ),
     (
         ONE_COMPLETION,
@@ -96,12 +111,16 @@ pub const COMMITTED: &str = "answer-names-a-committed-effect";
 pub const IDENTICAL: &str = "replays-are-byte-identical";
 /// `answers-are-documented`.
 pub const DOCUMENTED: &str = "answers-are-documented";
+/// `cache-refusal-runs-nothing`.
+pub const REFUSAL_RUNS_NOTHING: &str = "cache-refusal-runs-nothing";
 /// `key-reuse-has-a-cause`.
 pub const REUSE_CAUSE: &str = "key-reuse-has-a-cause";
 /// `no-commit-after-an-error`.
 pub const NO_COMMIT_AFTER_ERROR: &str = "no-commit-after-an-error";
 /// `commit-means-committed`.
 pub const COMMIT_MEANS_COMMITTED: &str = "commit-means-committed";
+/// `caught-failure-stored`.
+pub const CAUGHT_STORED: &str = "caught-failure-stored";
 /// `one-completion-per-key`.
 pub const ONE_COMPLETION: &str = "one-completion-per-key";
 /// `stale-completion-refused`.
@@ -184,13 +203,58 @@ fn one_effect_per_key(effects: &[Effect], out: &mut Vec<Violation>) {
     }
 }
 
-/// The layer's problems that the contract documents, with whether they need `Retry-After`.
+/// The layer's problems that the contract documents, with whether they need `Retry-After`
+/// (`IdempotencyLayer`'s error table: 409 and 503 carry it).
 fn documented_problem(status: u16, slug: &str) -> Option<bool> {
     match (status, slug) {
         (409, "request-in-flight" | "transaction-conflict") => Some(true),
         (422, "idempotency-key-reused") => Some(false),
-        (503, "store-unavailable" | "cache-unavailable") => Some(false),
+        (503, "store-unavailable" | "cache-unavailable") => Some(true),
         _ => None,
+    }
+}
+
+/// How a history's Redis L2 answers a failure, and what ran.
+#[derive(Clone, Copy)]
+struct Refusals<'a> {
+    /// Whether the plan's Redis is `fail-fast` (without Redis, or `fail-open`, no cache
+    /// failure may reach a client).
+    pub fail_fast: bool,
+    /// Whether the handler (or action) of an operation started, for a key.
+    pub ran: &'a dyn Fn(u64, usize) -> bool,
+}
+
+/// `cache-refusal-runs-nothing` and the fail-open half of `answers-are-documented`, for one
+/// refused call of `entry` for `key`; `committed` says whether the call committed an effect,
+/// and stands for `ran` when the entry point may run an action before a refused replay.
+fn refusal(
+    entry: &Entry,
+    key: usize,
+    refusals: Refusals<'_>,
+    committed: Option<bool>,
+    out: &mut Vec<Violation>,
+) {
+    let group = group(entry, key);
+    let op = entry.op.id;
+    if !refusals.fail_fast {
+        out.push(violation(
+            DOCUMENTED,
+            &group,
+            format!("op {op} was refused for a cache failure, without a fail-fast Redis"),
+        ));
+    } else if committed.unwrap_or_else(|| (refusals.ran)(op, key)) {
+        out.push(violation(
+            REFUSAL_RUNS_NOTHING,
+            &group,
+            format!(
+                "op {op} was refused for a cache failure, yet its {}",
+                if committed.is_some() {
+                    "effect committed"
+                } else {
+                    "handler ran"
+                }
+            ),
+        ));
     }
 }
 
@@ -199,6 +263,7 @@ fn documented_problem(status: u16, slug: &str) -> Option<bool> {
 fn answers(
     entries: &[Entry],
     outcome: &dyn Fn(i64) -> Option<(Group, Option<String>)>,
+    refusals: Refusals<'_>,
     out: &mut Vec<Violation>,
 ) -> Outcomes {
     let mut outcomes: Outcomes = BTreeMap::new();
@@ -268,6 +333,16 @@ fn answers(
                     slug,
                     retry_after,
                 } => match documented_problem(*status, slug) {
+                    Some(_) if slug == "cache-unavailable" => {
+                        refusal(entry, *key, refusals, None, out);
+                        if !retry_after {
+                            out.push(violation(
+                                DOCUMENTED,
+                                &group,
+                                format!("op {op}: {status} {slug} without Retry-After"),
+                            ));
+                        }
+                    }
                     Some(needs_retry_after) if needs_retry_after && !retry_after => {
                         out.push(violation(
                             DOCUMENTED,
@@ -345,35 +420,168 @@ fn reuse_has_a_cause(
     }
 }
 
+/// What the transactional layer's history left, besides what the clients saw.
+#[derive(Debug, Clone, Copy)]
+pub struct Transactional<'a> {
+    /// The committed effects.
+    pub effects: &'a [Effect],
+    /// The effect each key's committed record names (its stored response's `effect`).
+    pub stored: &'a BTreeMap<Group, i64>,
+    /// The handlers that caught a failed statement and answered.
+    pub caught: &'a [CaughtRun],
+    /// Whether a caught failure undoes the handler's statements (PostgreSQL: the layer
+    /// returns to the savepoint it took before the handler); elsewhere they commit.
+    pub undoes_caught: bool,
+    /// The operations whose handler started.
+    pub ran: &'a HashSet<u64>,
+    /// Whether the plan's Redis is `fail-fast`.
+    pub fail_fast: bool,
+}
+
 /// The layer in transactional mode.
-pub fn transactional(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
+pub fn transactional(entries: &[Entry], seen: &Transactional<'_>) -> Vec<Violation> {
     let mut out = Vec::new();
+    let effects = seen.effects;
     one_effect_per_key(effects, &mut out);
     let by_id: HashMap<i64, &Effect> = effects.iter().map(|e| (e.id, e)).collect();
+    // A caught failure's effect, undone, is still the key's outcome when its record names it.
+    let undone: HashMap<i64, &CaughtRun> = seen
+        .caught
+        .iter()
+        .filter(|c| seen.undoes_caught && !by_id.contains_key(&c.effect))
+        .filter(|c| seen.stored.get(&(c.tenant.clone(), c.key)) == Some(&c.effect))
+        .map(|c| (c.effect, c))
+        .collect();
     let outcome = |id: i64| {
         by_id
             .get(&id)
             .map(|e| ((e.tenant.clone(), e.key), Some(e.identity.clone())))
+            .or_else(|| {
+                undone
+                    .get(&id)
+                    .map(|c| ((c.tenant.clone(), c.key), Some(c.identity.clone())))
+            })
     };
-    let outcomes = answers(entries, &outcome, &mut out);
+    let ran = |op: u64, _key: usize| seen.ran.contains(&op);
+    let refusals = Refusals {
+        fail_fast: seen.fail_fast,
+        ran: &ran,
+    };
+    let outcomes = answers(entries, &outcome, refusals, &mut out);
     identical(&outcomes, ONE_EFFECT, &mut out);
+    records(seen, &by_id, &undone, &mut out);
+    caught(entries, seen, &by_id, &mut out);
     let committed = |group: &Group| {
-        effects
+        let mut identities: Vec<String> = effects
             .iter()
             .filter(|e| e.tenant == group.0 && e.key == group.1)
             .map(|e| e.identity.clone())
-            .collect()
+            .collect();
+        if let Some(c) = seen.stored.get(group).and_then(|id| undone.get(id)) {
+            identities.push(c.identity.clone());
+        }
+        identities
     };
     reuse_has_a_cause(entries, &committed, &mut out);
     out
 }
 
+/// Each key's committed record against the committed effects: the record names an effect
+/// that committed with it (or a caught failure's, undone), and no other effect of the key
+/// committed.
+fn records(
+    seen: &Transactional<'_>,
+    by_id: &HashMap<i64, &Effect>,
+    undone: &HashMap<i64, &CaughtRun>,
+    out: &mut Vec<Violation>,
+) {
+    for (group, stored) in seen.stored {
+        if !by_id.contains_key(stored) && !undone.contains_key(stored) {
+            out.push(violation(
+                COMMITTED,
+                group,
+                format!("the key's record names effect {stored}, which never committed"),
+            ));
+        }
+        for effect in seen.effects {
+            if (&effect.tenant, effect.key) == (&group.0, group.1) && effect.id != *stored {
+                out.push(violation(
+                    ONE_EFFECT,
+                    group,
+                    format!(
+                        "the key's record names effect {stored}, yet effect {} (op {}) \
+                         committed too",
+                        effect.id, effect.op
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// `caught-failure-stored`: a handler that caught a failed statement and answered has that
+/// answer given to its client (unless the client left) and stored; on PostgreSQL its
+/// statements are undone.
+fn caught(
+    entries: &[Entry],
+    seen: &Transactional<'_>,
+    by_id: &HashMap<i64, &Effect>,
+    out: &mut Vec<Violation>,
+) {
+    for run in seen.caught {
+        let group = (run.tenant.clone(), run.key);
+        let answered = entries
+            .iter()
+            .find(|e| e.op.id == run.op)
+            .and_then(|e| e.answers.first())
+            .map(|(_, answer)| answer);
+        match answered {
+            None | Some(Answer::Dropped) => {}
+            Some(Answer::Handler {
+                effect,
+                replayed: false,
+                ..
+            }) if *effect == run.effect => {}
+            Some(other) => out.push(violation(
+                CAUGHT_STORED,
+                &group,
+                format!(
+                    "op {}'s handler caught a failed statement and answered 422 (effect {}), \
+                     but its client got {other}",
+                    run.op, run.effect
+                ),
+            )),
+        }
+        if seen.undoes_caught && by_id.contains_key(&run.effect) {
+            out.push(violation(
+                CAUGHT_STORED,
+                &group,
+                format!(
+                    "op {}'s effect {} committed, though its statements were to be undone \
+                     with the failed one",
+                    run.op, run.effect
+                ),
+            ));
+        }
+    }
+}
+
 /// The layer in leased mode: `runs` is the log of the handler's runs, `lease` the lease.
-pub fn leased(entries: &[Entry], runs: &[LeasedRun], lease: Duration) -> Vec<Violation> {
+pub fn leased(
+    entries: &[Entry],
+    runs: &[LeasedRun],
+    lease: Duration,
+    fail_fast: bool,
+) -> Vec<Violation> {
     let mut out = Vec::new();
     let by_id: HashMap<i64, &LeasedRun> = runs.iter().map(|r| (r.id, r)).collect();
     let outcome = |id: i64| by_id.get(&id).map(|r| ((r.tenant.clone(), r.key), None));
-    let seen = answers(entries, &outcome, &mut out);
+    let ran = |op: u64, _key: usize| runs.iter().any(|r| r.op == op);
+    let refusals = Refusals {
+        fail_fast,
+        ran: &ran,
+    };
+    let seen = answers(entries, &outcome, refusals, &mut out);
     // What the store holds: the runs replays name, with the first answer of such a run. A holder
     // that outlived its lease still answers its own client with its own response (its effect
     // ran; only storing it is refused): that answer is not a completion.
@@ -451,9 +659,26 @@ pub fn leased(entries: &[Entry], runs: &[LeasedRun], lease: Duration) -> Vec<Vio
     out
 }
 
-/// `execute_in` in a caller's transaction.
-pub fn service(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
+/// The service: `execute_in` in a caller's transaction, `execute` and `execute_optimistic` in
+/// the service's own. The same invariants hold for all three: `execute_optimistic` documents
+/// that two concurrent duplicates may both run the action, the later one rolling back all it
+/// did and replaying the winner's outcome, so what is held against it is what committed and
+/// what was answered, never how many actions ran.
+///
+/// `ran` are the calls (operation, key) whose action started; `fail_fast` whether the plan's
+/// Redis refuses requests when it fails.
+pub fn service(
+    entries: &[Entry],
+    effects: &[Effect],
+    ran: &HashSet<(u64, usize)>,
+    fail_fast: bool,
+) -> Vec<Violation> {
     let mut out = Vec::new();
+    let started = |op: u64, key: usize| ran.contains(&(op, key));
+    let refusals = Refusals {
+        fail_fast,
+        ran: &started,
+    };
     one_effect_per_key(effects, &mut out);
     let by_id: HashMap<i64, &Effect> = effects.iter().map(|e| (e.id, e)).collect();
     let mut outcomes: Outcomes = BTreeMap::new();
@@ -488,6 +713,14 @@ pub fn service(entries: &[Entry], effects: &[Effect]) -> Vec<Violation> {
             let (replayed, effect, rejected) = match answer {
                 Answer::Value { replayed, effect } => (*replayed, *effect, false),
                 Answer::Rejected { replayed, effect } => (*replayed, *effect, true),
+                Answer::Error(kind) if kind.starts_with("cache") => {
+                    // `execute_optimistic` may run its action (rolled back) before a replay
+                    // that the cache refuses: there, what must hold is that nothing committed.
+                    let committed = (entry.op.via == Some(Via::Optimistic))
+                        .then(|| effects.iter().any(|e| e.op == op && e.key == *key));
+                    refusal(entry, *key, refusals, committed, &mut out);
+                    continue;
+                }
                 Answer::Unexpected(what) => {
                     let invariant = if what.starts_with("another request") {
                         FOR_THIS_REQUEST
@@ -567,11 +800,13 @@ mod tests {
             client: 0,
             key,
             second_key: None,
+            via: None,
             variant: Variant {
                 tenant: 0,
                 account: 0,
                 note: None,
                 amount: 100,
+                currency: 0,
             },
             kind,
             fault: Fault::None,
@@ -609,6 +844,24 @@ mod tests {
         }
     }
 
+    /// The transactional layer's invariants, without records read back or caught failures.
+    fn layer(
+        entries: &[Entry],
+        effects: &[Effect],
+        ran: &HashSet<u64>,
+        fail_fast: bool,
+    ) -> Vec<Violation> {
+        let seen = Transactional {
+            effects,
+            stored: &BTreeMap::new(),
+            caught: &[],
+            undoes_caught: false,
+            ran,
+            fail_fast,
+        };
+        transactional(entries, &seen)
+    }
+
     fn names(violations: &[Violation]) -> Vec<&'static str> {
         violations.iter().map(|v| v.invariant).collect()
     }
@@ -634,7 +887,10 @@ mod tests {
                 Answer::HandlerFailed { replayed: false },
             ),
         ];
-        assert_eq!(transactional(&entries, &[effect(1, 0, a, 1)]), []);
+        assert_eq!(
+            layer(&entries, &[effect(1, 0, a, 1)], &HashSet::new(), false),
+            []
+        );
     }
 
     #[test]
@@ -645,7 +901,7 @@ mod tests {
             entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
             entry(op(2, 0, Kind::Ok), b, handler(1, a, true)),
         ];
-        let found = transactional(&entries, &[effect(1, 0, a, 1)]);
+        let found = layer(&entries, &[effect(1, 0, a, 1)], &HashSet::new(), false);
         assert_eq!(names(&found), [FOR_THIS_REQUEST]);
     }
 
@@ -653,7 +909,10 @@ mod tests {
     fn an_outcome_that_never_committed_is_caught() {
         let a = "t0 /acct/0/charges 100";
         let entries = [entry(op(1, 0, Kind::Ok), a, handler(7, a, true))];
-        assert_eq!(names(&transactional(&entries, &[])), [COMMITTED]);
+        assert_eq!(
+            names(&layer(&entries, &[], &HashSet::new(), false)),
+            [COMMITTED]
+        );
     }
 
     #[test]
@@ -665,7 +924,12 @@ mod tests {
             retry_after: false,
         };
         let entries = [entry(op(1, 0, Kind::Ok), a, reused)];
-        let found = transactional(&entries, &[effect(1, 0, a, 1), effect(2, 0, a, 2)]);
+        let found = layer(
+            &entries,
+            &[effect(1, 0, a, 1), effect(2, 0, a, 2)],
+            &HashSet::new(),
+            false,
+        );
         assert_eq!(names(&found), [ONE_EFFECT, REUSE_CAUSE]);
     }
 
@@ -689,7 +953,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            names(&transactional(&entries, &[])),
+            names(&layer(&entries, &[], &HashSet::new(), false)),
             [DOCUMENTED, DOCUMENTED]
         );
     }
@@ -713,7 +977,10 @@ mod tests {
             entry(op(5, 0, Kind::Ok), a, handler(1, a, true)),
         ];
         let runs = [run(1, 0, Some(500)), run(2, 350, Some(400))];
-        assert_eq!(names(&leased(&entries, &runs, ms(300))), [STALE_REFUSED]);
+        assert_eq!(
+            names(&leased(&entries, &runs, ms(300), false)),
+            [STALE_REFUSED]
+        );
         // The same, with run 2's completion replayed: run 1's client got its own response
         // (its effect ran; its completion was refused), which is no violation.
         let entries = [
@@ -721,18 +988,139 @@ mod tests {
             entry(op(2, 0, Kind::Ok), a, handler(2, a, false)),
             entry(op(5, 0, Kind::Ok), a, handler(2, a, true)),
         ];
-        assert_eq!(leased(&entries, &runs, ms(300)), []);
+        assert_eq!(leased(&entries, &runs, ms(300), false), []);
         // A first answer naming another request's run is a completion passed off as its own.
         let entries = [entry(op(7, 0, Kind::Ok), a, handler(2, a, false))];
-        assert_eq!(names(&leased(&entries, &runs, ms(300))), [ONE_COMPLETION]);
+        assert_eq!(
+            names(&leased(&entries, &runs, ms(300), false)),
+            [ONE_COMPLETION]
+        );
         let entries = [
             entry(op(1, 0, Kind::Slow(500)), a, handler(1, a, false)),
             entry(op(5, 0, Kind::Ok), a, handler(1, a, true)),
         ];
         // Run 3 started 100 ms into run 1's lease.
         let runs = [run(1, 0, Some(500)), run(3, 100, Some(150))];
-        let found = leased(&entries, &runs, ms(300));
+        let found = leased(&entries, &runs, ms(300), false);
         assert_eq!(names(&found), [STALE_REFUSED, ONE_HOLDER]);
+    }
+
+    #[test]
+    fn a_cache_refusal_that_ran_or_came_from_a_fail_open_cache_is_caught() {
+        let a = "t0 /acct/0/charges 100";
+        let refused = Answer::Problem {
+            status: 503,
+            slug: "cache-unavailable".to_owned(),
+            retry_after: true,
+        };
+        let entries = [entry(op(1, 0, Kind::Ok), a, refused)];
+        let none = HashSet::new();
+        assert_eq!(layer(&entries, &[], &none, true), []);
+        assert_eq!(names(&layer(&entries, &[], &none, false)), [DOCUMENTED]);
+        let ran = HashSet::from([1]);
+        assert_eq!(
+            names(&layer(&entries, &[], &ran, true)),
+            [REFUSAL_RUNS_NOTHING]
+        );
+        // The service: an action that started before a refusal; under execute_optimistic only
+        // a committed effect counts.
+        let refused = entry(
+            op(2, 0, Kind::Ok),
+            a,
+            Answer::Error("cache: timed out".to_owned()),
+        );
+        let ran = HashSet::from([(2, 0)]);
+        assert_eq!(
+            names(&service(std::slice::from_ref(&refused), &[], &ran, true)),
+            [REFUSAL_RUNS_NOTHING]
+        );
+        let mut optimistic = refused;
+        optimistic.op.via = Some(Via::Optimistic);
+        assert_eq!(service(&[optimistic.clone()], &[], &ran, true), []);
+        let found = service(&[optimistic], &[effect(5, 0, a, 2)], &ran, true);
+        assert!(names(&found).contains(&REFUSAL_RUNS_NOTHING), "{found:?}");
+    }
+
+    /// The transactional layer's invariants with records read back (`stored`: key and the
+    /// effect its record names, tenant `t0`) and caught failures.
+    fn with_records(
+        entries: &[Entry],
+        effects: &[Effect],
+        stored: &[(usize, i64)],
+        caught: &[CaughtRun],
+        undoes_caught: bool,
+    ) -> Vec<Violation> {
+        let stored: BTreeMap<Group, i64> = stored
+            .iter()
+            .map(|(key, effect)| (("t0".to_owned(), *key), *effect))
+            .collect();
+        let seen = Transactional {
+            effects,
+            stored: &stored,
+            caught,
+            undoes_caught,
+            ran: &HashSet::new(),
+            fail_fast: false,
+        };
+        transactional(entries, &seen)
+    }
+
+    #[test]
+    fn a_caught_failure_is_stored_and_undone_on_postgres() {
+        let a = "t0 /acct/0/charges 100 []";
+        let caught = [CaughtRun {
+            op: 1,
+            effect: 7,
+            tenant: "t0".to_owned(),
+            key: 0,
+            identity: a.to_owned(),
+        }];
+        let rejected = |replayed| Answer::Handler {
+            status: 422,
+            replayed,
+            effect: 7,
+            identity: a.to_owned(),
+            bytes: b"422 7".to_vec(),
+        };
+        let entries = [
+            entry(op(1, 0, Kind::Caught), a, rejected(false)),
+            entry(op(2, 0, Kind::Ok), a, rejected(true)),
+        ];
+        // PostgreSQL: the effect was undone, the record names it.
+        assert_eq!(with_records(&entries, &[], &[(0, 7)], &caught, true), []);
+        // Its statements committed after all.
+        let committed = [effect(7, 0, a, 1)];
+        let found = with_records(&entries, &committed, &[(0, 7)], &caught, true);
+        assert_eq!(names(&found), [CAUGHT_STORED]);
+        // Elsewhere they commit with the answer.
+        assert_eq!(
+            with_records(&entries, &committed, &[(0, 7)], &caught, false),
+            []
+        );
+        // Nothing stored: the answers name an outcome that never committed.
+        let found = with_records(&entries, &[], &[], &caught, true);
+        assert_eq!(names(&found), [COMMITTED, COMMITTED]);
+        // The layer answered 503 instead of the handler's answer.
+        let refused = Answer::Problem {
+            status: 503,
+            slug: "store-unavailable".to_owned(),
+            retry_after: true,
+        };
+        let entries = [entry(op(1, 0, Kind::Caught), a, refused)];
+        let found = with_records(&entries, &[], &[], &caught, true);
+        assert_eq!(names(&found), [CAUGHT_STORED]);
+    }
+
+    #[test]
+    fn a_record_without_its_effect_or_beside_another_is_caught() {
+        let a = "t0 /acct/0/charges 100 []";
+        let found = with_records(&[], &[], &[(0, 9)], &[], false);
+        assert_eq!(names(&found), [COMMITTED]);
+        let one = [effect(1, 0, a, 1)];
+        assert_eq!(with_records(&[], &one, &[(0, 1)], &[], false), []);
+        let two = [effect(1, 0, a, 1), effect(2, 0, a, 2)];
+        let found = with_records(&[], &two, &[(0, 1)], &[], false);
+        assert_eq!(names(&found), [ONE_EFFECT, ONE_EFFECT]);
     }
 
     #[test]
@@ -744,7 +1132,7 @@ mod tests {
             Answer::Error("action-failed".to_owned()),
         );
         failed.tx = TxEnd::Committed;
-        let found = service(&[failed], &[effect(1, 0, a, 1)]);
+        let found = service(&[failed], &[effect(1, 0, a, 1)], &HashSet::new(), false);
         assert_eq!(names(&found), [NO_COMMIT_AFTER_ERROR]);
         let mut refused = entry(
             op(2, 1, Kind::Ok),
@@ -755,7 +1143,7 @@ mod tests {
             },
         );
         refused.tx = TxEnd::CommitFailed("poisoned".to_owned());
-        let found = service(&[refused], &[effect(2, 1, a, 2)]);
+        let found = service(&[refused], &[effect(2, 1, a, 2)], &HashSet::new(), false);
         assert_eq!(names(&found), [COMMIT_MEANS_COMMITTED]);
     }
 }

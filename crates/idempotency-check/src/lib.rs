@@ -21,12 +21,15 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use idempotency_mysql::MysqlStore;
 use idempotency_pg::PgStore;
 use idempotency_sqlite::SqliteStore;
 
 pub mod backend;
+pub mod cache_wire;
+pub mod faults;
 pub mod history;
 pub mod invariants;
 pub mod plan;
@@ -35,6 +38,7 @@ pub mod subjects;
 pub use invariants::{INVARIANTS, Violation};
 pub use subjects::Ctx;
 
+use faults::Faults;
 use history::Entry;
 use plan::{Plan, Shape};
 
@@ -58,7 +62,8 @@ pub enum CheckError {
 /// What runs the history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// `execute_in` in a caller's transaction (two keys per transaction at times).
+    /// The service: `execute_in` in a caller's transaction (two keys per transaction at
+    /// times) and `execute` in its own, or (a seed in three) `execute_optimistic` throughout.
     Service,
     /// `IdempotencyLayer` in transactional mode.
     Layer,
@@ -154,6 +159,9 @@ impl Subject {
                 slow_ms: 80,
                 commit_after_error: true,
                 second_keys: true,
+                entry_points: true,
+                opt_in_header: false,
+                caught: false,
             },
             Mode::Layer => Shape {
                 clients: 6,
@@ -162,6 +170,9 @@ impl Subject {
                 slow_ms: 80,
                 commit_after_error: false,
                 second_keys: false,
+                entry_points: false,
+                opt_in_header: true,
+                caught: true,
             },
             Mode::Outbox => Shape {
                 clients: 6,
@@ -170,6 +181,9 @@ impl Subject {
                 slow_ms: 40,
                 commit_after_error: false,
                 second_keys: false,
+                entry_points: false,
+                opt_in_header: false,
+                caught: false,
             },
             // Slow handlers run up to twice the lease: takeovers, late completions.
             Mode::Leased => Shape {
@@ -179,6 +193,9 @@ impl Subject {
                 slow_ms: 600,
                 commit_after_error: false,
                 second_keys: false,
+                entry_points: false,
+                opt_in_header: true,
+                caught: false,
             },
         }
     }
@@ -220,6 +237,8 @@ pub struct Report {
     pub entries: Vec<Entry>,
     /// The broken invariants.
     pub violations: Vec<Violation>,
+    /// The faults injected, by kind.
+    pub faults: [(&'static str, usize); faults::KINDS.len()],
 }
 
 impl Report {
@@ -228,40 +247,38 @@ impl Report {
         self.entries.len()
     }
 
-    /// The faults the plan put into this history, by kind: requests dropped at a random point
-    /// (`drop`), transactions committed after an error (`commit-after-error`), and database
-    /// connections killed mid-transaction (`kill`: the service and the layer on PostgreSQL and
-    /// MariaDB; SQLite has no server, the outbox's actions kill nothing). Wire stalls,
-    /// late leased holders, aborted relay workers, refused publishes and redeliveries are drawn
-    /// while the history runs and are not counted here.
-    pub fn faults_by_kind(&self) -> [(&'static str, usize); 3] {
-        let ops = || self.plan.clients.iter().flatten();
-        let kills = matches!(
-            self.subject.mode,
-            Mode::Service | Mode::Layer | Mode::Leased
-        ) && self.subject.database != Database::Sqlite;
-        [
-            (
-                "drop",
-                ops()
-                    .filter(|op| matches!(op.fault, plan::Fault::Drop(_)))
-                    .count(),
-            ),
-            (
-                "commit-after-error",
-                ops()
-                    .filter(|op| op.fault == plan::Fault::CommitAfterError)
-                    .count(),
-            ),
-            (
-                "kill",
-                if kills {
-                    ops().filter(|op| op.kind == plan::Kind::Kill).count()
-                } else {
-                    0
-                },
-            ),
-        ]
+    /// The plan's settings beyond caches, in-flight policy and lookup, as the report prints
+    /// them after those (empty when there are none).
+    pub fn settings(&self) -> String {
+        let mut settings = String::new();
+        // The outbox subjects have no caches.
+        if let Some(redis) = self
+            .plan
+            .redis
+            .filter(|_| self.subject.mode != Mode::Outbox)
+        {
+            settings.push_str(" redis ");
+            settings.push_str(redis.name());
+        }
+        if self.subject.mode == Mode::Service {
+            settings.push_str(if self.plan.optimistic {
+                " entry execute_optimistic"
+            } else {
+                " entry execute_in+execute"
+            });
+        }
+        settings
+    }
+
+    /// The faults this history really had, by kind, counted where they were injected (see
+    /// [`faults`]).
+    pub fn faults_by_kind(&self) -> [(&'static str, usize); faults::KINDS.len()] {
+        self.faults
+    }
+
+    /// How many faults this history really had.
+    pub fn faults_injected(&self) -> usize {
+        self.faults.iter().map(|(_, n)| n).sum()
     }
 }
 
@@ -270,14 +287,15 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {} subject {} caches {} in-flight {} lookup {}: {} operations, {} faults, {} violations",
+            "seed {} subject {} caches {} in-flight {} lookup {}{}: {} operations, {} faults, {} violations",
             self.seed,
             self.subject,
             self.plan.caches.name(),
             if self.plan.wait { "wait" } else { "reject" },
             self.plan.lookup,
+            self.settings(),
             self.operations(),
-            self.plan.faults(),
+            self.faults_injected(),
             self.violations.len()
         )?;
         for violation in &self.violations {
@@ -312,6 +330,8 @@ impl fmt::Display for Report {
 /// Generates the plan of `seed` for `subject`, runs it, and checks the history.
 pub async fn check(subject: Subject, seed: u64, ctx: &Ctx) -> Result<Report, CheckError> {
     let plan = Plan::generate(seed, subject.shape());
+    let faults = Arc::new(Faults::default());
+    let ctx = &ctx.with_faults(Arc::clone(&faults));
     let run = match (subject.mode, subject.database) {
         (Mode::Service, Database::Postgres) => subjects::service::run::<PgStore>(&plan, ctx).await,
         (Mode::Service, Database::Sqlite) => {
@@ -334,13 +354,13 @@ pub async fn check(subject: Subject, seed: u64, ctx: &Ctx) -> Result<Report, Che
             subjects::layer::run_leased::<SqliteStore>(&plan, ctx).await
         }
         (Mode::Outbox, Database::Postgres) => {
-            subjects::outbox::run::<subjects::outbox::PgDb>(&plan).await
+            subjects::outbox::run::<subjects::outbox::PgDb>(&plan, ctx).await
         }
         (Mode::Outbox, Database::Sqlite) => {
-            subjects::outbox::run::<subjects::outbox::SqliteDb>(&plan).await
+            subjects::outbox::run::<subjects::outbox::SqliteDb>(&plan, ctx).await
         }
         (Mode::Outbox, Database::Mysql) => {
-            subjects::outbox::run::<subjects::outbox::MysqlDb>(&plan).await
+            subjects::outbox::run::<subjects::outbox::MysqlDb>(&plan, ctx).await
         }
         (Mode::Leased, Database::Mysql) => {
             return Err(CheckError::UnknownSubject(subject.to_string()));
@@ -352,5 +372,6 @@ pub async fn check(subject: Subject, seed: u64, ctx: &Ctx) -> Result<Report, Che
         plan,
         entries: run.entries,
         violations: run.violations,
+        faults: faults.by_kind(),
     })
 }

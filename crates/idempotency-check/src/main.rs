@@ -11,7 +11,6 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -84,7 +83,7 @@ async fn main() -> ExitCode {
     let started = Instant::now();
     let budget = args.budget.map(Duration::from_secs);
     let (mut histories, mut operations, mut faults, mut failed) = (0usize, 0usize, 0usize, 0usize);
-    let mut by_kind: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut by_kind = idempotency_check::faults::KINDS.map(|kind| (kind.name(), 0usize));
     let mut next_fresh = args.fresh;
     let mut i = 0;
     loop {
@@ -104,16 +103,17 @@ async fn main() -> ExitCode {
                 Ok(report) => {
                     histories += 1;
                     operations += report.operations();
-                    faults += report.plan.faults();
-                    for (kind, n) in report.faults_by_kind() {
-                        *by_kind.entry(kind).or_default() += n;
+                    faults += report.faults_injected();
+                    for ((_, total), (_, n)) in by_kind.iter_mut().zip(report.faults_by_kind()) {
+                        *total += n;
                     }
                     if report.violations.is_empty() {
                         println!(
-                            "ok   seed {seed} {subject} ({} operations, {} faults, caches {})",
+                            "ok   seed {seed} {subject} ({} operations, {} faults, caches {}{})",
                             report.operations(),
-                            report.plan.faults(),
-                            report.plan.caches.name()
+                            report.faults_injected(),
+                            report.plan.caches.name(),
+                            report.settings()
                         );
                     } else {
                         failed += 1;

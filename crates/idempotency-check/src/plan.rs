@@ -27,6 +27,30 @@ impl Caches {
     }
 }
 
+/// The Redis L2's failure policy, and whether Redis fails while the history runs (moka + Redis
+/// only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redis {
+    /// `fail-fast`: a failing read refuses the request (`503 cache-unavailable`,
+    /// `Error::Cache`) before anything runs; otherwise `fail-open`: a failing read is a miss.
+    pub fail_fast: bool,
+    /// Whether Redis is made to hang (its answers held) or unreachable (its connections cut)
+    /// for stretches at random moments.
+    pub faults: bool,
+}
+
+impl Redis {
+    /// The name printed in reports.
+    pub fn name(self) -> &'static str {
+        match (self.fail_fast, self.faults) {
+            (false, false) => "fail-open",
+            (false, true) => "fail-open+outages",
+            (true, false) => "fail-fast",
+            (true, true) => "fail-fast+outages",
+        }
+    }
+}
+
 /// What the handler (or action) does for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -41,6 +65,11 @@ pub enum Kind {
     /// Writes its effect, then its database connection is killed mid-transaction (PostgreSQL
     /// `pg_terminate_backend`, MariaDB `KILL`; on SQLite it succeeds like `Ok`).
     Kill,
+    /// The layer's transactional handler: writes its effect, runs a statement that fails (a
+    /// unique violation), catches the error and answers a 422, which the layer must store and
+    /// replay. On PostgreSQL the failure aborts the transaction: the layer returns to the
+    /// savepoint it took before the handler, which undoes the effect.
+    Caught,
 }
 
 impl Kind {
@@ -52,6 +81,31 @@ impl Kind {
             Self::Fail => "fail",
             Self::Slow(_) => "slow",
             Self::Kill => "kill",
+            Self::Caught => "caught",
+        }
+    }
+}
+
+/// Which of the service's entry points runs an operation (the service subjects).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `execute_in`, in the caller's transaction (one or two keys).
+    ExecuteIn,
+    /// `execute`: the key claimed, the action run and the outcome stored in a transaction of
+    /// the service's own.
+    Execute,
+    /// `execute_optimistic`: the action first, the terminal record inserted at the end, in a
+    /// transaction of the service's own.
+    Optimistic,
+}
+
+impl Via {
+    /// The entry point's name, as the service spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ExecuteIn => "execute_in",
+            Self::Execute => "execute",
+            Self::Optimistic => "execute_optimistic",
         }
     }
 }
@@ -80,6 +134,21 @@ pub struct Variant {
     pub note: Option<u8>,
     /// The amount in the body.
     pub amount: i64,
+    /// The values of the opted-in header `X-Currency` (the layer subjects): 0 none, 1 `eur`,
+    /// 2 `usd`, 3 both, in two header lines.
+    pub currency: u8,
+}
+
+impl Variant {
+    /// The `X-Currency` values the request sends, in order.
+    pub fn currencies(&self) -> &'static [&'static str] {
+        match self.currency {
+            0 => &[],
+            1 => &["eur"],
+            2 => &["usd"],
+            _ => &["eur", "usd"],
+        }
+    }
 }
 
 /// One operation of one client.
@@ -93,6 +162,8 @@ pub struct Op {
     pub key: usize,
     /// A second key, for the service subject's two-call transactions.
     pub second_key: Option<usize>,
+    /// The service subjects: the entry point that runs it (`None` elsewhere).
+    pub via: Option<Via>,
     /// Who and what.
     pub variant: Variant,
     /// What the handler does.
@@ -110,10 +181,15 @@ pub struct Plan {
     pub seed: u64,
     /// The caches in front of the store.
     pub caches: Caches,
+    /// With moka + Redis: Redis's failure policy and faults.
+    pub redis: Option<Redis>,
     /// The in-flight policy: wait for the holder (a bounded budget), or answer at once.
     pub wait: bool,
     /// Whether the service looks the key up before acquiring it (`lookup_before_acquire`).
     pub lookup: bool,
+    /// The service subjects: every operation runs through `execute_optimistic` (its duplicates
+    /// may run the action concurrently, so it is not mixed with the claiming entry points).
+    pub optimistic: bool,
     /// Each client's operations, in order.
     pub clients: Vec<Vec<Op>>,
 }
@@ -133,29 +209,52 @@ pub struct Shape {
     pub commit_after_error: bool,
     /// Whether operations carry a second key (the service subject).
     pub second_keys: bool,
+    /// Whether operations choose among the service's entry points (`execute_in`, `execute`,
+    /// `execute_optimistic`; the service subject).
+    pub entry_points: bool,
+    /// Whether requests send values of the opted-in header `X-Currency`, which the layer
+    /// fingerprints (the layer subjects).
+    pub opt_in_header: bool,
+    /// Whether handlers catch a failed statement (`Kind::Caught`; the layer in transactional
+    /// mode).
+    pub caught: bool,
 }
 
 impl Plan {
     /// The plan of `seed` with `shape`.
     pub fn generate(seed: u64, shape: Shape) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
+        // The choices added after the first plans come from a stream of their own, so that the
+        // draws above (keys, variants, kinds, faults) of a seed stay what they were.
+        let mut extra = StdRng::seed_from_u64(seed ^ 0x6578_7472_6173);
+        let optimistic = shape.entry_points && extra.random_bool(0.3);
         let caches = match rng.random_range(0..3) {
             0 => Caches::None,
             1 => Caches::Moka,
             _ => Caches::MokaRedis,
         };
+        let redis = (caches == Caches::MokaRedis).then(|| Redis {
+            fail_fast: extra.random_bool(0.5),
+            faults: extra.random_bool(0.6),
+        });
         let wait = rng.random_bool(0.5);
         let lookup = rng.random_bool(0.3);
         // Each key's usual request; operations mostly repeat it (retries), sometimes change one
         // part of it (another resource, tenant, payload).
-        let base: Vec<Variant> = (0..shape.keys)
+        let mut base: Vec<Variant> = (0..shape.keys)
             .map(|_| Variant {
                 tenant: rng.random_range(0..2),
                 account: rng.random_range(0..2),
                 note: None,
                 amount: rng.random_range(1..4) * 100,
+                currency: 0,
             })
             .collect();
+        if shape.opt_in_header {
+            for variant in &mut base {
+                variant.currency = extra.random_range(0..4);
+            }
+        }
         let mut next = 0;
         let clients = (0..shape.clients)
             .map(|client| {
@@ -171,26 +270,53 @@ impl Plan {
                                 _ => variant.amount += 1,
                             }
                         }
-                        let kind = match rng.random_range(0..20) {
+                        if shape.opt_in_header && extra.random_bool(0.1) {
+                            variant.currency = (variant.currency + extra.random_range(1..4)) % 4;
+                        }
+                        let mut kind = match rng.random_range(0..20) {
                             0..=9 => Kind::Ok,
                             10..=12 => Kind::Reject,
                             13 | 14 => Kind::Fail,
                             15 => Kind::Kill,
                             _ => Kind::Slow(rng.random_range(shape.slow_ms / 4..=shape.slow_ms)),
                         };
-                        let fault = match rng.random_range(0..10) {
+                        let mut fault = match rng.random_range(0..10) {
                             0 | 1 => Fault::Drop(rng.random_range(0..60)),
                             2 | 3 if shape.commit_after_error => Fault::CommitAfterError,
                             _ => Fault::None,
                         };
-                        let second_key = (shape.second_keys && rng.random_bool(0.5))
+                        let mut second_key = (shape.second_keys && rng.random_bool(0.5))
                             .then(|| rng.random_range(0..shape.keys));
+                        if shape.caught
+                            && matches!(kind, Kind::Ok | Kind::Reject)
+                            && extra.random_bool(0.2)
+                        {
+                            kind = Kind::Caught;
+                        }
+                        let via = shape.entry_points.then(|| {
+                            if optimistic {
+                                Via::Optimistic
+                            } else if extra.random_bool(0.3) {
+                                Via::Execute
+                            } else {
+                                Via::ExecuteIn
+                            }
+                        });
+                        if via.is_some_and(|via| via != Via::ExecuteIn) {
+                            // One call in the service's own transaction: no second key, and no
+                            // caller to commit after an error.
+                            second_key = None;
+                            if fault == Fault::CommitAfterError {
+                                fault = Fault::None;
+                            }
+                        }
                         next += 1;
                         Op {
                             id: next,
                             client,
                             key,
                             second_key,
+                            via,
                             variant,
                             kind,
                             fault,
@@ -203,8 +329,10 @@ impl Plan {
         Self {
             seed,
             caches,
+            redis,
             wait,
             lookup,
+            optimistic,
             clients,
         }
     }
@@ -216,7 +344,9 @@ impl Plan {
         ops
     }
 
-    /// How many operations carry a fault.
+    /// How many operations the plan drew a fault for: not how many were injected (a drop may
+    /// fire after its request finished; a commit after an error needs an error), which
+    /// [`Faults`](crate::faults::Faults) counts where they happen.
     pub fn faults(&self) -> usize {
         self.clients
             .iter()
@@ -237,6 +367,9 @@ mod tests {
         slow_ms: 40,
         commit_after_error: true,
         second_keys: true,
+        entry_points: true,
+        opt_in_header: true,
+        caught: true,
     };
 
     #[test]

@@ -1,33 +1,40 @@
 //! `IdempotencyLayer` in transactional and leased mode, driven in process through an axum
 //! router (`oneshot`, no socket): `POST /acct/{account}/charges[?note=N]` with the tenant in
-//! `X-Tenant-Id` (the layer's scope) and `{"amount": N}` as the body. The handler's behaviour
-//! (succeed, reject, fail, run long) comes in headers the fingerprint does not cover, so a retry
-//! of one request can fail and then succeed.
+//! `X-Tenant-Id` (the layer's scope), none, one or two values of `X-Currency` (a header the
+//! layer is told to fingerprint) and `{"amount": N}` as the body. The handler's behaviour
+//! (succeed, reject, fail, run long, catch a failed statement) comes in headers the fingerprint
+//! does not cover, so a retry of one request can fail and then succeed.
 //!
 //! Transactional mode: the handler writes its effect in the layer's transaction. Leased mode: the
 //! handler's effect is outside the database, in a log of runs kept here.
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, Request, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, Method, Request, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idempotency_axum::{IdempotencyLayer, IdempotentTx, TenantHeader};
+use idempotency_axum::{IdempotencyLayer, IdempotentTx, StoredResponse, TenantHeader};
 use idempotency_core::cache::{DistributedCache, LocalCache};
-use idempotency_core::{IdempotencyService, InFlightPolicy, LeasedClaims, ServiceOptions};
+use idempotency_core::{
+    IdempotencyKey, IdempotencyService, InFlightPolicy, LeasedClaims, Operation, RecordId, Scope,
+    ServiceOptions,
+};
 use serde::Deserialize;
 use tower::ServiceExt;
 
-use super::{Ctx, clients, service_config};
+use super::{Ctx, clients, dropped_or, service_config};
 use crate::backend::{Backend, NewEffect, Wire};
-use crate::history::{Answer, Entry, LeasedRun, TxEnd};
-use crate::invariants;
-use crate::plan::{Fault, Kind, Op, Plan};
+use crate::cache_wire::CacheWire;
+use crate::faults::{Faults, Injected};
+use crate::history::{Answer, CaughtRun, Entry, LeasedRun, TxEnd};
+use crate::invariants::{self, Group};
+use crate::plan::{Kind, Op, Plan};
 use crate::{CheckError, Run};
 
 /// The lease of the leased subject: shorter than its slowest handlers, so takeovers happen.
@@ -38,11 +45,18 @@ struct Charge {
     amount: i64,
 }
 
-/// What the handlers share: the run's clock and the leased runs' log.
+/// The request header the layer fingerprints besides the request itself.
+const CURRENCY: &str = "x-currency";
+
+/// What the handlers share: the run's clock, the leased runs' log, the operations whose
+/// transactional handler started, and the handlers that caught a failed statement.
 #[derive(Debug)]
 struct Shared {
     start: Instant,
     runs: Mutex<Vec<LeasedRun>>,
+    ran: Mutex<HashSet<u64>>,
+    caught: Mutex<Vec<CaughtRun>>,
+    faults: Arc<Faults>,
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
@@ -52,9 +66,20 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
         .unwrap_or_default()
 }
 
-/// The identity a handler echoes, and a client expects back: tenant, path and query, amount.
-fn identity(tenant: &str, uri: &str, amount: i64) -> String {
-    format!("{tenant} {uri} {amount}")
+/// The identity a handler echoes, and a client expects back: tenant, path and query, amount,
+/// the `X-Currency` values.
+fn identity(tenant: &str, uri: &str, amount: i64, currencies: &str) -> String {
+    format!("{tenant} {uri} {amount} [{currencies}]")
+}
+
+/// The `X-Currency` values a handler received, in order.
+fn currencies(headers: &HeaderMap) -> String {
+    headers
+        .get_all(CURRENCY)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn answer(status: StatusCode, effect: i64, identity: &str) -> Response {
@@ -77,18 +102,27 @@ fn behaviour(headers: &HeaderMap) -> (String, u64) {
 
 /// The transactional handler: its effect is a row written on the layer's transaction.
 async fn transactional<B: Backend>(
+    State(shared): State<Arc<Shared>>,
     uri: Uri,
     headers: HeaderMap,
     mut tx: IdempotentTx<B>,
     axum::Json(charge): axum::Json<Charge>,
 ) -> Response {
     let tenant = header_str(&headers, "x-tenant-id").to_owned();
-    let identity = identity(&tenant, &uri.to_string(), charge.amount);
+    let identity = identity(
+        &tenant,
+        &uri.to_string(),
+        charge.amount,
+        &currencies(&headers),
+    );
     let key = header_str(&headers, "idempotency-key")
         .trim_start_matches('k')
         .parse()
         .unwrap_or(usize::MAX);
     let op = header_str(&headers, "x-check-op").parse().unwrap_or(0);
+    if let Ok(mut ran) = shared.ran.lock() {
+        ran.insert(op);
+    }
     let effect = NewEffect {
         tenant: &tenant,
         key,
@@ -106,9 +140,28 @@ async fn transactional<B: Backend>(
         "reject" => answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity),
         "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
         "kill" => {
-            B::kill(&mut tx).await;
+            if B::kill(&mut tx).await {
+                shared.faults.count(Injected::Kill);
+            }
             answer(StatusCode::CREATED, id, &identity)
         }
+        // "Insert, catch the unique violation, answer 422": on PostgreSQL the transaction is
+        // aborted from here on, and the layer must still store this answer.
+        "caught" => match B::violate_unique(&mut tx).await {
+            Ok(()) => {
+                if let Ok(mut caught) = shared.caught.lock() {
+                    caught.push(CaughtRun {
+                        op,
+                        effect: id,
+                        tenant: tenant.clone(),
+                        key,
+                        identity: identity.clone(),
+                    });
+                }
+                answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity)
+            }
+            Err(unexpected) => (StatusCode::SERVICE_UNAVAILABLE, unexpected).into_response(),
+        },
         _ => {
             tokio::time::sleep(Duration::from_millis(slow)).await;
             answer(StatusCode::CREATED, id, &identity)
@@ -124,7 +177,12 @@ async fn leased(
     axum::Json(charge): axum::Json<Charge>,
 ) -> Response {
     let tenant = header_str(&headers, "x-tenant-id").to_owned();
-    let identity = identity(&tenant, &uri.to_string(), charge.amount);
+    let identity = identity(
+        &tenant,
+        &uri.to_string(),
+        charge.amount,
+        &currencies(&headers),
+    );
     let key = header_str(&headers, "idempotency-key")
         .trim_start_matches('k')
         .parse()
@@ -150,7 +208,12 @@ async fn leased(
     if let Ok(mut runs) = shared.runs.lock()
         && let Some(run) = runs.iter_mut().find(|r| r.id == id)
     {
-        run.end = Some(shared.start.elapsed());
+        let end = shared.start.elapsed();
+        run.end = Some(end);
+        // A holder that wakes up after its lease ran out: others may have taken the key over.
+        if end.saturating_sub(run.start) > LEASE {
+            shared.faults.count(Injected::LeaseOutlived);
+        }
     }
     match behaviour.as_str() {
         "reject" => answer(StatusCode::UNPROCESSABLE_ENTITY, id, &identity),
@@ -166,15 +229,21 @@ fn request(op: &Op) -> Result<(Request<Body>, String), CheckError> {
         Some(note) => format!("/acct/{}/charges?note={note}", op.variant.account),
         None => format!("/acct/{}/charges", op.variant.account),
     };
-    let expected = identity(&tenant, &uri, op.variant.amount);
+    let expected = identity(
+        &tenant,
+        &uri,
+        op.variant.amount,
+        &op.variant.currencies().join(","),
+    );
     let (behaviour, slow) = match op.kind {
         Kind::Ok => ("ok", 0),
         Kind::Reject => ("reject", 0),
         Kind::Fail => ("fail", 0),
         Kind::Slow(ms) => ("slow", ms),
         Kind::Kill => ("kill", 0),
+        Kind::Caught => ("caught", 0),
     };
-    let request = Request::builder()
+    let mut request = Request::builder()
         .method(Method::POST)
         .uri(uri)
         .header("idempotency-key", format!("k{}", op.key))
@@ -182,7 +251,11 @@ fn request(op: &Op) -> Result<(Request<Body>, String), CheckError> {
         .header("x-check-op", op.id.to_string())
         .header("x-check-behaviour", behaviour)
         .header("x-check-slow-ms", slow.to_string())
-        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_TYPE, "application/json");
+    for currency in op.variant.currencies() {
+        request = request.header(CURRENCY, *currency);
+    }
+    let request = request
         .body(Body::from(
             serde_json::json!({ "amount": op.variant.amount }).to_string(),
         ))
@@ -235,7 +308,7 @@ fn classify(status: StatusCode, headers: &HeaderMap, body: &Bytes) -> Answer {
 }
 
 /// Sends `op` through `app`, with its fault.
-async fn send(app: &Router, op: &Op, start: Instant) -> Result<Entry, CheckError> {
+async fn send(app: &Router, op: &Op, start: Instant, faults: &Faults) -> Result<Entry, CheckError> {
     let (request, expected) = request(op)?;
     let sent = start.elapsed();
     let exchange = async {
@@ -251,12 +324,9 @@ async fn send(app: &Router, op: &Op, start: Instant) -> Result<Entry, CheckError
             Err(error) => Answer::Unexpected(format!("body: {error}")),
         }
     };
-    let answer = match op.fault {
-        Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), exchange)
-            .await
-            .unwrap_or(Answer::Dropped),
-        _ => exchange.await,
-    };
+    let answer = dropped_or(op.fault, faults, exchange)
+        .await
+        .unwrap_or(Answer::Dropped);
     Ok(Entry {
         op: *op,
         identity: expected,
@@ -275,31 +345,43 @@ fn config(plan: &Plan) -> ServiceOptions {
     config
 }
 
-fn transactional_app<B, L, D>(service: IdempotencyService<B, L, D>) -> Router
+fn transactional_app<B, L, D>(
+    service: IdempotencyService<B, L, D>,
+    shared: Arc<Shared>,
+) -> Result<Router, CheckError>
 where
     B: Backend,
     L: LocalCache,
     D: DistributedCache,
 {
-    Router::new()
+    let layer = IdempotencyLayer::new(service)
+        .scope::<TenantHeader>()
+        .fingerprint_header(HeaderName::from_static(CURRENCY))
+        .map_err(|e| CheckError::Setup(e.to_string()))?;
+    Ok(Router::new()
         .route("/acct/{account}/charges", post(transactional::<B>))
-        .route_layer(IdempotencyLayer::new(service).scope::<TenantHeader>())
+        .route_layer(layer)
+        .with_state(shared))
 }
 
-fn leased_app<B, L, D>(service: IdempotencyService<B, L, D>, shared: Arc<Shared>) -> Router
+fn leased_app<B, L, D>(
+    service: IdempotencyService<B, L, D>,
+    shared: Arc<Shared>,
+) -> Result<Router, CheckError>
 where
     B: Backend + LeasedClaims,
     L: LocalCache,
     D: DistributedCache,
 {
-    Router::new()
+    let layer = IdempotencyLayer::new(service)
+        .scope::<TenantHeader>()
+        .fingerprint_header(HeaderName::from_static(CURRENCY))
+        .map_err(|e| CheckError::Setup(e.to_string()))?
+        .leased(LEASE);
+    Ok(Router::new()
         .route("/acct/{account}/charges", post(leased))
-        .route_layer(
-            IdempotencyLayer::new(service)
-                .scope::<TenantHeader>()
-                .leased(LEASE),
-        )
-        .with_state(shared)
+        .route_layer(layer)
+        .with_state(shared))
 }
 
 /// Sends every client's operations through `app`, then holds the history against the
@@ -308,14 +390,15 @@ async fn drive<B: Backend>(
     app: Router,
     plan: &Plan,
     store: &B,
-    wire: Option<Wire>,
+    wires: (Option<Wire>, Option<Arc<CacheWire>>),
     shared: Arc<Shared>,
     leased_mode: bool,
 ) -> Result<Run, CheckError> {
     let start = shared.start;
-    let entries = clients(plan, wire, move |op| {
-        let app = app.clone();
-        async move { send(&app, &op, start).await }
+    let faults = Arc::clone(&shared.faults);
+    let entries = clients(plan, wires, &shared.faults, move |op| {
+        let (app, faults) = (app.clone(), Arc::clone(&faults));
+        async move { send(&app, &op, start, &faults).await }
     })
     .await?;
     // Handlers that outlive their client (leased mode) get time to end.
@@ -326,31 +409,88 @@ async fn drive<B: Backend>(
     })
     .await;
     let unclean = store.unclean_connections().await?;
+    let fail_fast = plan.redis.is_some_and(|r| r.fail_fast);
     let violations = if leased_mode {
         let runs = shared.runs.lock().map(|r| r.clone()).unwrap_or_default();
-        invariants::leased(&entries, &runs, LEASE)
+        invariants::leased(&entries, &runs, LEASE, fail_fast)
     } else {
         let effects = store.effects().await?;
-        invariants::transactional(&entries, &effects)
+        let ran = shared.ran.lock().map(|r| r.clone()).unwrap_or_default();
+        let caught = shared.caught.lock().map(|c| c.clone()).unwrap_or_default();
+        let stored = stored(store, &entries).await?;
+        invariants::transactional(
+            &entries,
+            &invariants::Transactional {
+                effects: &effects,
+                stored: &stored,
+                caught: &caught,
+                undoes_caught: B::NAME == "pg",
+                ran: &ran,
+                fail_fast,
+            },
+        )
     };
     Ok(Run::new(entries, violations, unclean))
 }
 
-fn shared() -> Arc<Shared> {
+/// The effect each key's committed record names (the stored response's `effect`), read from
+/// the store after the history, for every key the history used.
+async fn stored<B: Backend>(
+    store: &B,
+    entries: &[Entry],
+) -> Result<BTreeMap<Group, i64>, CheckError> {
+    let setup = |e: &dyn std::fmt::Display| CheckError::Setup(e.to_string());
+    let operation = Operation::new("POST:/acct/{account}/charges").map_err(|e| setup(&e))?;
+    let groups: BTreeSet<Group> = entries
+        .iter()
+        .map(|e| (format!("t{}", e.op.variant.tenant), e.op.key))
+        .collect();
+    let mut stored = BTreeMap::new();
+    for (tenant, key) in groups {
+        let id = RecordId::new(
+            operation.clone(),
+            Scope::new(tenant.as_str()).map_err(|e| setup(&e))?,
+            IdempotencyKey::new(format!("k{key}")).map_err(|e| setup(&e))?,
+        );
+        let record = store
+            .lookup(&id)
+            .await
+            .map_err(|e| CheckError::Database(e.to_string()))?;
+        let Some(outcome) = record.and_then(|r| r.outcome) else {
+            continue;
+        };
+        let effect = outcome
+            .to_columns()
+            .0
+            .and_then(|text| serde_json::from_str::<StoredResponse>(text).ok())
+            .and_then(|response| serde_json::from_slice::<serde_json::Value>(response.body()).ok())
+            .and_then(|body| body["effect"].as_i64());
+        if let Some(effect) = effect {
+            stored.insert((tenant, key), effect);
+        }
+    }
+    Ok(stored)
+}
+
+fn shared(faults: &Arc<Faults>) -> Arc<Shared> {
     Arc::new(Shared {
         start: Instant::now(),
         runs: Mutex::new(Vec::new()),
+        ran: Mutex::new(HashSet::new()),
+        caught: Mutex::new(Vec::new()),
+        faults: Arc::clone(faults),
     })
 }
 
 /// Runs `plan` through the layer in transactional mode on a fresh `B`.
 pub async fn run_transactional<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
     let (store, wire) = B::fresh().await?;
-    let shared = shared();
-    let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
-        transactional_app(service)
-    });
-    drive(app, plan, &store, wire, shared, false).await
+    let (redis, cache_wire) = ctx.redis(plan).await?;
+    let shared = shared(ctx.faults());
+    let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
+        transactional_app(service, Arc::clone(&shared))
+    })?;
+    drive(app, plan, &store, (wire, cache_wire), shared, false).await
 }
 
 /// Runs `plan` through the layer in leased mode on a fresh `B`.
@@ -363,9 +503,10 @@ pub async fn run_leased<B: Backend + LeasedClaims>(
         .prepare_leases()
         .await
         .map_err(|e| CheckError::Setup(e.to_string()))?;
-    let shared = shared();
-    let app = with_caches!(plan.caches, store.clone(), config(plan), ctx, |service| {
+    let (redis, cache_wire) = ctx.redis(plan).await?;
+    let shared = shared(ctx.faults());
+    let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
         leased_app(service, Arc::clone(&shared))
-    });
-    drive(app, plan, &store, wire, shared, true).await
+    })?;
+    drive(app, plan, &store, (wire, cache_wire), shared, true).await
 }

@@ -23,9 +23,12 @@ use rand::{RngExt, SeedableRng};
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool, Row, SqlitePool};
 use uuid::Uuid;
 
+use super::{Ctx, dropped_or};
+use crate::backend::{mysql_unclean, pg_unclean, sqlite_unclean};
+use crate::faults::{Faults, Injected};
 use crate::history::{Answer, Entry, TxEnd};
 use crate::invariants::{self, Violation};
-use crate::plan::{Fault, Kind, Op, Plan};
+use crate::plan::{Kind, Op, Plan};
 use crate::{CheckError, Run};
 
 /// The consumer's name in the inbox.
@@ -52,6 +55,9 @@ pub trait OutboxDb: OutboxBackend + Clone {
     fn changes(&self) -> impl Future<Output = Result<Vec<Uuid>, CheckError>> + Send;
     /// Every applied message id, once per application.
     fn applied(&self) -> impl Future<Output = Result<Vec<Uuid>, CheckError>> + Send;
+    /// One line per pooled connection (of the pool enqueue, the relay and the inbox share)
+    /// that is unclean after the history or does not come back (`pool-is-clean`).
+    fn unclean(&self) -> impl Future<Output = Result<Vec<String>, CheckError>> + Send;
 }
 
 #[allow(clippy::needless_pass_by_value)] // used as `map_err(db)`
@@ -78,7 +84,7 @@ fn inbox_config() -> InboxConfig {
 /// Implements the suite's backend and [`OutboxDb`] for one database; `$p(n)` is its `n`th
 /// placeholder.
 macro_rules! outbox_db {
-    ($ty:ident, $pool:ty, $db:ty, $tx:ty, $outbox:ty, $inbox:ty, $begin:expr, $fresh:expr, $ph:expr) => {
+    ($ty:ident, $pool:ty, $db:ty, $tx:ty, $outbox:ty, $inbox:ty, $begin:expr, $fresh:expr, $ph:expr, $unclean:path) => {
         /// The outbox subject's database.
         #[derive(Debug, Clone)]
         pub struct $ty($pool);
@@ -184,6 +190,10 @@ macro_rules! outbox_db {
                     .map_err(db)?;
                 uuids(&rows.iter().map(|r| r.get::<String, _>(0)).collect::<Vec<_>>())
             }
+
+            async fn unclean(&self) -> Result<Vec<String>, CheckError> {
+                $unclean(&self.0).await
+            }
         }
     };
 }
@@ -236,7 +246,8 @@ outbox_db!(
     PgInbox,
     idempotency_pg::begin,
     pg_fresh(),
-    dollar
+    dollar,
+    pg_unclean
 );
 outbox_db!(
     MysqlDb,
@@ -247,7 +258,8 @@ outbox_db!(
     MysqlInbox,
     idempotency_mysql::begin,
     mysql_fresh(),
-    question
+    question,
+    mysql_unclean
 );
 outbox_db!(
     SqliteDb,
@@ -258,7 +270,8 @@ outbox_db!(
     SqliteInbox,
     sqlite_begin,
     sqlite_fresh(),
-    question
+    question,
+    sqlite_unclean
 );
 
 /// A broker that refuses at random (as unavailable), and keeps what it confirmed in order.
@@ -267,6 +280,7 @@ struct FlakyBroker {
     rng: Arc<Mutex<StdRng>>,
     failure: f64,
     published: Arc<Mutex<Vec<OutboxMessage>>>,
+    faults: Arc<Faults>,
 }
 
 impl Publisher for FlakyBroker {
@@ -281,6 +295,7 @@ impl Publisher for FlakyBroker {
             .map(|mut rng| rng.random_bool(self.failure))
             .unwrap_or(false);
         if fail {
+            self.faults.count(Injected::PublishRefused);
             return Err(PublishError::kind_only(PublishErrorKind::Unavailable));
         }
         if let Ok(mut published) = self.published.lock() {
@@ -291,7 +306,13 @@ impl Publisher for FlakyBroker {
 }
 
 /// One operation: a business change and its events in one transaction.
-async fn one<B: OutboxDb>(backend: B, outbox: B::Outbox, op: Op, start: Instant) -> Entry {
+async fn one<B: OutboxDb>(
+    backend: B,
+    outbox: B::Outbox,
+    op: Op,
+    start: Instant,
+    faults: Arc<Faults>,
+) -> Entry {
     let aggregate = format!("a{}", op.key);
     let sent = start.elapsed();
     let events = if op.kind == Kind::Reject { 2 } else { 1 };
@@ -337,12 +358,9 @@ async fn one<B: OutboxDb>(backend: B, outbox: B::Outbox, op: Op, start: Instant)
             }
         }
     };
-    let (answer, tx) = match op.fault {
-        Fault::Drop(ms) => tokio::time::timeout(Duration::from_millis(ms), transaction)
-            .await
-            .unwrap_or((Answer::Dropped, TxEnd::Dropped)),
-        _ => transaction.await,
-    };
+    let (answer, tx) = dropped_or(op.fault, &faults, transaction)
+        .await
+        .unwrap_or((Answer::Dropped, TxEnd::Dropped));
     Entry {
         op,
         identity: aggregate,
@@ -380,7 +398,8 @@ async fn consume<B: OutboxDb>(backend: &B, messages: Vec<Uuid>) -> Result<(), Ch
 }
 
 /// Runs `plan` through the outbox on a fresh `B`.
-pub async fn run<B: OutboxDb>(plan: &Plan) -> Result<Run, CheckError> {
+pub async fn run<B: OutboxDb>(plan: &Plan, ctx: &Ctx) -> Result<Run, CheckError> {
+    let faults = ctx.faults();
     let backend = B::fresh().await?;
     let mut config = suite_config(Ordering::Ordered);
     config.relay.workers = 2;
@@ -391,16 +410,19 @@ pub async fn run<B: OutboxDb>(plan: &Plan) -> Result<Run, CheckError> {
         rng: Arc::new(Mutex::new(StdRng::seed_from_u64(plan.seed ^ 0xb40c))),
         failure: rng.random_range(0.0..0.3),
         published: Arc::new(Mutex::new(Vec::new())),
+        faults: Arc::clone(faults),
     };
     let relay = Relay::new(outbox.clone(), broker.clone(), &config).map_err(setup)?;
     let start = Instant::now();
     let clients = {
         let backend = backend.clone();
         let outbox = outbox.clone();
-        super::clients(plan, None, move |op| {
+        let counts = Arc::clone(faults);
+        super::clients(plan, (None, None), faults, move |op| {
             let backend = backend.clone();
             let outbox = outbox.clone();
-            async move { Ok(one(backend, outbox, op, start).await) }
+            let counts = Arc::clone(&counts);
+            async move { Ok(one(backend, outbox, op, start, counts).await) }
         })
     };
     // The relay's workers are aborted at random points (no graceful shutdown) and restarted.
@@ -412,6 +434,7 @@ pub async fn run<B: OutboxDb>(plan: &Plan) -> Result<Run, CheckError> {
         for ms in &aborts {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
             handle.abort();
+            faults.count(Injected::RelayAbort);
             handle = relay.spawn();
         }
         handle
@@ -434,13 +457,17 @@ pub async fn run<B: OutboxDb>(plan: &Plan) -> Result<Run, CheckError> {
     for message in &published {
         if rng.random_bool(0.3) {
             delivered.push(message.id);
+            faults.count(Injected::Redelivery);
         }
     }
     consume(&backend, delivered).await?;
+    // Every connection enqueue, the aborted and the stopped relay workers and the inbox used is
+    // back in the pool, outside a transaction, its session settings restored.
+    let unclean = backend.unclean().await?;
     let changes = backend.changes().await?;
     let applied = backend.applied().await?;
     let violations = check(&changes, &published, &applied);
-    Ok(Run::new(entries, violations, Vec::new()))
+    Ok(Run::new(entries, violations, unclean))
 }
 
 /// The outbox invariants.
