@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The randomized adversarial checker (crates/idempotency-check): seeded histories of concurrent
-# requests under faults, on every subject (execute_in, the layer in transactional and leased
-# mode; PostgreSQL, SQLite, MariaDB; caches off, moka, moka + Redis), each held against the
-# invariants. Starts the servers it needs like scripts/test.sh.
+# requests under faults, on every subject (the service's execute_in, execute and
+# execute_optimistic, the layer in transactional and leased mode, the outbox's enqueue, relay
+# and inbox; PostgreSQL, SQLite, MariaDB; caches off, moka, moka + Redis with outages), each
+# held against the invariants. Starts the servers it needs like scripts/test.sh.
 #
 #   scripts/check.sh                              # the fixed seeds and 4 fresh ones (CI)
 #   scripts/check.sh --seed 42 --subject layer-pg # replays one history
