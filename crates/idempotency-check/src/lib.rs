@@ -162,6 +162,7 @@ impl Subject {
                 entry_points: true,
                 opt_in_header: false,
                 caught: false,
+                takeovers: false,
             },
             Mode::Layer => Shape {
                 clients: 6,
@@ -173,6 +174,7 @@ impl Subject {
                 entry_points: false,
                 opt_in_header: true,
                 caught: true,
+                takeovers: false,
             },
             Mode::Outbox => Shape {
                 clients: 6,
@@ -184,8 +186,10 @@ impl Subject {
                 entry_points: false,
                 opt_in_header: false,
                 caught: false,
+                takeovers: false,
             },
-            // Slow handlers run up to twice the lease: takeovers, late completions.
+            // Slow handlers run up to twice the lease: takeovers, late completions; failing
+            // handlers release keys that a stale holder then races a new claim for.
             Mode::Leased => Shape {
                 clients: 5,
                 ops_per_client: 8,
@@ -196,6 +200,7 @@ impl Subject {
                 entry_points: false,
                 opt_in_header: true,
                 caught: false,
+                takeovers: true,
             },
         }
     }
