@@ -48,7 +48,8 @@ pub trait Database: Clone + Send + Sync + 'static {
     /// options cannot tell. PostgreSQL: the database the connections are in, the schema the
     /// name resolves to through their `search_path` (schema per deployment on one database),
     /// and the server's system identifier when the role may read `pg_control_system()` (two
-    /// servers reached by one host name); MySQL: the database an unqualified name is in
+    /// servers reached by one host name; with it the server's address is left out, so that
+    /// instances and the command line reaching one server by different addresses agree); MySQL: the database an unqualified name is in
     /// (`DATABASE()`); SQLite: the file's canonical absolute path (one relative path in two
     /// working directories, one file spelled two ways). With `table_name` it makes the Redis
     /// key prefix of the deployment, so that two deployments sharing one Redis never read
@@ -142,16 +143,24 @@ async fn postgres_location(pool: &sqlx::PgPool, table_name: &str) -> Result<Stri
         .await
     {
         Ok(row) => row.try_get::<String, _>(0).map_err(store_error)?,
-        Err(sqlx::Error::Database(error)) => {
-            tracing::debug!(%error, "the server's system identifier is not readable; the Redis key prefix leaves it out");
+        // Only "not allowed" (42501) and "no such function" (42883) mean unreadable: any other
+        // error (a server starting up or shutting down, a timeout) must not give this
+        // instance a prefix of its own for as long as it runs.
+        Err(sqlx::Error::Database(error))
+            if matches!(error.code().as_deref(), Some("42501" | "42883")) =>
+        {
+            tracing::info!(%error, "the server's system identifier is not readable; the Redis key prefix names the server by its address");
             String::new()
         }
         Err(error) => return Err(store_error(error)),
     };
-    Ok(format!(
-        "{} database={database} schema={schema} system={server}",
-        pool.deployment()
-    ))
+    // With the server's identity, its address is left out: every instance, and the command
+    // line through a tunnel or PgBouncer, computes one prefix however it reaches the server.
+    Ok(if server.is_empty() {
+        format!("{} database={database} schema={schema}", pool.deployment())
+    } else {
+        format!("postgres system={server} database={database} schema={schema}")
+    })
 }
 
 /// MySQL's [`Database::table_location`]: an unqualified name's database is the connection's.

@@ -143,9 +143,11 @@ fn claim_unordered(t: &str) -> String {
 ///   way, and the due first rows it hands out.
 /// - `cand` locks the candidates in that order (`SKIP LOCKED`: a row another claim holds is
 ///   left to it), until `$1` are locked. Each is fetched by the `ctid` the statement's
-///   snapshot found it at (a TID scan, in the partition its `created_at` names): a row
-///   another claim updated since is followed to its latest version, whose columns are tested
-///   again (the `ctid` is not), as for any `FOR UPDATE`. The pending test there is spelt with
+///   snapshot found it at (a TID scan, in the partition its `created_at` names). A row
+///   another claim updated since is either followed to its latest version, whose pending and
+///   due columns are tested again, or skipped (servers whose TID scans test the `ctid` again
+///   on a concurrent update); either is safe: nothing is handed out twice or out of order, and
+///   a skipped row is claimed by a later claim. The pending test there is spelt with
 ///   `coalesce` so that no partial index can serve it, whatever the statistics say.
 ///
 /// Rows that came from the walk return where they were in it (`lap`, `n`); the relay starts

@@ -251,7 +251,8 @@ impl<D: AdminDatabase> Admin<D> {
 
 /// A change may run: changes are on ([`AdminRouter::allow_mutations`]), else 403, and no other
 /// site's page sent it ([`problem::same_origin`]), else 403. Every changing handler takes it
-/// first, so both checks run before anything of the request is read.
+/// first: the JSON endpoints answer 403 before their body is read; the page's forms (which
+/// take `Result<Allowed, _>` to answer with the error page) before anything is changed.
 struct Allowed;
 
 impl<D: AdminDatabase> FromRequestParts<Arc<Admin<D>>> for Allowed {

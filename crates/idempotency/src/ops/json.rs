@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use super::KeyView;
 
-/// RFC 3339 in seconds, UTC: how the operator tools write every time.
+/// RFC 3339 in seconds, UTC: how the operator tools write a record's times (a dead letter's
+/// keep the database's precision, as chrono writes them).
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
@@ -85,7 +86,7 @@ impl<'a> KeyJson<'a> {
     }
 }
 
-/// One dead letter as JSON (`outbox dead list|show --json`, `GET /api/outbox/dead-letters`).
+/// One dead letter as JSON (`outbox dead list|show --json`, `GET /api/outbox/dead[/{id}]`).
 ///
 /// [`summary`](Self::summary) leaves out the payload and headers (the list);
 /// [`full`](Self::full) has them (one letter).
