@@ -16,9 +16,9 @@ pub use extract::{IdempotencyKeyHeader, UuidKeyHeader};
 pub use header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, InvalidKey, parse_key, parse_uuid_key};
 pub use json::{ProblemJson, json_rejection_problem};
 pub use layer::{
-    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_MAX_WAITERS_PER_KEY,
+    ClaimFirst, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_MAX_WAITERS_PER_KEY,
     DEFAULT_METHODS, IdempotencyLayer, IdempotencyMiddleware, IdempotentTx, LeasedIdempotencyLayer,
-    LeasedMiddleware, ScopeRequired, SharedScope, StoredStatuses,
+    LeasedMiddleware, Mode, Optimistic, ScopeRequired, SharedScope, StoredStatuses,
 };
 pub use outcome::{IdempotentJson, IdempotentResponse, OutcomeExt, rejection_problem};
 pub use problem::{

@@ -214,6 +214,17 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         let _ = (conn, failed);
         async { Ok(false) }
     }
+
+    /// Whether `failed` (the error of a store statement) says the transaction had already been
+    /// aborted by an earlier statement of the caller's (PostgreSQL's `25P02`), so that the same
+    /// statement would succeed in a new transaction. `false` by default: on SQLite and MySQL a
+    /// failed statement leaves the transaction usable. The optimistic mode of
+    /// `idempotency-axum`'s `IdempotencyLayer` stores the handler's answer in a new
+    /// transaction when its insert fails this way.
+    fn aborted_before(&self, failed: &StoreError) -> bool {
+        let _ = failed;
+        false
+    }
 }
 
 /// Optional capability: delete expired records in bounded batches.

@@ -3,6 +3,7 @@
 
 mod leased;
 mod numbers;
+mod optimistic;
 mod prepared;
 mod replay;
 mod request;
@@ -22,6 +23,7 @@ use idempotency_core::{IdempotencyService, JcsFingerprint, Scope};
 use tower::Layer;
 
 pub use leased::{LeasedIdempotencyLayer, LeasedMiddleware};
+pub use optimistic::{ClaimFirst, Mode, Optimistic};
 pub use service::IdempotencyMiddleware;
 pub use statuses::StoredStatuses;
 pub use tx::IdempotentTx;
@@ -163,9 +165,9 @@ pub(crate) struct Shared<S, L, D, M, Z> {
 ///     .route_layer(IdempotencyLayer::new(service).scope::<TenantHeader>())
 /// # }
 /// ```
-pub struct IdempotencyLayer<S, L, D, M, Z, Src = ScopeRequired> {
+pub struct IdempotencyLayer<S, L, D, M, Z, Src = ScopeRequired, Mo = ClaimFirst> {
     shared: Arc<Shared<S, L, D, M, Z>>,
-    scope: PhantomData<fn() -> Src>,
+    scope: PhantomData<fn() -> (Src, Mo)>,
 }
 
 impl<S, L, D, M, Z> IdempotencyLayer<S, L, D, M, Z> {
@@ -196,7 +198,7 @@ impl<S, L, D, M, Z> IdempotencyLayer<S, L, D, M, Z> {
     }
 }
 
-impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
+impl<S, L, D, M, Z, Src, Mo> IdempotencyLayer<S, L, D, M, Z, Src, Mo> {
     fn settings(mut self, change: impl FnOnce(&mut Settings)) -> Self {
         match Arc::get_mut(&mut self.shared) {
             Some(shared) => change(&mut shared.settings),
@@ -220,7 +222,7 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src> {
     /// scope must come from the authenticated principal, at least as fine-grained as the
     /// boundary of who may read a response, because a replay answers before the handler's own
     /// checks run. [`SharedScope`] puts every client's keys together.
-    pub fn scope<Src2>(self) -> IdempotencyLayer<S, L, D, M, Z, Src2> {
+    pub fn scope<Src2>(self) -> IdempotencyLayer<S, L, D, M, Z, Src2, Mo> {
         IdempotencyLayer {
             shared: self.shared,
             scope: PhantomData,
@@ -326,7 +328,7 @@ impl Clone for Settings {
     }
 }
 
-impl<S, L, D, M, Z, Src> Clone for IdempotencyLayer<S, L, D, M, Z, Src> {
+impl<S, L, D, M, Z, Src, Mo> Clone for IdempotencyLayer<S, L, D, M, Z, Src, Mo> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -335,7 +337,7 @@ impl<S, L, D, M, Z, Src> Clone for IdempotencyLayer<S, L, D, M, Z, Src> {
     }
 }
 
-impl<S, L, D, M, Z, Src> fmt::Debug for IdempotencyLayer<S, L, D, M, Z, Src> {
+impl<S, L, D, M, Z, Src, Mo> fmt::Debug for IdempotencyLayer<S, L, D, M, Z, Src, Mo> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.shared.settings;
         f.debug_struct("IdempotencyLayer")
@@ -343,6 +345,7 @@ impl<S, L, D, M, Z, Src> fmt::Debug for IdempotencyLayer<S, L, D, M, Z, Src> {
             .field("methods", &s.methods)
             .field("keys", &s.keys)
             .field("scope", &std::any::type_name::<Src>())
+            .field("mode", &std::any::type_name::<Mo>())
             .field("max_request_body", &s.max_request_body)
             .field("max_response_body", &s.max_response_body)
             .field("max_waiters_per_key", &s.max_waiters)
@@ -353,8 +356,8 @@ impl<S, L, D, M, Z, Src> fmt::Debug for IdempotencyLayer<S, L, D, M, Z, Src> {
     }
 }
 
-impl<I, S, L, D, M, Z, Src> Layer<I> for IdempotencyLayer<S, L, D, M, Z, Src> {
-    type Service = IdempotencyMiddleware<I, S, L, D, M, Z, Src>;
+impl<I, S, L, D, M, Z, Src, Mo> Layer<I> for IdempotencyLayer<S, L, D, M, Z, Src, Mo> {
+    type Service = IdempotencyMiddleware<I, S, L, D, M, Z, Src, Mo>;
 
     fn layer(&self, inner: I) -> Self::Service {
         IdempotencyMiddleware::new(inner, Arc::clone(&self.shared))

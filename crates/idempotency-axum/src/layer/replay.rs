@@ -82,11 +82,19 @@ where
         if let Some(answer) = self.replay_cached(keyed).await? {
             return Ok(Some(answer));
         }
-        let service = &self.service;
-        let id = &keyed.id;
-        if !service.config().lookup_before_acquire {
+        if !self.service.config().lookup_before_acquire {
             return Ok(None);
         }
+        self.replay_stored(keyed).await
+    }
+
+    /// The committed record, read outside any transaction.
+    pub(super) async fn replay_stored(
+        &self,
+        keyed: &Keyed,
+    ) -> Result<Option<(Answer, Response)>, Error> {
+        let service = &self.service;
+        let id = &keyed.id;
         // Boxed: the lookup acquires a pooled connection, a large future (see `Tx::begin`).
         let lookup = service.store().lookup(id).instrument(trace::store_span(
             S::DB_SYSTEM,

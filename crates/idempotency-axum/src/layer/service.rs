@@ -23,6 +23,7 @@ use tower::Service;
 use tracing::Instrument;
 
 use super::Shared;
+use super::optimistic::{ClaimFirst, InsertFn, Mode};
 use super::replay::{Answer, Keyed, failed};
 use super::tx::TxSlot;
 use crate::error::Error;
@@ -32,13 +33,13 @@ use crate::scope::ScopeSource;
 type Core = idempotency_core::Error;
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps a route in.
-pub struct IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+pub struct IdempotencyMiddleware<I, S, L, D, M, Z, Src, Mo = ClaimFirst> {
     inner: I,
     shared: Arc<Shared<S, L, D, M, Z>>,
-    scope: PhantomData<fn() -> Src>,
+    scope: PhantomData<fn() -> (Src, Mo)>,
 }
 
-impl<I, S, L, D, M, Z, Src> IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+impl<I, S, L, D, M, Z, Src, Mo> IdempotencyMiddleware<I, S, L, D, M, Z, Src, Mo> {
     pub(super) fn new(inner: I, shared: Arc<Shared<S, L, D, M, Z>>) -> Self {
         Self {
             inner,
@@ -48,20 +49,21 @@ impl<I, S, L, D, M, Z, Src> IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
     }
 }
 
-impl<I: Clone, S, L, D, M, Z, Src> Clone for IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+impl<I: Clone, S, L, D, M, Z, Src, Mo> Clone for IdempotencyMiddleware<I, S, L, D, M, Z, Src, Mo> {
     fn clone(&self) -> Self {
         Self::new(self.inner.clone(), Arc::clone(&self.shared))
     }
 }
 
-impl<I, S, L, D, M, Z, Src> fmt::Debug for IdempotencyMiddleware<I, S, L, D, M, Z, Src> {
+impl<I, S, L, D, M, Z, Src, Mo> fmt::Debug for IdempotencyMiddleware<I, S, L, D, M, Z, Src, Mo> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyMiddleware")
             .finish_non_exhaustive()
     }
 }
 
-impl<I, S, L, D, M, Z, Src> Service<Request> for IdempotencyMiddleware<I, S, L, D, M, Z, Src>
+impl<I, S, L, D, M, Z, Src, Mo> Service<Request>
+    for IdempotencyMiddleware<I, S, L, D, M, Z, Src, Mo>
 where
     I: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     I::Future: Send + 'static,
@@ -71,6 +73,7 @@ where
     M: IdempotencyMetrics,
     Z: Send + Sync + 'static,
     Src: ScopeSource<()>,
+    Mo: Mode<S>,
 {
     type Response = Response;
     type Error = Infallible;
@@ -94,7 +97,7 @@ where
                 Err(response) => return Ok(response),
             };
             let (answer, response) = shared
-                .answer(inner, request, keyed)
+                .answer(inner, request, keyed, Mo::insert_completed())
                 .instrument(span.clone())
                 .await;
             answer.record(&span);
@@ -153,7 +156,13 @@ where
         Ok((keyed, Request::from_parts(parts, Body::from(body)), span))
     }
 
-    async fn answer<I>(&self, inner: I, request: Request, keyed: Keyed) -> (Answer, Response)
+    async fn answer<I>(
+        &self,
+        inner: I,
+        request: Request,
+        keyed: Keyed,
+        optimistic: Option<InsertFn<S>>,
+    ) -> (Answer, Response)
     where
         I: Service<Request, Response = Response, Error = Infallible>,
     {
@@ -186,22 +195,10 @@ where
         if !config.enabled {
             return self.run(inner, request, tx, None).await;
         }
-        let claim = Claim {
-            id: &keyed.id,
-            fingerprint: &keyed.fingerprint,
-            ttl: config
-                .operation_ttls
-                .get(op)
-                .copied()
-                .unwrap_or(config.default_ttl),
-            wait: match config.in_flight {
-                InFlightPolicy::Wait { timeout: None } => LockWait::Unbounded,
-                InFlightPolicy::Wait {
-                    timeout: Some(timeout),
-                } => LockWait::Timeout(timeout),
-                InFlightPolicy::Reject => LockWait::NoWait,
-            },
-        };
+        if let Some(insert) = optimistic {
+            return self.run_optimistic(inner, request, tx, keyed, insert).await;
+        }
+        let claim = self.claim_of(&keyed);
         let metrics = service.metrics();
         let attempts = config.max_acquire_attempts.max(1);
         for _ in 0..attempts {
@@ -257,6 +254,27 @@ where
         }
         rollback(tx).await;
         failed(Core::AcquireExhausted { attempts })
+    }
+
+    /// The claim of `keyed`: its operation's TTL and the in-flight policy's wait.
+    pub(super) fn claim_of<'a>(&self, keyed: &'a Keyed) -> Claim<'a> {
+        let config = self.service.config();
+        Claim {
+            id: &keyed.id,
+            fingerprint: &keyed.fingerprint,
+            ttl: config
+                .operation_ttls
+                .get(keyed.id.operation.as_str())
+                .copied()
+                .unwrap_or(config.default_ttl),
+            wait: match config.in_flight {
+                InFlightPolicy::Wait { timeout: None } => LockWait::Unbounded,
+                InFlightPolicy::Wait {
+                    timeout: Some(timeout),
+                } => LockWait::Timeout(timeout),
+                InFlightPolicy::Reject => LockWait::NoWait,
+            },
+        }
     }
 
     /// Runs the handler with the transaction, then stores and commits, or rolls back.
@@ -421,7 +439,7 @@ fn remote_parent(span: &tracing::Span, headers: &axum::http::HeaderMap) {
     trace::set_remote_parent(span, single(trace::TRACEPARENT), single(trace::TRACESTATE));
 }
 
-async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {
+pub(super) async fn rollback<S: IdempotencyStore>(tx: Tx<S>) {
     if let Err(error) = tx.rollback().await {
         tracing::warn!(%error, "rollback failed");
     }

@@ -290,15 +290,7 @@ impl IdempotencyStore for PgStore {
         conn: &mut PgConnection,
         failed: &StoreError,
     ) -> Result<bool, StoreError> {
-        let StoreError::Database(source) = failed else {
-            return Ok(false);
-        };
-        let aborted = source
-            .downcast_ref::<sqlx::Error>()
-            .and_then(sqlx::Error::as_database_error)
-            .and_then(|db| db.code())
-            .is_some_and(|code| code == "25P02");
-        if !aborted {
+        if !self.aborted_before(failed) {
             return Ok(false);
         }
         sqlx::raw_sql(ROLLBACK_TO_ACTION)
@@ -306,6 +298,18 @@ impl IdempotencyStore for PgStore {
             .await
             .map_err(store_error)?;
         Ok(true)
+    }
+
+    /// `25P02` (in_failed_sql_transaction): a statement of the caller's had failed before.
+    fn aborted_before(&self, failed: &StoreError) -> bool {
+        let StoreError::Database(source) = failed else {
+            return false;
+        };
+        source
+            .downcast_ref::<sqlx::Error>()
+            .and_then(sqlx::Error::as_database_error)
+            .and_then(|db| db.code())
+            .is_some_and(|code| code == "25P02")
     }
 
     async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {

@@ -1,0 +1,354 @@
+//! `IdempotencyLayer::optimistic`: the handler first, then the terminal record in one insert,
+//! on a real PostgreSQL (an isolated schema) and on SQLite (a fresh file), through `oneshot`.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
+
+mod support;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
+use idempotency_core::{
+    IdempotencyKey, IdempotencyService, Operation, RecordId, RecordStatus, Scope, ServiceOptions,
+};
+use idempotency_pg::{PgStore, sqlx};
+use idempotency_sqlite::SqliteStore;
+use serde::Deserialize;
+use support::Reply;
+use support::stores::Backend;
+use tokio::sync::Notify;
+
+/// The business table: one row per reference, references unique.
+trait Orders: Backend + idempotency_core::store::InsertCompleted {
+    fn create_table(&self) -> impl Future<Output = ()> + Send;
+    /// Inserts the order; `false` on a unique violation.
+    fn insert(conn: &mut Self::Connection, reference: &str) -> impl Future<Output = bool> + Send;
+    fn count(&self) -> impl Future<Output = i64> + Send;
+}
+
+fn unique_violation(error: sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(e) if e.is_unique_violation() => false,
+        other => panic!("unexpected error: {other}"),
+    }
+}
+
+impl Orders for PgStore {
+    async fn create_table(&self) {
+        sqlx::raw_sql(
+            "CREATE TABLE optimistic_orders (reference text PRIMARY KEY);
+             INSERT INTO optimistic_orders VALUES ('taken')",
+        )
+        .execute(self.pool())
+        .await
+        .unwrap();
+    }
+    async fn insert(conn: &mut Self::Connection, reference: &str) -> bool {
+        sqlx::query("INSERT INTO optimistic_orders (reference) VALUES ($1)")
+            .bind(reference)
+            .execute(conn)
+            .await
+            .map_or_else(unique_violation, |_| true)
+    }
+    async fn count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+}
+
+impl Orders for SqliteStore {
+    async fn create_table(&self) {
+        sqlx::raw_sql(
+            "CREATE TABLE optimistic_orders (reference TEXT PRIMARY KEY);
+             INSERT INTO optimistic_orders VALUES ('taken')",
+        )
+        .execute(self.pool())
+        .await
+        .unwrap();
+    }
+    async fn insert(conn: &mut Self::Connection, reference: &str) -> bool {
+        sqlx::query("INSERT INTO optimistic_orders (reference) VALUES (?)")
+            .bind(reference)
+            .execute(conn)
+            .await
+            .map_or_else(unique_violation, |_| true)
+    }
+    async fn count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+}
+
+#[derive(Default)]
+struct Hooks {
+    /// How many times the handler ran.
+    runs: AtomicUsize,
+    /// When set, the next run signals `entered` after its insert, then waits for `release`.
+    hold_first: AtomicBool,
+    entered: Notify,
+    release: Notify,
+}
+
+#[derive(Deserialize)]
+struct NewOrder {
+    reference: String,
+    /// Insert `{reference}-{run}`: duplicates do not wait on each other's row.
+    #[serde(default)]
+    per_run: bool,
+    /// Answer 500 (not stored) when the reference is taken, instead of 422.
+    #[serde(default)]
+    fail_when_taken: bool,
+}
+
+async fn create_order<B: Orders>(
+    State(hooks): State<Arc<Hooks>>,
+    mut tx: IdempotentTx<B>,
+    Json(order): Json<NewOrder>,
+) -> Response {
+    let run = hooks.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let reference = if order.per_run {
+        format!("{}-{run}", order.reference)
+    } else {
+        order.reference
+    };
+    let inserted = B::insert(&mut tx, &reference).await;
+    if hooks.hold_first.swap(false, Ordering::SeqCst) {
+        hooks.entered.notify_one();
+        hooks.release.notified().await;
+    }
+    match (inserted, order.fail_when_taken) {
+        (true, _) => (
+            StatusCode::CREATED,
+            format!("order {reference} (run {run})"),
+        )
+            .into_response(),
+        (false, false) => (StatusCode::UNPROCESSABLE_ENTITY, "REFERENCE_TAKEN").into_response(),
+        (false, true) => (StatusCode::INTERNAL_SERVER_ERROR, "taken").into_response(),
+    }
+}
+
+fn app<B: Orders>(store: B, options: ServiceOptions) -> (Router, Arc<Hooks>) {
+    let hooks = Arc::new(Hooks::default());
+    let service = IdempotencyService::builder(store).config(options).build();
+    let layer = IdempotencyLayer::new(service)
+        .scope::<SharedScope>()
+        .optimistic();
+    let app = Router::new()
+        .route("/orders", post(create_order::<B>))
+        .route_layer(layer)
+        .with_state(Arc::clone(&hooks));
+    (app, hooks)
+}
+
+async fn send(app: &Router, key: &str, body: serde_json::Value) -> Reply {
+    let headers: [(&str, &[u8]); 1] = [("idempotency-key", key.as_bytes())];
+    support::send(app, Method::POST, "/orders", &headers, Some(&body)).await
+}
+
+fn record_id(key: &str) -> RecordId {
+    RecordId::new(
+        Operation::new("POST:/orders").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new(key).unwrap(),
+    )
+}
+
+/// The handler's answer is stored with its writes; a retry answers it byte for byte and its
+/// own handler run is rolled back. With `lookup_before_acquire`, the retry never runs it.
+async fn a_first_execution_is_stored_and_replayed<B: Orders>(lookup_before_acquire: bool) {
+    let (store, _cleanup) = B::fresh().await;
+    store.create_table().await;
+    let options = ServiceOptions {
+        lookup_before_acquire,
+        ..ServiceOptions::default()
+    };
+    let (app, hooks) = app(store.clone(), options);
+    let order = serde_json::json!({ "reference": "r1" });
+    let first = send(&app, "k1", order.clone()).await;
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (StatusCode::CREATED, "order r1 (run 1)")
+    );
+    assert!(!first.is_replay());
+    let record = store.lookup(&record_id("k1")).await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::Completed);
+
+    let retry = send(&app, "k1", order).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!((retry.status, &retry.body), (first.status, &first.body));
+    let runs = if lookup_before_acquire { 1 } else { 2 };
+    assert_eq!(hooks.runs.load(Ordering::SeqCst), runs);
+    // 'taken' and r1: the retry's insert, if it ran, was rolled back.
+    assert_eq!(store.count().await, 2);
+
+    let other = send(&app, "k1", serde_json::json!({ "reference": "r2" })).await;
+    other.assert_problem(422, "idempotency-key-reused");
+    assert_eq!(store.count().await, 2);
+}
+
+/// "Insert, catch the unique violation, answer 422": on PostgreSQL the caught statement
+/// aborted the transaction, so the layer stores the answer in a new one.
+async fn a_caught_failed_statement_is_stored_and_replayed<B: Orders>() {
+    let (store, _cleanup) = B::fresh().await;
+    store.create_table().await;
+    let (app, _hooks) = app(store.clone(), ServiceOptions::default());
+    let first = send(&app, "k1", serde_json::json!({ "reference": "taken" })).await;
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "REFERENCE_TAKEN")
+    );
+    let record = store.lookup(&record_id("k1")).await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::Rejected);
+    let retry = send(&app, "k1", serde_json::json!({ "reference": "taken" })).await;
+    assert!(retry.is_replay(), "the 422 was stored: {retry:?}");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(store.count().await, 1);
+}
+
+/// Sends `order` under key `k1` twice at once: the first run of the handler waits after its
+/// insert until the second request's handler has finished, or (with `blocked`) until the
+/// second request waits on the first one's row lock. Returns (first, second).
+async fn duplicates(
+    store: &PgStore,
+    app: &Router,
+    hooks: &Hooks,
+    order: serde_json::Value,
+    blocked: bool,
+) -> (Reply, Reply) {
+    hooks.hold_first.store(true, Ordering::SeqCst);
+    let first = {
+        let (app, order) = (app.clone(), order.clone());
+        tokio::spawn(async move { send(&app, "k1", order).await })
+    };
+    hooks.entered.notified().await;
+    let second = {
+        let (app, order) = (app.clone(), order.clone());
+        tokio::spawn(async move { send(&app, "k1", order).await })
+    };
+    let second = if blocked {
+        // Until the second handler's insert waits on the first one's uncommitted row.
+        let mut waited = 0;
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE 'INSERT INTO optimistic_orders%' AND datname = current_database()",
+            )
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            waited += 1;
+            assert!(
+                waited < 500,
+                "the second insert never waited on the first one"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        hooks.release.notify_one();
+        second.await.unwrap()
+    } else {
+        let second = second.await.unwrap();
+        hooks.release.notify_one();
+        second
+    };
+    (first.await.unwrap(), second)
+}
+
+/// The second duplicate's handler finished first and its record won: the first one's insert
+/// finds the key taken, rolls back its handler's writes and answers the winner's response.
+async fn a_duplicate_whose_insert_comes_second_answers_the_winner() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "a", "per_run": true });
+    let (first, second) = duplicates(&store, &app, &hooks, order, false).await;
+    assert_eq!(
+        (second.status, second.text().as_str(), second.is_replay()),
+        (StatusCode::CREATED, "order a-2 (run 2)", false)
+    );
+    assert!(first.is_replay(), "{first:?}");
+    assert_eq!(first.body, second.body);
+    assert_eq!(hooks.runs.load(Ordering::SeqCst), 2, "both handlers ran");
+    // 'taken' and the winner's a-2; the first handler's a-1 was rolled back.
+    assert_eq!(store.count().await, 2);
+}
+
+/// The second duplicate's handler waited on the first one's row and failed once it committed
+/// (a 500, not stored): it answers the winner's response, not its own 500.
+async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "a", "fail_when_taken": true });
+    let (first, second) = duplicates(&store, &app, &hooks, order, true).await;
+    assert_eq!(
+        (first.status, first.text().as_str(), first.is_replay()),
+        (StatusCode::CREATED, "order a (run 1)", false)
+    );
+    assert!(second.is_replay(), "{second:?}");
+    assert_eq!(second.body, first.body);
+    assert_eq!(hooks.runs.load(Ordering::SeqCst), 2, "both handlers ran");
+    assert_eq!(store.count().await, 2);
+}
+
+mod postgres {
+    use idempotency_pg::PgStore;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_first_execution_is_stored_and_replayed() {
+        super::a_first_execution_is_stored_and_replayed::<PgStore>(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn with_lookup_before_acquire_a_replay_never_runs_the_handler() {
+        super::a_first_execution_is_stored_and_replayed::<PgStore>(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_caught_failed_statement_is_stored_and_replayed() {
+        super::a_caught_failed_statement_is_stored_and_replayed::<PgStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_insert_comes_second_answers_the_winner() {
+        super::a_duplicate_whose_insert_comes_second_answers_the_winner().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner() {
+        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner().await;
+    }
+}
+
+mod sqlite {
+    use idempotency_sqlite::SqliteStore;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_first_execution_is_stored_and_replayed() {
+        super::a_first_execution_is_stored_and_replayed::<SqliteStore>(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn with_lookup_before_acquire_a_replay_never_runs_the_handler() {
+        super::a_first_execution_is_stored_and_replayed::<SqliteStore>(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_caught_failed_statement_is_stored_and_replayed() {
+        super::a_caught_failed_statement_is_stored_and_replayed::<SqliteStore>().await;
+    }
+}
