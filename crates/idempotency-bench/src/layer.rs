@@ -1,6 +1,7 @@
 //! The middleware against the explicit path: the same payment handler, behind
-//! `IdempotencyLayer` (the handler takes `IdempotentTx`) and calling `execute` itself, both
-//! through an axum router in process (`oneshot`, no socket), first executions and replays.
+//! `IdempotencyLayer` (the handler takes `IdempotentTx`; claim-first and optimistic) and
+//! calling `execute` itself, and the same insert in a plain transaction without idempotency,
+//! all through an axum router in process (`oneshot`, no socket), first executions and replays.
 
 use std::sync::Arc;
 
@@ -50,18 +51,43 @@ async fn layered(
     Ok((StatusCode::CREATED, Json(payment(id, &order))))
 }
 
+/// The same insert in a transaction of its own: no key, no record.
+async fn plain(
+    State(pool): State<sqlx::PgPool>,
+    Json(body): Json<serde_json::Value>,
+) -> Result<(StatusCode, Json<serde_json::Value>), Error> {
+    let order = body["orderId"].as_str().unwrap_or_default().to_owned();
+    let mut tx = pool.begin().await.map_err(Error::internal)?;
+    let id = insert_payment(&mut tx, &order)
+        .await
+        .map_err(Error::internal)?;
+    tx.commit().await.map_err(Error::internal)?;
+    Ok((StatusCode::CREATED, Json(payment(id, &order))))
+}
+
 fn payment(id: i64, order: &str) -> serde_json::Value {
     serde_json::json!({"paymentId": id, "orderId": order, "amount": "100.00", "status": "CONFIRMED"})
 }
 
 fn router(service: IdempotencyService<PgStore>) -> Router {
+    let layer = IdempotencyLayer::new(service.clone()).scope::<SharedScope>();
     Router::new()
-        .route("/explicit", post(explicit))
-        .with_state(service.clone())
+        .route("/plain", post(plain))
+        .with_state(service.store().pool().clone())
+        .merge(
+            Router::new()
+                .route("/explicit", post(explicit))
+                .with_state(service),
+        )
         .merge(
             Router::new()
                 .route("/layered", post(layered))
-                .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>()),
+                .route_layer(layer.clone()),
+        )
+        .merge(
+            Router::new()
+                .route("/optimistic", post(layered))
+                .route_layer(layer.optimistic()),
         )
 }
 
@@ -103,6 +129,16 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
     let run = setup.run;
     vec![
         Scenario::new(
+            "HTTP plain transaction, no idempotency",
+            clients,
+            post_op(
+                app.clone(),
+                "/plain",
+                move |c, i| format!("p-{run}-{c}-{i}"),
+                false,
+            ),
+        ),
+        Scenario::new(
             "HTTP explicit execute: first execution",
             clients,
             post_op(
@@ -116,9 +152,19 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
             "HTTP IdempotencyLayer: first execution",
             clients,
             post_op(
-                app,
+                app.clone(),
                 "/layered",
                 move |c, i| format!("l-{run}-{c}-{i}"),
+                false,
+            ),
+        ),
+        Scenario::new(
+            "HTTP IdempotencyLayer optimistic: first execution",
+            clients,
+            post_op(
+                app,
+                "/optimistic",
+                move |c, i| format!("o-{run}-{c}-{i}"),
                 false,
             ),
         ),
