@@ -183,7 +183,9 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
                 .bind(&key)
                 .bind("COMPLETED")
                 .bind(payment_body(id, &key).to_string())
-                .bind(None::<&str>)
+                .bind(None::<&str>) // error code
+                .bind(None::<&str>) // trace id
+                .bind(None::<&str>) // span id
                 .fetch_optional(&mut *tx)
                 .await
                 .expect("complete");
@@ -208,8 +210,10 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
                 .bind(HASH)
                 .bind("COMPLETED")
                 .bind(payment_body(id, &key).to_string())
-                .bind(None::<&str>)
+                .bind(None::<&str>) // error code
                 .bind(ttl())
+                .bind(None::<&str>) // trace id
+                .bind(None::<&str>) // span id
                 .bind(LOCK_BUDGET)
                 .fetch_optional(&mut *tx)
                 .await
@@ -286,6 +290,8 @@ fn pgbench_first_executions(setup: &Setup, pgbench: &Pgbench, clients: u64) -> V
             Var("status"),
             Var("payload"),
             NULL,
+            NULL,
+            NULL,
         ],
     );
     let insert_completed = bind(
@@ -299,6 +305,8 @@ fn pgbench_first_executions(setup: &Setup, pgbench: &Pgbench, clients: u64) -> V
             Var("payload"),
             NULL,
             Var("ttl"),
+            NULL,
+            NULL,
             Var("budget"),
         ],
     );

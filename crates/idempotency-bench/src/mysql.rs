@@ -133,7 +133,9 @@ pub(crate) fn first_executions(setup: &Setup, clients: u64) -> Vec<Scenario> {
             sqlx::query(AssertSqlSafe(complete))
                 .bind("COMPLETED")
                 .bind(payment_body(id, &key).to_string())
-                .bind(None::<&str>)
+                .bind(None::<&str>) // error code
+                .bind(None::<&str>) // trace id
+                .bind(None::<&str>) // span id
                 .bind("PAY")
                 .bind("")
                 .bind(&key)

@@ -12,7 +12,8 @@ use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::store::InsertCompleted;
 use idempotency_core::trace::{self, SpanRef};
 use idempotency_core::{
-    Claim, IdempotencyMetrics, IdempotencyRecord, IdempotencyStore, StoreError, StoredOutcome, Tx,
+    Claim, IdempotencyMetrics, IdempotencyRecord, IdempotencyStore, StoreError, StoredOutcome,
+    Tx,
 };
 use tower::Service;
 use tracing::Instrument;
@@ -49,21 +50,23 @@ fn insert_completed<'a, S: InsertCompleted>(
 
 /// How an [`IdempotencyLayer`] runs a first execution: [`ClaimFirst`] (the default) or
 /// [`Optimistic`]. Sealed: the two modes are the layer's own.
-pub trait Mode<S: IdempotencyStore>: sealed::Sealed {
-    /// The optimistic mode's insert; `None` in claim-first mode.
-    #[doc(hidden)]
-    fn insert_completed() -> Option<InsertFn<S>>;
-}
+pub trait Mode<S: IdempotencyStore>: sealed::Sealed<S> {}
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::ClaimFirst {}
-    impl Sealed for super::Optimistic {}
+impl<S: IdempotencyStore, T: sealed::Sealed<S>> Mode<S> for T {}
+
+pub(super) mod sealed {
+    use super::{InsertFn, IdempotencyStore};
+
+    /// What a mode tells the middleware; not nameable outside the crate.
+    pub trait Sealed<S: IdempotencyStore> {
+        /// The optimistic mode's insert; `None` in claim-first mode.
+        fn insert_completed() -> Option<InsertFn<S>>;
+    }
 }
 
 /// The default mode of [`IdempotencyLayer`]: the key is claimed with a `PROCESSING` record
 /// before the handler runs, so a duplicate never runs the handler while the first request holds
-/// the key, nor after its response committed. Six statements per first execution on
+/// the key, nor after its response committed. Five statements per first execution on
 /// PostgreSQL around the handler's own (`BEGIN`, the claim, a savepoint, the completion,
 /// `COMMIT`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -72,17 +75,18 @@ pub struct ClaimFirst;
 /// The mode [`IdempotencyLayer::optimistic`] selects: the handler runs first and the response
 /// is stored with one insert at the end, as
 /// [`IdempotencyService::execute_optimistic`](idempotency_core::IdempotencyService::execute_optimistic)
-/// does: two statements fewer per first execution on PostgreSQL (no claim, no savepoint).
+/// does: three statements around the handler's own on PostgreSQL (`BEGIN`, the insert,
+/// `COMMIT`), two fewer than [`ClaimFirst`] (no claim, no savepoint).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Optimistic;
 
-impl<S: IdempotencyStore> Mode<S> for ClaimFirst {
+impl<S: IdempotencyStore> sealed::Sealed<S> for ClaimFirst {
     fn insert_completed() -> Option<InsertFn<S>> {
         None
     }
 }
 
-impl<S: InsertCompleted> Mode<S> for Optimistic {
+impl<S: InsertCompleted> sealed::Sealed<S> for Optimistic {
     fn insert_completed() -> Option<InsertFn<S>> {
         Some(insert_completed::<S>)
     }
@@ -95,21 +99,28 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src, ClaimFirst> {
     /// before the handler and takes a savepoint after the claim.
     ///
     /// **Only for handlers whose every effect is in the transaction** (`IdempotentTx`: rows,
-    /// outbox events). Two concurrent duplicates may both run the handler; the second one's
-    /// insert then waits for the first transaction, finds the key taken, rolls back everything
-    /// its handler did and answers the winner's stored response (or `422` for another
-    /// payload). A handler answer that is not stored (a `5xx`) while a duplicate committed
-    /// answers the winner's response too. A duplicate's handler may also wait on row locks the
-    /// first transaction holds, under any in-flight policy: the policy bounds only the final
-    /// insert's wait. Replays of a committed key run the handler too (and roll it back) unless
-    /// a cache or `lookup_before_acquire` answers them first, so enable one. A handler that
-    /// calls a payment provider or sends an e-mail must keep the default mode: a duplicate
-    /// never runs the handler while the first request holds the key.
+    /// outbox events). Concurrent duplicates may all run the handler: up to
+    /// [`max_waiters_per_key`](Self::max_waiters_per_key) + 1 at once per key and process
+    /// (`max_waiters_per_key(0)`: one). The first insert of the record wins; every other one
+    /// waits for the winner's transaction, finds the key taken, rolls back everything its
+    /// handler did and answers the winner's stored response (or `422 idempotency-key-reused`
+    /// when the winner sent another payload). A `5xx` of the handler is not stored, and is
+    /// answered as is unless a committed record exists for the key: then that record answers
+    /// (the winner's response, a `422` for another payload, or `409 request-in-flight` for a
+    /// claim a claim-first or leased layer holds during a rollout). A duplicate's handler may
+    /// also wait on row locks the first transaction holds, under any in-flight policy: the
+    /// policy bounds only the final insert's wait; bound that wait in the transaction
+    /// (`SET LOCAL lock_timeout` on PostgreSQL). Replays of a committed key run the handler too
+    /// (and roll it back) unless a cache or `lookup_before_acquire` answers them first, so
+    /// enable one. A handler that calls a payment provider or sends an e-mail must keep the
+    /// default mode: a duplicate never runs the handler while the first request holds the key.
     ///
     /// A handler that caught a failed statement on PostgreSQL (a unique violation answered as
-    /// `422`) left its transaction aborted: its statements are rolled back and its response is
+    /// `422`) left its transaction aborted: its statements are rolled back and its `4xx` is
     /// stored in a new transaction, as the default mode stores it after rolling back to its
-    /// savepoint.
+    /// savepoint. Any other answer on an aborted transaction (a `201` whose writes were lost)
+    /// is rolled back and answered `500`, nothing stored. The meter `acquired` counts the
+    /// records inserted (in the default mode: the keys claimed before the handler).
     ///
     /// ```no_run
     /// use axum::{Router, http::StatusCode, routing::post};
@@ -177,6 +188,9 @@ where
         };
         if !self.stores(Some(&keyed), &response) {
             rollback(tx).await;
+            if !response.status().is_server_error() {
+                return (Answer::NotStored, response);
+            }
             // A duplicate that committed first may be why the handler failed: its answer wins.
             return match self.replay_stored(&keyed).await {
                 Ok(Some(answer)) => answer,
@@ -203,8 +217,9 @@ where
             .await
     }
 
-    /// Inserts the terminal record in `tx` and commits; once more in a new transaction when the
-    /// handler's failed statement had aborted `tx`.
+    /// Inserts the terminal record in `tx` and commits. When the key is taken, answers the
+    /// committed record; when the handler's failed statement had aborted `tx` and the answer
+    /// is a `4xx`, stores it once more in a new transaction.
     async fn store_optimistic(
         &self,
         mut tx: Tx<S>,
@@ -220,15 +235,11 @@ where
         let claim = self.claim_of(keyed);
         // The layer's span (current here), for the span link of later replays.
         let execution_span = SpanRef::current();
-        let mut retried = false;
+        let mut aborted = None;
         loop {
             let started = Instant::now();
             let inserted = insert(store, tx.connection(), &claim, outcome, execution_span)
-                .instrument(trace::store_span(
-                    S::DB_SYSTEM,
-                    "insert_completed",
-                    "INSERT",
-                ))
+                .instrument(trace::store_span(S::DB_SYSTEM, "insert_completed", "INSERT"))
                 .await;
             metrics.acquire_wait(op, started.elapsed());
             match inserted {
@@ -236,6 +247,14 @@ where
                     metrics.acquired(op);
                     if let Err(error) = tx.commit().await {
                         return failed(Core::Store(error));
+                    }
+                    if let Some(error) = aborted {
+                        tracing::warn!(
+                            operation = op,
+                            %error,
+                            "the handler's transaction was aborted by a failed statement: its \
+                             statements were rolled back and its response stored"
+                        );
                     }
                     metrics.persisted(op, outcome.status());
                     self.fill_caches(&keyed.id, Arc::new(record)).await;
@@ -247,8 +266,12 @@ where
                 Ok(None) => {
                     metrics.acquire_conflict(op);
                     rollback(tx).await;
+                    // Read outside the transaction, whose snapshot (MySQL's repeatable read,
+                    // taken at the handler's first read) may predate the winner's commit.
                     return match self.replay_stored(keyed).await {
                         Ok(Some(answer)) => answer,
+                        // Deleted (expired) between the insert and the read: nothing to answer,
+                        // and the handler's writes are gone; the retry runs it again.
                         Ok(None) => failed(Core::AcquireExhausted { attempts: 1 }),
                         Err(error) => (Answer::Failed, error.into_response()),
                     };
@@ -261,19 +284,17 @@ where
                         Error::from(Core::InFlight).into_response(),
                     );
                 }
-                Err(error) if !retried && store.aborted_before(&error) => {
+                Err(error)
+                    if aborted.is_none()
+                        && matches!(outcome, StoredOutcome::Rejected { .. })
+                        && store.aborted_before(&error) =>
+                {
                     rollback(tx).await;
-                    tracing::warn!(
-                        operation = op,
-                        %error,
-                        "the handler's transaction was aborted by a failed statement: its \
-                         statements were rolled back and its response stored"
-                    );
                     tx = match Tx::<S>::begin(store).await {
                         Ok(tx) => tx,
                         Err(error) => return failed(Core::Store(error)),
                     };
-                    retried = true;
+                    aborted = Some(error);
                 }
                 Err(error) => {
                     rollback(tx).await;
