@@ -16,7 +16,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
 use idempotency_core::{
-    IdempotencyKey, IdempotencyService, Operation, RecordId, RecordStatus, Scope,
+    IdempotencyKey, IdempotencyService, IdempotencyStore, Operation, RecordId, RecordStatus, Scope,
 };
 use idempotency_pg::{PgStore, sqlx};
 use idempotency_sqlite::SqliteStore;
@@ -90,6 +90,9 @@ impl Accounts for SqliteStore {
 #[derive(Deserialize)]
 struct NewAccount {
     name: String,
+    /// Answer 201 even when the insert failed.
+    #[serde(default)]
+    anyway: bool,
 }
 
 async fn open_account<B: Accounts>(
@@ -97,7 +100,7 @@ async fn open_account<B: Accounts>(
     mut tx: IdempotentTx<B>,
     Json(body): Json<NewAccount>,
 ) -> Response {
-    if B::insert(&mut tx, &body.name).await {
+    if B::insert(&mut tx, &body.name).await || body.anyway {
         (StatusCode::CREATED, format!("opened {}", body.name)).into_response()
     } else {
         (StatusCode::UNPROCESSABLE_ENTITY, "NAME_TAKEN").into_response()
@@ -141,7 +144,36 @@ async fn a_caught_failed_statement_is_stored_and_replayed<B: Accounts>() {
     assert_eq!(store.count().await, 2);
 }
 
+/// A handler that caught the failed statement and still answered 201 on PostgreSQL: the
+/// aborted transaction lost its writes, so the 201 is not stored (before: stored after the
+/// rollback to the savepoint, and replayed with none of the handler's writes committed).
+async fn a_success_on_an_aborted_transaction_is_not_stored() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let app = Router::new()
+        .route("/accounts", post(open_account::<PgStore>))
+        .route_layer(
+            IdempotencyLayer::new(IdempotencyService::new(store.clone())).scope::<SharedScope>(),
+        )
+        .with_state(());
+    let body = serde_json::json!({ "name": "taken", "anyway": true });
+    let headers: [(&str, &[u8]); 1] = [("idempotency-key", b"k1")];
+    let first = support::send(&app, Method::POST, "/accounts", &headers, Some(&body)).await;
+    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR, "{first:?}");
+    let id = RecordId::new(
+        Operation::new("POST:/accounts").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("k1").unwrap(),
+    );
+    assert!(store.lookup(&id).await.unwrap().is_none());
+}
+
 mod postgres {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_success_on_an_aborted_transaction_is_not_stored() {
+        super::a_success_on_an_aborted_transaction_is_not_stored().await;
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_caught_failed_statement_is_stored_and_replayed() {
         super::a_caught_failed_statement_is_stored_and_replayed::<idempotency_pg::PgStore>().await;

@@ -17,7 +17,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
 use idempotency_core::{
-    IdempotencyKey, IdempotencyService, Operation, RecordId, RecordStatus, Scope, ServiceOptions,
+    IdempotencyKey, IdempotencyService, IdempotencyStore, Operation, RecordId, RecordStatus, Scope,
+    ServiceOptions,
 };
 use idempotency_pg::{PgStore, sqlx};
 use idempotency_sqlite::SqliteStore;
@@ -110,6 +111,9 @@ struct NewOrder {
     /// Answer 500 (not stored) when the reference is taken, instead of 422.
     #[serde(default)]
     fail_when_taken: bool,
+    /// Answer 201 even when the reference is taken (the insert failed).
+    #[serde(default)]
+    succeed_anyway: bool,
 }
 
 async fn create_order<B: Orders>(
@@ -128,7 +132,7 @@ async fn create_order<B: Orders>(
         hooks.entered.notify_one();
         hooks.release.notified().await;
     }
-    match (inserted, order.fail_when_taken) {
+    match (inserted || order.succeed_anyway, order.fail_when_taken) {
         (true, _) => (
             StatusCode::CREATED,
             format!("order {reference} (run {run})"),
@@ -215,6 +219,36 @@ async fn a_caught_failed_statement_is_stored_and_replayed<B: Orders>() {
     assert!(retry.is_replay(), "the 422 was stored: {retry:?}");
     assert_eq!(retry.body, first.body);
     assert_eq!(store.count().await, 1);
+}
+
+/// A 5xx is not stored and, with no record for the key, answered as is; the retry runs the
+/// handler again.
+async fn a_5xx_without_a_record_is_answered_as_is<B: Orders>() {
+    let (store, _cleanup) = B::fresh().await;
+    store.create_table().await;
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "taken", "fail_when_taken": true });
+    for _ in 0..2 {
+        let reply = send(&app, "k1", order.clone()).await;
+        assert_eq!(
+            (reply.status, reply.text().as_str(), reply.is_replay()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "taken", false)
+        );
+    }
+    assert_eq!(hooks.runs.load(Ordering::SeqCst), 2);
+    assert!(store.lookup(&record_id("k1")).await.unwrap().is_none());
+}
+
+/// A handler that caught a failed statement on PostgreSQL and still answered 201: its other
+/// writes went with the aborted transaction, so the 201 is not stored; the answer is 500.
+async fn a_success_on_an_aborted_transaction_is_not_stored() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let (app, _hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "taken", "succeed_anyway": true });
+    let reply = send(&app, "k1", order).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
+    assert!(store.lookup(&record_id("k1")).await.unwrap().is_none());
 }
 
 /// Sends `order` under key `k1` twice at once: the first run of the handler waits after its
@@ -305,6 +339,26 @@ async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner(
     assert_eq!(store.count().await, 2);
 }
 
+/// The second duplicate's handler waited on the first one's row, caught the unique violation
+/// and answered 422 on its aborted transaction; storing that in a new transaction finds the
+/// winner's record, so it answers the winner's 201, not its own 422.
+async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "a" });
+    let (first, second) = duplicates(&store, &app, &hooks, order, true).await;
+    assert_eq!(
+        (first.status, first.text().as_str(), first.is_replay()),
+        (StatusCode::CREATED, "order a (run 1)", false)
+    );
+    assert!(second.is_replay(), "{second:?}");
+    assert_eq!((second.status, &second.body), (first.status, &first.body));
+    let record = store.lookup(&record_id("k1")).await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::Completed);
+    assert_eq!(store.count().await, 2);
+}
+
 mod postgres {
     use idempotency_pg::PgStore;
 
@@ -321,6 +375,21 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_caught_failed_statement_is_stored_and_replayed() {
         super::a_caught_failed_statement_is_stored_and_replayed::<PgStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_5xx_without_a_record_is_answered_as_is() {
+        super::a_5xx_without_a_record_is_answered_as_is::<PgStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_success_on_an_aborted_transaction_is_not_stored() {
+        super::a_success_on_an_aborted_transaction_is_not_stored().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner() {
+        super::a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner().await;
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -350,5 +419,10 @@ mod sqlite {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_caught_failed_statement_is_stored_and_replayed() {
         super::a_caught_failed_statement_is_stored_and_replayed::<SqliteStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_5xx_without_a_record_is_answered_as_is() {
+        super::a_5xx_without_a_record_is_answered_as_is::<SqliteStore>().await;
     }
 }

@@ -124,6 +124,10 @@ async fn the_optimistic_mode_saves_the_claim_and_the_savepoint() {
         logged[0].starts_with("INSERT INTO layer_orders"),
         "{logged:?}"
     );
-    assert!(!logged[1].starts_with("UPDATE"), "{logged:?}");
+    // The record's insert, with its lock budget: `insert_completed_bounded`.
+    assert!(
+        logged[1].starts_with("WITH cfg AS MATERIALIZED"),
+        "{logged:?}"
+    );
     assert_eq!(logged[2], "COMMIT");
 }

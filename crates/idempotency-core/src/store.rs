@@ -217,10 +217,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 
     /// Whether `failed` (the error of a store statement) says the transaction had already been
     /// aborted by an earlier statement of the caller's (PostgreSQL's `25P02`), so that the same
-    /// statement would succeed in a new transaction. `false` by default: on SQLite and MySQL a
-    /// failed statement leaves the transaction usable. The optimistic mode of
-    /// `idempotency-axum`'s `IdempotencyLayer` stores the handler's answer in a new
-    /// transaction when its insert fails this way.
+    /// statement would succeed in a new transaction. `false` by default: on SQLite, and on
+    /// MySQL for most errors, a failed statement leaves the transaction usable (a MySQL
+    /// deadlock ends it, which the MySQL store reports as a retryable conflict instead). The
+    /// optimistic mode of `idempotency-axum`'s `IdempotencyLayer` stores the handler's `4xx` in
+    /// a new transaction when its insert fails this way. A store that wraps another must
+    /// forward it.
     fn aborted_before(&self, failed: &StoreError) -> bool {
         let _ = failed;
         false

@@ -12,8 +12,7 @@ use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::store::InsertCompleted;
 use idempotency_core::trace::{self, SpanRef};
 use idempotency_core::{
-    Claim, IdempotencyMetrics, IdempotencyRecord, IdempotencyStore, StoreError, StoredOutcome,
-    Tx,
+    Claim, IdempotencyMetrics, IdempotencyRecord, IdempotencyStore, StoreError, StoredOutcome, Tx,
 };
 use tower::Service;
 use tracing::Instrument;
@@ -55,7 +54,7 @@ pub trait Mode<S: IdempotencyStore>: sealed::Sealed<S> {}
 impl<S: IdempotencyStore, T: sealed::Sealed<S>> Mode<S> for T {}
 
 pub(super) mod sealed {
-    use super::{InsertFn, IdempotencyStore};
+    use super::{IdempotencyStore, InsertFn};
 
     /// What a mode tells the middleware; not nameable outside the crate.
     pub trait Sealed<S: IdempotencyStore> {
@@ -239,7 +238,11 @@ where
         loop {
             let started = Instant::now();
             let inserted = insert(store, tx.connection(), &claim, outcome, execution_span)
-                .instrument(trace::store_span(S::DB_SYSTEM, "insert_completed", "INSERT"))
+                .instrument(trace::store_span(
+                    S::DB_SYSTEM,
+                    "insert_completed",
+                    "INSERT",
+                ))
                 .await;
             metrics.acquire_wait(op, started.elapsed());
             match inserted {

@@ -379,10 +379,11 @@ where
     S: IdempotencyStore,
 {
     /// Stores the outcome. When the handler caught a failed statement that aborted the
-    /// transaction (PostgreSQL: "insert, catch the unique violation, answer 422"), the
-    /// transaction returns to the savepoint taken before the handler, which undoes the
-    /// handler's statements, and the outcome is stored there: the answer is stored on every
-    /// backend alike.
+    /// transaction (PostgreSQL: "insert, catch the unique violation, answer 422") and answered
+    /// a 4xx, the transaction returns to the savepoint taken before the handler, which undoes
+    /// the handler's statements, and the outcome is stored there: the answer is stored on every
+    /// backend alike. Any other answer on an aborted transaction (a 2xx whose writes were lost)
+    /// fails, and the request is rolled back and answered 500.
     async fn complete(
         &self,
         tx: &mut Tx<S>,
@@ -400,6 +401,11 @@ where
             Ok(record) => return Ok(record),
             Err(error) => error,
         };
+        // Only a client error describes the request whatever the handler's statements did; a
+        // success whose statements were lost with the aborted transaction is not stored.
+        if !matches!(outcome, idempotency_core::StoredOutcome::Rejected { .. }) {
+            return Err(error);
+        }
         if !store
             .rollback_to_savepoint(tx.connection(), &error)
             .await
