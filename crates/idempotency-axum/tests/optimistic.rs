@@ -1,5 +1,6 @@
 //! `IdempotencyLayer::optimistic`: the handler first, then the terminal record in one insert,
-//! on a real PostgreSQL (an isolated schema) and on SQLite (a fresh file), through `oneshot`.
+//! on a real PostgreSQL (an isolated schema), MySQL / MariaDB (a database of its own) and
+//! SQLite (a fresh file), through `oneshot`.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
@@ -20,19 +21,27 @@ use idempotency_core::{
     IdempotencyKey, IdempotencyService, IdempotencyStore, Operation, RecordId, RecordStatus, Scope,
     ServiceOptions,
 };
+use idempotency_mysql::MysqlStore;
 use idempotency_pg::{PgStore, sqlx};
 use idempotency_sqlite::SqliteStore;
 use serde::Deserialize;
 use support::Reply;
-use support::stores::Backend;
+use support::stores::{Backend, Cleanup};
 use tokio::sync::Notify;
 
-/// The business table: one row per reference, references unique.
-trait Orders: Backend + idempotency_core::store::InsertCompleted {
+/// A fresh store and its business table: one row per reference, references unique.
+trait Orders: IdempotencyStore + idempotency_core::store::InsertCompleted + Clone {
+    /// A fresh store, and what removes it (its SQLite files).
+    fn fresh() -> impl Future<Output = (Self, Option<Cleanup>)> + Send;
     fn create_table(&self) -> impl Future<Output = ()> + Send;
     /// Inserts the order; `false` on a unique violation.
     fn insert(conn: &mut Self::Connection, reference: &str) -> impl Future<Output = bool> + Send;
     fn count(&self) -> impl Future<Output = i64> + Send;
+    /// Reads the business table on the handler's connection (on MySQL, the first read of a
+    /// transaction takes its repeatable-read snapshot).
+    fn read(conn: &mut Self::Connection) -> impl Future<Output = ()> + Send;
+    /// How many inserts into the business table wait on a row lock now.
+    fn waiting_inserts(&self) -> impl Future<Output = i64> + Send;
 }
 
 fn unique_violation(error: sqlx::Error) -> bool {
@@ -43,6 +52,10 @@ fn unique_violation(error: sqlx::Error) -> bool {
 }
 
 impl Orders for PgStore {
+    async fn fresh() -> (Self, Option<Cleanup>) {
+        let (store, cleanup) = <PgStore as Backend>::fresh().await;
+        (store, Some(cleanup))
+    }
     async fn create_table(&self) {
         sqlx::raw_sql(
             "CREATE TABLE optimistic_orders (reference text PRIMARY KEY);
@@ -59,15 +72,82 @@ impl Orders for PgStore {
             .await
             .map_or_else(unique_violation, |_| true)
     }
+    async fn read(conn: &mut Self::Connection) {
+        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+            .fetch_one(conn)
+            .await
+            .unwrap();
+    }
     async fn count(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
             .fetch_one(self.pool())
             .await
             .unwrap()
     }
+    async fn waiting_inserts(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE 'INSERT INTO optimistic_orders%' AND datname = current_database()",
+        )
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
+    }
+}
+
+impl Orders for MysqlStore {
+    async fn fresh() -> (Self, Option<Cleanup>) {
+        let store = MysqlStore::new(idempotency_testing::mysql_pool().await);
+        store.create_schema().await.unwrap();
+        (store, None)
+    }
+    async fn create_table(&self) {
+        sqlx::raw_sql(
+            "CREATE TABLE optimistic_orders (reference VARCHAR(64) PRIMARY KEY);
+             INSERT INTO optimistic_orders VALUES ('taken')",
+        )
+        .execute(self.pool())
+        .await
+        .unwrap();
+    }
+    async fn insert(conn: &mut Self::Connection, reference: &str) -> bool {
+        sqlx::query("INSERT INTO optimistic_orders (reference) VALUES (?)")
+            .bind(reference)
+            .execute(conn)
+            .await
+            .map_or_else(unique_violation, |_| true)
+    }
+    async fn read(conn: &mut Self::Connection) {
+        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+            .fetch_one(conn)
+            .await
+            .unwrap();
+    }
+    async fn count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+    async fn waiting_inserts(&self) -> i64 {
+        sqlx::query_scalar(
+            // This test's database only (other tests run at once). MariaDB does not report a
+            // prepared insert waiting on a duplicate key as `LOCK WAIT` in `innodb_trx`; the
+            // process list shows it executing (the one insert that cannot finish at once).
+            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() \
+             AND command = 'Execute' AND info LIKE 'INSERT INTO optimistic_orders%'",
+        )
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
+    }
 }
 
 impl Orders for SqliteStore {
+    async fn fresh() -> (Self, Option<Cleanup>) {
+        let (store, cleanup) = <SqliteStore as Backend>::fresh().await;
+        (store, Some(cleanup))
+    }
     async fn create_table(&self) {
         sqlx::raw_sql(
             "CREATE TABLE optimistic_orders (reference TEXT PRIMARY KEY);
@@ -84,11 +164,21 @@ impl Orders for SqliteStore {
             .await
             .map_or_else(unique_violation, |_| true)
     }
+    async fn read(conn: &mut Self::Connection) {
+        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+            .fetch_one(conn)
+            .await
+            .unwrap();
+    }
     async fn count(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
             .fetch_one(self.pool())
             .await
             .unwrap()
+    }
+    /// SQLite's `BEGIN IMMEDIATE` serializes writers before any insert: never called.
+    async fn waiting_inserts(&self) -> i64 {
+        unreachable!("the races run on PostgreSQL and MySQL")
     }
 }
 
@@ -127,6 +217,7 @@ async fn create_order<B: Orders>(
     } else {
         order.reference
     };
+    B::read(&mut tx).await;
     let inserted = B::insert(&mut tx, &reference).await;
     if hooks.hold_first.swap(false, Ordering::SeqCst) {
         hooks.entered.notify_one();
@@ -172,7 +263,7 @@ fn record_id(key: &str) -> RecordId {
 /// The handler's answer is stored with its writes; a retry answers it byte for byte and its
 /// own handler run is rolled back. With `lookup_before_acquire`, the retry never runs it.
 async fn a_first_execution_is_stored_and_replayed<B: Orders>(lookup_before_acquire: bool) {
-    let (store, _cleanup) = B::fresh().await;
+    let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let options = ServiceOptions {
         lookup_before_acquire,
@@ -205,7 +296,7 @@ async fn a_first_execution_is_stored_and_replayed<B: Orders>(lookup_before_acqui
 /// "Insert, catch the unique violation, answer 422": on PostgreSQL the caught statement
 /// aborted the transaction, so the layer stores the answer in a new one.
 async fn a_caught_failed_statement_is_stored_and_replayed<B: Orders>() {
-    let (store, _cleanup) = B::fresh().await;
+    let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let (app, _hooks) = app(store.clone(), ServiceOptions::default());
     let first = send(&app, "k1", serde_json::json!({ "reference": "taken" })).await;
@@ -224,7 +315,7 @@ async fn a_caught_failed_statement_is_stored_and_replayed<B: Orders>() {
 /// A 5xx is not stored and, with no record for the key, answered as is; the retry runs the
 /// handler again.
 async fn a_5xx_without_a_record_is_answered_as_is<B: Orders>() {
-    let (store, _cleanup) = B::fresh().await;
+    let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let (app, hooks) = app(store.clone(), ServiceOptions::default());
     let order = serde_json::json!({ "reference": "taken", "fail_when_taken": true });
@@ -242,7 +333,7 @@ async fn a_5xx_without_a_record_is_answered_as_is<B: Orders>() {
 /// A handler that caught a failed statement on PostgreSQL and still answered 201: its other
 /// writes went with the aborted transaction, so the 201 is not stored; the answer is 500.
 async fn a_success_on_an_aborted_transaction_is_not_stored() {
-    let (store, _cleanup) = PgStore::fresh().await;
+    let (store, _cleanup) = <PgStore as Orders>::fresh().await;
     store.create_table().await;
     let (app, _hooks) = app(store.clone(), ServiceOptions::default());
     let order = serde_json::json!({ "reference": "taken", "succeed_anyway": true });
@@ -254,8 +345,8 @@ async fn a_success_on_an_aborted_transaction_is_not_stored() {
 /// Sends `order` under key `k1` twice at once: the first run of the handler waits after its
 /// insert until the second request's handler has finished, or (with `blocked`) until the
 /// second request waits on the first one's row lock. Returns (first, second).
-async fn duplicates(
-    store: &PgStore,
+async fn duplicates<B: Orders>(
+    store: &B,
     app: &Router,
     hooks: &Hooks,
     order: serde_json::Value,
@@ -275,14 +366,7 @@ async fn duplicates(
         // Until the second handler's insert waits on the first one's uncommitted row.
         let mut waited = 0;
         loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND query LIKE 'INSERT INTO optimistic_orders%' AND datname = current_database()",
-            )
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-            if waiting > 0 {
+            if store.waiting_inserts().await > 0 {
                 break;
             }
             waited += 1;
@@ -304,8 +388,8 @@ async fn duplicates(
 
 /// The second duplicate's handler finished first and its record won: the first one's insert
 /// finds the key taken, rolls back its handler's writes and answers the winner's response.
-async fn a_duplicate_whose_insert_comes_second_answers_the_winner() {
-    let (store, _cleanup) = PgStore::fresh().await;
+async fn a_duplicate_whose_insert_comes_second_answers_the_winner<B: Orders>() {
+    let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let (app, hooks) = app(store.clone(), ServiceOptions::default());
     let order = serde_json::json!({ "reference": "a", "per_run": true });
@@ -323,8 +407,8 @@ async fn a_duplicate_whose_insert_comes_second_answers_the_winner() {
 
 /// The second duplicate's handler waited on the first one's row and failed once it committed
 /// (a 500, not stored): it answers the winner's response, not its own 500.
-async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner() {
-    let (store, _cleanup) = PgStore::fresh().await;
+async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner<B: Orders>() {
+    let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let (app, hooks) = app(store.clone(), ServiceOptions::default());
     let order = serde_json::json!({ "reference": "a", "fail_when_taken": true });
@@ -342,8 +426,8 @@ async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner(
 /// The second duplicate's handler waited on the first one's row, caught the unique violation
 /// and answered 422 on its aborted transaction; storing that in a new transaction finds the
 /// winner's record, so it answers the winner's 201, not its own 422.
-async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner() {
-    let (store, _cleanup) = PgStore::fresh().await;
+async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner<B: Orders>() {
+    let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let (app, hooks) = app(store.clone(), ServiceOptions::default());
     let order = serde_json::json!({ "reference": "a" });
@@ -389,17 +473,65 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner() {
-        super::a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner().await;
+        super::a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner::<PgStore>(
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_duplicate_whose_insert_comes_second_answers_the_winner() {
-        super::a_duplicate_whose_insert_comes_second_answers_the_winner().await;
+        super::a_duplicate_whose_insert_comes_second_answers_the_winner::<PgStore>().await;
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner() {
-        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner().await;
+        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<PgStore>()
+            .await;
+    }
+}
+
+mod mysql {
+    use idempotency_mysql::MysqlStore;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_first_execution_is_stored_and_replayed() {
+        super::a_first_execution_is_stored_and_replayed::<MysqlStore>(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn with_lookup_before_acquire_a_replay_never_runs_the_handler() {
+        super::a_first_execution_is_stored_and_replayed::<MysqlStore>(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_caught_failed_statement_is_stored_and_replayed() {
+        super::a_caught_failed_statement_is_stored_and_replayed::<MysqlStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_5xx_without_a_record_is_answered_as_is() {
+        super::a_5xx_without_a_record_is_answered_as_is::<MysqlStore>().await;
+    }
+
+    /// The winner commits while the loser's handler has already read (MySQL's repeatable
+    /// read took its snapshot then): the loser still answers the winner's response.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_insert_comes_second_answers_the_winner() {
+        super::a_duplicate_whose_insert_comes_second_answers_the_winner::<MysqlStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner() {
+        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<MysqlStore>()
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner() {
+        super::a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winner::<
+            MysqlStore,
+        >()
+        .await;
     }
 }
 
