@@ -91,7 +91,10 @@ done
 subject="$(python3 scripts/nats_stream.py subject "ORDERS_$run" 1)"
 [ "$subject" = "orders_$run.order.OrderCreated" ] || fail "event subject: $subject"
 
-curl -sS "$base/metrics" | grep -q '^idempotency_' || fail "/metrics has no idempotency meters"
+# Read whole before grepping: `grep -q` stops at the first match, and under pipefail the
+# curl it closed the pipe on (exit 23, "Failed writing body") would fail the check.
+metrics="$(curl -sS "$base/metrics")" || fail "/metrics"
+grep -q '^idempotency_' <<<"$metrics" || fail "/metrics has no idempotency meters"
 ready="$(curl -sS -w ' %{http_code}' "$base/health/ready")"
 [ "${ready##* }" = 200 ] || fail "/health/ready: $ready"
 grep -q '"broker":{[^}]*"status":"UP"' <<<"$ready" || fail "/health/ready has no broker UP: $ready"
