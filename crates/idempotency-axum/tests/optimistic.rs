@@ -51,6 +51,24 @@ fn unique_violation(error: sqlx::Error) -> bool {
     }
 }
 
+/// `read` and `count` of an [`Orders`] impl: the same statement on every backend.
+macro_rules! reads {
+    () => {
+        async fn read(conn: &mut Self::Connection) {
+            let _: i64 = sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+                .fetch_one(conn)
+                .await
+                .unwrap();
+        }
+        async fn count(&self) -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
+                .fetch_one(self.pool())
+                .await
+                .unwrap()
+        }
+    };
+}
+
 impl Orders for PgStore {
     async fn fresh() -> (Self, Option<Cleanup>) {
         let (store, cleanup) = <PgStore as Backend>::fresh().await;
@@ -72,18 +90,7 @@ impl Orders for PgStore {
             .await
             .map_or_else(unique_violation, |_| true)
     }
-    async fn read(conn: &mut Self::Connection) {
-        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
-            .fetch_one(conn)
-            .await
-            .unwrap();
-    }
-    async fn count(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
-    }
+    reads!();
     async fn waiting_inserts(&self) -> i64 {
         sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
@@ -117,18 +124,7 @@ impl Orders for MysqlStore {
             .await
             .map_or_else(unique_violation, |_| true)
     }
-    async fn read(conn: &mut Self::Connection) {
-        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
-            .fetch_one(conn)
-            .await
-            .unwrap();
-    }
-    async fn count(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
-    }
+    reads!();
     async fn waiting_inserts(&self) -> i64 {
         sqlx::query_scalar(
             // This test's database only (other tests run at once). MariaDB does not report a
@@ -164,18 +160,7 @@ impl Orders for SqliteStore {
             .await
             .map_or_else(unique_violation, |_| true)
     }
-    async fn read(conn: &mut Self::Connection) {
-        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
-            .fetch_one(conn)
-            .await
-            .unwrap();
-    }
-    async fn count(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM optimistic_orders")
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
-    }
+    reads!();
     /// SQLite's `BEGIN IMMEDIATE` serializes writers before any insert: never called.
     async fn waiting_inserts(&self) -> i64 {
         unreachable!("the races run on PostgreSQL and MySQL")
