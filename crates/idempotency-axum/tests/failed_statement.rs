@@ -8,6 +8,8 @@
 mod support;
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::State;
 use axum::http::{Method, StatusCode};
@@ -168,7 +170,45 @@ async fn a_success_on_an_aborted_transaction_is_not_stored() {
     assert!(store.lookup(&id).await.unwrap().is_none());
 }
 
+/// Opens the account like `open_account`, after registering an after-commit hook that counts.
+async fn open_account_with_a_hook(
+    State(ran): State<Arc<AtomicUsize>>,
+    mut tx: IdempotentTx<PgStore>,
+    Json(body): Json<NewAccount>,
+) -> Response {
+    tx.tx().after_commit(async move {
+        ran.fetch_add(1, Ordering::SeqCst);
+    });
+    open_account(State(()), tx, Json(body)).await
+}
+
+/// A hook the handler registered goes with the statements the rollback to the savepoint
+/// undoes: the stored 422 runs none (before: the hook ran after the commit, for writes that
+/// were rolled back). On the happy path it runs once.
+async fn hooks_rolled_back_to_the_savepoint_do_not_run() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/accounts", post(open_account_with_a_hook))
+        .route_layer(
+            IdempotencyLayer::new(IdempotencyService::new(store.clone())).scope::<SharedScope>(),
+        )
+        .with_state(Arc::clone(&ran));
+    let rejected = send(&app, "k1", "taken").await;
+    assert_eq!(rejected.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the rolled-back hook ran");
+    let opened = send(&app, "k2", "fresh").await;
+    assert_eq!(opened.status, StatusCode::CREATED);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
 mod postgres {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn hooks_rolled_back_to_the_savepoint_do_not_run() {
+        super::hooks_rolled_back_to_the_savepoint_do_not_run().await;
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_success_on_an_aborted_transaction_is_not_stored() {
         super::a_success_on_an_aborted_transaction_is_not_stored().await;

@@ -42,6 +42,10 @@ trait Orders: IdempotencyStore + idempotency_core::store::InsertCompleted + Clon
     fn read(conn: &mut Self::Connection) -> impl Future<Output = ()> + Send;
     /// How many inserts into the business table wait on a row lock now.
     fn waiting_inserts(&self) -> impl Future<Output = i64> + Send;
+    /// Sets the transaction's isolation level before its first statement (PostgreSQL only).
+    fn isolate(_conn: &mut Self::Connection, _level: &str) -> impl Future<Output = ()> + Send {
+        async { unimplemented!("isolation levels are tested on PostgreSQL") }
+    }
 }
 
 fn unique_violation(error: sqlx::Error) -> bool {
@@ -91,6 +95,14 @@ impl Orders for PgStore {
             .map_or_else(unique_violation, |_| true)
     }
     reads!();
+    async fn isolate(conn: &mut Self::Connection, level: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET TRANSACTION ISOLATION LEVEL {level}"
+        )))
+        .execute(conn)
+        .await
+        .unwrap();
+    }
     async fn waiting_inserts(&self) -> i64 {
         sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
@@ -183,9 +195,13 @@ struct NewOrder {
     /// Insert `{reference}-{run}`: duplicates do not wait on each other's row.
     #[serde(default)]
     per_run: bool,
-    /// Answer 500 (not stored) when the reference is taken, instead of 422.
+    /// Answer this status (`taken`) when the reference is taken, instead of 422
+    /// `REFERENCE_TAKEN`: 500 or 409, neither stored.
     #[serde(default)]
-    fail_when_taken: bool,
+    when_taken: Option<u16>,
+    /// Run the transaction at this isolation level (PostgreSQL).
+    #[serde(default)]
+    isolation: Option<String>,
     /// Answer 201 even when the reference is taken (the insert failed).
     #[serde(default)]
     succeed_anyway: bool,
@@ -202,20 +218,23 @@ async fn create_order<B: Orders>(
     } else {
         order.reference
     };
+    if let Some(level) = &order.isolation {
+        B::isolate(&mut tx, level).await;
+    }
     B::read(&mut tx).await;
     let inserted = B::insert(&mut tx, &reference).await;
     if hooks.hold_first.swap(false, Ordering::SeqCst) {
         hooks.entered.notify_one();
         hooks.release.notified().await;
     }
-    match (inserted || order.succeed_anyway, order.fail_when_taken) {
+    match (inserted || order.succeed_anyway, order.when_taken) {
         (true, _) => (
             StatusCode::CREATED,
             format!("order {reference} (run {run})"),
         )
             .into_response(),
-        (false, false) => (StatusCode::UNPROCESSABLE_ENTITY, "REFERENCE_TAKEN").into_response(),
-        (false, true) => (StatusCode::INTERNAL_SERVER_ERROR, "taken").into_response(),
+        (false, None) => (StatusCode::UNPROCESSABLE_ENTITY, "REFERENCE_TAKEN").into_response(),
+        (false, Some(status)) => (StatusCode::from_u16(status).unwrap(), "taken").into_response(),
     }
 }
 
@@ -297,18 +316,18 @@ async fn a_caught_failed_statement_is_stored_and_replayed<B: Orders>() {
     assert_eq!(store.count().await, 1);
 }
 
-/// A 5xx is not stored and, with no record for the key, answered as is; the retry runs the
-/// handler again.
-async fn a_5xx_without_a_record_is_answered_as_is<B: Orders>() {
+/// A 5xx (or a 409) is not stored and, with no record for the key, answered as is; the retry
+/// runs the handler again.
+async fn an_unstored_answer_without_a_record_is_answered_as_is<B: Orders>(status: StatusCode) {
     let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let (app, hooks) = app(store.clone(), ServiceOptions::default());
-    let order = serde_json::json!({ "reference": "taken", "fail_when_taken": true });
+    let order = serde_json::json!({ "reference": "taken", "when_taken": status.as_u16() });
     for _ in 0..2 {
         let reply = send(&app, "k1", order.clone()).await;
         assert_eq!(
             (reply.status, reply.text().as_str(), reply.is_replay()),
-            (StatusCode::INTERNAL_SERVER_ERROR, "taken", false)
+            (status, "taken", false)
         );
     }
     assert_eq!(hooks.runs.load(Ordering::SeqCst), 2);
@@ -391,12 +410,15 @@ async fn a_duplicate_whose_insert_comes_second_answers_the_winner<B: Orders>() {
 }
 
 /// The second duplicate's handler waited on the first one's row and failed once it committed
-/// (a 500, not stored): it answers the winner's response, not its own 500.
-async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner<B: Orders>() {
+/// (a 500, or a 409 "already exists", neither stored): it answers the winner's response, not
+/// its own.
+async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner<B: Orders>(
+    status: StatusCode,
+) {
     let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
     let (app, hooks) = app(store.clone(), ServiceOptions::default());
-    let order = serde_json::json!({ "reference": "a", "fail_when_taken": true });
+    let order = serde_json::json!({ "reference": "a", "when_taken": status.as_u16() });
     let (first, second) = duplicates(&store, &app, &hooks, order, true).await;
     assert_eq!(
         (first.status, first.text().as_str(), first.is_replay()),
@@ -428,8 +450,44 @@ async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winne
     assert_eq!(store.count().await, 2);
 }
 
+/// Under REPEATABLE READ or SERIALIZABLE on PostgreSQL, the first duplicate's snapshot
+/// predates the winner's commit: its insert of the record fails with a serialization failure
+/// rather than finding the key taken. It still answers the winner's response.
+async fn a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner(isolation: &str) {
+    let (store, _cleanup) = <PgStore as Orders>::fresh().await;
+    store.create_table().await;
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "a", "per_run": true, "isolation": isolation });
+    let (first, second) = duplicates(&store, &app, &hooks, order, false).await;
+    assert_eq!(
+        (second.status, second.text().as_str(), second.is_replay()),
+        (StatusCode::CREATED, "order a-2 (run 2)", false),
+        "{isolation}"
+    );
+    assert!(first.is_replay(), "{isolation}: {first:?}");
+    assert_eq!(first.body, second.body);
+    assert_eq!(
+        store.count().await,
+        2,
+        "the first handler's a-1 was rolled back"
+    );
+}
+
 mod postgres {
+    use axum::http::StatusCode;
     use idempotency_pg::PgStore;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner_repeatable_read() {
+        super::a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner("REPEATABLE READ")
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner_serializable() {
+        super::a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner("SERIALIZABLE")
+            .await;
+    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_first_execution_is_stored_and_replayed() {
@@ -448,7 +506,18 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_5xx_without_a_record_is_answered_as_is() {
-        super::a_5xx_without_a_record_is_answered_as_is::<PgStore>().await;
+        super::an_unstored_answer_without_a_record_is_answered_as_is::<PgStore>(
+            StatusCode::INTERNAL_SERVER_ERROR,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_409_without_a_record_is_answered_as_is() {
+        super::an_unstored_answer_without_a_record_is_answered_as_is::<PgStore>(
+            StatusCode::CONFLICT,
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -470,12 +539,23 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner() {
-        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<PgStore>()
-            .await;
+        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<PgStore>(
+            StatusCode::INTERNAL_SERVER_ERROR,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_handler_answered_409_on_the_winners_row_answers_the_winner() {
+        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<PgStore>(
+            StatusCode::CONFLICT,
+        )
+        .await;
     }
 }
 
 mod mysql {
+    use axum::http::StatusCode;
     use idempotency_mysql::MysqlStore;
 
     #[tokio::test(flavor = "multi_thread")]
@@ -495,7 +575,18 @@ mod mysql {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_5xx_without_a_record_is_answered_as_is() {
-        super::a_5xx_without_a_record_is_answered_as_is::<MysqlStore>().await;
+        super::an_unstored_answer_without_a_record_is_answered_as_is::<MysqlStore>(
+            StatusCode::INTERNAL_SERVER_ERROR,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_409_without_a_record_is_answered_as_is() {
+        super::an_unstored_answer_without_a_record_is_answered_as_is::<MysqlStore>(
+            StatusCode::CONFLICT,
+        )
+        .await;
     }
 
     /// The winner commits while the loser's handler has already read (MySQL's repeatable
@@ -507,8 +598,18 @@ mod mysql {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner() {
-        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<MysqlStore>()
-            .await;
+        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<MysqlStore>(
+            StatusCode::INTERNAL_SERVER_ERROR,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_handler_answered_409_on_the_winners_row_answers_the_winner() {
+        super::a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner::<MysqlStore>(
+            StatusCode::CONFLICT,
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -521,6 +622,7 @@ mod mysql {
 }
 
 mod sqlite {
+    use axum::http::StatusCode;
     use idempotency_sqlite::SqliteStore;
 
     #[tokio::test(flavor = "multi_thread")]
@@ -540,6 +642,17 @@ mod sqlite {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_5xx_without_a_record_is_answered_as_is() {
-        super::a_5xx_without_a_record_is_answered_as_is::<SqliteStore>().await;
+        super::an_unstored_answer_without_a_record_is_answered_as_is::<SqliteStore>(
+            StatusCode::INTERNAL_SERVER_ERROR,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_409_without_a_record_is_answered_as_is() {
+        super::an_unstored_answer_without_a_record_is_answered_as_is::<SqliteStore>(
+            StatusCode::CONFLICT,
+        )
+        .await;
     }
 }

@@ -95,6 +95,28 @@ impl<S: IdempotencyStore> Tx<S> {
         self.hooks.len()
     }
 
+    /// Drops the hooks registered after the first `count`, keeping those: what a rollback to
+    /// a savepoint does to them, when the savepoint was taken while
+    /// [`pending_hooks`](Self::pending_hooks) was `count`. The statements they were registered
+    /// with are undone, so they must not run after the commit.
+    ///
+    /// ```no_run
+    /// # use idempotency_core::*;
+    /// # async fn f<S: IdempotencyStore>(service: &IdempotencyService<S>) -> Result<(), StoreError> {
+    /// let mut tx = service.begin().await?;
+    /// let mark = tx.pending_hooks();
+    /// // a savepoint, a statement and its hook...
+    /// tx.after_commit(async { /* notify about the row */ });
+    /// // ...the statement is rolled back to the savepoint, and so is its hook
+    /// tx.discard_hooks_after(mark);
+    /// assert_eq!(tx.pending_hooks(), mark);
+    /// tx.commit().await
+    /// # }
+    /// ```
+    pub fn discard_hooks_after(&mut self, count: usize) {
+        self.hooks.truncate(count);
+    }
+
     /// Number of keys acquired in this transaction whose outcome is not stored yet.
     pub fn unfinished_claims(&self) -> usize {
         self.unfinished

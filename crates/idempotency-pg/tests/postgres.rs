@@ -455,6 +455,73 @@ async fn optimistic_duplicates_leave_one_business_row() {
     assert_eq!(count(&pool, "idempotency_records").await, 1);
 }
 
+/// Under REPEATABLE READ or SERIALIZABLE, the loser of two optimistic duplicates took its
+/// snapshot before the winner committed: its insert of the record (or its commit) fails with a
+/// serialization failure, not a conflict on the key. The committed record still answers it.
+async fn optimistic_loser_replays_the_winner_under(isolation: &str) {
+    let (pool, service) = setup().await;
+    let request = serde_json::json!({"amount": 7});
+    let key = IdempotencyKey::new("opt-isolated").unwrap();
+    let (committed, winner_committed) = tokio::sync::watch::channel(false);
+    let (started, mut loser_started) = tokio::sync::watch::channel(false);
+    let loser = {
+        let (service, request, key) = (service.clone(), request.clone(), key.clone());
+        let isolation = isolation.to_owned();
+        tokio::spawn(async move {
+            service
+                .execute_optimistic(Call::new("LEDGER", key, &request), async |conn| {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                        "SET TRANSACTION ISOLATION LEVEL {isolation}"
+                    )))
+                    .execute(&mut *conn)
+                    .await?;
+                    // The snapshot: taken before the winner commits.
+                    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    insert_payment(conn, "loser").await?;
+                    started.send_replace(true);
+                    let mut winner_committed = winner_committed.clone();
+                    winner_committed.wait_for(|done| *done).await.unwrap();
+                    Ok::<_, AppError>(ExecutionResult::success("loser".to_owned()))
+                })
+                .await
+        })
+    };
+    loser_started.wait_for(|started| *started).await.unwrap();
+    let winner: Outcome<String> = service
+        .execute_optimistic(Call::new("LEDGER", key, &request), async |conn| {
+            insert_payment(conn, "winner").await?;
+            Ok::<_, AppError>(ExecutionResult::success("winner".to_owned()))
+        })
+        .await
+        .unwrap();
+    assert!(winner.is_executed());
+    committed.send_replace(true);
+    let loser = loser.await.unwrap().expect("the loser replays the winner");
+    assert!(!loser.is_executed(), "{isolation}");
+    assert_eq!(
+        loser.into_result().into_result().unwrap(),
+        "winner",
+        "{isolation}"
+    );
+    let orders: Vec<String> = sqlx::query_scalar("SELECT order_id FROM payments")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, ["winner"], "the loser's row was rolled back");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn optimistic_loser_replays_the_winner_under_repeatable_read() {
+    optimistic_loser_replays_the_winner_under("REPEATABLE READ").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn optimistic_loser_replays_the_winner_under_serializable() {
+    optimistic_loser_replays_the_winner_under("SERIALIZABLE").await;
+}
+
 fn claim_id(key: &str) -> RecordId {
     RecordId::new(
         Operation::new("OP").unwrap(),

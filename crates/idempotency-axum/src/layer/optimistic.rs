@@ -103,8 +103,11 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src, ClaimFirst> {
     /// (`max_waiters_per_key(0)`: one). The first insert of the record wins; every other one
     /// waits for the winner's transaction, finds the key taken, rolls back everything its
     /// handler did and answers the winner's stored response (or `422 idempotency-key-reused`
-    /// when the winner sent another payload). A `5xx` of the handler is not stored, and is
-    /// answered as is unless a committed record exists for the key: then that record answers
+    /// when the winner sent another payload), also when its insert failed on a serialization
+    /// failure (PostgreSQL under `REPEATABLE READ` or `SERIALIZABLE`: its snapshot predates the
+    /// winner's commit). An answer that is not stored (a `5xx`, a `409` "already exists" the
+    /// handler gave on the winner's business row) is answered as is unless a committed record
+    /// exists for the key: then that record answers
     /// (the winner's response, a `422` for another payload, or `409 request-in-flight` for a
     /// claim a claim-first or leased layer holds during a rollout). A duplicate's handler may
     /// also wait on row locks the first transaction holds, under any in-flight policy: the
@@ -187,10 +190,8 @@ where
         };
         if !self.stores(Some(&keyed), &response) {
             rollback(tx).await;
-            if !response.status().is_server_error() {
-                return (Answer::NotStored, response);
-            }
-            // A duplicate that committed first may be why the handler failed: its answer wins.
+            // A duplicate that committed first may be why the handler answered so (a 5xx, a
+            // 409 on the winner's business row): its answer wins.
             return match self.replay_stored(&keyed).await {
                 Ok(Some(answer)) => answer,
                 Ok(None) | Err(_) => (Answer::NotStored, response),
@@ -248,8 +249,13 @@ where
             match inserted {
                 Ok(Some(record)) => {
                     metrics.acquired(op);
-                    if let Err(error) = tx.commit().await {
-                        return failed(Core::Store(error));
+                    match tx.commit().await {
+                        Ok(()) => {}
+                        // SERIALIZABLE on PostgreSQL: a duplicate may have committed first.
+                        Err(error @ StoreError::Conflict(_)) => {
+                            return self.answer_committed(keyed, error).await;
+                        }
+                        Err(error) => return failed(Core::Store(error)),
                     }
                     if let Some(error) = aborted {
                         tracing::warn!(
@@ -287,6 +293,13 @@ where
                         Error::from(Core::InFlight).into_response(),
                     );
                 }
+                // A serialization failure (PostgreSQL under REPEATABLE READ or SERIALIZABLE: a
+                // duplicate's record committed after this transaction's snapshot) or a
+                // deadlock: a committed record answers, as for a key found taken.
+                Err(error @ StoreError::Conflict(_)) => {
+                    rollback(tx).await;
+                    return self.answer_committed(keyed, error).await;
+                }
                 Err(error)
                     if aborted.is_none()
                         && matches!(outcome, StoredOutcome::Rejected { .. })
@@ -304,6 +317,16 @@ where
                     return failed(Core::Store(error));
                 }
             }
+        }
+    }
+
+    /// After a conflict that rolled the transaction back: the committed record's answer, or
+    /// the conflict (retryable) when there is none.
+    async fn answer_committed(&self, keyed: &Keyed, conflict: StoreError) -> (Answer, Response) {
+        match self.replay_stored(keyed).await {
+            Ok(Some(answer)) => answer,
+            Ok(None) => failed(Core::Store(conflict)),
+            Err(error) => (Answer::Failed, error.into_response()),
         }
     }
 }

@@ -12,6 +12,8 @@ use super::execute::{Prepared, execute_span, mark, traced};
 use super::{Call, IdempotencyService};
 use crate::cache::{DistributedCache, LocalCache};
 use crate::error::Error;
+use crate::fingerprint::Fingerprints;
+use crate::key::RecordId;
 use crate::metrics::IdempotencyMetrics;
 use crate::result::{ExecutionResult, Origin, Outcome};
 use crate::serializer::ResultSerializer;
@@ -148,8 +150,14 @@ where
                         .persisted(hook_id.operation.as_str(), status);
                     service.fill_caches(&hook_id, record).await;
                 });
-                tx.commit().await.map_err(Error::Store)?;
-                Ok(Outcome::new(result, Origin::Executed))
+                match tx.commit().await {
+                    Ok(()) => Ok(Outcome::new(result, Origin::Executed)),
+                    // SERIALIZABLE on PostgreSQL: a duplicate may have committed first.
+                    Err(error @ StoreError::Conflict(_)) => {
+                        self.committed_or(&id, &fingerprint, error).await
+                    }
+                    Err(error) => Err(Error::Store(error).into()),
+                }
             }
             Ok(None) => {
                 inner.metrics.acquire_conflict(op);
@@ -165,10 +173,35 @@ where
                 rollback(tx).await;
                 Err(Error::InFlight.into())
             }
+            // A serialization failure (PostgreSQL under REPEATABLE READ or SERIALIZABLE: a
+            // duplicate's record committed after this transaction's snapshot) or a deadlock: a
+            // committed outcome answers, as for a key found taken.
+            Err(error @ StoreError::Conflict(_)) => {
+                rollback(tx).await;
+                self.committed_or(&id, &fingerprint, error).await
+            }
             Err(error) => {
                 rollback(tx).await;
                 Err(Error::Store(error).into())
             }
+        }
+    }
+
+    /// After a conflict that rolled the transaction back: the committed outcome, or the
+    /// conflict (retryable) when there is none.
+    async fn committed_or<T, E>(
+        &self,
+        id: &RecordId,
+        fingerprint: &Fingerprints,
+        conflict: StoreError,
+    ) -> Result<Outcome<T>, E>
+    where
+        T: DeserializeOwned,
+        E: From<Error>,
+    {
+        match self.replay_committed(id, fingerprint).await? {
+            Some(outcome) => Ok(outcome),
+            None => Err(Error::Store(conflict).into()),
         }
     }
 }
