@@ -105,3 +105,62 @@ fn the_relay_reports_counts_latency_and_gauges() {
     assert_eq!(recorded.gauge(names::OLDEST_PENDING_AGE, &[]), 0.0);
     assert_eq!(recorded.gauge(names::DEAD_LETTERED, &[]), 1.0);
 }
+
+/// Answers each message's first publish by its aggregate (`a-down`: broker unavailable;
+/// `c-late`: timed out; anything else: confirmed) and confirms every later attempt: one batch in which
+/// the broker went away mid-batch.
+#[derive(Default)]
+struct MidBatchOutage {
+    tried: std::sync::Mutex<std::collections::HashSet<uuid::Uuid>>,
+}
+
+impl idempotency_outbox::Publisher for MidBatchOutage {
+    fn destination(&self) -> &str {
+        "mid-batch"
+    }
+
+    async fn publish(
+        &self,
+        message: &idempotency_outbox::OutboxMessage,
+    ) -> Result<idempotency_outbox::Ack, idempotency_outbox::PublishError> {
+        use idempotency_outbox::{PublishError, PublishErrorKind};
+        let first = self.tried.lock().unwrap().insert(message.id);
+        match (first, message.aggregate_id.as_str()) {
+            (true, "a-down") => Err(PublishError::kind_only(PublishErrorKind::Unavailable)),
+            (true, "c-late") => Err(PublishError::kind_only(PublishErrorKind::Timeout)),
+            _ => Ok(idempotency_outbox::Ack::default()),
+        }
+    }
+}
+
+/// One outage is one "lost" and one "back", whatever order a batch's results come in: a
+/// publish sent before the outage started and confirmed after it did proves nothing about the
+/// broker now, and a failure of a publish sent before the outage ended does not start
+/// another (before: `a-down` lost, `b-up` back, `c-late` lost again, then back again). The batch's
+/// order is the aggregates' and the ids'.
+#[test]
+fn an_outage_within_one_batch_changes_the_broker_state_once_each_way() {
+    let recorded = with_recorder(async |snapshotter| {
+        let mut config = config(Ordering::Ordered);
+        config.relay.workers = 1;
+        let (pool, outbox) = outbox(&config).await;
+        let events: Vec<NewEvent> = ["a-down", "b-up", "c-late"]
+            .iter()
+            .enumerate()
+            .map(|(n, aggregate)| event(aggregate, n))
+            .collect();
+        commit(&pool, &outbox, &events).await;
+        let relay = Relay::new(outbox.clone(), MidBatchOutage::default(), &config).unwrap();
+        let handle = relay.spawn();
+        eventually("3 published", || async { published(&pool).await == 3 }).await;
+        handle.shutdown().await;
+        Recorded::take(&snapshotter)
+    });
+    let state = |state| {
+        recorded.counter(
+            names::BROKER_STATE_CHANGES,
+            &[("destination", "mid-batch"), ("state", state)],
+        )
+    };
+    assert_eq!((state("lost"), state("back")), (1, 1));
+}

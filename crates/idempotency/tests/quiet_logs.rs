@@ -88,10 +88,11 @@ impl Proxy {
         let (on, cuts) = (Arc::clone(&enabled), cut.clone());
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                // Subscribed before the check: a cut sent between the two still closes it.
+                let mut cut = cuts.subscribe();
                 if !on.load(Ordering::SeqCst) {
                     continue;
                 }
-                let mut cut = cuts.subscribe();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::{Shared, backoff};
+use super::Shared;
+use super::backoff::{self, Sent};
 use crate::error::Error;
 use crate::message::OutboxMessage;
 use crate::metrics;
@@ -250,6 +251,7 @@ where
     P: Publisher,
 {
     let timeout = shared.config.publish_timeout;
+    let sent = shared.outage.sent();
     let results = join_all(batch.iter().map(|message| {
         let span = publish_span(message);
         let publish = publish_one(shared, message, timeout, claimed_at);
@@ -263,7 +265,7 @@ where
         }
     }))
     .await;
-    publish_results(shared, &batch, results, published, report)
+    publish_results(shared, &batch, sent, results, published, report)
 }
 
 /// The span of one publish: a producer span with OpenTelemetry's messaging attributes (the
@@ -326,6 +328,7 @@ where
 fn publish_results<S, P>(
     shared: &Shared<S, P>,
     batch: &[OutboxMessage],
+    sent: Sent,
     results: Vec<(Result<Ack, PublishError>, Duration)>,
     mut published: Published,
     mut report: BatchReport,
@@ -339,7 +342,7 @@ where
     for (message, (result, elapsed)) in batch.iter().zip(results) {
         match result {
             Ok(Ack { duplicate }) => {
-                if let Some(lasted) = shared.outage.ended() {
+                if let Some(lasted) = shared.outage.ended(sent) {
                     metrics::broker_state(destination, "back");
                     tracing::info!(
                         destination,
@@ -354,7 +357,7 @@ where
                 confirmed.record(latency, duplicate);
             }
             Err(error) => {
-                let failure = failure(shared, message, &error);
+                let failure = failure(shared, message, sent, &error);
                 report.failed += 1;
                 report.dead_lettered += u64::from(failure.dead_letter);
                 metrics::failed(destination, error.kind(), failure.dead_letter);
@@ -410,6 +413,7 @@ pub(super) fn panic_text(payload: &(dyn Any + Send)) -> String {
 fn failure<S, P: Publisher>(
     shared: &Shared<S, P>,
     message: &OutboxMessage,
+    sent: Sent,
     error: &PublishError,
 ) -> Failure {
     let mut text = error.chain();
@@ -423,7 +427,7 @@ fn failure<S, P: Publisher>(
         let (retry_in, started) =
             shared
                 .outage
-                .delay(&config.backoff, message.id, message.attempts);
+                .delay(&config.backoff, message.id, message.attempts, sent);
         if started {
             let destination = shared.publisher.destination();
             metrics::broker_state(destination, "lost");
