@@ -432,6 +432,10 @@ pub struct Transactional<'a> {
     /// Whether a caught failure undoes the handler's statements (PostgreSQL: the layer
     /// returns to the savepoint it took before the handler); elsewhere they commit.
     pub undoes_caught: bool,
+    /// Whether the layer ran in its optimistic mode: a handler that caught a failed statement
+    /// may then answer the key's committed record instead of its own answer (its own insert
+    /// found the key taken), as every other loser does.
+    pub optimistic: bool,
     /// The operations whose handler started.
     pub ran: &'a HashSet<u64>,
     /// Whether the plan's Redis is `fail-fast`.
@@ -542,6 +546,17 @@ fn caught(
                 replayed: false,
                 ..
             }) if *effect == run.effect => {}
+            // Optimistic: the handler ran before the key was looked at, and its insert found
+            // the key taken (a replay of the committed record, or `422
+            // idempotency-key-reused` for another payload, held by the other invariants) or
+            // held past the in-flight budget.
+            Some(Answer::Handler { replayed: true, .. }) if seen.optimistic => {}
+            Some(Answer::Problem { slug, .. })
+                if seen.optimistic
+                    && matches!(
+                        slug.as_str(),
+                        "idempotency-key-reused" | "request-in-flight"
+                    ) => {}
             Some(other) => out.push(violation(
                 CAUGHT_STORED,
                 &group,
@@ -856,6 +871,7 @@ mod tests {
             stored: &BTreeMap::new(),
             caught: &[],
             undoes_caught: false,
+            optimistic: false,
             ran,
             fail_fast,
         };
@@ -1050,6 +1066,18 @@ mod tests {
         caught: &[CaughtRun],
         undoes_caught: bool,
     ) -> Vec<Violation> {
+        with_mode(entries, effects, stored, caught, undoes_caught, false)
+    }
+
+    /// [`with_records`], with the layer claim-first or optimistic.
+    fn with_mode(
+        entries: &[Entry],
+        effects: &[Effect],
+        stored: &[(usize, i64)],
+        caught: &[CaughtRun],
+        undoes_caught: bool,
+        optimistic: bool,
+    ) -> Vec<Violation> {
         let stored: BTreeMap<Group, i64> = stored
             .iter()
             .map(|(key, effect)| (("t0".to_owned(), *key), *effect))
@@ -1059,6 +1087,7 @@ mod tests {
             stored: &stored,
             caught,
             undoes_caught,
+            optimistic,
             ran: &HashSet::new(),
             fail_fast: false,
         };
@@ -1109,6 +1138,53 @@ mod tests {
         let entries = [entry(op(1, 0, Kind::Caught), a, refused)];
         let found = with_records(&entries, &[], &[], &caught, true);
         assert_eq!(names(&found), [CAUGHT_STORED]);
+        // So in optimistic mode too.
+        let found = with_mode(&entries, &[], &[], &caught, true, true);
+        assert_eq!(names(&found), [CAUGHT_STORED]);
+    }
+
+    #[test]
+    fn an_optimistic_caught_failure_may_answer_the_committed_record() {
+        let a = "t0 /acct/0/charges 100 []";
+        let b = "t0 /acct/0/charges 200 []";
+        // Op 2 (another payload) caught a failed statement after op 1's record committed.
+        let caught = [CaughtRun {
+            op: 2,
+            effect: 8,
+            tenant: "t0".to_owned(),
+            key: 0,
+            identity: b.to_owned(),
+        }];
+        let reused = Answer::Problem {
+            status: 422,
+            slug: "idempotency-key-reused".to_owned(),
+            retry_after: false,
+        };
+        let entries = [
+            entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
+            entry(op(2, 0, Kind::Caught), b, reused),
+        ];
+        let committed = [effect(1, 0, a, 1)];
+        assert_eq!(
+            with_mode(&entries, &committed, &[(0, 1)], &caught, true, true),
+            []
+        );
+        // Claim-first, the caught handler held the key: its own answer was due.
+        let found = with_mode(&entries, &committed, &[(0, 1)], &caught, true, false);
+        assert_eq!(names(&found), [CAUGHT_STORED]);
+        // A replay of the winner, for the same payload.
+        let same = [CaughtRun {
+            identity: a.to_owned(),
+            ..caught[0].clone()
+        }];
+        let entries = [
+            entry(op(1, 0, Kind::Ok), a, handler(1, a, false)),
+            entry(op(2, 0, Kind::Caught), a, handler(1, a, true)),
+        ];
+        assert_eq!(
+            with_mode(&entries, &committed, &[(0, 1)], &same, true, true),
+            []
+        );
     }
 
     #[test]

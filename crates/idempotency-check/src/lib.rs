@@ -65,7 +65,7 @@ pub enum Mode {
     /// The service: `execute_in` in a caller's transaction (two keys per transaction at
     /// times) and `execute` in its own, or (a seed in three) `execute_optimistic` throughout.
     Service,
-    /// `IdempotencyLayer` in transactional mode.
+    /// `IdempotencyLayer` in transactional mode, claim-first or (a seed in three) optimistic.
     Layer,
     /// `IdempotencyLayer` in leased mode (PostgreSQL and SQLite: MySQL has no leases).
     Leased,
@@ -163,6 +163,7 @@ impl Subject {
                 opt_in_header: false,
                 caught: false,
                 takeovers: false,
+                optimistic_layer: false,
             },
             Mode::Layer => Shape {
                 clients: 6,
@@ -175,6 +176,7 @@ impl Subject {
                 opt_in_header: true,
                 caught: true,
                 takeovers: false,
+                optimistic_layer: true,
             },
             Mode::Outbox => Shape {
                 clients: 6,
@@ -187,6 +189,7 @@ impl Subject {
                 opt_in_header: false,
                 caught: false,
                 takeovers: false,
+                optimistic_layer: false,
             },
             // Slow handlers run up to twice the lease: takeovers, late completions; failing
             // handlers release keys that a stale holder then races a new claim for.
@@ -201,6 +204,7 @@ impl Subject {
                 opt_in_header: true,
                 caught: false,
                 takeovers: true,
+                optimistic_layer: false,
             },
         }
     }
@@ -264,6 +268,9 @@ impl Report {
         {
             settings.push_str(" redis ");
             settings.push_str(redis.name());
+        }
+        if self.subject.mode == Mode::Layer && self.plan.optimistic {
+            settings.push_str(" optimistic");
         }
         if self.subject.mode == Mode::Service {
             settings.push_str(if self.plan.optimistic {

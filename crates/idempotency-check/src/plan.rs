@@ -189,6 +189,7 @@ pub struct Plan {
     pub lookup: bool,
     /// The service subjects: every operation runs through `execute_optimistic` (its duplicates
     /// may run the action concurrently, so it is not mixed with the claiming entry points).
+    /// The layer in transactional mode: the layer runs in its optimistic mode.
     pub optimistic: bool,
     /// Each client's operations, in order.
     pub clients: Vec<Vec<Op>>,
@@ -224,6 +225,9 @@ pub struct Shape {
     /// token that comes back after a release was seen in 1 of 315 leased histories; with
     /// this one in about 1 of 20 (`scripts/check-mutations.sh fencing-token-goes-back`).
     pub takeovers: bool,
+    /// Whether a seed in three runs the layer in its optimistic mode (the layer in
+    /// transactional mode).
+    pub optimistic_layer: bool,
 }
 
 impl Plan {
@@ -233,7 +237,13 @@ impl Plan {
         // The choices added after the first plans come from a stream of their own, so that the
         // draws above (keys, variants, kinds, faults) of a seed stay what they were.
         let mut extra = StdRng::seed_from_u64(seed ^ 0x6578_7472_6173);
-        let optimistic = shape.entry_points && extra.random_bool(0.3);
+        let optimistic = if shape.entry_points {
+            extra.random_bool(0.3)
+        } else {
+            // A stream of its own: the layer's plans of a seed stay what they were.
+            shape.optimistic_layer
+                && StdRng::seed_from_u64(seed ^ 0x6f70_7469_6d69).random_bool(0.3)
+        };
         let caches = match rng.random_range(0..3) {
             0 => Caches::None,
             1 => Caches::Moka,
@@ -389,6 +399,7 @@ mod tests {
         opt_in_header: true,
         caught: true,
         takeovers: false,
+        optimistic_layer: false,
     };
 
     #[test]

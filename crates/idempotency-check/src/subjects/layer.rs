@@ -5,7 +5,8 @@
 //! (succeed, reject, fail, run long, catch a failed statement) comes in headers the fingerprint
 //! does not cover, so a retry of one request can fail and then succeed.
 //!
-//! Transactional mode: the handler writes its effect in the layer's transaction. Leased mode: the
+//! Transactional mode: the handler writes its effect in the layer's transaction, the key claimed
+//! first or (the plan's `optimistic`) the record inserted after the handler. Leased mode: the
 //! handler's effect is outside the database, in a log of runs kept here.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -348,6 +349,7 @@ fn config(plan: &Plan) -> ServiceOptions {
 fn transactional_app<B, L, D>(
     service: IdempotencyService<B, L, D>,
     shared: Arc<Shared>,
+    optimistic: bool,
 ) -> Result<Router, CheckError>
 where
     B: Backend,
@@ -358,10 +360,13 @@ where
         .scope::<TenantHeader>()
         .fingerprint_header(HeaderName::from_static(CURRENCY))
         .map_err(|e| CheckError::Setup(e.to_string()))?;
-    Ok(Router::new()
-        .route("/acct/{account}/charges", post(transactional::<B>))
-        .route_layer(layer)
-        .with_state(shared))
+    let routes = Router::new().route("/acct/{account}/charges", post(transactional::<B>));
+    let routes = if optimistic {
+        routes.route_layer(layer.optimistic())
+    } else {
+        routes.route_layer(layer)
+    };
+    Ok(routes.with_state(shared))
 }
 
 fn leased_app<B, L, D>(
@@ -425,6 +430,7 @@ async fn drive<B: Backend>(
                 stored: &stored,
                 caught: &caught,
                 undoes_caught: B::NAME == "pg",
+                optimistic: plan.optimistic,
                 ran: &ran,
                 fail_fast,
             },
@@ -488,7 +494,7 @@ pub async fn run_transactional<B: Backend>(plan: &Plan, ctx: &Ctx) -> Result<Run
     let (redis, cache_wire) = ctx.redis(plan).await?;
     let shared = shared(ctx.faults());
     let app = with_caches!(plan, redis, store.clone(), config(plan), ctx, |service| {
-        transactional_app(service, Arc::clone(&shared))
+        transactional_app(service, Arc::clone(&shared), plan.optimistic)
     })?;
     drive(app, plan, &store, (wire, cache_wire), shared, false).await
 }
