@@ -450,6 +450,24 @@ async fn a_duplicate_whose_caught_failure_came_from_the_winner_answers_the_winne
     assert_eq!(store.count().await, 2);
 }
 
+/// The second duplicate's handler waited on the first one's row, caught the unique violation
+/// and still answered 201 on its aborted transaction: nothing of it can be stored, and the
+/// winner's committed record answers it (before: 500).
+async fn a_duplicate_whose_success_was_aborted_by_the_winner_answers_the_winner() {
+    let (store, _cleanup) = <PgStore as Orders>::fresh().await;
+    store.create_table().await;
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "a", "succeed_anyway": true });
+    let (first, second) = duplicates(&store, &app, &hooks, order, true).await;
+    assert_eq!(
+        (first.status, first.text().as_str(), first.is_replay()),
+        (StatusCode::CREATED, "order a (run 1)", false)
+    );
+    assert!(second.is_replay(), "{second:?}");
+    assert_eq!((second.status, &second.body), (first.status, &first.body));
+    assert_eq!(store.count().await, 2);
+}
+
 /// Under REPEATABLE READ or SERIALIZABLE on PostgreSQL, the first duplicate's snapshot
 /// predates the winner's commit: its insert of the record fails with a serialization failure
 /// rather than finding the key taken. It still answers the winner's response.
@@ -476,6 +494,11 @@ async fn a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner(isola
 mod postgres {
     use axum::http::StatusCode;
     use idempotency_pg::PgStore;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_duplicate_whose_success_was_aborted_by_the_winner_answers_the_winner() {
+        super::a_duplicate_whose_success_was_aborted_by_the_winner_answers_the_winner().await;
+    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner_repeatable_read() {

@@ -522,6 +522,52 @@ async fn optimistic_loser_replays_the_winner_under_serializable() {
     optimistic_loser_replays_the_winner_under("SERIALIZABLE").await;
 }
 
+/// The loser of two optimistic duplicates catches the unique violation the winner's row
+/// caused and answers a rejection: its transaction is aborted, so its insert of the record
+/// fails (25P02). The committed outcome answers it, not a store error.
+#[tokio::test(flavor = "multi_thread")]
+async fn optimistic_loser_that_caught_the_winners_violation_replays_the_winner() {
+    let (pool, service) = setup().await;
+    let request = serde_json::json!({"order": "o-dup"});
+    let key = IdempotencyKey::new("opt-caught").unwrap();
+    let (committed, winner_committed) = tokio::sync::watch::channel(false);
+    let loser = {
+        let (service, request, key) = (service.clone(), request.clone(), key.clone());
+        tokio::spawn(async move {
+            service
+                .execute_optimistic(Call::new("PAY", key, &request), async |conn| {
+                    let mut winner_committed = winner_committed.clone();
+                    winner_committed.wait_for(|done| *done).await.unwrap();
+                    match insert_payment(conn, "o-dup").await {
+                        Ok(id) => Ok::<_, AppError>(ExecutionResult::success(id)),
+                        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                            Ok(ExecutionResult::rejected("DUPLICATE_ORDER"))
+                        }
+                        Err(other) => Err(other.into()),
+                    }
+                })
+                .await
+        })
+    };
+    let winner: Outcome<i64> = service
+        .execute_optimistic(Call::new("PAY", key, &request), async |conn| {
+            Ok::<_, AppError>(ExecutionResult::success(
+                insert_payment(conn, "o-dup").await?,
+            ))
+        })
+        .await
+        .unwrap();
+    assert!(winner.is_executed());
+    committed.send_replace(true);
+    let loser = loser.await.unwrap().expect("the loser replays the winner");
+    assert!(!loser.is_executed());
+    assert_eq!(
+        loser.into_result().into_result().unwrap(),
+        winner.into_result().into_result().unwrap()
+    );
+    assert_eq!(count(&pool, "payments").await, 1);
+}
+
 fn claim_id(key: &str) -> RecordId {
     RecordId::new(
         Operation::new("OP").unwrap(),

@@ -312,6 +312,13 @@ where
                     };
                     aborted = Some(error);
                 }
+                // Aborted under another answer (a success whose writes were lost), or again
+                // after the retry: a duplicate that committed first may be what failed the
+                // handler's statement; without its record, nothing is stored (500).
+                Err(error) if store.aborted_before(&error) => {
+                    rollback(tx).await;
+                    return self.answer_committed(keyed, error).await;
+                }
                 Err(error) => {
                     rollback(tx).await;
                     return failed(Core::Store(error));

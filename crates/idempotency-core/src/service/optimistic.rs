@@ -180,6 +180,12 @@ where
                 rollback(tx).await;
                 self.committed_or(&id, &fingerprint, error).await
             }
+            // The action caught a failed statement, which aborted the transaction (PostgreSQL:
+            // 25P02): a duplicate that committed first may be what failed it.
+            Err(error) if inner.store.aborted_before(&error) => {
+                rollback(tx).await;
+                self.committed_or(&id, &fingerprint, error).await
+            }
             Err(error) => {
                 rollback(tx).await;
                 Err(Error::Store(error).into())
