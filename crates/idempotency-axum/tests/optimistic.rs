@@ -42,6 +42,14 @@ trait Orders: IdempotencyStore + idempotency_core::store::InsertCompleted + Clon
     fn read(conn: &mut Self::Connection) -> impl Future<Output = ()> + Send;
     /// How many inserts into the business table wait on a row lock now.
     fn waiting_inserts(&self) -> impl Future<Output = i64> + Send;
+    /// Inserts the order with `INSERT OR ROLLBACK` (SQLite only): a taken reference rolls the
+    /// whole transaction back; `false` then.
+    fn insert_or_roll_back(
+        _conn: &mut Self::Connection,
+        _reference: &str,
+    ) -> impl Future<Output = bool> + Send {
+        async { unimplemented!("INSERT OR ROLLBACK is SQLite's") }
+    }
     /// Sets the transaction's isolation level before its first statement (PostgreSQL only).
     fn isolate(_conn: &mut Self::Connection, _level: &str) -> impl Future<Output = ()> + Send {
         async { unimplemented!("isolation levels are tested on PostgreSQL") }
@@ -172,6 +180,13 @@ impl Orders for SqliteStore {
             .await
             .map_or_else(unique_violation, |_| true)
     }
+    async fn insert_or_roll_back(conn: &mut Self::Connection, reference: &str) -> bool {
+        sqlx::query("INSERT OR ROLLBACK INTO optimistic_orders (reference) VALUES (?)")
+            .bind(reference)
+            .execute(conn)
+            .await
+            .map_or_else(unique_violation, |_| true)
+    }
     reads!();
     /// SQLite's `BEGIN IMMEDIATE` serializes writers before any insert: never called.
     async fn waiting_inserts(&self) -> i64 {
@@ -199,6 +214,9 @@ struct NewOrder {
     /// `REFERENCE_TAKEN`: 500 or 409, neither stored.
     #[serde(default)]
     when_taken: Option<u16>,
+    /// Insert with `INSERT OR ROLLBACK` (SQLite).
+    #[serde(default)]
+    or_roll_back: bool,
     /// Run the transaction at this isolation level (PostgreSQL).
     #[serde(default)]
     isolation: Option<String>,
@@ -222,7 +240,11 @@ async fn create_order<B: Orders>(
         B::isolate(&mut tx, level).await;
     }
     B::read(&mut tx).await;
-    let inserted = B::insert(&mut tx, &reference).await;
+    let inserted = if order.or_roll_back {
+        B::insert_or_roll_back(&mut tx, &reference).await
+    } else {
+        B::insert(&mut tx, &reference).await
+    };
     if hooks.hold_first.swap(false, Ordering::SeqCst) {
         hooks.entered.notify_one();
         hooks.release.notified().await;
@@ -344,6 +366,25 @@ async fn a_success_on_an_aborted_transaction_is_not_stored() {
     let reply = send(&app, "k1", order).await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
     assert!(store.lookup(&record_id("k1")).await.unwrap().is_none());
+}
+
+/// On SQLite, `INSERT OR ROLLBACK` on a taken reference rolled the whole transaction back and
+/// left the connection in autocommit; the handler caught it and answered 201. The record must
+/// not commit on its own (before: stored, and the 201 replayed with no order written): the
+/// answer is a retryable 409, nothing stored.
+async fn a_success_after_a_statement_rolled_the_transaction_back_is_not_stored() {
+    let (store, _cleanup) = <SqliteStore as Orders>::fresh().await;
+    store.create_table().await;
+    let (app, _hooks) = app(store.clone(), ServiceOptions::default());
+    let order =
+        serde_json::json!({ "reference": "taken", "or_roll_back": true, "succeed_anyway": true });
+    let reply = send(&app, "k1", order).await;
+    reply.assert_problem(409, "transaction-conflict");
+    assert!(store.lookup(&record_id("k1")).await.unwrap().is_none());
+    assert_eq!(store.count().await, 1);
+    // The connection went back to the pool in a state sqlx knows: the next request works.
+    let next = send(&app, "k2", serde_json::json!({ "reference": "fresh" })).await;
+    assert_eq!(next.status, StatusCode::CREATED, "{next:?}");
 }
 
 /// Sends `order` under key `k1` twice at once: the first run of the handler waits after its
@@ -647,6 +688,11 @@ mod mysql {
 mod sqlite {
     use axum::http::StatusCode;
     use idempotency_sqlite::SqliteStore;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_success_after_a_statement_rolled_the_transaction_back_is_not_stored() {
+        super::a_success_after_a_statement_rolled_the_transaction_back_is_not_stored().await;
+    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_first_execution_is_stored_and_replayed() {

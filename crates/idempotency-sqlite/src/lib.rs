@@ -3,6 +3,7 @@
 
 mod admin;
 mod clock;
+mod commit_guard;
 mod connect;
 mod error;
 #[cfg(feature = "outbox")]

@@ -207,3 +207,63 @@ async fn a_full_disk_is_unavailable() {
         "{error:?}"
     );
 }
+
+/// A statement that rolls the whole transaction back (`INSERT OR ROLLBACK` on a taken key;
+/// `RAISE(ROLLBACK)` and a full disk do the same) leaves the connection in autocommit. An
+/// action that catches it and answers must not have its outcome stored: the record would
+/// commit on its own, without the writes it speaks for (before: `execute_optimistic` stored
+/// a success whose charge was rolled back; `execute_in` committed the key's record and the
+/// action's later write, each alone).
+#[tokio::test]
+async fn a_statement_that_rolled_the_transaction_back_stores_nothing() {
+    async fn roll_back_with_a_taken_key(conn: &mut sqlx::SqliteConnection) {
+        let error = sqlx::query("INSERT OR ROLLBACK INTO charges (id, reference) VALUES (1, 'x')")
+            .execute(&mut *conn)
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("UNIQUE"),
+            "a unique violation: {error}"
+        );
+    }
+    let store = fresh_store().await;
+    with_charges(&store).await;
+    insert_charge(&mut store.pool().acquire().await.unwrap(), "taken")
+        .await
+        .unwrap();
+    let service = IdempotencyService::new(store.clone());
+
+    let optimistic: Result<Outcome<i64>, AppError> = service
+        .execute_optimistic(Call::new("CHARGE", key("rolled-back"), &1), async |conn| {
+            let id = insert_charge(conn, "lost").await?;
+            roll_back_with_a_taken_key(conn).await;
+            Ok(ExecutionResult::success(id))
+        })
+        .await;
+    assert!(optimistic.is_err(), "{optimistic:?}");
+
+    let tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let mut tx = SqliteTx::new(tx);
+    insert_charge(tx.connection(), "lost too").await.unwrap();
+    roll_back_with_a_taken_key(tx.connection()).await;
+    let within: Result<Outcome<i64>, AppError> = service
+        .execute_in(
+            &mut tx,
+            Call::new("CHARGE", key("rolled-back-in"), &1),
+            async |conn| {
+                Ok(ExecutionResult::success(
+                    insert_charge(conn, "alone").await?,
+                ))
+            },
+        )
+        .await;
+    assert!(within.is_err(), "{within:?}");
+    drop(tx);
+
+    assert_eq!(count(store.pool(), "idempotency_records").await, 0);
+    assert_eq!(
+        count(store.pool(), "charges").await,
+        1,
+        "only the taken one"
+    );
+}

@@ -17,6 +17,7 @@ use super::row::{
 use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_millis;
+use crate::commit_guard::CommitGuard;
 use crate::connect::{self, BEGIN_IMMEDIATE};
 use crate::error::{Error, SchemaProblem, in_transaction_error, store_error};
 use crate::table::TableName;
@@ -167,6 +168,7 @@ impl IdempotencyStore for SqliteStore {
         claim: &Claim<'_>,
     ) -> Result<Acquire, StoreError> {
         let id = claim.id;
+        let guard = CommitGuard::arm(conn).await?;
         let inserted = sqlx::query(self.sql.acquire.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -175,8 +177,8 @@ impl IdempotencyStore for SqliteStore {
             .bind(ttl_millis(claim.ttl))
             .execute(&mut *conn)
             .await
-            .map_err(in_transaction_error)?
-            .rows_affected();
+            .map_err(in_transaction_error);
+        let inserted = guard.check(conn, inserted).await?.rows_affected();
         Ok(if inserted == 1 {
             Acquire::Acquired
         } else {
@@ -261,7 +263,8 @@ impl InsertCompleted for SqliteStore {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
         let (trace_id, span_id) = span_columns(execution_span);
-        let row: Option<CompleteRow> = sqlx::query_as(self.sql.insert_completed.clone())
+        let guard = CommitGuard::arm(conn).await?;
+        let row: Result<Option<CompleteRow>, _> = sqlx::query_as(self.sql.insert_completed.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -274,7 +277,8 @@ impl InsertCompleted for SqliteStore {
             .bind(span_id)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(in_transaction_error)?;
+            .map_err(in_transaction_error);
+        let row = guard.check(conn, row).await?;
         Ok(row.map(|row| completed_record(row, outcome.clone(), execution_span)))
     }
 }

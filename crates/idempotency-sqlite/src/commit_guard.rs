@@ -1,0 +1,86 @@
+//! [`CommitGuard`]: a store write in the caller's transaction never commits on its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use idempotency_core::store::StoreError;
+use sqlx::SqliteConnection;
+
+use crate::error::store_error;
+
+/// While it lives, SQLite's commit hook of the connection turns every commit into a rollback.
+///
+/// A statement that rolls the whole transaction back (`INSERT OR ROLLBACK` on a taken key, a
+/// trigger's `RAISE(ROLLBACK)`, a full disk) leaves the connection in autocommit, and sqlx still
+/// counts the transaction open. A store write after it (the claim, the terminal record of
+/// `execute_optimistic`) would then commit on its own, without the writes it speaks for, and
+/// sqlx's later `COMMIT` of the ended transaction succeeds without doing anything. Inside a
+/// transaction a statement commits nothing, so the hook is not called; in autocommit the
+/// statement's own commit calls it, and it is refused.
+///
+/// The hook stays on the connection, disarmed, when the guard is dropped (so a future dropped
+/// mid-statement leaves nothing armed); it replaces any commit hook of the caller's own on
+/// that connection.
+pub(crate) struct CommitGuard {
+    armed: Arc<AtomicBool>,
+    refused: Arc<AtomicBool>,
+}
+
+impl CommitGuard {
+    /// Arms the guard on `conn`: one hand-over of the connection from sqlx's worker thread.
+    pub(crate) async fn arm(conn: &mut SqliteConnection) -> Result<Self, StoreError> {
+        let armed = Arc::new(AtomicBool::new(true));
+        let refused = Arc::new(AtomicBool::new(false));
+        let (hook_armed, hook_refused) = (Arc::clone(&armed), Arc::clone(&refused));
+        conn.lock_handle()
+            .await
+            .map_err(store_error)?
+            .set_commit_hook(move || {
+                if hook_armed.load(Ordering::Acquire) {
+                    hook_refused.store(true, Ordering::Release);
+                    false
+                } else {
+                    true
+                }
+            });
+        Ok(Self { armed, refused })
+    }
+
+    /// Disarms the guard and passes the statement's result through. When the guard refused a
+    /// commit, the transaction had ended before the statement: a transaction is begun again on
+    /// `conn`, so that what the caller runs next stays uncommitted until the rollback (or
+    /// commit) sqlx sends for the transaction it still counts open, instead of committing
+    /// statement by statement, and that rollback finds a transaction (a failed one would leave
+    /// sqlx counting it open in the pool). The answer is then [`StoreError::Conflict`]
+    /// (retryable: the whole transaction is to be run again), whatever the statement returned.
+    pub(crate) async fn check<T>(
+        self,
+        conn: &mut SqliteConnection,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.armed.store(false, Ordering::Release);
+        if !self.refused.load(Ordering::Acquire) {
+            return result;
+        }
+        if let Err(error) = sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
+            tracing::warn!(%error, "could not begin a transaction again after one had ended");
+        }
+        Err(StoreError::Conflict(Box::new(TransactionEnded)))
+    }
+}
+
+impl Drop for CommitGuard {
+    fn drop(&mut self) {
+        self.armed.store(false, Ordering::Release);
+    }
+}
+
+/// The source of the [`StoreError::Conflict`] a store write gets when the caller's transaction
+/// had ended before it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the transaction had ended before this write: a statement in it rolled it back (INSERT OR \
+     ROLLBACK, RAISE(ROLLBACK), a full disk); nothing was written; run the whole transaction \
+     again"
+)]
+pub(crate) struct TransactionEnded;
