@@ -3,10 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use idempotency_core::store::StoreError;
 use sqlx::SqliteConnection;
-
-use crate::error::store_error;
 
 /// While it lives, SQLite's commit hook of the connection turns every commit into a rollback.
 ///
@@ -28,44 +25,37 @@ pub(crate) struct CommitGuard {
 
 impl CommitGuard {
     /// Arms the guard on `conn`: one hand-over of the connection from sqlx's worker thread.
-    pub(crate) async fn arm(conn: &mut SqliteConnection) -> Result<Self, StoreError> {
+    pub(crate) async fn arm(conn: &mut SqliteConnection) -> Result<Self, sqlx::Error> {
         let armed = Arc::new(AtomicBool::new(true));
         let refused = Arc::new(AtomicBool::new(false));
         let (hook_armed, hook_refused) = (Arc::clone(&armed), Arc::clone(&refused));
-        conn.lock_handle()
-            .await
-            .map_err(store_error)?
-            .set_commit_hook(move || {
-                if hook_armed.load(Ordering::Acquire) {
-                    hook_refused.store(true, Ordering::Release);
-                    false
-                } else {
-                    true
-                }
-            });
+        conn.lock_handle().await?.set_commit_hook(move || {
+            if hook_armed.load(Ordering::Acquire) {
+                hook_refused.store(true, Ordering::Release);
+                false
+            } else {
+                true
+            }
+        });
         Ok(Self { armed, refused })
     }
 
-    /// Disarms the guard and passes the statement's result through. When the guard refused a
-    /// commit, the transaction had ended before the statement: a transaction is begun again on
+    /// Disarms the guard; `true` when it refused a commit: the transaction had ended before
+    /// the statements it guarded, which wrote nothing. A transaction is then begun again on
     /// `conn`, so that what the caller runs next stays uncommitted until the rollback (or
     /// commit) sqlx sends for the transaction it still counts open, instead of committing
     /// statement by statement, and that rollback finds a transaction (a failed one would leave
-    /// sqlx counting it open in the pool). The answer is then [`StoreError::Conflict`]
-    /// (retryable: the whole transaction is to be run again), whatever the statement returned.
-    pub(crate) async fn check<T>(
-        self,
-        conn: &mut SqliteConnection,
-        result: Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    /// sqlx counting it open in the pool). The caller answers a retryable conflict, with
+    /// [`TransactionEnded`] as its source.
+    pub(crate) async fn ended(self, conn: &mut SqliteConnection) -> bool {
         self.armed.store(false, Ordering::Release);
         if !self.refused.load(Ordering::Acquire) {
-            return result;
+            return false;
         }
         if let Err(error) = sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
             tracing::warn!(%error, "could not begin a transaction again after one had ended");
         }
-        Err(StoreError::Conflict(Box::new(TransactionEnded)))
+        true
     }
 }
 
@@ -75,8 +65,8 @@ impl Drop for CommitGuard {
     }
 }
 
-/// The source of the [`StoreError::Conflict`] a store write gets when the caller's transaction
-/// had ended before it.
+/// The source of the conflict (`StoreError::Conflict`, the outbox's `Error::Conflict`) a store
+/// write gets when the caller's transaction had ended before it.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "the transaction had ended before this write: a statement in it rolled it back (INSERT OR \

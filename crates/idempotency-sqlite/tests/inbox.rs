@@ -167,3 +167,30 @@ async fn injection_through_the_inbox_table_name_is_an_error_not_sql() {
         "the victim table is still there"
     );
 }
+
+/// A statement that rolled the consumer's transaction back (`INSERT OR ROLLBACK` on a taken
+/// key) left the connection in autocommit: the inbox entry must not commit on its own, or the
+/// redelivery would be dropped with none of the consumer's effects applied (before: it did).
+#[tokio::test]
+async fn an_entry_after_a_statement_rolled_the_transaction_back_is_not_written() {
+    let (_, outbox) = fresh(&config(Ordering::Unordered)).await;
+    let inbox = inbox(outbox.pool()).await;
+    sqlx::raw_sql("CREATE TABLE applied (id INTEGER PRIMARY KEY); INSERT INTO applied VALUES (1)")
+        .execute(inbox.pool())
+        .await
+        .unwrap();
+    let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query("INSERT OR ROLLBACK INTO applied VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    let error = inbox.record(&mut tx, "consumer", "m-1").await.unwrap_err();
+    assert!(matches!(error, Error::Conflict(_)), "{error:?}");
+    tx.rollback().await.unwrap();
+    let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert!(
+        inbox.record(&mut tx, "consumer", "m-1").await.unwrap(),
+        "the message is new: nothing was recorded"
+    );
+    tx.commit().await.unwrap();
+}

@@ -187,3 +187,43 @@ async fn a_first_row_behind_a_long_blocked_backlog_is_claimed() {
         "the first rows of b and c, not a's nor c's second"
     );
 }
+
+/// A statement that rolled the caller's transaction back (`INSERT OR ROLLBACK` on a taken key)
+/// left the connection in autocommit: an event enqueued then must not commit on its own,
+/// without the business change it announces (before: it did, in both orderings), and the
+/// connection must go back to the pool in a state sqlx knows.
+#[tokio::test]
+async fn an_event_after_a_statement_rolled_the_transaction_back_is_not_written() {
+    for ordering in [Ordering::Ordered, Ordering::Unordered] {
+        let (_, outbox) = fresh(&config(ordering)).await;
+        sqlx::raw_sql(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY); INSERT INTO orders VALUES (1)",
+        )
+        .execute(outbox.pool())
+        .await
+        .unwrap();
+        let mut tx = outbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+        sqlx::query("INSERT INTO orders VALUES (2)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::query("INSERT OR ROLLBACK INTO orders VALUES (1)")
+            .execute(&mut *tx)
+            .await
+            .unwrap_err();
+        let error = outbox.enqueue(&mut tx, &event("a", 1)).await.unwrap_err();
+        assert!(
+            matches!(error, Error::Conflict(_)),
+            "{ordering:?}: {error:?}"
+        );
+        tx.rollback().await.unwrap();
+        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(outbox.pool())
+            .await
+            .unwrap();
+        assert_eq!(events, 0, "{ordering:?}: the event committed on its own");
+        let mut tx = outbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+        outbox.enqueue(&mut tx, &event("a", 2)).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+}

@@ -11,6 +11,7 @@ use sqlx::{Connection, SqlStr, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 use crate::clock::NOW_MS;
+use crate::commit_guard::{CommitGuard, TransactionEnded};
 use crate::introspect::Affinity;
 use crate::outbox::schema::{self, Index, Shape, col};
 use crate::outbox::{from_crate_error, millis, outbox_error, statements_sql};
@@ -142,6 +143,9 @@ impl SqliteInbox {
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx: the entry would commit without the consumer's effects.
+    /// For the same reason fails with a retryable [`Error::Conflict`], writing nothing, when a
+    /// statement of the caller had rolled the transaction back (`INSERT OR ROLLBACK`,
+    /// `RAISE(ROLLBACK)`, a full disk).
     pub async fn record(
         &self,
         conn: &mut SqliteConnection,
@@ -160,14 +164,18 @@ impl SqliteInbox {
                 });
             }
         }
+        // A statement that rolled the caller's transaction back left `conn` in autocommit,
+        // where the entry would commit on its own, without the consumer's effects.
+        let guard = CommitGuard::arm(conn).await.map_err(outbox_error)?;
         let inserted = sqlx::query(self.sql.record.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
-            .await
-            .map_err(outbox_error)?
-            .rows_affected();
-        Ok(inserted == 1)
+            .await;
+        if guard.ended(conn).await {
+            return Err(Error::Conflict(Box::new(TransactionEnded)));
+        }
+        Ok(inserted.map_err(outbox_error)?.rows_affected() == 1)
     }
 
     /// [`record`](Self::record) for an outbox message id.

@@ -19,6 +19,7 @@ pub(crate) use row::millis;
 pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
 pub(crate) use statements::sql as statements_sql;
 
+use crate::commit_guard::{CommitGuard, TransactionEnded};
 use crate::table::TableName;
 use schema::Names;
 use statements::Statements;
@@ -159,7 +160,10 @@ impl SqliteOutbox {
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx (`begin`, `begin_with`, [`SqliteTx`](crate::SqliteTx), an
-    /// `execute` action's connection): a `BEGIN` sent as plain SQL is not seen.
+    /// `execute` action's connection): a `BEGIN` sent as plain SQL is not seen. Fails with a
+    /// retryable [`Error::Conflict`], writing nothing, when a statement of the caller had rolled
+    /// the transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full disk): the events
+    /// would otherwise commit on their own.
     pub async fn enqueue_all(
         &self,
         conn: &mut SqliteConnection,
@@ -174,10 +178,24 @@ impl SqliteOutbox {
             return Ok(Vec::new());
         }
         let json = row::events_json(events)?;
+        // A statement that rolled the caller's transaction back left `conn` in autocommit,
+        // where these inserts would commit on their own, without the change they announce.
+        let guard = CommitGuard::arm(conn).await.map_err(outbox_error)?;
+        let written = self.write(conn, &json).await;
+        if guard.ended(conn).await {
+            return Err(Error::Conflict(Box::new(TransactionEnded)));
+        }
+        written?;
+        Ok(events.iter().map(NewEvent::id).collect())
+    }
+
+    /// The inserts of [`enqueue_all`](Self::enqueue_all): in `ordered` mode under a savepoint
+    /// that undoes the counters when they fail.
+    async fn write(&self, conn: &mut SqliteConnection, json: &str) -> Result<(), Error> {
         match self.ordering {
             Ordering::Unordered => {
                 sqlx::query(self.sql.insert_unordered.clone())
-                    .bind(&json)
+                    .bind(json)
                     .execute(&mut *conn)
                     .await
                     .map_err(outbox_error)?;
@@ -187,7 +205,7 @@ impl SqliteOutbox {
                     .execute(&mut *conn)
                     .await
                     .map_err(outbox_error)?;
-                match self.insert_ordered(conn, &json).await {
+                match self.insert_ordered(conn, json).await {
                     Ok(()) => {
                         sqlx::raw_sql(RELEASE)
                             .execute(&mut *conn)
@@ -206,7 +224,7 @@ impl SqliteOutbox {
                 }
             }
         }
-        Ok(events.iter().map(NewEvent::id).collect())
+        Ok(())
     }
 
     async fn insert_ordered(&self, conn: &mut SqliteConnection, json: &str) -> Result<(), Error> {

@@ -17,7 +17,7 @@ use super::row::{
 use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_millis;
-use crate::commit_guard::CommitGuard;
+use crate::commit_guard::{CommitGuard, TransactionEnded};
 use crate::connect::{self, BEGIN_IMMEDIATE};
 use crate::error::{Error, SchemaProblem, in_transaction_error, store_error};
 use crate::table::TableName;
@@ -168,7 +168,7 @@ impl IdempotencyStore for SqliteStore {
         claim: &Claim<'_>,
     ) -> Result<Acquire, StoreError> {
         let id = claim.id;
-        let guard = CommitGuard::arm(conn).await?;
+        let guard = CommitGuard::arm(conn).await.map_err(store_error)?;
         let inserted = sqlx::query(self.sql.acquire.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -178,7 +178,10 @@ impl IdempotencyStore for SqliteStore {
             .execute(&mut *conn)
             .await
             .map_err(in_transaction_error);
-        let inserted = guard.check(conn, inserted).await?.rows_affected();
+        if guard.ended(conn).await {
+            return Err(transaction_ended());
+        }
+        let inserted = inserted?.rows_affected();
         Ok(if inserted == 1 {
             Acquire::Acquired
         } else {
@@ -263,7 +266,7 @@ impl InsertCompleted for SqliteStore {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
         let (trace_id, span_id) = span_columns(execution_span);
-        let guard = CommitGuard::arm(conn).await?;
+        let guard = CommitGuard::arm(conn).await.map_err(store_error)?;
         let row: Result<Option<CompleteRow>, _> = sqlx::query_as(self.sql.insert_completed.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -278,7 +281,10 @@ impl InsertCompleted for SqliteStore {
             .fetch_optional(&mut *conn)
             .await
             .map_err(in_transaction_error);
-        let row = guard.check(conn, row).await?;
+        if guard.ended(conn).await {
+            return Err(transaction_ended());
+        }
+        let row = row?;
         Ok(row.map(|row| completed_record(row, outcome.clone(), execution_span)))
     }
 }
@@ -295,4 +301,9 @@ impl ExpiredCleanup for SqliteStore {
             .map_err(store_error)?
             .rows_affected())
     }
+}
+
+/// The retryable conflict of a store write whose transaction had ended before it.
+fn transaction_ended() -> StoreError {
+    StoreError::Conflict(Box::new(TransactionEnded))
 }
