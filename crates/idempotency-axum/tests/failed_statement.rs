@@ -18,7 +18,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
 use idempotency_core::{
-    IdempotencyKey, IdempotencyService, IdempotencyStore, Operation, RecordId, RecordStatus, Scope,
+    Call, ExecutionResult, IdempotencyKey, IdempotencyService, IdempotencyStore, Operation,
+    Outcome, RecordId, RecordStatus, Scope,
 };
 use idempotency_pg::{PgStore, sqlx};
 use idempotency_sqlite::SqliteStore;
@@ -203,7 +204,56 @@ async fn hooks_rolled_back_to_the_savepoint_do_not_run() {
     assert_eq!(ran.load(Ordering::SeqCst), 1);
 }
 
+/// Opens the account like `open_account`; when the name is taken, first calls the service's
+/// `execute_in` on the aborted transaction (an audit entry of its own), which fails.
+async fn open_account_then_audit(
+    State(service): State<IdempotencyService<PgStore>>,
+    mut tx: IdempotentTx<PgStore>,
+    Json(body): Json<NewAccount>,
+) -> Response {
+    if PgStore::insert(&mut tx, &body.name).await {
+        return (StatusCode::CREATED, format!("opened {}", body.name)).into_response();
+    }
+    let audit = Call::new(
+        "AUDIT",
+        IdempotencyKey::new(format!("audit-{}", body.name)).unwrap(),
+        &(),
+    );
+    let audited: Result<Outcome<()>, idempotency_core::Error> = service
+        .execute_in(tx.tx(), audit, async |_conn| {
+            Ok(ExecutionResult::success(()))
+        })
+        .await;
+    assert!(audited.is_err(), "the transaction is aborted: {audited:?}");
+    (StatusCode::UNPROCESSABLE_ENTITY, "NAME_TAKEN").into_response()
+}
+
+/// A store statement that failed in the handler (a nested `execute_in` on the aborted
+/// transaction) went with the rollback to the savepoint: the 4xx is stored as any caught
+/// failure's (before: the `Tx` stayed poisoned, its commit refused, 500).
+async fn a_store_failure_rolled_back_to_the_savepoint_does_not_refuse_the_commit() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let service = IdempotencyService::new(store.clone());
+    let app = Router::new()
+        .route("/accounts", post(open_account_then_audit))
+        .route_layer(IdempotencyLayer::new(service.clone()).scope::<SharedScope>())
+        .with_state(service);
+    let first = send(&app, "k1", "taken").await;
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "NAME_TAKEN")
+    );
+    let retry = send(&app, "k1", "taken").await;
+    assert!(retry.is_replay(), "the 422 was stored: {retry:?}");
+}
+
 mod postgres {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_store_failure_rolled_back_to_the_savepoint_does_not_refuse_the_commit() {
+        super::a_store_failure_rolled_back_to_the_savepoint_does_not_refuse_the_commit().await;
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn hooks_rolled_back_to_the_savepoint_do_not_run() {
         super::hooks_rolled_back_to_the_savepoint_do_not_run().await;

@@ -44,4 +44,4 @@ pub use service::{
     Call, IdempotencyService, InFlightPolicy, MAX_TTL, ServiceBuilder, ServiceOptions,
 };
 pub use store::{Acquire, BoxError, Claim, ExpiredCleanup, IdempotencyStore, LockWait, StoreError};
-pub use tx::Tx;
+pub use tx::{Tx, TxMark};

@@ -9,6 +9,15 @@ use crate::store::{IdempotencyStore, StoreError};
 
 type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
+/// A [`Tx`]'s hooks, unfinished claims and failed-statement flag at one moment
+/// ([`Tx::mark`]), restored by [`Tx::rolled_back_to`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxMark {
+    hooks: usize,
+    unfinished: usize,
+    poisoned: bool,
+}
+
 /// An open transaction of store `S`, with after-commit hooks.
 ///
 /// `execute_in` takes `&mut Tx<S>`, so calling it outside a transaction does not compile. The
@@ -95,26 +104,40 @@ impl<S: IdempotencyStore> Tx<S> {
         self.hooks.len()
     }
 
-    /// Drops the hooks registered after the first `count`, keeping those: what a rollback to
-    /// a savepoint does to them, when the savepoint was taken while
-    /// [`pending_hooks`](Self::pending_hooks) was `count`. The statements they were registered
-    /// with are undone, so they must not run after the commit.
+    /// What the transaction holds now besides its statements (its hooks, its unfinished
+    /// claims, whether a store statement failed), for [`rolled_back_to`](Self::rolled_back_to)
+    /// when a savepoint is taken now.
+    pub fn mark(&self) -> TxMark {
+        TxMark {
+            hooks: self.hooks.len(),
+            unfinished: self.unfinished,
+            poisoned: self.poisoned,
+        }
+    }
+
+    /// The transaction was rolled back to a savepoint taken at `mark`: what came with the
+    /// statements it undid goes with them. The hooks registered since are dropped (they must
+    /// not run after the commit), the keys acquired since are no longer unfinished (their
+    /// claims are undone), and a store statement that failed since no longer refuses the
+    /// commit (the savepoint undid the failure).
     ///
     /// ```no_run
     /// # use idempotency_core::*;
     /// # async fn f<S: IdempotencyStore>(service: &IdempotencyService<S>) -> Result<(), StoreError> {
     /// let mut tx = service.begin().await?;
-    /// let mark = tx.pending_hooks();
+    /// let mark = tx.mark();
     /// // a savepoint, a statement and its hook...
     /// tx.after_commit(async { /* notify about the row */ });
     /// // ...the statement is rolled back to the savepoint, and so is its hook
-    /// tx.discard_hooks_after(mark);
-    /// assert_eq!(tx.pending_hooks(), mark);
+    /// tx.rolled_back_to(mark);
+    /// assert_eq!(tx.pending_hooks(), 0);
     /// tx.commit().await
     /// # }
     /// ```
-    pub fn discard_hooks_after(&mut self, count: usize) {
-        self.hooks.truncate(count);
+    pub fn rolled_back_to(&mut self, mark: TxMark) {
+        self.hooks.truncate(mark.hooks);
+        self.unfinished = mark.unfinished;
+        self.poisoned = mark.poisoned;
     }
 
     /// Number of keys acquired in this transaction whose outcome is not stored yet.

@@ -17,7 +17,7 @@ use idempotency_core::fingerprint::short_hash;
 use idempotency_core::trace;
 use idempotency_core::{
     Acquire, Claim, IdempotencyMetrics, IdempotencyStore, InFlightPolicy, Level, LockWait,
-    RecordId, StoreError, Tx,
+    RecordId, StoreError, Tx, TxMark,
 };
 use tower::Service;
 use tracing::Instrument;
@@ -294,9 +294,9 @@ where
             rollback(tx).await;
             return failed(Core::Store(error));
         }
-        // The hooks the handler registers go with its statements if they are rolled back to
-        // the savepoint.
-        let hooks_before = tx.pending_hooks();
+        // What the handler adds to the `Tx` (hooks, nested claims, a failed store statement)
+        // goes with its statements if they are rolled back to the savepoint.
+        let mark = tx.mark();
         let slot = TxSlot::new(tx);
         request.extensions_mut().insert(slot.clone());
         let response = match inner.call(request).await {
@@ -323,7 +323,7 @@ where
                 return (Answer::Failed, Problem::internal().into_response());
             }
         };
-        match self.commit(tx, keyed, hooks_before, &parts, &body).await {
+        match self.commit(tx, keyed, mark, &parts, &body).await {
             Ok(()) => (
                 Answer::Executed,
                 Response::from_parts(parts, Body::from(body)),
@@ -337,7 +337,7 @@ where
         &self,
         mut tx: Tx<S>,
         keyed: Option<Keyed>,
-        hooks_before: usize,
+        mark: TxMark,
         parts: &axum::http::response::Parts,
         body: &Bytes,
     ) -> Result<(), Error> {
@@ -351,7 +351,7 @@ where
                 return Err(error);
             }
         };
-        let record = match self.complete(&mut tx, &keyed, hooks_before, &outcome).await {
+        let record = match self.complete(&mut tx, &keyed, mark, &outcome).await {
             Ok(record) => record,
             Err(error) => {
                 rollback(tx).await;
@@ -387,13 +387,14 @@ where
     /// a 4xx, the transaction returns to the savepoint taken before the handler, which undoes
     /// the handler's statements, and the outcome is stored there: the answer is stored on every
     /// backend alike. Any other answer on an aborted transaction (a 2xx whose writes were lost)
-    /// fails, and the request is rolled back and answered 500. The after-commit hooks the
-    /// handler registered (those after the first `hooks_before`) go with its statements.
+    /// fails, and the request is rolled back and answered 500. What the handler added to the
+    /// `Tx` since `mark` (after-commit hooks, nested claims, a failed store statement) goes
+    /// with its statements.
     async fn complete(
         &self,
         tx: &mut Tx<S>,
         keyed: &Keyed,
-        hooks_before: usize,
+        mark: TxMark,
         outcome: &idempotency_core::StoredOutcome,
     ) -> Result<idempotency_core::IdempotencyRecord, StoreError> {
         let store = self.service.store();
@@ -419,7 +420,7 @@ where
         {
             return Err(error);
         }
-        tx.discard_hooks_after(hooks_before);
+        tx.rolled_back_to(mark);
         let record = store
             .complete(tx.connection(), &keyed.id, outcome, execution_span)
             .instrument(trace::store_span(S::DB_SYSTEM, "complete", "UPDATE"))
