@@ -9,8 +9,8 @@ use crate::store::{IdempotencyStore, StoreError};
 
 type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
-/// A [`Tx`]'s hooks, unfinished claims and failed-statement flag at one moment
-/// ([`Tx::mark`]), restored by [`Tx::rolled_back_to`].
+/// A [`Tx`]'s hooks, unfinished claims and failed-statement flag when [`Tx::savepoint`] took
+/// the store's savepoint, restored by [`Tx::rollback_to_savepoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxMark {
     hooks: usize,
@@ -104,40 +104,56 @@ impl<S: IdempotencyStore> Tx<S> {
         self.hooks.len()
     }
 
-    /// What the transaction holds now besides its statements (its hooks, its unfinished
-    /// claims, whether a store statement failed), for [`rolled_back_to`](Self::rolled_back_to)
-    /// when a savepoint is taken now.
-    pub fn mark(&self) -> TxMark {
-        TxMark {
+    /// Takes the store's savepoint ([`IdempotencyStore::savepoint`]; nothing on a store that
+    /// keeps none) and returns what the transaction holds now besides its statements (its
+    /// hooks, its unfinished claims, whether a store statement failed), for
+    /// [`rollback_to_savepoint`](Self::rollback_to_savepoint).
+    pub async fn savepoint(&mut self, store: &S) -> Result<TxMark, StoreError> {
+        store.savepoint(self.connection()).await?;
+        Ok(TxMark {
             hooks: self.hooks.len(),
             unfinished: self.unfinished,
             poisoned: self.poisoned,
-        }
+        })
     }
 
-    /// The transaction was rolled back to a savepoint taken at `mark`: what came with the
-    /// statements it undid goes with them. The hooks registered since are dropped (they must
-    /// not run after the commit), the keys acquired since are no longer unfinished (their
-    /// claims are undone), and a store statement that failed since no longer refuses the
-    /// commit (the savepoint undid the failure).
+    /// [`IdempotencyStore::rollback_to_savepoint`] on this transaction, for `failed`. When it
+    /// returned to the savepoint taken at `mark` (`true`), what came with the statements it
+    /// undid goes with them: the hooks registered since are dropped (they must not run after
+    /// the commit), the keys acquired since are no longer unfinished (their claims are
+    /// undone), and a store statement that failed since no longer refuses the commit (the
+    /// savepoint undid the failure).
     ///
     /// ```no_run
     /// # use idempotency_core::*;
-    /// # async fn f<S: IdempotencyStore>(service: &IdempotencyService<S>) -> Result<(), StoreError> {
+    /// # async fn f<S: IdempotencyStore>(service: &IdempotencyService<S>, failed: StoreError) -> Result<(), StoreError> {
+    /// let store = service.store();
     /// let mut tx = service.begin().await?;
-    /// let mark = tx.mark();
-    /// // a savepoint, a statement and its hook...
+    /// let mark = tx.savepoint(store).await?;
+    /// // a statement and its hook...
     /// tx.after_commit(async { /* notify about the row */ });
-    /// // ...the statement is rolled back to the savepoint, and so is its hook
-    /// tx.rolled_back_to(mark);
-    /// assert_eq!(tx.pending_hooks(), 0);
+    /// // ...then a statement fails and aborts the transaction (`failed`)
+    /// if tx.rollback_to_savepoint(store, mark, &failed).await? {
+    ///     assert_eq!(tx.pending_hooks(), 0, "the hook went with its statement");
+    /// }
     /// tx.commit().await
     /// # }
     /// ```
-    pub fn rolled_back_to(&mut self, mark: TxMark) {
-        self.hooks.truncate(mark.hooks);
-        self.unfinished = mark.unfinished;
-        self.poisoned = mark.poisoned;
+    pub async fn rollback_to_savepoint(
+        &mut self,
+        store: &S,
+        mark: TxMark,
+        failed: &StoreError,
+    ) -> Result<bool, StoreError> {
+        let back = store
+            .rollback_to_savepoint(self.connection(), failed)
+            .await?;
+        if back {
+            self.hooks.truncate(mark.hooks);
+            self.unfinished = mark.unfinished;
+            self.poisoned = mark.poisoned;
+        }
+        Ok(back)
     }
 
     /// Number of keys acquired in this transaction whose outcome is not stored yet.

@@ -288,15 +288,18 @@ where
     where
         I: Service<Request, Response = Response, Error = Infallible>,
     {
-        if keyed.is_some()
-            && let Err(error) = self.service.store().savepoint(tx.connection()).await
-        {
-            rollback(tx).await;
-            return failed(Core::Store(error));
-        }
         // What the handler adds to the `Tx` (hooks, nested claims, a failed store statement)
         // goes with its statements if they are rolled back to the savepoint.
-        let mark = tx.mark();
+        let mark = match &keyed {
+            Some(_) => match tx.savepoint(self.service.store()).await {
+                Ok(mark) => Some(mark),
+                Err(error) => {
+                    rollback(tx).await;
+                    return failed(Core::Store(error));
+                }
+            },
+            None => None,
+        };
         let slot = TxSlot::new(tx);
         request.extensions_mut().insert(slot.clone());
         let response = match inner.call(request).await {
@@ -337,7 +340,7 @@ where
         &self,
         mut tx: Tx<S>,
         keyed: Option<Keyed>,
-        mark: TxMark,
+        mark: Option<TxMark>,
         parts: &axum::http::response::Parts,
         body: &Bytes,
     ) -> Result<(), Error> {
@@ -388,13 +391,13 @@ where
     /// the handler's statements, and the outcome is stored there: the answer is stored on every
     /// backend alike. Any other answer on an aborted transaction (a 2xx whose writes were lost)
     /// fails, and the request is rolled back and answered 500. What the handler added to the
-    /// `Tx` since `mark` (after-commit hooks, nested claims, a failed store statement) goes
-    /// with its statements.
+    /// `Tx` since the savepoint (`mark`: after-commit hooks, nested claims, a failed store
+    /// statement) goes with its statements.
     async fn complete(
         &self,
         tx: &mut Tx<S>,
         keyed: &Keyed,
-        mark: TxMark,
+        mark: Option<TxMark>,
         outcome: &idempotency_core::StoredOutcome,
     ) -> Result<idempotency_core::IdempotencyRecord, StoreError> {
         let store = self.service.store();
@@ -413,14 +416,16 @@ where
         if !matches!(outcome, idempotency_core::StoredOutcome::Rejected { .. }) {
             return Err(error);
         }
-        if !store
-            .rollback_to_savepoint(tx.connection(), &error)
+        let Some(mark) = mark else {
+            return Err(error);
+        };
+        if !tx
+            .rollback_to_savepoint(store, mark, &error)
             .await
             .unwrap_or(false)
         {
             return Err(error);
         }
-        tx.rolled_back_to(mark);
         let record = store
             .complete(tx.connection(), &keyed.id, outcome, execution_span)
             .instrument(trace::store_span(S::DB_SYSTEM, "complete", "UPDATE"))
