@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::SqliteConnection;
+use sqlx::sqlite::SqliteTransactionManager;
+use sqlx_core::transaction::TransactionManager;
 
 /// While it lives, SQLite's commit hook of the connection turns every commit into a rollback.
 ///
@@ -42,7 +44,7 @@ impl CommitGuard {
 
     /// Disarms the guard; `true` when it refused a commit: the transaction had ended before
     /// the statements it guarded, which wrote nothing. A transaction is then begun again on
-    /// `conn`, so that what the caller runs next stays uncommitted until the rollback (or
+    /// `conn` when sqlx counts one (not a nested one, not none), so that what the caller runs next stays uncommitted until the rollback (or
     /// commit) sqlx sends for the transaction it still counts open, instead of committing
     /// statement by statement, and that rollback finds a transaction (a failed one would leave
     /// sqlx counting it open in the pool). The caller answers a retryable conflict, with
@@ -52,7 +54,12 @@ impl CommitGuard {
         if !self.refused.load(Ordering::Acquire) {
             return false;
         }
-        if let Err(error) = sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
+        // Only where sqlx counts one transaction: within a nested one (a savepoint) its
+        // rollbacks name savepoints that are gone, and a transaction begun here would stay
+        // open in the pool, swallowing the next user's commit.
+        if SqliteTransactionManager::get_transaction_depth(conn) == 1
+            && let Err(error) = sqlx::raw_sql("BEGIN").execute(&mut *conn).await
+        {
             tracing::warn!(%error, "could not begin a transaction again after one had ended");
         }
         true

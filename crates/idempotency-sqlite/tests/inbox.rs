@@ -194,3 +194,48 @@ async fn an_entry_after_a_statement_rolled_the_transaction_back_is_not_written()
     );
     tx.commit().await.unwrap();
 }
+
+/// The same inside a nested sqlx transaction (a savepoint): the refusal begins no transaction
+/// of its own there, so the connection does not go back to the pool inside a transaction
+/// that would swallow the next user's commit.
+#[tokio::test]
+async fn a_refused_entry_in_a_nested_transaction_leaves_no_transaction_behind() {
+    let path = temp_db_path();
+    let options = idempotency_sqlite::connect_options(as_str(&path)).unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    let inbox = inbox(&pool).await;
+    sqlx::raw_sql("CREATE TABLE applied (id INTEGER PRIMARY KEY); INSERT INTO applied VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    {
+        let mut tx = pool.begin().await.unwrap();
+        let mut inner = sqlx::Connection::begin(&mut *tx).await.unwrap();
+        sqlx::query("INSERT OR ROLLBACK INTO applied VALUES (1)")
+            .execute(&mut *inner)
+            .await
+            .unwrap_err();
+        let error = inbox
+            .record(&mut inner, "consumer", "m-1")
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::Conflict(_)), "{error:?}");
+    }
+    // The pool's one connection, next user: its commit is seen from another connection.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO applied VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let other = SqlitePool::connect_with(options).await.unwrap();
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM applied")
+        .fetch_one(&other)
+        .await
+        .unwrap();
+    assert_eq!(applied, 2, "the next user's commit was swallowed");
+}
