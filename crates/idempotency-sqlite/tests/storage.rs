@@ -267,3 +267,46 @@ async fn a_statement_that_rolled_the_transaction_back_stores_nothing() {
         "only the taken one"
     );
 }
+
+/// `execute` (the key claimed first) whose action ran a statement that rolled the transaction
+/// back: the claim went with it, the completion finds no claim, nothing is stored, and the
+/// connection goes back to the pool usable (before: sqlx still counted the transaction open,
+/// its rollback failed, and every later `BEGIN IMMEDIATE` on that connection was refused).
+#[tokio::test]
+async fn a_claim_rolled_back_by_the_action_leaves_the_connection_usable() {
+    let (_, options) = support::fresh_options();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool);
+    store.create_schema().await.unwrap();
+    with_charges(&store).await;
+    insert_charge(&mut store.pool().acquire().await.unwrap(), "taken")
+        .await
+        .unwrap();
+    let service = IdempotencyService::new(store.clone());
+    let rolled_back: Result<Outcome<i64>, AppError> = service
+        .execute(
+            Call::new("CHARGE", key("claim-rolled-back"), &1),
+            async |conn| {
+                let id = insert_charge(conn, "lost").await?;
+                sqlx::query("INSERT OR ROLLBACK INTO charges (id, reference) VALUES (1, 'x')")
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap_err();
+                Ok(ExecutionResult::success(id))
+            },
+        )
+        .await;
+    assert!(rolled_back.is_err(), "{rolled_back:?}");
+    let next: Outcome<i64> = service
+        .execute(Call::new("CHARGE", key("next"), &1), async |conn| {
+            Ok::<_, AppError>(ExecutionResult::success(insert_charge(conn, "next").await?))
+        })
+        .await
+        .expect("the pool's one connection is usable");
+    assert!(next.is_executed());
+    assert_eq!(count(store.pool(), "idempotency_records").await, 1);
+}

@@ -226,7 +226,12 @@ impl IdempotencyStore for SqliteStore {
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
         let (trace_id, span_id) = span_columns(execution_span);
-        let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
+        // After a statement that ended the transaction the claim is gone and the update writes
+        // nothing, but its commit tells the guard, which begins the transaction again: the
+        // rollback that follows then finds one, and the connection goes back to the pool in a
+        // state sqlx knows.
+        let guard = CommitGuard::arm(conn).await.map_err(store_error)?;
+        let row: Result<Option<CompleteRow>, _> = sqlx::query_as(self.sql.complete.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -237,8 +242,11 @@ impl IdempotencyStore for SqliteStore {
             .bind(span_id)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(in_transaction_error)?;
-        let Some(row) = row else {
+            .map_err(in_transaction_error);
+        if guard.ended(conn).await {
+            return Err(transaction_ended());
+        }
+        let Some(row) = row? else {
             let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
