@@ -293,13 +293,6 @@ where
                         Error::from(Core::InFlight).into_response(),
                     );
                 }
-                // A serialization failure (PostgreSQL under REPEATABLE READ or SERIALIZABLE: a
-                // duplicate's record committed after this transaction's snapshot) or a
-                // deadlock: a committed record answers, as for a key found taken.
-                Err(error @ StoreError::Conflict(_)) => {
-                    rollback(tx).await;
-                    return self.answer_committed(keyed, error).await;
-                }
                 Err(error)
                     if aborted.is_none()
                         && matches!(outcome, StoredOutcome::Rejected { .. })
@@ -312,10 +305,14 @@ where
                     };
                     aborted = Some(error);
                 }
-                // Aborted under another answer (a success whose writes were lost), or again
-                // after the retry: a duplicate that committed first may be what failed the
-                // handler's statement; without its record, nothing is stored (500).
-                Err(error) if store.aborted_before(&error) => {
+                // A serialization failure (PostgreSQL under REPEATABLE READ or SERIALIZABLE: a
+                // duplicate's record committed after this transaction's snapshot), a deadlock,
+                // or a transaction aborted under another answer (a success whose writes were
+                // lost) or again after the retry: a committed record answers, as for a key
+                // found taken; without one, nothing is stored.
+                Err(error)
+                    if matches!(error, StoreError::Conflict(_)) || store.aborted_before(&error) =>
+                {
                     rollback(tx).await;
                     return self.answer_committed(keyed, error).await;
                 }

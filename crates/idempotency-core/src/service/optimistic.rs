@@ -174,15 +174,13 @@ where
                 Err(Error::InFlight.into())
             }
             // A serialization failure (PostgreSQL under REPEATABLE READ or SERIALIZABLE: a
-            // duplicate's record committed after this transaction's snapshot) or a deadlock: a
-            // committed outcome answers, as for a key found taken.
-            Err(error @ StoreError::Conflict(_)) => {
-                rollback(tx).await;
-                self.committed_or(&id, &fingerprint, error).await
-            }
-            // The action caught a failed statement, which aborted the transaction (PostgreSQL:
-            // 25P02): a duplicate that committed first may be what failed it.
-            Err(error) if inner.store.aborted_before(&error) => {
+            // duplicate's record committed after this transaction's snapshot), a deadlock, or a
+            // caught failed statement that aborted the transaction (PostgreSQL: 25P02, perhaps
+            // on the duplicate's row): a committed outcome answers, as for a key found taken.
+            Err(error)
+                if matches!(error, StoreError::Conflict(_))
+                    || inner.store.aborted_before(&error) =>
+            {
                 rollback(tx).await;
                 self.committed_or(&id, &fingerprint, error).await
             }
