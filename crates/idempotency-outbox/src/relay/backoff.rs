@@ -3,6 +3,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -32,14 +33,17 @@ pub(crate) fn delay(config: &BackoffConfig, id: Uuid, attempt: u32) -> Duration 
 /// ([`Outage::sent`]), which a batch's concurrent publishes may outlive: a confirmation of a
 /// publish sent before the outage started does not end it, and a failure of a publish sent
 /// before it ended (a timeout that comes after another publish was confirmed) does not start
-/// another. Each outage starts and ends once.
+/// another, and waits as at the start of one (the broker answered since). Each outage starts
+/// and ends once.
 #[derive(Debug)]
 pub(crate) struct Outage {
     origin: Instant,
     /// Even while the broker answers, odd during an outage; each change of state adds one.
+    /// Written under `since`'s lock only; read without it for the publishes about to be sent.
     epoch: AtomicU64,
-    /// Milliseconds from `origin` to the start of the last outage.
-    since: AtomicU64,
+    /// Milliseconds from `origin` to the start of the last outage. Its lock orders the changes
+    /// of state, so that whoever sees an outage sees when it started.
+    since: Mutex<u64>,
 }
 
 /// The state of an [`Outage`] a publish was sent in.
@@ -58,7 +62,7 @@ impl Default for Outage {
         Self {
             origin: Instant::now(),
             epoch: AtomicU64::new(0),
-            since: AtomicU64::new(0),
+            since: Mutex::new(0),
         }
     }
 }
@@ -73,46 +77,44 @@ impl Outage {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// The start of the last outage, under the lock that orders the changes of state. A
+    /// poisoned lock still holds a whole `u64`: a panic cannot leave it half-written.
+    fn since(&self) -> MutexGuard<'_, u64> {
+        self.since.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// A publish sent in state `sent` failed transiently: how long the outage has lasted (zero
-    /// at its start), and whether this failure started it (only a publish sent while the
-    /// broker answered, and only the first such failure).
+    /// at its start, and when the broker answered since), and whether this failure started it
+    /// (only a publish sent while the broker answered, and only the first such failure).
     fn failed(&self, sent: Sent) -> (Duration, bool) {
+        let mut since = self.since();
         let now = self.now();
-        let started = sent.healthy()
-            && self
-                .epoch
-                .compare_exchange(
-                    sent.0,
-                    sent.0 + 1,
-                    AtomicOrdering::AcqRel,
-                    AtomicOrdering::Acquire,
-                )
-                .is_ok();
-        if started {
-            self.since.store(now, AtomicOrdering::Release);
+        let epoch = self.epoch.load(AtomicOrdering::Acquire);
+        if sent.healthy() && epoch == sent.0 {
+            *since = now;
+            self.epoch.store(epoch + 1, AtomicOrdering::Release);
             return (Duration::ZERO, true);
         }
-        let since = self.since.load(AtomicOrdering::Acquire);
-        (Duration::from_millis(now.saturating_sub(since)), false)
+        if epoch.is_multiple_of(2) {
+            // Sent during an outage that has ended since: the broker answers again.
+            return (Duration::ZERO, false);
+        }
+        (Duration::from_millis(now.saturating_sub(*since)), false)
     }
 
     /// A publish sent in state `sent` was confirmed: how long the outage it ended lasted, if
     /// it ended one (a publish sent during the outage; exactly one caller sees it end).
     pub(crate) fn ended(&self, sent: Sent) -> Option<Duration> {
-        // The common case (sent while the broker answered) reads nothing shared.
+        // The common case (sent while the broker answered) takes no lock.
         if sent.healthy() {
             return None;
         }
-        self.epoch
-            .compare_exchange(
-                sent.0,
-                sent.0 + 1,
-                AtomicOrdering::AcqRel,
-                AtomicOrdering::Acquire,
-            )
-            .ok()?;
-        let since = self.since.load(AtomicOrdering::Acquire);
-        Some(Duration::from_millis(self.now().saturating_sub(since)))
+        let since = self.since();
+        if self.epoch.load(AtomicOrdering::Acquire) != sent.0 {
+            return None;
+        }
+        self.epoch.store(sent.0 + 1, AtomicOrdering::Release);
+        Some(Duration::from_millis(self.now().saturating_sub(*since)))
     }
 
     /// The delay before the next attempt of `id` after a transient failure of a publish sent
@@ -208,5 +210,58 @@ mod tests {
             "a publish sent during the last outage does not end this one"
         );
         assert!(outage.ended(outage.sent()).is_some());
+    }
+
+    /// A publish sent during an outage that fails after the outage ended waits as after a
+    /// first failure: the broker answers again (before: as long as the whole outage had
+    /// lasted, up to `max`).
+    #[test]
+    fn a_failure_sent_during_an_outage_that_ended_waits_as_a_first_one() {
+        let config = BackoffConfig {
+            base: Duration::from_millis(20),
+            max: Duration::from_secs(60),
+        };
+        let outage = Outage::default();
+        let id = Uuid::now_v7();
+        assert!(outage.delay(&config, id, 1, outage.sent()).1);
+        let during = outage.sent();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(outage.ended(during).is_some());
+        let (late, started) = outage.delay(&config, id, 1, during);
+        assert!(!started);
+        assert!(late < config.base, "{late:?}");
+    }
+
+    /// Workers failing at the start of an outage all read when it started: none reads the
+    /// start of an earlier outage (here: the relay's start, ten seconds ago) and waits as long
+    /// (before: the start was stored after the state changed, and a worker in between read
+    /// the old one).
+    #[test]
+    fn concurrent_first_failures_all_wait_as_first_ones() {
+        let config = BackoffConfig {
+            base: Duration::from_millis(20),
+            max: Duration::from_secs(60),
+        };
+        for _ in 0..2_000 {
+            let outage = Outage {
+                origin: Instant::now().checked_sub(Duration::from_secs(10)).unwrap(),
+                ..Outage::default()
+            };
+            let healthy = outage.sent();
+            let start = std::sync::Barrier::new(4);
+            let delays: Vec<Duration> = std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..4)
+                    .map(|_| {
+                        let (outage, config, start) = (&outage, &config, &start);
+                        scope.spawn(move || {
+                            start.wait();
+                            outage.delay(config, Uuid::now_v7(), 1, healthy).0
+                        })
+                    })
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap()).collect()
+            });
+            assert!(delays.iter().all(|d| *d < config.base * 2), "{delays:?}");
+        }
     }
 }
