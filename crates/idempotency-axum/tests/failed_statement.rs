@@ -248,6 +248,57 @@ async fn a_store_failure_rolled_back_to_the_savepoint_does_not_refuse_the_commit
     assert!(retry.is_replay(), "the 422 was stored: {retry:?}");
 }
 
+/// Opens an account "first" with an after-commit hook, then takes a savepoint of its own
+/// (`Tx::savepoint`) before opening the account asked for, which may be taken.
+async fn open_two_accounts_past_a_savepoint_of_its_own(
+    State((service, ran)): State<(IdempotencyService<PgStore>, Arc<AtomicUsize>)>,
+    mut tx: IdempotentTx<PgStore>,
+    Json(body): Json<NewAccount>,
+) -> Response {
+    assert!(PgStore::insert(&mut tx, "first").await);
+    tx.tx().after_commit(async move {
+        ran.fetch_add(1, Ordering::SeqCst);
+    });
+    tx.tx().savepoint(service.store()).await.unwrap();
+    open_account(State(()), tx, Json(body)).await
+}
+
+/// A handler that took a savepoint of its own: the layer's rollback returns to the layer's
+/// savepoint, not to the handler's, so the statements before the handler's savepoint go with
+/// the hooks dropped for them (before: both savepoints had one name, the rollback landed on
+/// the handler's, and the account "first" committed with the stored 422 while its hook was
+/// dropped).
+async fn the_rollback_returns_to_the_layers_savepoint_past_the_handlers() {
+    let (store, _cleanup) = PgStore::fresh().await;
+    store.create_table().await;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let service = IdempotencyService::new(store.clone());
+    let app = Router::new()
+        .route(
+            "/accounts",
+            post(open_two_accounts_past_a_savepoint_of_its_own),
+        )
+        .route_layer(IdempotencyLayer::new(service.clone()).scope::<SharedScope>())
+        .with_state((service, Arc::clone(&ran)));
+    let rejected = send(&app, "k1", "taken").await;
+    assert_eq!(
+        rejected.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{rejected:?}"
+    );
+    assert_eq!(
+        store.count().await,
+        1,
+        "the account \"first\" committed with the 422"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    assert!(send(&app, "k1", "taken").await.is_replay());
+    let opened = send(&app, "k2", "fresh").await;
+    assert_eq!(opened.status, StatusCode::CREATED, "{opened:?}");
+    assert_eq!(store.count().await, 3);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
 mod postgres {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_store_failure_rolled_back_to_the_savepoint_does_not_refuse_the_commit() {
@@ -257,6 +308,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread")]
     async fn hooks_rolled_back_to_the_savepoint_do_not_run() {
         super::hooks_rolled_back_to_the_savepoint_do_not_run().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_rollback_returns_to_the_layers_savepoint_past_the_handlers() {
+        super::the_rollback_returns_to_the_layers_savepoint_past_the_handlers().await;
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -191,17 +191,23 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// backend on which one failed statement aborts the whole transaction (PostgreSQL): see
     /// [`rollback_to_savepoint`](Self::rollback_to_savepoint). The default does nothing: on
     /// SQLite and MySQL a failed statement leaves the transaction usable.
+    ///
+    /// `number` tells the savepoints of one transaction apart (1, 2, ... as
+    /// [`Tx::savepoint`](crate::Tx::savepoint) takes them): a store names each by it, so that
+    /// [`rollback_to_savepoint`](Self::rollback_to_savepoint) of an earlier one returns to it
+    /// even when a later one (a handler's own) was taken since.
     fn savepoint(
         &self,
         conn: &mut Self::Connection,
+        number: u32,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = conn;
+        let _ = (conn, number);
         async { Ok(()) }
     }
 
     /// When `failed` (the error of [`complete`](Self::complete)) says the transaction had
     /// already been aborted by an earlier statement, returns it to the
-    /// [`savepoint`](Self::savepoint), undoing the action's statements, so that an action which
+    /// [`savepoint`](Self::savepoint) numbered `number`, undoing the action's statements, so that an action which
     /// caught a failed statement (a unique violation answered as a 422) can still have its
     /// outcome stored: the caller then completes the record again. `false` for any other
     /// failure (the transaction is left as it is) and when the store keeps no savepoint (the
@@ -209,9 +215,10 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     fn rollback_to_savepoint(
         &self,
         conn: &mut Self::Connection,
+        number: u32,
         failed: &StoreError,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = (conn, failed);
+        let _ = (conn, number, failed);
         async { Ok(false) }
     }
 

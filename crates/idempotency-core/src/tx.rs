@@ -10,9 +10,12 @@ use crate::store::{IdempotencyStore, StoreError};
 type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A [`Tx`]'s hooks, unfinished claims and failed-statement flag when [`Tx::savepoint`] took
-/// the store's savepoint, restored by [`Tx::rollback_to_savepoint`].
+/// the store's savepoint, restored by [`Tx::rollback_to_savepoint`], and which savepoint it
+/// was: each has a number of its own in its transaction, so a rollback to one returns to it,
+/// not to a later one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxMark {
+    savepoint: u32,
     hooks: usize,
     unfinished: usize,
     poisoned: bool,
@@ -68,6 +71,8 @@ pub struct Tx<S: IdempotencyStore> {
     hooks: Vec<Hook>,
     unfinished: usize,
     poisoned: bool,
+    /// How many savepoints [`savepoint`](Self::savepoint) took: the last one's number.
+    savepoints: u32,
 }
 
 impl<S: IdempotencyStore> Tx<S> {
@@ -78,6 +83,7 @@ impl<S: IdempotencyStore> Tx<S> {
             hooks: Vec::new(),
             unfinished: 0,
             poisoned: false,
+            savepoints: 0,
         }
     }
 
@@ -108,9 +114,17 @@ impl<S: IdempotencyStore> Tx<S> {
     /// keeps none) and returns what the transaction holds now besides its statements (its
     /// hooks, its unfinished claims, whether a store statement failed), for
     /// [`rollback_to_savepoint`](Self::rollback_to_savepoint).
+    ///
+    /// Each call takes a savepoint of its own (numbered in this transaction), so that a
+    /// rollback to an earlier one returns there even when a later one was taken since.
     pub async fn savepoint(&mut self, store: &S) -> Result<TxMark, StoreError> {
-        store.savepoint(self.connection()).await?;
+        let savepoint = self.savepoints.checked_add(1).ok_or_else(|| {
+            StoreError::Database("more than u32::MAX savepoints in one transaction".into())
+        })?;
+        store.savepoint(self.connection(), savepoint).await?;
+        self.savepoints = savepoint;
         Ok(TxMark {
+            savepoint,
             hooks: self.hooks.len(),
             unfinished: self.unfinished,
             poisoned: self.poisoned,
@@ -146,7 +160,7 @@ impl<S: IdempotencyStore> Tx<S> {
         failed: &StoreError,
     ) -> Result<bool, StoreError> {
         let back = store
-            .rollback_to_savepoint(self.connection(), failed)
+            .rollback_to_savepoint(self.connection(), mark.savepoint, failed)
             .await?;
         if back {
             self.hooks.truncate(mark.hooks);

@@ -165,9 +165,11 @@ impl PgStore {
     }
 }
 
-/// The savepoint the action starts from (see [`IdempotencyStore::savepoint`]).
-const ACTION_SAVEPOINT: &str = "SAVEPOINT idempotency_action";
-const ROLLBACK_TO_ACTION: &str = "ROLLBACK TO SAVEPOINT idempotency_action";
+/// The savepoint numbered `number` in its transaction, which an action starts from (see
+/// [`IdempotencyStore::savepoint`]): `idempotency_action_1`, `idempotency_action_2`, ...
+fn action_savepoint(number: u32) -> String {
+    format!("idempotency_action_{number}")
+}
 
 fn interval(ttl: Option<Duration>) -> Option<PgInterval> {
     ttl.map(|ttl| PgInterval {
@@ -274,8 +276,9 @@ impl IdempotencyStore for PgStore {
 
     /// `SAVEPOINT`: a statement of the action that fails aborts the transaction up to here
     /// only.
-    async fn savepoint(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        sqlx::raw_sql(ACTION_SAVEPOINT)
+    async fn savepoint(&self, conn: &mut PgConnection, number: u32) -> Result<(), StoreError> {
+        let statement = format!("SAVEPOINT {}", action_savepoint(number));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
@@ -288,12 +291,14 @@ impl IdempotencyStore for PgStore {
     async fn rollback_to_savepoint(
         &self,
         conn: &mut PgConnection,
+        number: u32,
         failed: &StoreError,
     ) -> Result<bool, StoreError> {
         if !self.aborted_before(failed) {
             return Ok(false);
         }
-        sqlx::raw_sql(ROLLBACK_TO_ACTION)
+        let statement = format!("ROLLBACK TO SAVEPOINT {}", action_savepoint(number));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(&mut *conn)
             .await
             .map_err(store_error)?;
