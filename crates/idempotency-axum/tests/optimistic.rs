@@ -202,6 +202,34 @@ struct Hooks {
     hold_first: AtomicBool,
     entered: Notify,
     release: Notify,
+    /// The service's metrics of its keys: acquired, found taken, waits measured.
+    acquired: AtomicUsize,
+    conflicts: AtomicUsize,
+    waits: AtomicUsize,
+}
+
+impl Hooks {
+    /// (acquired, found taken, waits measured).
+    fn keys(&self) -> (usize, usize, usize) {
+        let load = |n: &AtomicUsize| n.load(Ordering::SeqCst);
+        (
+            load(&self.acquired),
+            load(&self.conflicts),
+            load(&self.waits),
+        )
+    }
+}
+
+impl idempotency_core::IdempotencyMetrics for Hooks {
+    fn acquired(&self, _: &str) {
+        self.acquired.fetch_add(1, Ordering::SeqCst);
+    }
+    fn acquire_conflict(&self, _: &str) {
+        self.conflicts.fetch_add(1, Ordering::SeqCst);
+    }
+    fn acquire_wait(&self, _: &str, _: Duration) {
+        self.waits.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Deserialize)]
@@ -262,7 +290,10 @@ async fn create_order<B: Orders>(
 
 fn app<B: Orders>(store: B, options: ServiceOptions) -> (Router, Arc<Hooks>) {
     let hooks = Arc::new(Hooks::default());
-    let service = IdempotencyService::builder(store).config(options).build();
+    let service = IdempotencyService::builder(store)
+        .config(options)
+        .metrics(Arc::clone(&hooks))
+        .build();
     let layer = IdempotencyLayer::new(service)
         .scope::<SharedScope>()
         .optimistic();
@@ -324,7 +355,7 @@ async fn a_first_execution_is_stored_and_replayed<B: Orders>(lookup_before_acqui
 async fn a_caught_failed_statement_is_stored_and_replayed<B: Orders>() {
     let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
-    let (app, _hooks) = app(store.clone(), ServiceOptions::default());
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
     let first = send(&app, "k1", serde_json::json!({ "reference": "taken" })).await;
     assert_eq!(
         (first.status, first.text().as_str()),
@@ -336,6 +367,9 @@ async fn a_caught_failed_statement_is_stored_and_replayed<B: Orders>() {
     assert!(retry.is_replay(), "the 422 was stored: {retry:?}");
     assert_eq!(retry.body, first.body);
     assert_eq!(store.count().await, 1);
+    // One wait per request, also where the insert on the aborted transaction was tried again
+    // in a new one (before, on PostgreSQL: four).
+    assert_eq!(hooks.keys(), (1, 1, 2), "acquired, conflicts, waits");
 }
 
 /// A 5xx (or a 409) is not stored and, with no record for the key, answered as is; the retry
@@ -371,7 +405,8 @@ async fn a_success_on_an_aborted_transaction_is_not_stored() {
 /// On SQLite, `INSERT OR ROLLBACK` on a taken reference rolled the whole transaction back and
 /// left the connection in autocommit; the handler caught it and answered 201. The record must
 /// not commit on its own (before: stored, and the 201 replayed with no order written): the
-/// answer is a retryable 409, nothing stored.
+/// answer is a 500, not a retryable 409 (the handler's statements after the one that ended the
+/// transaction committed one by one, and a retry would run them again), nothing stored.
 async fn a_success_after_a_statement_rolled_the_transaction_back_is_not_stored() {
     let (store, _cleanup) = <SqliteStore as Orders>::fresh().await;
     store.create_table().await;
@@ -379,7 +414,7 @@ async fn a_success_after_a_statement_rolled_the_transaction_back_is_not_stored()
     let order =
         serde_json::json!({ "reference": "taken", "or_roll_back": true, "succeed_anyway": true });
     let reply = send(&app, "k1", order).await;
-    reply.assert_problem(409, "transaction-conflict");
+    reply.assert_problem(500, "internal-error");
     assert!(store.lookup(&record_id("k1")).await.unwrap().is_none());
     assert_eq!(store.count().await, 1);
     // The connection went back to the pool in a state sqlx knows: the next request works.
@@ -529,6 +564,13 @@ async fn a_duplicate_whose_snapshot_predates_the_winner_answers_the_winner(isola
         store.count().await,
         2,
         "the first handler's a-1 was rolled back"
+    );
+    // The loser found the key taken, as a loser of the insert does (before: its serialization
+    // failure counted as no conflict).
+    assert_eq!(
+        hooks.keys(),
+        (1, 1, 2),
+        "{isolation}: acquired, conflicts, waits"
     );
 }
 

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idempotency_core::store::{Acquire, Claim, IdempotencyStore, LockWait};
@@ -416,7 +417,7 @@ async fn optimistic_duplicates_leave_one_business_row() {
         .await
         .unwrap();
     let request = serde_json::json!({"amount": 5});
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(20));
+    let barrier = Arc::new(tokio::sync::Barrier::new(20));
     let tasks: Vec<_> = (0..20)
         .map(|_| {
             let (service, request, barrier) = (service.clone(), request.clone(), barrier.clone());
@@ -459,7 +460,11 @@ async fn optimistic_duplicates_leave_one_business_row() {
 /// snapshot before the winner committed: its insert of the record (or its commit) fails with a
 /// serialization failure, not a conflict on the key. The committed record still answers it.
 async fn optimistic_loser_replays_the_winner_under(isolation: &str) {
-    let (pool, service) = setup().await;
+    let (pool, plain) = setup().await;
+    let counts = Arc::new(KeyCounts::default());
+    let service = IdempotencyService::builder(plain.store().clone())
+        .metrics(Arc::clone(&counts))
+        .build();
     let request = serde_json::json!({"amount": 7});
     let key = IdempotencyKey::new("opt-isolated").unwrap();
     let (committed, winner_committed) = tokio::sync::watch::channel(false);
@@ -510,6 +515,47 @@ async fn optimistic_loser_replays_the_winner_under(isolation: &str) {
         .await
         .unwrap();
     assert_eq!(orders, ["winner"], "the loser's row was rolled back");
+    // The loser found the key taken, as a loser of the insert does (before: its serialization
+    // failure counted neither as a conflict, and under SERIALIZABLE, where the commit fails,
+    // it counted as acquired).
+    assert_eq!(
+        counts.snapshot(),
+        (1, 1, 2),
+        "{isolation}: acquired, conflicts, waits"
+    );
+}
+
+/// What the service counts of its keys: acquired, found taken, waits measured.
+#[derive(Default)]
+struct KeyCounts {
+    acquired: std::sync::atomic::AtomicUsize,
+    conflicts: std::sync::atomic::AtomicUsize,
+    waits: std::sync::atomic::AtomicUsize,
+}
+
+impl KeyCounts {
+    fn snapshot(&self) -> (usize, usize, usize) {
+        let load = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
+        (
+            load(&self.acquired),
+            load(&self.conflicts),
+            load(&self.waits),
+        )
+    }
+}
+
+impl idempotency_core::IdempotencyMetrics for KeyCounts {
+    fn acquired(&self, _: &str) {
+        self.acquired
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn acquire_conflict(&self, _: &str) {
+        self.conflicts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn acquire_wait(&self, _: &str, _: Duration) {
+        self.waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

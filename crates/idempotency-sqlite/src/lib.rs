@@ -3,7 +3,6 @@
 
 mod admin;
 mod clock;
-mod commit_guard;
 mod connect;
 mod error;
 #[cfg(feature = "outbox")]
@@ -13,6 +12,7 @@ mod introspect;
 mod outbox;
 mod records;
 mod table;
+mod transaction_end;
 
 use idempotency_core::{IdempotencyService, Tx};
 

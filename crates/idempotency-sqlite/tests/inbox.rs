@@ -185,7 +185,10 @@ async fn an_entry_after_a_statement_rolled_the_transaction_back_is_not_written()
         .await
         .unwrap_err();
     let error = inbox.record(&mut tx, "consumer", "m-1").await.unwrap_err();
-    assert!(matches!(error, Error::Conflict(_)), "{error:?}");
+    assert!(
+        matches!(error, Error::Database(_)),
+        "not retryable: {error:?}"
+    );
     tx.rollback().await.unwrap();
     let mut tx = inbox.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert!(
@@ -223,7 +226,10 @@ async fn a_refused_entry_in_a_nested_transaction_leaves_no_transaction_behind() 
             .record(&mut inner, "consumer", "m-1")
             .await
             .unwrap_err();
-        assert!(matches!(error, Error::Conflict(_)), "{error:?}");
+        assert!(
+            matches!(error, Error::Database(_)),
+            "not retryable: {error:?}"
+        );
     }
     // The pool's one connection, next user: its commit is seen from another connection.
     let mut tx = pool.begin().await.unwrap();

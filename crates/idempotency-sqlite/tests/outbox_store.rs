@@ -213,7 +213,7 @@ async fn an_event_after_a_statement_rolled_the_transaction_back_is_not_written()
             .unwrap_err();
         let error = outbox.enqueue(&mut tx, &event("a", 1)).await.unwrap_err();
         assert!(
-            matches!(error, Error::Conflict(_)),
+            matches!(error, Error::Database(_)),
             "{ordering:?}: {error:?}"
         );
         tx.rollback().await.unwrap();

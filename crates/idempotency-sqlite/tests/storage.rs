@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotency_core::store::{IdempotencyStore, StoreError};
@@ -309,4 +310,86 @@ async fn a_claim_rolled_back_by_the_action_leaves_the_connection_usable() {
         .expect("the pool's one connection is usable");
     assert!(next.is_executed());
     assert_eq!(count(store.pool(), "idempotency_records").await, 1);
+}
+
+/// A claim whose future is dropped mid-write, after a statement had rolled the caller's
+/// transaction back, must not commit on its own when sqlx's worker runs the queued write
+/// (before: the guard disarmed on drop, and the write the worker ran next committed alone).
+/// The future is dropped after each number of polls in turn, with time for the worker between
+/// polls, so that one drop lands between sending the insert and running it.
+#[tokio::test]
+async fn a_claim_dropped_mid_write_after_the_transaction_ended_commits_nothing() {
+    let store = fresh_store().await;
+    with_charges(&store).await;
+    insert_charge(&mut store.pool().acquire().await.unwrap(), "taken")
+        .await
+        .unwrap();
+    let fingerprint = Fingerprint::new("c".repeat(64));
+    for polls in 1..=8 {
+        let id = RecordId::new(
+            Operation::new("OP").unwrap(),
+            Scope::default(),
+            key(&format!("dropped-{polls}")),
+        );
+        let mut tx = store.begin().await.unwrap();
+        sqlx::query("INSERT OR ROLLBACK INTO charges (id, reference) VALUES (1, 'x')")
+            .execute(&mut *tx)
+            .await
+            .unwrap_err();
+        {
+            let claim = claim(&id, &fingerprint);
+            let mut acquire = std::pin::pin!(store.acquire(&mut tx, &claim));
+            for _ in 0..polls {
+                let ready = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(acquire.as_mut().poll(cx).is_ready())
+                })
+                .await;
+                if ready {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        // Time for the worker to run whatever was queued, then the caller gives up.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(tx);
+    }
+    assert_eq!(
+        count(store.pool(), "idempotency_records").await,
+        0,
+        "a claim committed on its own"
+    );
+}
+
+/// The error of a store write after a statement ended the transaction is not retryable: the
+/// caller's statements after the one that ended it have committed one by one, and a retry of
+/// the whole transaction would run them again (before: a retryable `Conflict`).
+#[tokio::test]
+async fn a_write_after_the_transaction_ended_is_not_retryable() {
+    let store = fresh_store().await;
+    with_charges(&store).await;
+    insert_charge(&mut store.pool().acquire().await.unwrap(), "taken")
+        .await
+        .unwrap();
+    let fingerprint = Fingerprint::new("d".repeat(64));
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        key("ended"),
+    );
+    let mut tx = store.begin().await.unwrap();
+    sqlx::query("INSERT OR ROLLBACK INTO charges (id, reference) VALUES (1, 'x')")
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    insert_charge(&mut tx, "committed alone").await.unwrap();
+    let error = store
+        .acquire(&mut tx, &claim(&id, &fingerprint))
+        .await
+        .unwrap_err();
+    assert!(!error.is_retryable(), "{error:?}");
+    let source = std::error::Error::source(&error).unwrap().to_string();
+    assert!(source.contains("transaction had ended"), "{source}");
+    drop(tx);
+    assert_eq!(count(store.pool(), "idempotency_records").await, 0);
 }

@@ -245,12 +245,18 @@ where
                     "INSERT",
                 ))
                 .await;
-            metrics.acquire_wait(op, started.elapsed());
+            // Once per request: not for the insert whose transaction had been aborted before
+            // it, which is tried again at once.
+            let again = aborted.is_none()
+                && matches!(outcome, StoredOutcome::Rejected { .. })
+                && matches!(&inserted, Err(error) if store.aborted_before(error));
+            if !again {
+                metrics.acquire_wait(op, started.elapsed());
+            }
             match inserted {
                 Ok(Some(record)) => {
-                    metrics.acquired(op);
                     match tx.commit().await {
-                        Ok(()) => {}
+                        Ok(()) => metrics.acquired(op),
                         // SERIALIZABLE on PostgreSQL: a duplicate may have committed first.
                         Err(error @ StoreError::Conflict(_)) => {
                             return self.answer_committed(keyed, error).await;
@@ -293,11 +299,7 @@ where
                         Error::from(Core::InFlight).into_response(),
                     );
                 }
-                Err(error)
-                    if aborted.is_none()
-                        && matches!(outcome, StoredOutcome::Rejected { .. })
-                        && store.aborted_before(&error) =>
-                {
+                Err(error) if again => {
                     rollback(tx).await;
                     tx = match Tx::<S>::begin(store).await {
                         Ok(tx) => tx,
@@ -324,11 +326,17 @@ where
         }
     }
 
-    /// After a conflict that rolled the transaction back: the committed record's answer, or
-    /// the conflict (retryable) when there is none.
+    /// After a conflict that rolled the transaction back: the committed record's answer
+    /// (counted as a key found taken), or the conflict (retryable) when there is none.
     async fn answer_committed(&self, keyed: &Keyed, conflict: StoreError) -> (Answer, Response) {
         match self.replay_stored(keyed).await {
-            Ok(Some(answer)) => answer,
+            Ok(Some(answer)) => {
+                // The key was taken, as for an insert that found it.
+                self.service
+                    .metrics()
+                    .acquire_conflict(keyed.id.operation.as_str());
+                answer
+            }
             Ok(None) => failed(Core::Store(conflict)),
             Err(error) => (Answer::Failed, error.into_response()),
         }

@@ -132,7 +132,6 @@ where
         inner.metrics.acquire_wait(op, started.elapsed());
         match inserted {
             Ok(Some(record)) => {
-                inner.metrics.acquired(op);
                 mark(
                     match stored.status() {
                         crate::RecordStatus::Rejected => SpanOutcome::Rejected,
@@ -151,7 +150,10 @@ where
                     service.fill_caches(&hook_id, record).await;
                 });
                 match tx.commit().await {
-                    Ok(()) => Ok(Outcome::new(result, Origin::Executed)),
+                    Ok(()) => {
+                        inner.metrics.acquired(op);
+                        Ok(Outcome::new(result, Origin::Executed))
+                    }
                     // SERIALIZABLE on PostgreSQL: a duplicate may have committed first.
                     Err(error @ StoreError::Conflict(_)) => {
                         self.committed_or(&id, &fingerprint, error).await
@@ -191,8 +193,8 @@ where
         }
     }
 
-    /// After a conflict that rolled the transaction back: the committed outcome, or the
-    /// conflict (retryable) when there is none.
+    /// After a conflict that rolled the transaction back: the committed outcome (counted as a
+    /// key found taken), or the conflict (retryable) when there is none.
     async fn committed_or<T, E>(
         &self,
         id: &RecordId,
@@ -204,7 +206,11 @@ where
         E: From<Error>,
     {
         match self.replay_committed(id, fingerprint).await? {
-            Some(outcome) => Ok(outcome),
+            Some(outcome) => {
+                // The key was taken, as for an insert that found it.
+                self.inner.metrics.acquire_conflict(id.operation.as_str());
+                Ok(outcome)
+            }
             None => Err(Error::Store(conflict).into()),
         }
     }

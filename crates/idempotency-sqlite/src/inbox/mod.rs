@@ -11,11 +11,11 @@ use sqlx::{Connection, SqlStr, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
 use crate::clock::NOW_MS;
-use crate::commit_guard::{CommitGuard, TransactionEnded};
 use crate::introspect::Affinity;
 use crate::outbox::schema::{self, Index, Shape, col};
 use crate::outbox::{from_crate_error, millis, outbox_error, statements_sql};
 use crate::table::TableName;
+use crate::transaction_end::{self, TransactionEnded};
 
 /// The inbox DDL template: `{inbox}` and `{inbox_index}` are replaced by quoted names.
 pub const INBOX_DDL_TEMPLATE: &str = include_str!("ddl.sql");
@@ -166,15 +166,14 @@ impl SqliteInbox {
         }
         // A statement that rolled the caller's transaction back left `conn` in autocommit,
         // where the entry would commit on its own, without the consumer's effects.
-        let guard = CommitGuard::arm(conn).await.map_err(outbox_error)?;
+        if transaction_end::ended(conn).await.map_err(outbox_error)? {
+            return Err(Error::Database(Box::new(TransactionEnded)));
+        }
         let inserted = sqlx::query(self.sql.record.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
             .await;
-        if guard.ended(conn).await {
-            return Err(Error::Conflict(Box::new(TransactionEnded)));
-        }
         Ok(inserted.map_err(outbox_error)?.rows_affected() == 1)
     }
 

@@ -19,8 +19,8 @@ pub(crate) use row::millis;
 pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
 pub(crate) use statements::sql as statements_sql;
 
-use crate::commit_guard::{CommitGuard, TransactionEnded};
 use crate::table::TableName;
+use crate::transaction_end::{self, TransactionEnded};
 use schema::Names;
 use statements::Statements;
 
@@ -180,12 +180,10 @@ impl SqliteOutbox {
         let json = row::events_json(events)?;
         // A statement that rolled the caller's transaction back left `conn` in autocommit,
         // where these inserts would commit on their own, without the change they announce.
-        let guard = CommitGuard::arm(conn).await.map_err(outbox_error)?;
-        let written = self.write(conn, &json).await;
-        if guard.ended(conn).await {
-            return Err(Error::Conflict(Box::new(TransactionEnded)));
+        if transaction_end::ended(conn).await.map_err(outbox_error)? {
+            return Err(Error::Database(Box::new(TransactionEnded)));
         }
-        written?;
+        self.write(conn, &json).await?;
         Ok(events.iter().map(NewEvent::id).collect())
     }
 

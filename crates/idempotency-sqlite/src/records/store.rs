@@ -17,10 +17,10 @@ use super::row::{
 use super::schema;
 use super::statements::Statements;
 use crate::clock::ttl_millis;
-use crate::commit_guard::{CommitGuard, TransactionEnded};
 use crate::connect::{self, BEGIN_IMMEDIATE};
 use crate::error::{Error, SchemaProblem, in_transaction_error, store_error};
 use crate::table::TableName;
+use crate::transaction_end::{self, TransactionEnded};
 
 /// The SQLite idempotency store.
 ///
@@ -168,7 +168,7 @@ impl IdempotencyStore for SqliteStore {
         claim: &Claim<'_>,
     ) -> Result<Acquire, StoreError> {
         let id = claim.id;
-        let guard = CommitGuard::arm(conn).await.map_err(store_error)?;
+        ensure_open(conn).await?;
         let inserted = sqlx::query(self.sql.acquire.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
@@ -177,11 +177,8 @@ impl IdempotencyStore for SqliteStore {
             .bind(ttl_millis(claim.ttl))
             .execute(&mut *conn)
             .await
-            .map_err(in_transaction_error);
-        if guard.ended(conn).await {
-            return Err(transaction_ended());
-        }
-        let inserted = inserted?.rows_affected();
+            .map_err(in_transaction_error)?
+            .rows_affected();
         Ok(if inserted == 1 {
             Acquire::Acquired
         } else {
@@ -226,12 +223,11 @@ impl IdempotencyStore for SqliteStore {
     ) -> Result<IdempotencyRecord, StoreError> {
         let (payload, code) = outcome.to_columns();
         let (trace_id, span_id) = span_columns(execution_span);
-        // After a statement that ended the transaction the claim is gone and the update writes
-        // nothing, but its commit tells the guard, which begins the transaction again: the
-        // rollback that follows then finds one, and the connection goes back to the pool in a
-        // state sqlx knows.
-        let guard = CommitGuard::arm(conn).await.map_err(store_error)?;
-        let row: Result<Option<CompleteRow>, _> = sqlx::query_as(self.sql.complete.clone())
+        // After a statement that ended the transaction the claim is gone; the check begins the
+        // transaction again, so that the rollback that follows finds one and the connection
+        // goes back to the pool in a state sqlx knows.
+        ensure_open(conn).await?;
+        let row: Option<CompleteRow> = sqlx::query_as(self.sql.complete.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -242,11 +238,8 @@ impl IdempotencyStore for SqliteStore {
             .bind(span_id)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(in_transaction_error);
-        if guard.ended(conn).await {
-            return Err(transaction_ended());
-        }
-        let Some(row) = row? else {
+            .map_err(in_transaction_error)?;
+        let Some(row) = row else {
             let found: Option<String> = sqlx::query_scalar(self.sql.status.clone())
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
@@ -274,8 +267,8 @@ impl InsertCompleted for SqliteStore {
         let id = claim.id;
         let (payload, code) = outcome.to_columns();
         let (trace_id, span_id) = span_columns(execution_span);
-        let guard = CommitGuard::arm(conn).await.map_err(store_error)?;
-        let row: Result<Option<CompleteRow>, _> = sqlx::query_as(self.sql.insert_completed.clone())
+        ensure_open(conn).await?;
+        let row: Option<CompleteRow> = sqlx::query_as(self.sql.insert_completed.clone())
             .bind(id.operation.as_str())
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
@@ -288,11 +281,7 @@ impl InsertCompleted for SqliteStore {
             .bind(span_id)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(in_transaction_error);
-        if guard.ended(conn).await {
-            return Err(transaction_ended());
-        }
-        let row = row?;
+            .map_err(in_transaction_error)?;
         Ok(row.map(|row| completed_record(row, outcome.clone(), execution_span)))
     }
 }
@@ -311,7 +300,11 @@ impl ExpiredCleanup for SqliteStore {
     }
 }
 
-/// The retryable conflict of a store write whose transaction had ended before it.
-fn transaction_ended() -> StoreError {
-    StoreError::Conflict(Box::new(TransactionEnded))
+/// Fails, without a write, when the caller's transaction had ended before the store's write
+/// ([`transaction_end::ended`]): not retryable, see [`TransactionEnded`].
+async fn ensure_open(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+    if transaction_end::ended(conn).await.map_err(store_error)? {
+        return Err(StoreError::Database(Box::new(TransactionEnded)));
+    }
+    Ok(())
 }
