@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use sqlx::SqlitePool;
+use sqlx::sqlite::SqliteTransactionManager;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{SqliteConnection, SqlitePool};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::error::{Error, SQLITE_BUSY};
 
@@ -178,7 +180,11 @@ pub async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Erro
     let started = Instant::now();
     let mut pause = Duration::from_millis(5);
     let pool = loop {
-        match SqlitePoolOptions::new().connect_with(options.clone()).await {
+        match SqlitePoolOptions::new()
+            .after_release(|conn, _| Box::pin(released_outside_a_transaction(conn)))
+            .connect_with(options.clone())
+            .await
+        {
             Err(error) if is_busy(&error) && started.elapsed() < DEFAULT_BUSY_TIMEOUT => {
                 tracing::debug!(error = %error, "database busy while opening; retrying");
                 tokio::time::sleep(pause).await;
@@ -191,6 +197,25 @@ pub async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Erro
         owner_only(&path)?;
     }
     Ok(pool)
+}
+
+/// Whether a released connection may go back to the pool: not when sqlx still counts it in a
+/// transaction once the rollbacks queued on it have run. A rollback fails when a statement had
+/// ended the transaction under a nested one (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full
+/// disk: the savepoint it names is gone), and sqlx then counts the transaction open for good;
+/// the next user's `BEGIN IMMEDIATE` would be refused, and its `begin` would only take a
+/// savepoint, whose commit commits nothing. Such a connection is closed instead.
+async fn released_outside_a_transaction(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    // The connection runs its commands in order: the ping answers after the queued rollbacks.
+    sqlx::Connection::ping(&mut *conn).await?;
+    let depth = SqliteTransactionManager::get_transaction_depth(conn);
+    if depth != 0 {
+        tracing::warn!(
+            depth,
+            "a pooled SQLite connection came back counted in a transaction; closing it"
+        );
+    }
+    Ok(depth == 0)
 }
 
 /// `path` when it names a database file that does not exist yet (not an in-memory database).

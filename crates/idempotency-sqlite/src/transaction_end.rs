@@ -2,12 +2,13 @@
 
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqliteTransactionManager;
-use sqlx_core::transaction::TransactionManager;
+use sqlx_core::transaction::{TransactionManager, begin_ansi_transaction_sql};
 
 /// What SQLite answers a `BEGIN` inside a transaction.
 const WITHIN_A_TRANSACTION: &str = "within a transaction";
 
-/// Whether the transaction sqlx counts open on `conn` had ended before the store's write.
+/// Whether the transaction sqlx counts open on `conn` had ended before the store's write (or
+/// sqlx counts none).
 ///
 /// A statement that rolls the whole transaction back (`INSERT OR ROLLBACK` on a taken key, a
 /// trigger's `RAISE(ROLLBACK)`, a full disk) leaves the connection in autocommit, and sqlx
@@ -20,22 +21,32 @@ const WITHIN_A_TRANSACTION: &str = "within a transaction";
 /// statements in order and nothing else runs on it in between, so a future dropped after the
 /// check leaves a write that still runs inside the transaction.
 ///
-/// When the transaction had ended, the one begun here is kept where sqlx counts one
-/// transaction (not a nested one, not none): what the caller runs next stays uncommitted
-/// until the rollback (or commit) sqlx sends for the transaction it still counts open, and
-/// that rollback finds a transaction (a failed one would leave sqlx counting it open in the
-/// pool). Elsewhere it is rolled back at once: within a nested transaction sqlx's rollbacks
-/// name savepoints that are gone, and a transaction begun here would stay open in the pool,
-/// swallowing the next user's commit.
+/// When the transaction had ended, the one begun here is kept, with the savepoints sqlx
+/// counts open within it (a nested sqlx transaction): what the caller runs next stays
+/// uncommitted until the rollbacks (or commits) sqlx sends for the transactions it still
+/// counts open, and each of them finds what it names, so the connection goes back to the pool
+/// in the state sqlx counts (before, a failed rollback left sqlx counting a transaction on a
+/// pooled connection for good). Where sqlx counts no transaction, nothing is sent: the write
+/// would commit on its own.
 pub(crate) async fn ended(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    let depth = SqliteTransactionManager::get_transaction_depth(conn);
+    if depth == 0 {
+        return Ok(true);
+    }
     match sqlx::raw_sql("BEGIN").execute(&mut *conn).await {
         Err(sqlx::Error::Database(error)) if error.message().contains(WITHIN_A_TRANSACTION) => {
             Ok(false)
         }
         Err(error) => Err(error),
         Ok(_) => {
-            if SqliteTransactionManager::get_transaction_depth(conn) != 1 {
-                sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
+            if depth > 1 {
+                // The savepoints of sqlx's nested transactions, by sqlx's own names.
+                let savepoints: Vec<String> = (1..depth)
+                    .map(|level| begin_ansi_transaction_sql(level).as_str().to_owned())
+                    .collect();
+                sqlx::raw_sql(sqlx::AssertSqlSafe(savepoints.join("; ")))
+                    .execute(&mut *conn)
+                    .await?;
             }
             Ok(true)
         }
@@ -43,13 +54,13 @@ pub(crate) async fn ended(conn: &mut SqliteConnection) -> Result<bool, sqlx::Err
 }
 
 /// The source of the error (`StoreError::Database`, the outbox's `Error::Database`) of a store
-/// write whose transaction had ended before it. Not retryable: the caller's statements after
-/// the one that ended it committed one by one, and a retry of the whole transaction would
-/// run them again.
+/// write whose transaction had ended before it, or that sqlx counted no transaction for. Not
+/// retryable: the caller's statements after the one that ended the transaction committed one
+/// by one, and a retry of the whole transaction would run them again.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "the transaction had ended before this write: a statement in it rolled it back (INSERT OR \
-     ROLLBACK, RAISE(ROLLBACK), a full disk), and the statements after it committed one by \
-     one; this write was not made"
+    "no transaction was open for this write: a statement rolled it back (INSERT OR ROLLBACK, \
+     RAISE(ROLLBACK), a full disk) and the statements after it committed one by one, or none \
+     was begun; this write was not made"
 )]
 pub(crate) struct TransactionEnded;

@@ -103,3 +103,50 @@ async fn the_wal_is_limited_and_emptied_at_close() {
     assert_eq!(kept, 2000);
     store.pool().close().await;
 }
+
+/// A pooled connection that sqlx still counts in a transaction when it is released (a nested
+/// transaction whose statement rolled the whole transaction back: sqlx's rollback of the
+/// savepoint fails, and it counts the transaction open for good) is closed, not handed to the
+/// next user (before: every later `BEGIN IMMEDIATE` on it was refused).
+#[tokio::test]
+async fn a_connection_released_inside_a_transaction_is_not_reused() {
+    let path = temp_db_path();
+    let pool = open_pool(connect_options(as_str(&path)).unwrap())
+        .await
+        .unwrap();
+    sqlx::raw_sql("CREATE TABLE applied (id INTEGER PRIMARY KEY); INSERT INTO applied VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let mut inner = sqlx::Connection::begin(&mut *tx).await.unwrap();
+    sqlx::query("INSERT OR ROLLBACK INTO applied VALUES (1)")
+        .execute(&mut *inner)
+        .await
+        .unwrap_err();
+    drop(inner);
+    drop(tx);
+    // Released in the background: until every connection is idle again (or closed).
+    let started = std::time::Instant::now();
+    while pool.num_idle() < pool.size() as usize {
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut idle = Vec::new();
+    for _ in 0..pool.num_idle() {
+        idle.push(pool.acquire().await.unwrap());
+    }
+    for conn in &mut idle {
+        assert!(
+            !sqlx::Connection::is_in_transaction(&**conn),
+            "a connection counted in a transaction was handed out"
+        );
+        let mut tx = sqlx::Connection::begin_with(&mut **conn, "BEGIN IMMEDIATE")
+            .await
+            .unwrap();
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    drop(idle);
+    close_pool(&pool).await.unwrap();
+}

@@ -198,9 +198,10 @@ async fn an_entry_after_a_statement_rolled_the_transaction_back_is_not_written()
     tx.commit().await.unwrap();
 }
 
-/// The same inside a nested sqlx transaction (a savepoint): the refusal begins no transaction
-/// of its own there, so the connection does not go back to the pool inside a transaction
-/// that would swallow the next user's commit.
+/// The same inside a nested sqlx transaction (a savepoint): the connection goes back to the
+/// pool in the state sqlx counts, neither inside a transaction that would swallow the next
+/// user's commit nor counted in one (before: sqlx's rollbacks named savepoints that were
+/// gone, and every later `BEGIN IMMEDIATE` on the connection was refused).
 #[tokio::test]
 async fn a_refused_entry_in_a_nested_transaction_leaves_no_transaction_behind() {
     let path = temp_db_path();
@@ -232,7 +233,7 @@ async fn a_refused_entry_in_a_nested_transaction_leaves_no_transaction_behind() 
         );
     }
     // The pool's one connection, next user: its commit is seen from another connection.
-    let mut tx = pool.begin().await.unwrap();
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     sqlx::query("INSERT INTO applied VALUES (2)")
         .execute(&mut *tx)
         .await

@@ -389,7 +389,24 @@ async fn a_write_after_the_transaction_ended_is_not_retryable() {
         .unwrap_err();
     assert!(!error.is_retryable(), "{error:?}");
     let source = std::error::Error::source(&error).unwrap().to_string();
-    assert!(source.contains("transaction had ended"), "{source}");
+    assert!(source.contains("no transaction was open"), "{source}");
     drop(tx);
+    assert_eq!(count(store.pool(), "idempotency_records").await, 0);
+}
+
+/// A store write on a connection that sqlx counts in no transaction is refused before it is
+/// sent: it would commit on its own.
+#[tokio::test]
+async fn a_write_outside_a_transaction_is_refused() {
+    let store = fresh_store().await;
+    let fingerprint = Fingerprint::new("e".repeat(64));
+    let id = RecordId::new(Operation::new("OP").unwrap(), Scope::default(), key("bare"));
+    let mut conn = store.pool().acquire().await.unwrap();
+    let error = store
+        .acquire(&mut conn, &claim(&id, &fingerprint))
+        .await
+        .unwrap_err();
+    assert!(!error.is_retryable(), "{error:?}");
+    drop(conn);
     assert_eq!(count(store.pool(), "idempotency_records").await, 0);
 }

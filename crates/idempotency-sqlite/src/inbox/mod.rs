@@ -143,9 +143,10 @@ impl SqliteInbox {
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx: the entry would commit without the consumer's effects.
-    /// For the same reason fails with a retryable [`Error::Conflict`], writing nothing, when a
-    /// statement of the caller had rolled the transaction back (`INSERT OR ROLLBACK`,
-    /// `RAISE(ROLLBACK)`, a full disk).
+    /// For the same reason fails with [`Error::Database`], writing nothing, when a statement
+    /// of the caller had rolled the transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`,
+    /// a full disk); not retryable: the caller's statements after the one that ended the
+    /// transaction committed one by one.
     pub async fn record(
         &self,
         conn: &mut SqliteConnection,

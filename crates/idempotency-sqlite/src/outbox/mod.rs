@@ -160,10 +160,11 @@ impl SqliteOutbox {
     ///
     /// Fails with [`Error::NotInTransaction`], before writing, when `conn` is not in a
     /// transaction begun through sqlx (`begin`, `begin_with`, [`SqliteTx`](crate::SqliteTx), an
-    /// `execute` action's connection): a `BEGIN` sent as plain SQL is not seen. Fails with a
-    /// retryable [`Error::Conflict`], writing nothing, when a statement of the caller had rolled
-    /// the transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full disk): the events
-    /// would otherwise commit on their own.
+    /// `execute` action's connection): a `BEGIN` sent as plain SQL is not seen. Fails with
+    /// [`Error::Database`], writing nothing, when a statement of the caller had rolled the
+    /// transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full disk): the events
+    /// would otherwise commit on their own. That error is not retryable: the caller's
+    /// statements after the one that ended the transaction committed one by one.
     pub async fn enqueue_all(
         &self,
         conn: &mut SqliteConnection,
