@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::store::{IdempotencyStore, StoreError};
 
@@ -15,6 +16,8 @@ type Hook = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// not to a later one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxMark {
+    /// The [`Tx`] it was taken in.
+    tx: u64,
     savepoint: u32,
     hooks: usize,
     unfinished: usize,
@@ -73,7 +76,15 @@ pub struct Tx<S: IdempotencyStore> {
     poisoned: bool,
     /// How many savepoints [`savepoint`](Self::savepoint) took: the last one's number.
     savepoints: u32,
+    /// The numbers of the savepoints that still exist, oldest first: a rollback to one
+    /// destroys those taken after it.
+    live: Vec<u32>,
+    /// Tells this `Tx` apart from others, for the marks taken in it.
+    id: u64,
 }
+
+/// The next [`Tx`]'s `id`.
+static NEXT_TX: AtomicU64 = AtomicU64::new(0);
 
 impl<S: IdempotencyStore> Tx<S> {
     /// Wraps a transaction that the application began itself.
@@ -84,6 +95,8 @@ impl<S: IdempotencyStore> Tx<S> {
             unfinished: 0,
             poisoned: false,
             savepoints: 0,
+            live: Vec::new(),
+            id: NEXT_TX.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -116,14 +129,18 @@ impl<S: IdempotencyStore> Tx<S> {
     /// [`rollback_to_savepoint`](Self::rollback_to_savepoint).
     ///
     /// Each call takes a savepoint of its own (numbered in this transaction), so that a
-    /// rollback to an earlier one returns there even when a later one was taken since.
+    /// rollback to an earlier one returns there even when a later one was taken since. A
+    /// savepoint that could not be taken poisons the `Tx`, as any failed store statement does.
     pub async fn savepoint(&mut self, store: &S) -> Result<TxMark, StoreError> {
         let savepoint = self.savepoints.checked_add(1).ok_or_else(|| {
             StoreError::Database("more than u32::MAX savepoints in one transaction".into())
         })?;
-        store.savepoint(self.connection(), savepoint).await?;
+        let taken = store.savepoint(self.connection(), savepoint).await;
+        self.watch(taken)?;
         self.savepoints = savepoint;
+        self.live.push(savepoint);
         Ok(TxMark {
+            tx: self.id,
             savepoint,
             hooks: self.hooks.len(),
             unfinished: self.unfinished,
@@ -137,6 +154,9 @@ impl<S: IdempotencyStore> Tx<S> {
     /// the commit), the keys acquired since are no longer unfinished (their claims are
     /// undone), and a store statement that failed since no longer refuses the commit (the
     /// savepoint undid the failure).
+    ///
+    /// `false`, without a statement, for a mark of another `Tx` or of a savepoint that a
+    /// rollback to an earlier one destroyed; a rollback that fails poisons the `Tx`.
     ///
     /// ```no_run
     /// # use idempotency_core::*;
@@ -159,10 +179,18 @@ impl<S: IdempotencyStore> Tx<S> {
         mark: TxMark,
         failed: &StoreError,
     ) -> Result<bool, StoreError> {
+        let Some(at) = self.live.iter().position(|&live| live == mark.savepoint) else {
+            return Ok(false);
+        };
+        if mark.tx != self.id {
+            return Ok(false);
+        }
         let back = store
             .rollback_to_savepoint(self.connection(), mark.savepoint, failed)
-            .await?;
+            .await;
+        let back = self.watch(back)?;
         if back {
+            self.live.truncate(at + 1);
             self.hooks.truncate(mark.hooks);
             self.unfinished = mark.unfinished;
             self.poisoned = mark.poisoned;

@@ -781,3 +781,54 @@ async fn a_ttl_beyond_the_storable_range_is_refused_before_io() {
         .unwrap();
     assert!(stored.is_executed());
 }
+
+/// A `TxMark` whose savepoint a rollback to an earlier one destroyed, or one taken in another
+/// `Tx`, returns nowhere and sends nothing (before: `ROLLBACK TO` a savepoint that no longer
+/// exists failed with 3B001, which aborted the transaction without poisoning the `Tx`, so its
+/// commit was PostgreSQL's silent rollback and its after-commit hooks still ran).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_savepoint_mark_returns_nowhere_and_leaves_the_transaction_usable() {
+    let (pool, service) = setup().await;
+    let store = service.store();
+    let mut tx = service.begin().await.unwrap();
+    let first = tx.savepoint(store).await.unwrap();
+    let second = tx.savepoint(store).await.unwrap();
+    // A failed statement aborts the transaction; the store's next statement says so (25P02).
+    sqlx::query("SELECT 1/0")
+        .execute(tx.connection())
+        .await
+        .unwrap_err();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("stale-mark").unwrap(),
+    );
+    let failed = store.find(tx.connection(), &id).await.unwrap_err();
+    assert!(store.aborted_before(&failed), "{failed:?}");
+    assert!(
+        tx.rollback_to_savepoint(store, first, &failed)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !tx.rollback_to_savepoint(store, second, &failed)
+            .await
+            .unwrap(),
+        "the second savepoint went with the rollback to the first"
+    );
+    let mut other = service.begin().await.unwrap();
+    let foreign = other.savepoint(store).await.unwrap();
+    assert!(
+        !tx.rollback_to_savepoint(store, foreign, &failed)
+            .await
+            .unwrap(),
+        "a mark of another Tx"
+    );
+    other.rollback().await.unwrap();
+    insert_payment(tx.connection(), "after-stale-marks")
+        .await
+        .unwrap();
+    assert!(!tx.is_poisoned());
+    tx.commit().await.unwrap();
+    assert_eq!(count(&pool, "payments").await, 1, "the commit committed");
+}
