@@ -46,9 +46,12 @@ metrics_spi! {
     fn replayed(&self, operation: &str, status: RecordStatus);
     /// The key was reused with another payload (`idempotency_conflicts_total`).
     fn payload_conflict(&self, operation: &str);
-    /// The key was acquired and the action will run (`idempotency_acquired_total`).
+    /// The key was acquired (`idempotency_acquired_total`): its claim was inserted and the
+    /// action will run; in optimistic mode, its record was inserted and committed.
     fn acquired(&self, operation: &str);
-    /// The insert found an existing record (`idempotency_acquire_conflicts_total`).
+    /// The insert found an existing record (`idempotency_acquire_conflicts_total`); in
+    /// optimistic mode also an insert or commit that failed with a serialization failure and
+    /// then found the record a concurrent duplicate committed.
     fn acquire_conflict(&self, operation: &str);
     /// Time spent in acquire, including any wait for a concurrent holder
     /// (`idempotency_acquire_wait_seconds`, seconds).

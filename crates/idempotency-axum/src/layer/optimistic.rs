@@ -122,7 +122,9 @@ impl<S, L, D, M, Z, Src> IdempotencyLayer<S, L, D, M, Z, Src, ClaimFirst> {
     /// stored in a new transaction, as the default mode stores it after rolling back to its
     /// savepoint. Any other answer on an aborted transaction (a `201` whose writes were lost)
     /// is rolled back and answered `500`, nothing stored. The meter `acquired` counts the
-    /// records inserted (in the default mode: the keys claimed before the handler).
+    /// records inserted and committed (in the default mode: the keys claimed before the
+    /// handler), and `acquire_conflict` the inserts or commits that lost the key to a committed
+    /// duplicate.
     ///
     /// ```no_run
     /// use axum::{Router, http::StatusCode, routing::post};

@@ -205,12 +205,13 @@ where
         T: DeserializeOwned,
         E: From<Error>,
     {
-        match self.replay_committed(id, fingerprint).await? {
-            Some(outcome) => {
-                // The key was taken, as for an insert that found it.
-                self.inner.metrics.acquire_conflict(id.operation.as_str());
-                Ok(outcome)
-            }
+        let committed = self.replay_committed(id, fingerprint).await;
+        if matches!(committed, Ok(Some(_)) | Err(Error::PayloadConflict)) {
+            // The key was taken, as for an insert that found it.
+            self.inner.metrics.acquire_conflict(id.operation.as_str());
+        }
+        match committed? {
+            Some(outcome) => Ok(outcome),
             None => Err(Error::Store(conflict).into()),
         }
     }
