@@ -289,7 +289,7 @@ async fn the_rollback_returns_to_the_layers_savepoint_past_the_handlers() {
     assert_eq!(
         store.count().await,
         1,
-        "the account \"first\" committed with the 422"
+        "only the account \"taken\": \"first\" went with the 422's rollback"
     );
     assert_eq!(ran.load(Ordering::SeqCst), 0);
     assert!(send(&app, "k1", "taken").await.is_replay());
