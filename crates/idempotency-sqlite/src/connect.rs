@@ -144,6 +144,8 @@ fn is_uri(path: &str) -> bool {
 
 /// Opens a pool on `options` (with sqlx's default pool settings) the way the stores need it.
 ///
+/// - A connection released while sqlx still counts it in a transaction is closed, not handed
+///   to the next user ([`reusable`], as the pool's `after_release`).
 /// - Switching a new database to WAL takes an exclusive lock that SQLite's busy handler does
 ///   not wait for: when several processes (or pools) open a fresh file at once, all but one
 ///   get `SQLITE_BUSY` from the `journal_mode` pragma. Opening therefore retries `SQLITE_BUSY`
@@ -181,7 +183,7 @@ pub async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Erro
     let mut pause = Duration::from_millis(5);
     let pool = loop {
         match SqlitePoolOptions::new()
-            .after_release(|conn, _| Box::pin(released_outside_a_transaction(conn)))
+            .after_release(|conn, _| Box::pin(reusable(conn)))
             .connect_with(options.clone())
             .await
         {
@@ -202,10 +204,28 @@ pub async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Erro
 /// Whether a released connection may go back to the pool: not when sqlx still counts it in a
 /// transaction once the rollbacks queued on it have run. A rollback fails when a statement had
 /// ended the transaction under a nested one (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full
-/// disk: the savepoint it names is gone), and sqlx then counts the transaction open for good;
+/// disk: the savepoint it names is gone), and sqlx then counts the transaction open for good:
 /// the next user's `BEGIN IMMEDIATE` would be refused, and its `begin` would only take a
-/// savepoint, whose commit commits nothing. Such a connection is closed instead.
-async fn released_outside_a_transaction(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+/// savepoint, which commits nothing where a transaction is still open on the connection.
+///
+/// [`open_pool`] sets it as the pool's `after_release`; set it on a pool of your own:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(4)
+///     .after_release(|conn, _| Box::pin(idempotency_sqlite::reusable(conn)))
+///     .connect_with(idempotency_sqlite::connect_options("sqlite::memory:")?)
+///     .await?;
+/// # pool.close().await;
+/// # Ok(()) }
+/// ```
+pub async fn reusable(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    // Commands queued on the connection cannot raise a depth of 0.
+    if SqliteTransactionManager::get_transaction_depth(conn) == 0 {
+        return Ok(true);
+    }
     // The connection runs its commands in order: the ping answers after the queued rollbacks.
     sqlx::Connection::ping(&mut *conn).await?;
     let depth = SqliteTransactionManager::get_transaction_depth(conn);

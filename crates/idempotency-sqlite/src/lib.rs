@@ -17,7 +17,7 @@ mod transaction_end;
 use idempotency_core::{IdempotencyService, Tx};
 
 pub use connect::{
-    DEFAULT_BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, close_pool, connect_options, open_pool,
+    DEFAULT_BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, close_pool, connect_options, open_pool, reusable,
 };
 pub use error::{Error, SchemaProblem, store_error};
 #[cfg(feature = "outbox")]

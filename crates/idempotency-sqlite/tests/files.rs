@@ -148,5 +148,12 @@ async fn a_connection_released_inside_a_transaction_is_not_reused() {
         tx.commit().await.unwrap();
     }
     drop(idle);
+    // The one connection there was went: a new one serves the next user.
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query("INSERT INTO applied VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
     close_pool(&pool).await.unwrap();
 }

@@ -312,6 +312,49 @@ async fn a_claim_rolled_back_by_the_action_leaves_the_connection_usable() {
     assert_eq!(count(store.pool(), "idempotency_records").await, 1);
 }
 
+/// The same, with an action that then returns an error: no completion runs, and sqlx's
+/// rollback of the ended transaction must still find one (before: it failed, and the pool's
+/// one connection refused every later `BEGIN IMMEDIATE` for good).
+#[tokio::test]
+async fn an_action_that_failed_after_ending_the_transaction_leaves_the_connection_usable() {
+    let (_, options) = support::fresh_options();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool);
+    store.create_schema().await.unwrap();
+    with_charges(&store).await;
+    insert_charge(&mut store.pool().acquire().await.unwrap(), "taken")
+        .await
+        .unwrap();
+    let service = IdempotencyService::new(store.clone());
+    let failed: Result<Outcome<i64>, AppError> = service
+        .execute(
+            Call::new("CHARGE", key("ended-then-failed"), &1),
+            async |conn| {
+                sqlx::query("INSERT OR ROLLBACK INTO charges (id, reference) VALUES (1, 'x')")
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap_err();
+                Err(AppError::Boom)
+            },
+        )
+        .await;
+    assert!(matches!(failed, Err(AppError::Boom)), "{failed:?}");
+    let next: Outcome<i64> = service
+        .execute(Call::new("CHARGE", key("after"), &1), async |conn| {
+            Ok::<_, AppError>(ExecutionResult::success(
+                insert_charge(conn, "after").await?,
+            ))
+        })
+        .await
+        .expect("the pool's one connection is usable");
+    assert!(next.is_executed());
+    assert_eq!(count(store.pool(), "idempotency_records").await, 1);
+}
+
 /// A claim whose future is dropped mid-write, after a statement had rolled the caller's
 /// transaction back, must not commit on its own when sqlx's worker runs the queued write
 /// (before: the guard disarmed on drop, and the write the worker ran next committed alone).

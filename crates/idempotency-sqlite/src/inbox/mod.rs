@@ -146,7 +146,8 @@ impl SqliteInbox {
     /// For the same reason fails with [`Error::Database`], writing nothing, when a statement
     /// of the caller had rolled the transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`,
     /// a full disk); not retryable: the caller's statements after the one that ended the
-    /// transaction committed one by one.
+    /// transaction committed one by one. Roll back after it: the check began a transaction
+    /// again, and a later write in it is not refused.
     pub async fn record(
         &self,
         conn: &mut SqliteConnection,

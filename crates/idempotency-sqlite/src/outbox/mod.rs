@@ -164,7 +164,8 @@ impl SqliteOutbox {
     /// [`Error::Database`], writing nothing, when a statement of the caller had rolled the
     /// transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full disk): the events
     /// would otherwise commit on their own. That error is not retryable: the caller's
-    /// statements after the one that ended the transaction committed one by one.
+    /// statements after the one that ended the transaction committed one by one. Roll back
+    /// after it: the check began a transaction again, and a later write in it is not refused.
     pub async fn enqueue_all(
         &self,
         conn: &mut SqliteConnection,

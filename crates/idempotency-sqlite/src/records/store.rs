@@ -156,7 +156,14 @@ impl IdempotencyStore for SqliteStore {
         tx.commit().await.map_err(store_error)
     }
 
-    async fn rollback(tx: Self::Transaction) -> Result<(), StoreError> {
+    /// First checks that the transaction is still open (as before each store write, which
+    /// begins it again when a statement of the action had ended it), so that sqlx's `ROLLBACK`
+    /// finds one: a failed one would leave sqlx counting the pooled connection in a
+    /// transaction for good, and every later `BEGIN IMMEDIATE` on it refused.
+    async fn rollback(mut tx: Self::Transaction) -> Result<(), StoreError> {
+        if let Err(error) = transaction_end::ended(&mut tx).await {
+            tracing::debug!(%error, "could not check the transaction before its rollback");
+        }
         tx.rollback().await.map_err(store_error)
     }
 
