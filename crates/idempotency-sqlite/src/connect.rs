@@ -202,23 +202,34 @@ pub async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Erro
 }
 
 /// Whether a released connection may go back to the pool: not when sqlx still counts it in a
-/// transaction once the rollbacks queued on it have run. A rollback fails when a statement had
-/// ended the transaction under a nested one (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full
-/// disk: the savepoint it names is gone), and sqlx then counts the transaction open for good:
-/// the next user's `BEGIN IMMEDIATE` would be refused, and its `begin` would only take a
-/// savepoint, which commits nothing where a transaction is still open on the connection.
+/// transaction once the rollbacks queued on it have run.
+///
+/// A statement that ends the transaction (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, a full
+/// disk) leaves the connection in autocommit while sqlx counts the transaction open. The store
+/// begins it again before each of its writes and before its own rollback, but sqlx's `COMMIT`
+/// or `ROLLBACK` of it fails wherever no store call came after that statement: a transaction
+/// dropped without a rollback (a cancelled request), committed with no store write after the
+/// statement (idempotency off, a request without a key, the caller's statements after
+/// `execute_in`), or nested (the savepoint sqlx's rollback names is gone). sqlx then counts
+/// the transaction open for good: the next user's `BEGIN IMMEDIATE` would be refused, and its
+/// `begin` would only take a savepoint.
 ///
 /// [`open_pool`] sets it as the pool's `after_release`; set it on a pool of your own:
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = std::env::temp_dir().join(format!("idempotency-sqlite-reusable-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let path = dir.join("app.db");
+/// let options = idempotency_sqlite::connect_options(path.to_str().ok_or("path")?)?;
 /// let pool = sqlx::sqlite::SqlitePoolOptions::new()
 ///     .max_connections(4)
 ///     .after_release(|conn, _| Box::pin(idempotency_sqlite::reusable(conn)))
-///     .connect_with(idempotency_sqlite::connect_options("sqlite::memory:")?)
+///     .connect_with(options)
 ///     .await?;
 /// # pool.close().await;
+/// # let _ = std::fs::remove_dir_all(&dir);
 /// # Ok(()) }
 /// ```
 pub async fn reusable(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {

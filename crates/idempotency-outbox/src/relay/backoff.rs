@@ -261,7 +261,7 @@ mod tests {
                     .collect();
                 workers.into_iter().map(|w| w.join().unwrap()).collect()
             });
-            // A stale start gives 5 to 10 s (10 s with jitter); a preempted thread on a
+            // A stale start gives 5 to 10 s (10 s before jitter); a preempted thread on a
             // loaded machine, never that much.
             assert!(
                 delays.iter().all(|d| *d < Duration::from_secs(1)),

@@ -8,8 +8,9 @@ use idempotency_core::store::{
 };
 use idempotency_core::trace::SpanRef;
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
-use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteTransactionManager};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use sqlx_core::transaction::TransactionManager;
 
 use super::row::{
     CompleteRow, FindRow, completed_record, parse_status, record_from_row, span_columns,
@@ -50,8 +51,10 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// A store on the default table `idempotency_records`; the schema is not touched.
     ///
-    /// Open the pool with [`connect_options`](crate::connect_options) (WAL, busy timeout,
-    /// `create_if_missing`), or make sure yours sets a busy timeout.
+    /// Open the pool with [`open_pool`](crate::open_pool) on
+    /// [`connect_options`](crate::connect_options) (WAL, busy timeout, `create_if_missing`,
+    /// a connection released inside a transaction closed), or make sure yours sets a busy
+    /// timeout and [`reusable`](crate::reusable) as its `after_release`.
     pub fn new(pool: SqlitePool) -> Self {
         Self::with_table(pool, TableName::default_table())
     }
@@ -160,8 +163,12 @@ impl IdempotencyStore for SqliteStore {
     /// begins it again when a statement of the action had ended it), so that sqlx's `ROLLBACK`
     /// finds one: a failed one would leave sqlx counting the pooled connection in a
     /// transaction for good, and every later `BEGIN IMMEDIATE` on it refused.
+    /// Only at the top level: within a nested sqlx transaction sqlx's rollback names a
+    /// savepoint, and a transaction begun again would stay open under it.
     async fn rollback(mut tx: Self::Transaction) -> Result<(), StoreError> {
-        if let Err(error) = transaction_end::ended(&mut tx).await {
+        if SqliteTransactionManager::get_transaction_depth(&tx) == 1
+            && let Err(error) = transaction_end::ended(&mut tx).await
+        {
             tracing::debug!(%error, "could not check the transaction before its rollback");
         }
         tx.rollback().await.map_err(store_error)
