@@ -269,12 +269,9 @@ async fn a_statement_that_rolled_the_transaction_back_stores_nothing() {
     );
 }
 
-/// `execute` (the key claimed first) whose action ran a statement that rolled the transaction
-/// back: the claim went with it, the completion finds no claim, nothing is stored, and the
-/// connection goes back to the pool usable (before: sqlx still counted the transaction open,
-/// its rollback failed, and every later `BEGIN IMMEDIATE` on that connection was refused).
-#[tokio::test]
-async fn a_claim_rolled_back_by_the_action_leaves_the_connection_usable() {
+/// A store on a pool of one connection (so that a broken connection is the next request's),
+/// with the charge "taken" (id 1) committed, and its service.
+async fn one_connection_with_a_taken_charge() -> (SqliteStore, IdempotencyService<SqliteStore>) {
     let (_, options) = support::fresh_options();
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(1)
@@ -288,6 +285,16 @@ async fn a_claim_rolled_back_by_the_action_leaves_the_connection_usable() {
         .await
         .unwrap();
     let service = IdempotencyService::new(store.clone());
+    (store, service)
+}
+
+/// `execute` (the key claimed first) whose action ran a statement that rolled the transaction
+/// back: the claim went with it, the completion finds no claim, nothing is stored, and the
+/// connection goes back to the pool usable (before: sqlx still counted the transaction open,
+/// its rollback failed, and every later `BEGIN IMMEDIATE` on that connection was refused).
+#[tokio::test]
+async fn a_claim_rolled_back_by_the_action_leaves_the_connection_usable() {
+    let (store, service) = one_connection_with_a_taken_charge().await;
     let rolled_back: Result<Outcome<i64>, AppError> = service
         .execute(
             Call::new("CHARGE", key("claim-rolled-back"), &1),
@@ -317,19 +324,7 @@ async fn a_claim_rolled_back_by_the_action_leaves_the_connection_usable() {
 /// one connection refused every later `BEGIN IMMEDIATE` for good).
 #[tokio::test]
 async fn an_action_that_failed_after_ending_the_transaction_leaves_the_connection_usable() {
-    let (_, options) = support::fresh_options();
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let store = SqliteStore::new(pool);
-    store.create_schema().await.unwrap();
-    with_charges(&store).await;
-    insert_charge(&mut store.pool().acquire().await.unwrap(), "taken")
-        .await
-        .unwrap();
-    let service = IdempotencyService::new(store.clone());
+    let (store, service) = one_connection_with_a_taken_charge().await;
     let failed: Result<Outcome<i64>, AppError> = service
         .execute(
             Call::new("CHARGE", key("ended-then-failed"), &1),
