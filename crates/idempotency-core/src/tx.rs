@@ -185,15 +185,21 @@ impl<S: IdempotencyStore> Tx<S> {
         if mark.tx != self.id {
             return Ok(false);
         }
+        // Poisoned until the store answers: a future dropped in between leaves a transaction
+        // this `Tx` cannot know (back at the savepoint, or still aborted), which must not
+        // commit, and hooks that may belong to undone statements, which must not run.
+        let before = self.poisoned;
+        self.poisoned = true;
         let back = store
             .rollback_to_savepoint(self.connection(), mark.savepoint, failed)
-            .await;
-        let back = self.watch(back)?;
+            .await?;
         if back {
             self.live.truncate(at + 1);
             self.hooks.truncate(mark.hooks);
             self.unfinished = mark.unfinished;
             self.poisoned = mark.poisoned;
+        } else {
+            self.poisoned = before;
         }
         Ok(back)
     }

@@ -832,3 +832,40 @@ async fn a_stale_savepoint_mark_returns_nowhere_and_leaves_the_transaction_usabl
     tx.commit().await.unwrap();
     assert_eq!(count(&pool, "payments").await, 1, "the commit committed");
 }
+
+/// A rollback to a savepoint whose future is dropped before the store answered leaves the
+/// `Tx` poisoned: whether the transaction returned to the savepoint is unknown, so it must not
+/// commit, nor run the hooks of statements that may have been undone (before: not poisoned,
+/// and the commit of the still-aborted transaction was PostgreSQL's silent rollback).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollback_to_a_savepoint_dropped_midway_poisons_the_tx() {
+    let (_pool, service) = setup().await;
+    let store = service.store();
+    // Until the first poll leaves the rollback waiting for the server (it nearly always does).
+    for _ in 0..10 {
+        let mut tx = service.begin().await.unwrap();
+        let mark = tx.savepoint(store).await.unwrap();
+        sqlx::query("SELECT 1/0")
+            .execute(tx.connection())
+            .await
+            .unwrap_err();
+        let id = RecordId::new(
+            Operation::new("OP").unwrap(),
+            Scope::default(),
+            IdempotencyKey::new("dropped-rollback").unwrap(),
+        );
+        let failed = store.find(tx.connection(), &id).await.unwrap_err();
+        let ready = {
+            let mut rollback = std::pin::pin!(tx.rollback_to_savepoint(store, mark, &failed));
+            std::future::poll_fn(|cx| std::task::Poll::Ready(rollback.as_mut().poll(cx).is_ready()))
+                .await
+        };
+        if ready {
+            continue;
+        }
+        assert!(tx.is_poisoned());
+        assert!(matches!(tx.commit().await, Err(StoreError::Poisoned)));
+        return;
+    }
+    panic!("the rollback never waited for the server");
+}
