@@ -14,8 +14,9 @@ const WITHIN_A_TRANSACTION: &str = "within a transaction";
 /// trigger's `RAISE(ROLLBACK)`, a full disk) leaves the connection in autocommit, and sqlx
 /// still counts the transaction open. A store write after it (the claim, the terminal record
 /// of `execute_optimistic`, an outbox event, an inbox entry) would then commit on its own,
-/// without the writes it speaks for, and sqlx's later `COMMIT` of the ended transaction
-/// succeeds without doing anything. So each such write first sends `BEGIN`: inside the
+/// without the writes it speaks for (sqlx's later `COMMIT` of the ended transaction fails,
+/// SQLite having none open, but too late: the write is on disk). So each such write first
+/// sends `BEGIN`: inside the
 /// transaction SQLite refuses it and nothing changes; in autocommit it begins one, and the
 /// write is not sent. The answer holds until the write runs: the connection runs its
 /// statements in order and nothing else runs on it in between, so a future dropped after the
@@ -53,6 +54,39 @@ pub(crate) async fn ended(conn: &mut SqliteConnection) -> Result<bool, sqlx::Err
     }
 }
 
+/// Rolls back the levels sqlx counts above the store's own transaction (depth 1) on a
+/// connection the store began: nested transactions of the action whose rollback failed (a
+/// statement in one had ended the whole transaction, so the savepoint its rollback named was
+/// gone) stay counted, and sqlx's rollback of the store's transaction would only roll back to
+/// the innermost of them, leaving the connection in a transaction that the next user of the
+/// pool cannot end (its commit releases a savepoint).
+///
+/// Each level's savepoint is made again before sqlx's rollback to it, so that the rollback
+/// finds it whether or not it still existed (a second one of the same name is rolled back with
+/// the first by the levels below); everything is rolled back anyway.
+pub(crate) async fn unwind_nested(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    loop {
+        let depth = SqliteTransactionManager::get_transaction_depth(conn);
+        if depth <= 1 {
+            return Ok(());
+        }
+        sqlx::raw_sql(begin_ansi_transaction_sql(depth - 1))
+            .execute(&mut *conn)
+            .await?;
+        SqliteTransactionManager::rollback(conn).await?;
+    }
+}
+
+/// The error of a commit the store refused: sqlx still counted a nested transaction of the
+/// action open (its rollback or commit failed, or it was leaked), so its `COMMIT` would only
+/// have released that savepoint and left the store's transaction open, committed by nobody.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "a nested transaction of the action was still open when the store committed (its rollback \
+     or commit failed, or it was leaked): everything was rolled back, nothing committed"
+)]
+pub(crate) struct NestedTransactionOpen;
+
 /// The source of the error (`StoreError::Database`, the outbox's `Error::Database`) of a store
 /// write whose transaction had ended before it, or that sqlx counted no transaction for. Not
 /// retryable: the caller's statements after the one that ended the transaction committed one
@@ -60,7 +94,7 @@ pub(crate) async fn ended(conn: &mut SqliteConnection) -> Result<bool, sqlx::Err
 #[derive(Debug, thiserror::Error)]
 #[error(
     "no transaction was open for this write: a statement rolled it back (INSERT OR ROLLBACK, \
-     RAISE(ROLLBACK), a full disk) and the statements after it committed one by one, or none \
+     RAISE(ROLLBACK), a full disk) and any statements after it committed one by one, or none \
      was begun; this write was not made"
 )]
 pub(crate) struct TransactionEnded;

@@ -350,6 +350,88 @@ async fn an_action_that_failed_after_ending_the_transaction_leaves_the_connectio
     assert_eq!(count(store.pool(), "idempotency_records").await, 1);
 }
 
+/// A nested sqlx transaction whose rollback failed (the statement in it had ended the whole
+/// transaction) stays counted by sqlx. The store's rollback must still end every transaction
+/// on the connection: before, it rolled back to the savepoint sqlx named and left the
+/// transaction the store had begun again open, on a pool connection sqlx counted at depth 1,
+/// so the next user's commit released a savepoint and committed nothing.
+#[tokio::test]
+async fn a_failed_nested_rollback_leaves_no_transaction_open_on_the_connection() {
+    for fails in [false, true] {
+        let (store, service) = one_connection_with_a_taken_charge().await;
+        let ended: Result<Outcome<i64>, AppError> = service
+            .execute(Call::new("CHARGE", key("nested-ended"), &1), async |conn| {
+                let mut nested = sqlx::Connection::begin(&mut *conn).await?;
+                sqlx::query("INSERT OR ROLLBACK INTO charges (id, reference) VALUES (1, 'x')")
+                    .execute(&mut *nested)
+                    .await
+                    .unwrap_err();
+                nested.rollback().await.unwrap_err();
+                if fails {
+                    return Err(AppError::Boom);
+                }
+                Ok(ExecutionResult::success(1))
+            })
+            .await;
+        assert!(ended.is_err(), "fails {fails}: {ended:?}");
+        // The next user of the pool's one connection commits what it writes.
+        let mut tx = store.pool().begin().await.unwrap();
+        insert_charge(&mut tx, "later").await.unwrap();
+        tx.commit().await.unwrap();
+        let options = store.pool().connect_options();
+        let mut other = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .unwrap();
+        let later: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM charges WHERE reference = 'later'")
+                .fetch_one(&mut other)
+                .await
+                .unwrap();
+        assert_eq!(later, 1, "fails {fails}: the later commit is on disk");
+        assert_eq!(count(store.pool(), "idempotency_records").await, 0);
+    }
+}
+
+/// An action that leaks a nested transaction (`mem::forget`) leaves sqlx counting it: sqlx's
+/// commit of the store's transaction would only release its savepoint and report success with
+/// nothing on disk. The store refuses the commit and rolls everything back (before: `Ok`, the
+/// record and the charge lost, the pool's connection left in the transaction).
+#[tokio::test]
+async fn a_leaked_nested_transaction_is_rolled_back_not_reported_committed() {
+    let (store, service) = one_connection_with_a_taken_charge().await;
+    let leaked: Result<Outcome<i64>, AppError> = service
+        .execute(Call::new("CHARGE", key("leaked"), &1), async |conn| {
+            let id = insert_charge(conn, "leaked").await?;
+            std::mem::forget(sqlx::Connection::begin(&mut *conn).await?);
+            Ok(ExecutionResult::success(id))
+        })
+        .await;
+    assert!(leaked.is_err(), "{leaked:?}");
+    let next: Outcome<i64> = service
+        .execute(Call::new("CHARGE", key("after-leak"), &1), async |conn| {
+            Ok::<_, AppError>(ExecutionResult::success(
+                insert_charge(conn, "after-leak").await?,
+            ))
+        })
+        .await
+        .expect("the pool's one connection is usable");
+    assert!(next.is_executed());
+    let options = store.pool().connect_options();
+    let mut other = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&options)
+        .await
+        .unwrap();
+    let references: Vec<String> = sqlx::query_scalar("SELECT reference FROM charges ORDER BY id")
+        .fetch_all(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(references, ["taken", "after-leak"]);
+    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(records, 1);
+}
+
 /// A claim whose future is dropped mid-write, after a statement had rolled the caller's
 /// transaction back, must not commit on its own when sqlx's worker runs the queued write
 /// (before: the guard disarmed on drop, and the write the worker ran next committed alone).

@@ -155,20 +155,30 @@ impl IdempotencyStore for SqliteStore {
             .map_err(store_error)
     }
 
+    /// Refuses (rolls back) a transaction in which sqlx still counts a nested transaction of
+    /// the action open: sqlx's `COMMIT` would only release that savepoint, and the store's
+    /// transaction would stay open on the pooled connection, committed by nobody.
     async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
+        if SqliteTransactionManager::get_transaction_depth(&tx) > 1 {
+            Self::rollback(tx).await?;
+            return Err(StoreError::Database(Box::new(
+                transaction_end::NestedTransactionOpen,
+            )));
+        }
         tx.commit().await.map_err(store_error)
     }
 
-    /// First checks that the transaction is still open (as before each store write, which
-    /// begins it again when a statement of the action had ended it), so that sqlx's `ROLLBACK`
-    /// finds one: a failed one would leave sqlx counting the pooled connection in a
-    /// transaction for good, and every later `BEGIN IMMEDIATE` on it refused.
-    /// Only at the top level: within a nested sqlx transaction sqlx's rollback names a
-    /// savepoint, and a transaction begun again would stay open under it.
+    /// First rolls back the nested transactions sqlx still counts open above the store's
+    /// ([`transaction_end::unwind_nested`]), then checks that the transaction is still open (as
+    /// before each store write, which begins it again when a statement of the action had
+    /// ended it), so that sqlx's `ROLLBACK` finds one: a failed one would leave sqlx counting
+    /// the pooled connection in a transaction for good, and every later `BEGIN IMMEDIATE` on
+    /// it refused.
     async fn rollback(mut tx: Self::Transaction) -> Result<(), StoreError> {
-        if SqliteTransactionManager::get_transaction_depth(&tx) == 1
-            && let Err(error) = transaction_end::ended(&mut tx).await
-        {
+        transaction_end::unwind_nested(&mut tx)
+            .await
+            .map_err(store_error)?;
+        if let Err(error) = transaction_end::ended(&mut tx).await {
             tracing::debug!(%error, "could not check the transaction before its rollback");
         }
         tx.rollback().await.map_err(store_error)
