@@ -504,6 +504,9 @@ async fn a_duplicate_whose_handler_failed_on_the_winners_row_answers_the_winner<
     assert_eq!(second.body, first.body);
     assert_eq!(hooks.runs.load(Ordering::SeqCst), 2, "both handlers ran");
     assert_eq!(store.count().await, 2);
+    // The second found the key taken, though it never reached its insert (before: counted
+    // neither as acquired nor as a conflict).
+    assert_eq!(hooks.keys(), (1, 1, 1), "acquired, conflicts, waits");
 }
 
 /// The second duplicate's handler waited on the first one's row, caught the unique violation

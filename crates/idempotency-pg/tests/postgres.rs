@@ -869,3 +869,82 @@ async fn a_rollback_to_a_savepoint_dropped_midway_poisons_the_tx() {
     }
     panic!("the rollback never waited for the server");
 }
+
+/// An optimistic duplicate whose action fails on the winner's business row (the usual race
+/// under READ COMMITTED: a unique order id) never inserts a record, and replays the winner:
+/// it found the key taken, and counts so, as a loser of the insert does.
+#[tokio::test]
+async fn an_optimistic_loser_failing_on_the_winners_row_counts_a_conflict() {
+    let (_pool, plain) = setup().await;
+    let counts = Arc::new(KeyCounts::default());
+    let service = IdempotencyService::builder(plain.store().clone())
+        .metrics(Arc::clone(&counts))
+        .build();
+    let request = serde_json::json!({"orderId": "o-race"});
+    let key = IdempotencyKey::new("opt-failed-loser").unwrap();
+    let pay = async |conn: &mut PgConnection| {
+        insert_payment(conn, "o-race").await?;
+        Ok::<_, AppError>(ExecutionResult::success("paid".to_owned()))
+    };
+    let winner = service
+        .execute_optimistic(Call::new("PAY", key.clone(), &request), pay)
+        .await
+        .unwrap();
+    assert!(winner.is_executed());
+    // The loser runs its action: the order's row is taken, its insert fails.
+    let loser = service
+        .execute_optimistic(Call::new("PAY", key, &request), pay)
+        .await
+        .expect("the loser replays the winner");
+    assert!(!loser.is_executed());
+    assert_eq!(
+        counts.snapshot(),
+        (1, 1, 1),
+        "acquired, conflicts, waits (the loser never reached its insert)"
+    );
+}
+
+/// An L2 whose write never answers.
+#[derive(Clone, Copy)]
+struct StuckL2;
+
+impl idempotency_core::DistributedCache for StuckL2 {
+    async fn get(
+        &self,
+        _: &RecordId,
+    ) -> Result<Option<idempotency_core::IdempotencyRecord>, idempotency_core::CacheError> {
+        Ok(None)
+    }
+    async fn put(
+        &self,
+        _: &RecordId,
+        _: &idempotency_core::IdempotencyRecord,
+    ) -> Result<(), idempotency_core::CacheError> {
+        std::future::pending().await
+    }
+}
+
+/// The caches are filled after the commit: a call given up while the L2 write hangs (a
+/// timeout, a client gone) has its record committed, and counted as acquired.
+#[tokio::test]
+async fn an_optimistic_execution_dropped_while_filling_the_caches_counts_as_acquired() {
+    let (pool, plain) = setup().await;
+    let counts = Arc::new(KeyCounts::default());
+    let service = IdempotencyService::builder(plain.store().clone())
+        .distributed_cache(StuckL2)
+        .metrics(Arc::clone(&counts))
+        .build();
+    let request = serde_json::json!({"orderId": "o-stuck"});
+    let call = service.execute_optimistic(
+        Call::new("PAY", IdempotencyKey::new("opt-stuck").unwrap(), &request),
+        async |conn| {
+            insert_payment(conn, "o-stuck").await?;
+            Ok::<_, AppError>(ExecutionResult::success("paid".to_owned()))
+        },
+    );
+    let given_up = tokio::time::timeout(Duration::from_millis(500), call).await;
+    assert!(given_up.is_err(), "the L2 write hangs");
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+    assert_eq!(count(&pool, "payments").await, 1);
+    assert_eq!(counts.snapshot().0, 1, "acquired");
+}

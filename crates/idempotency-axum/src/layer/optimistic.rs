@@ -195,7 +195,13 @@ where
             // A duplicate that committed first may be why the handler answered so (a 5xx, a
             // 409 on the winner's business row): its answer wins.
             return match self.replay_stored(&keyed).await {
-                Ok(Some(answer)) => answer,
+                Ok(Some(answer)) => {
+                    // The key was taken, as for an insert that found it.
+                    self.service
+                        .metrics()
+                        .acquire_conflict(keyed.id.operation.as_str());
+                    answer
+                }
                 Ok(None) | Err(_) => (Answer::NotStored, response),
             };
         }

@@ -102,10 +102,17 @@ where
             Ok(result) => result,
             Err(error) => {
                 rollback(tx).await;
-                // A duplicate that committed first may be why the action failed: its outcome wins.
+                // A duplicate that committed first may be why the action failed: its outcome
+                // wins, and the key was taken, as for an insert that found it.
                 return match self.replay_committed(&id, &fingerprint).await {
-                    Ok(Some(outcome)) => Ok(outcome),
-                    Err(Error::PayloadConflict) => Err(Error::PayloadConflict.into()),
+                    Ok(Some(outcome)) => {
+                        inner.metrics.acquire_conflict(op);
+                        Ok(outcome)
+                    }
+                    Err(Error::PayloadConflict) => {
+                        inner.metrics.acquire_conflict(op);
+                        Err(Error::PayloadConflict.into())
+                    }
                     Ok(None) | Err(_) => Err(error),
                 };
             }
@@ -143,17 +150,16 @@ where
                 let status = stored.status();
                 let record = Arc::new(record);
                 let hook_id = id.clone();
+                // Counted by the hook, before the caches are filled: a call dropped while an
+                // L2 write hangs has its record committed, and counted.
                 tx.after_commit(async move {
-                    service
-                        .metrics
-                        .persisted(hook_id.operation.as_str(), status);
+                    let op = hook_id.operation.as_str();
+                    service.metrics.persisted(op, status);
+                    service.metrics.acquired(op);
                     service.fill_caches(&hook_id, record).await;
                 });
                 match tx.commit().await {
-                    Ok(()) => {
-                        inner.metrics.acquired(op);
-                        Ok(Outcome::new(result, Origin::Executed))
-                    }
+                    Ok(()) => Ok(Outcome::new(result, Origin::Executed)),
                     // SERIALIZABLE on PostgreSQL: a duplicate may have committed first.
                     Err(error @ StoreError::Conflict(_)) => {
                         self.committed_or(&id, &fingerprint, error).await
