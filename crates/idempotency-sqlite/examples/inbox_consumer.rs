@@ -11,6 +11,7 @@ use idempotency_core::config::SchemaMode;
 use idempotency_outbox::config::InboxConfig;
 use idempotency_sqlite::SqliteInbox;
 use sqlx::SqlitePool;
+use sqlx::sqlite::SqlitePoolOptions;
 
 /// Applies a `ChargeCreated` message to a read model, once per message id.
 async fn consume(
@@ -35,7 +36,12 @@ async fn consume(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let pool = SqlitePool::connect("sqlite::memory:").await?;
+    // `reusable` keeps a connection released inside a transaction out of the pool (as
+    // `idempotency_sqlite::open_pool` does for a file).
+    let pool = SqlitePoolOptions::new()
+        .after_release(|conn, _| Box::pin(idempotency_sqlite::reusable(conn)))
+        .connect("sqlite::memory:")
+        .await?;
     sqlx::raw_sql(
         "CREATE TABLE revenue (total_cents INTEGER NOT NULL); INSERT INTO revenue VALUES (0);",
     )

@@ -56,7 +56,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         env!("CARGO_MANIFEST_DIR"),
         "/examples/orders_minimal.yaml"
     ))?;
-    let pool = sqlx::SqlitePool::connect("sqlite://orders.db?mode=rwc").await?;
+    // WAL, a busy timeout, and no connection back into the pool while a transaction is open.
+    let pool =
+        idempotency::sqlite::open_pool(idempotency::sqlite::connect_options("orders.db")?).await?;
     sqlx::raw_sql("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, body text)")
         .execute(&pool)
         .await?;

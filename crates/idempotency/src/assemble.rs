@@ -94,7 +94,8 @@ pub struct Builder<'a, P = NoPublisher> {
 /// use idempotency::{Idempotency, Settings};
 ///
 /// let settings = Settings::load("config/orders.yaml")?;
-/// let pool = sqlx::SqlitePool::connect("sqlite://orders.db?mode=rwc").await?;
+/// // WAL, a busy timeout, and no connection back into the pool while a transaction is open
+/// let pool = idempotency::sqlite::open_pool(idempotency::sqlite::connect_options("orders.db")?).await?;
 /// let idempotency = Idempotency::from_config(&settings, pool).await?;
 /// let service = idempotency.service().clone(); // give it to the handlers
 /// // ... serve ...

@@ -226,6 +226,7 @@ async fn sqlite_fresh() -> Result<SqlitePool, CheckError> {
         .busy_timeout(Duration::from_secs(10));
     sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(4)
+        .after_release(|conn, _| Box::pin(idempotency_sqlite::reusable(conn)))
         .connect_with(options)
         .await
         .map_err(db)

@@ -50,7 +50,7 @@ const ROLLBACK_TO: &str = "ROLLBACK TO idempotency_outbox_enqueue";
 /// use idempotency_outbox::config::OutboxConfig;
 ///
 /// let options = idempotency_sqlite::connect_options(path.to_str().ok_or("path")?)?;
-/// let pool = sqlx::SqlitePool::connect_with(options).await?;
+/// let pool = idempotency_sqlite::open_pool(options).await?;
 /// let mut config = OutboxConfig::default();
 /// config.schema.mode = SchemaMode::Create;
 /// let outbox = SqliteOutbox::from_config(pool.clone(), &config).await?;
