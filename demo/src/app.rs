@@ -145,6 +145,7 @@ pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
             "/api/payments/unprotected",
             post(create_payment_unprotected::<DB>),
         )
+        .route("/api/payments/validate", post(validate_payment))
         .route("/api/refunds", post(create_refund::<DB>))
         .route("/charges", post(create_charge::<DB>))
         .route("/charges/{id}", get(get_charge::<DB>))
@@ -269,6 +270,29 @@ pub(crate) async fn create_payment_unprotected<DB: Database>(
         .map_err(|e| database::<DB>(e).into_response())?;
     tx.commit().await.map_err(failed)?;
     Ok((StatusCode::CREATED, Json(payment)).into_response())
+}
+
+/// `POST /api/payments/validate`: checks a payment request as `POST /api/payments` would and
+/// answers it normalized (the amount with two decimals), without paying, touching the database
+/// or needing a key. The HTTP bench's floor: every payment request costs at least this.
+#[utoipa::path(
+    post,
+    path = "/api/payments/validate",
+    request_body = CreatePayment,
+    responses(
+        (status = 200, description = "The request, valid and normalized; nothing is paid", body = CreatePayment),
+        (status = 400, description = "The body is not JSON (`invalid-request-body`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large (`payload-too-large`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "JSON that does not match the request (`invalid-request-body`), or a field out of range (`invalid-request`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn validate_payment(
+    ProblemJson(body): ProblemJson<CreatePayment>,
+) -> Result<Json<CreatePayment>, Response> {
+    body.validate()
+        .map(Json)
+        .map_err(IntoResponse::into_response)
 }
 
 /// `POST /api/refunds` (reference 001): 200 with the refund, or 422 `REFUND_LIMIT_EXCEEDED`.

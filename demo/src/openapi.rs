@@ -119,6 +119,7 @@ pub enum IdempotencyProblems {
     paths(
         crate::app::create_payment,
         crate::app::create_payment_unprotected,
+        crate::app::validate_payment,
         crate::app::create_refund,
         crate::app::create_charge,
         crate::app::get_charge,

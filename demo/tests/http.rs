@@ -585,6 +585,7 @@ async fn openapi_document_lists_every_endpoint() {
     assert!(doc.body["openapi"].as_str().unwrap().starts_with("3."));
     for path in [
         "/api/payments",
+        "/api/payments/validate",
         "/api/refunds",
         "/charges",
         "/charges/{id}",
@@ -622,6 +623,28 @@ async fn the_unprotected_endpoint_pays_twice() {
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_ne!(first.body["paymentId"], retry.body["paymentId"]);
     assert_eq!(count(&pool, "payments").await, 2);
+}
+
+/// Validation answers the normalized request and pays nothing; a bad field is the same 422 a
+/// payment gets, a body that is not JSON the same 400.
+#[tokio::test]
+async fn validate_checks_without_paying() {
+    let (app, pool) = demo().await;
+    let body = json!({"orderId": "o-11", "recipient": "gil", "amount": 9.5}).to_string();
+    let reply = send(&app, "POST", "/api/payments/validate", &[], &body).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.body,
+        json!({"orderId": "o-11", "recipient": "gil", "amount": "9.50"})
+    );
+    let zero = json!({"orderId": "o-11", "recipient": "gil", "amount": 0}).to_string();
+    let refused = send(&app, "POST", "/api/payments/validate", &[], &zero).await;
+    let paid = send(&app, "POST", "/api/payments/unprotected", &[], &zero).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(refused.body, paid.body);
+    let garbled = send(&app, "POST", "/api/payments/validate", &[], "{").await;
+    assert_eq!(garbled.status, StatusCode::BAD_REQUEST);
+    assert_eq!(count(&pool, "payments").await, 0);
 }
 
 /// A present but empty tenant header is an error, never the shared default scope.

@@ -46,6 +46,10 @@ pub enum Endpoint {
     /// [`charge_body`]`(key)`; the charge and its `ChargeCreated` outbox event commit together.
     /// The answer's `id` is tracked as the payments' `paymentId` is.
     Charges,
+    /// `POST /api/payments/validate`: the payment's request (headers and body, its
+    /// `Idempotency-Key` included) checked and answered without paying or touching the
+    /// database: the HTTP bench's floor, what any payment request costs the server.
+    Validate,
 }
 
 impl Endpoint {
@@ -55,6 +59,7 @@ impl Endpoint {
             Self::Health => "/health",
             Self::Unprotected => "/api/payments/unprotected",
             Self::Charges => "/charges",
+            Self::Validate => "/api/payments/validate",
         }
     }
 
@@ -265,7 +270,7 @@ impl HttpClient {
         }
         match self.endpoint {
             Endpoint::Health => builder.method(Method::GET).body(Full::default()),
-            Endpoint::Payments => builder
+            Endpoint::Payments | Endpoint::Validate => builder
                 .method(Method::POST)
                 .header(CONTENT_TYPE, "application/json")
                 .header("idempotency-key", HeaderValue::from_str(key)?)

@@ -37,7 +37,8 @@ struct Args {
     url: Vec<String>,
     /// Endpoint: `payments` (POST /api/payments), `charges` (POST /charges, UUID keys derived
     /// from the keys), `unprotected` (POST /api/payments/unprotected, the same payment without
-    /// idempotency) or `health` (GET /health).
+    /// idempotency), `validate` (POST /api/payments/validate, the payment's request checked
+    /// without paying) or `health` (GET /health).
     #[arg(long, value_enum, default_value_t = Endpoint::Payments)]
     endpoint: Endpoint,
     /// Concurrent clients.
