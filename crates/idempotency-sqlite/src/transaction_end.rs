@@ -66,7 +66,7 @@ pub(crate) async fn ended(conn: &mut SqliteConnection) -> Result<bool, sqlx::Err
 /// the first by the levels below); everything is rolled back anyway.
 pub(crate) async fn unwind_nested(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
     loop {
-        let depth = SqliteTransactionManager::get_transaction_depth(conn);
+        let depth = settled_depth(conn).await?;
         if depth <= 1 {
             return Ok(());
         }
@@ -75,6 +75,20 @@ pub(crate) async fn unwind_nested(conn: &mut SqliteConnection) -> Result<(), sql
             .await?;
         SqliteTransactionManager::rollback(conn).await?;
     }
+}
+
+/// The transaction depth sqlx counts on `conn` once the commands queued on it have run.
+///
+/// A nested sqlx transaction dropped without a rollback only queues one (`start_rollback`);
+/// the connection's worker lowers the depth when it runs it. Above depth 1 (the store's own
+/// transaction), a ping waits for the queue (the connection runs its commands in order), so
+/// that a nested transaction just dropped is not taken for one left open; at depth 1 or 0 the
+/// answer is final without a round trip, as queued commands never raise it.
+pub(crate) async fn settled_depth(conn: &mut SqliteConnection) -> Result<usize, sqlx::Error> {
+    if SqliteTransactionManager::get_transaction_depth(conn) > 1 {
+        sqlx::Connection::ping(&mut *conn).await?;
+    }
+    Ok(SqliteTransactionManager::get_transaction_depth(conn))
 }
 
 /// The error of a commit the store refused: sqlx still counted a nested transaction of the

@@ -392,6 +392,64 @@ async fn a_failed_nested_rollback_leaves_no_transaction_open_on_the_connection()
     }
 }
 
+/// `after_commit_first` hooks run before the `after_commit` ones, each in registration order,
+/// and only after the commit.
+#[tokio::test]
+async fn first_hooks_run_before_the_others_after_the_commit() {
+    let (_store, service) = one_connection_with_a_taken_charge().await;
+    let ran = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hook = |name: &'static str| {
+        let ran = std::sync::Arc::clone(&ran);
+        async move { ran.lock().unwrap().push(name) }
+    };
+    let mut tx = service.begin().await.unwrap();
+    tx.after_commit(hook("app-1"));
+    tx.after_commit_first(hook("first-1"));
+    tx.after_commit(hook("app-2"));
+    tx.after_commit_first(hook("first-2"));
+    assert_eq!(tx.pending_hooks(), 4);
+    assert!(ran.lock().unwrap().is_empty());
+    tx.commit().await.unwrap();
+    assert_eq!(
+        *ran.lock().unwrap(),
+        ["first-1", "first-2", "app-1", "app-2"]
+    );
+    let mut rolled_back = service.begin().await.unwrap();
+    rolled_back.after_commit_first(hook("never"));
+    rolled_back.rollback().await.unwrap();
+    assert_eq!(ran.lock().unwrap().len(), 4);
+}
+
+/// A nested transaction dropped without a rollback (a savepoint the caller discards) only
+/// queues its rollback: the commit that follows at once must not take it for one left open
+/// (the depth sqlx counts is lowered when the connection runs the queued rollback).
+#[tokio::test]
+async fn a_nested_transaction_dropped_before_the_commit_does_not_refuse_it() {
+    let (store, service) = one_connection_with_a_taken_charge().await;
+    for i in 0..50 {
+        let mut tx = service.begin().await.unwrap();
+        insert_charge(&mut tx, &format!("kept-{i}")).await.unwrap();
+        {
+            let mut nested = sqlx::Connection::begin(&mut *tx).await.unwrap();
+            insert_charge(&mut nested, &format!("gone-{i}"))
+                .await
+                .unwrap();
+        }
+        tx.commit().await.expect("the commit goes through");
+    }
+    let kept: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM charges WHERE reference LIKE 'kept-%'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    let gone: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM charges WHERE reference LIKE 'gone-%'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!((kept, gone), (50, 0));
+}
+
 /// An action that leaks a nested transaction (`mem::forget`) leaves sqlx counting it: sqlx's
 /// commit of the store's transaction would only release its savepoint and report success with
 /// nothing on disk. The store refuses the commit and rolls everything back (before: `Ok`, the

@@ -8,9 +8,8 @@ use idempotency_core::store::{
 };
 use idempotency_core::trace::SpanRef;
 use idempotency_core::{IdempotencyRecord, RecordId, StoredOutcome};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteTransactionManager};
+use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
-use sqlx_core::transaction::TransactionManager;
 
 use super::row::{
     CompleteRow, FindRow, completed_record, parse_status, record_from_row, span_columns,
@@ -158,8 +157,12 @@ impl IdempotencyStore for SqliteStore {
     /// Refuses (rolls back) a transaction in which sqlx still counts a nested transaction of
     /// the action open: sqlx's `COMMIT` would only release that savepoint, and the store's
     /// transaction would stay open on the pooled connection, committed by nobody.
-    async fn commit(tx: Self::Transaction) -> Result<(), StoreError> {
-        if SqliteTransactionManager::get_transaction_depth(&tx) > 1 {
+    async fn commit(mut tx: Self::Transaction) -> Result<(), StoreError> {
+        if transaction_end::settled_depth(&mut tx)
+            .await
+            .map_err(store_error)?
+            > 1
+        {
             Self::rollback(tx).await?;
             return Err(StoreError::Database(Box::new(
                 transaction_end::NestedTransactionOpen,
@@ -169,15 +172,15 @@ impl IdempotencyStore for SqliteStore {
     }
 
     /// First rolls back the nested transactions sqlx still counts open above the store's
-    /// ([`transaction_end::unwind_nested`]), then checks that the transaction is still open (as
+    /// (`transaction_end::unwind_nested`), then checks that the transaction is still open (as
     /// before each store write, which begins it again when a statement of the action had
     /// ended it), so that sqlx's `ROLLBACK` finds one: a failed one would leave sqlx counting
     /// the pooled connection in a transaction for good, and every later `BEGIN IMMEDIATE` on
     /// it refused.
     async fn rollback(mut tx: Self::Transaction) -> Result<(), StoreError> {
-        transaction_end::unwind_nested(&mut tx)
-            .await
-            .map_err(store_error)?;
+        if let Err(error) = transaction_end::unwind_nested(&mut tx).await {
+            tracing::debug!(%error, "could not roll back the nested transactions first");
+        }
         if let Err(error) = transaction_end::ended(&mut tx).await {
             tracing::debug!(%error, "could not check the transaction before its rollback");
         }
