@@ -206,6 +206,8 @@ struct Hooks {
     acquired: AtomicUsize,
     conflicts: AtomicUsize,
     waits: AtomicUsize,
+    /// Records counted as stored.
+    persisted: AtomicUsize,
 }
 
 impl Hooks {
@@ -230,6 +232,9 @@ impl idempotency_core::IdempotencyMetrics for Hooks {
     fn acquire_wait(&self, _: &str, _: Duration) {
         self.waits.fetch_add(1, Ordering::SeqCst);
     }
+    fn persisted(&self, _: &str, _: RecordStatus) {
+        self.persisted.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Deserialize)]
@@ -251,6 +256,9 @@ struct NewOrder {
     /// Answer 201 even when the reference is taken (the insert failed).
     #[serde(default)]
     succeed_anyway: bool,
+    /// Register an after-commit hook that never finishes.
+    #[serde(default)]
+    hanging_hook: bool,
 }
 
 async fn create_order<B: Orders>(
@@ -268,6 +276,9 @@ async fn create_order<B: Orders>(
         B::isolate(&mut tx, level).await;
     }
     B::read(&mut tx).await;
+    if order.hanging_hook {
+        tx.tx().after_commit(std::future::pending());
+    }
     let inserted = if order.or_roll_back {
         B::insert_or_roll_back(&mut tx, &reference).await
     } else {
@@ -388,6 +399,23 @@ async fn an_unstored_answer_without_a_record_is_answered_as_is<B: Orders>(status
     }
     assert_eq!(hooks.runs.load(Ordering::SeqCst), 2);
     assert!(store.lookup(&record_id("k1")).await.unwrap().is_none());
+}
+
+/// The handler's own after-commit hook hangs (a notifier that never answers) and the request
+/// is given up meanwhile (a client gone, a timeout): the record committed, and it is counted
+/// as acquired and stored, and cached, because the layer's bookkeeping runs before the
+/// handler's hooks (before: after them, so never).
+async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count<B: Orders>() {
+    let (store, _cleanup) = <B as Orders>::fresh().await;
+    store.create_table().await;
+    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let order = serde_json::json!({ "reference": "h1", "hanging_hook": true });
+    let given_up = tokio::time::timeout(Duration::from_millis(500), send(&app, "k1", order)).await;
+    assert!(given_up.is_err(), "the handler's hook hangs");
+    let record = store.lookup(&record_id("k1")).await.unwrap().unwrap();
+    assert_eq!(record.status(), RecordStatus::Completed);
+    assert_eq!(hooks.keys().0, 1, "acquired");
+    assert_eq!(hooks.persisted.load(Ordering::SeqCst), 1, "persisted");
 }
 
 /// A handler that caught a failed statement on PostgreSQL and still answered 201: its other
@@ -614,6 +642,11 @@ mod postgres {
     }
 
     #[tokio::test(flavor = "multi_thread")]
+    async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count() {
+        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<PgStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn a_5xx_without_a_record_is_answered_as_is() {
         super::an_unstored_answer_without_a_record_is_answered_as_is::<PgStore>(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -752,6 +785,11 @@ mod sqlite {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_caught_failed_statement_is_stored_and_replayed() {
         super::a_caught_failed_statement_is_stored_and_replayed::<SqliteStore>().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count() {
+        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<SqliteStore>().await;
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -20,6 +20,7 @@ pub struct TxMark {
     tx: u64,
     savepoint: u32,
     hooks: usize,
+    first_hooks: usize,
     unfinished: usize,
     poisoned: bool,
 }
@@ -72,6 +73,8 @@ pub struct TxMark {
 pub struct Tx<S: IdempotencyStore> {
     inner: S::Transaction,
     hooks: Vec<Hook>,
+    /// The hooks of [`after_commit_first`](Self::after_commit_first), run before `hooks`.
+    first_hooks: Vec<Hook>,
     unfinished: usize,
     poisoned: bool,
     /// How many savepoints [`savepoint`](Self::savepoint) took: the last one's number.
@@ -92,6 +95,7 @@ impl<S: IdempotencyStore> Tx<S> {
         Self {
             inner,
             hooks: Vec::new(),
+            first_hooks: Vec::new(),
             unfinished: 0,
             poisoned: false,
             savepoints: 0,
@@ -118,9 +122,33 @@ impl<S: IdempotencyStore> Tx<S> {
         self.hooks.push(Box::pin(hook));
     }
 
+    /// Registers `hook` to run after a successful commit, before every hook registered with
+    /// [`after_commit`](Self::after_commit) (those of `after_commit_first` run in their own
+    /// registration order).
+    ///
+    /// For bookkeeping that the application's hooks must not hold back: [`commit`](Self::commit)
+    /// awaits its hooks one after the other, so a slow hook registered earlier (a notifier
+    /// that hangs) would delay a later one, and a future dropped meanwhile (a client gone, a
+    /// timeout) would never run it. `IdempotencyLayer` counts a stored record and fills the
+    /// caches this way, after the handler registered its own hooks.
+    ///
+    /// ```
+    /// # use idempotency_core::*;
+    /// # async fn f<S: IdempotencyStore>(service: &IdempotencyService<S>) -> Result<(), StoreError> {
+    /// let mut tx = service.begin().await?;
+    /// tx.after_commit(async { /* the application's notifier */ });
+    /// tx.after_commit_first(async { /* runs first */ });
+    /// assert_eq!(tx.pending_hooks(), 2);
+    /// tx.commit().await
+    /// # }
+    /// ```
+    pub fn after_commit_first(&mut self, hook: impl Future<Output = ()> + Send + 'static) {
+        self.first_hooks.push(Box::pin(hook));
+    }
+
     /// Number of hooks waiting for the commit.
     pub fn pending_hooks(&self) -> usize {
-        self.hooks.len()
+        self.hooks.len() + self.first_hooks.len()
     }
 
     /// Takes the store's savepoint ([`IdempotencyStore::savepoint`]; nothing on a store that
@@ -143,6 +171,7 @@ impl<S: IdempotencyStore> Tx<S> {
             tx: self.id,
             savepoint,
             hooks: self.hooks.len(),
+            first_hooks: self.first_hooks.len(),
             unfinished: self.unfinished,
             poisoned: self.poisoned,
         })
@@ -196,6 +225,7 @@ impl<S: IdempotencyStore> Tx<S> {
         if back {
             self.live.truncate(at + 1);
             self.hooks.truncate(mark.hooks);
+            self.first_hooks.truncate(mark.first_hooks);
             self.unfinished = mark.unfinished;
             self.poisoned = mark.poisoned;
         } else {
@@ -238,7 +268,9 @@ impl<S: IdempotencyStore> Tx<S> {
         self.unfinished = self.unfinished.saturating_sub(1);
     }
 
-    /// Commits, then runs the after-commit hooks in registration order.
+    /// Commits, then runs the after-commit hooks: those of
+    /// [`after_commit_first`](Self::after_commit_first), then those of
+    /// [`after_commit`](Self::after_commit), each in registration order.
     ///
     /// Hooks only speed up later replays (cache writes, metrics); they cannot fail the commit.
     ///
@@ -268,7 +300,7 @@ impl<S: IdempotencyStore> Tx<S> {
             return Err(refused);
         }
         S::commit(self.inner).await?;
-        for hook in self.hooks {
+        for hook in self.first_hooks.into_iter().chain(self.hooks) {
             hook.await;
         }
         Ok(())
@@ -304,7 +336,10 @@ impl<S: IdempotencyStore> DerefMut for Tx<S> {
 impl<S: IdempotencyStore> fmt::Debug for Tx<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tx")
-            .field("pending_hooks", &self.hooks.len())
+            .field(
+                "pending_hooks",
+                &(self.hooks.len() + self.first_hooks.len()),
+            )
             .field("unfinished_claims", &self.unfinished)
             .field("poisoned", &self.poisoned)
             .finish_non_exhaustive()

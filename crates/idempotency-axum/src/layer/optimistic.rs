@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
@@ -196,10 +195,12 @@ where
             // 409 on the winner's business row): its answer wins.
             return match self.replay_stored(&keyed).await {
                 Ok(Some(answer)) => {
-                    // The key was taken, as for an insert that found it.
-                    self.service
-                        .metrics()
-                        .acquire_conflict(keyed.id.operation.as_str());
+                    if matches!(answer.0, Answer::Replayed(_) | Answer::Conflict) {
+                        // The key was taken, as for an insert that found it.
+                        self.service
+                            .metrics()
+                            .acquire_conflict(keyed.id.operation.as_str());
+                    }
                     answer
                 }
                 Ok(None) | Err(_) => (Answer::NotStored, response),
@@ -263,8 +264,9 @@ where
             }
             match inserted {
                 Ok(Some(record)) => {
+                    self.after_stored(&mut tx, &keyed.id, record, true);
                     match tx.commit().await {
-                        Ok(()) => metrics.acquired(op),
+                        Ok(()) => {}
                         // SERIALIZABLE on PostgreSQL: a duplicate may have committed first.
                         Err(error @ StoreError::Conflict(_)) => {
                             return self.answer_committed(keyed, error).await;
@@ -279,8 +281,6 @@ where
                              statements were rolled back and its response stored"
                         );
                     }
-                    metrics.persisted(op, outcome.status());
-                    self.fill_caches(&keyed.id, Arc::new(record)).await;
                     return (
                         Answer::Executed,
                         Response::from_parts(parts, Body::from(body)),
@@ -339,10 +339,12 @@ where
     async fn answer_committed(&self, keyed: &Keyed, conflict: StoreError) -> (Answer, Response) {
         match self.replay_stored(keyed).await {
             Ok(Some(answer)) => {
-                // The key was taken, as for an insert that found it.
-                self.service
-                    .metrics()
-                    .acquire_conflict(keyed.id.operation.as_str());
+                if matches!(answer.0, Answer::Replayed(_) | Answer::Conflict) {
+                    // The key was taken, as for an insert that found it.
+                    self.service
+                        .metrics()
+                        .acquire_conflict(keyed.id.operation.as_str());
+                }
                 answer
             }
             Ok(None) => failed(Core::Store(conflict)),

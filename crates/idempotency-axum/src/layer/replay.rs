@@ -6,8 +6,8 @@ use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use idempotency_core::cache::{DistributedCache, FailurePolicy, LocalCache};
 use idempotency_core::{
-    CacheError, Fingerprint, IdempotencyMetrics, IdempotencyRecord, IdempotencyStore, Level,
-    RecordId, StoredOutcome,
+    CacheError, Fingerprint, IdempotencyMetrics, IdempotencyRecord, IdempotencyService,
+    IdempotencyStore, Level, RecordId, StoredOutcome, Tx,
 };
 
 use idempotency_core::trace;
@@ -246,25 +246,62 @@ where
 
     /// Writes a committed terminal record to L2, then L1; failures are logged and counted.
     pub(super) async fn fill_caches(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
-        if !record.is_terminal() {
-            return;
-        }
-        let service = &self.service;
-        let put = service
-            .distributed_cache()
-            .put(id, &record)
-            .instrument(trace::cache_span("distributed", "put"))
-            .await;
-        if let Err(error) = put {
-            let op = id.operation.as_str();
-            service
-                .metrics()
-                .cache_error(op, Level::Distributed, &error);
-            // Counted; the cache logs its outages once per change of state, not per call.
-            tracing::debug!(operation = op, %error, "distributed cache write failed");
-        }
-        service.local_cache().put(id, record);
+        fill_caches(&self.service, id, record).await;
     }
+
+    /// Registers, first among `tx`'s hooks, what follows the commit of the record the layer
+    /// stored in it: `persisted` (and `acquired`, for the optimistic mode, which claims with
+    /// the commit), then the caches. First: the handler's own hooks (`IdempotentTx`) run after
+    /// it, so that one that hangs, or a request dropped meanwhile, cannot lose the count or
+    /// the cache fill of a committed record.
+    pub(super) fn after_stored(
+        &self,
+        tx: &mut Tx<S>,
+        id: &RecordId,
+        record: IdempotencyRecord,
+        acquired: bool,
+    ) {
+        let (service, id, status) = (self.service.clone(), id.clone(), record.status());
+        tx.after_commit_first(async move {
+            let op = id.operation.as_str();
+            if acquired {
+                service.metrics().acquired(op);
+            }
+            service.metrics().persisted(op, status);
+            fill_caches(&service, &id, Arc::new(record)).await;
+        });
+    }
+}
+
+/// Writes a terminal record to L2, then L1 (a failed L2 write is counted and logged).
+async fn fill_caches<S, L, D, M, Z>(
+    service: &IdempotencyService<S, L, D, M, Z>,
+    id: &RecordId,
+    record: Arc<IdempotencyRecord>,
+) where
+    S: IdempotencyStore,
+    L: LocalCache,
+    D: DistributedCache,
+    M: IdempotencyMetrics,
+    Z: Send + Sync + 'static,
+{
+    if !record.is_terminal() {
+        return;
+    }
+    let put = service
+        .distributed_cache()
+        .put(id, &record)
+        .instrument(trace::cache_span("distributed", "put"))
+        .await;
+    if let Err(error) = put {
+        let op = id.operation.as_str();
+        service
+            .metrics()
+            .cache_error(op, Level::Distributed, &error);
+        // Counted; the cache logs its outages once per change of state, not per call.
+        tracing::debug!(operation = op, %error, "distributed cache write failed");
+    }
+    service.local_cache().put(id, record);
 }
 
 /// A stored response as a replay answers it: with `Idempotent-Replayed: true`.

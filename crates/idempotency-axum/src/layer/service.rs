@@ -361,10 +361,8 @@ where
                 return Err(Core::Store(error).into());
             }
         };
+        self.after_stored(&mut tx, &keyed.id, record, false);
         tx.commit().await.map_err(Core::Store)?;
-        let op = keyed.id.operation.as_str();
-        self.service.metrics().persisted(op, outcome.status());
-        self.fill_caches(&keyed.id, Arc::new(record)).await;
         Ok(())
     }
 }
