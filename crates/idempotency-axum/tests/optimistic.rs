@@ -403,8 +403,8 @@ async fn an_unstored_answer_without_a_record_is_answered_as_is<B: Orders>(status
 
 /// The handler's own after-commit hook hangs (a notifier that never answers) and the request
 /// is given up meanwhile (a client gone, a timeout): the record committed, and it is counted
-/// as acquired and stored, and cached, because the layer's bookkeeping runs before the
-/// handler's hooks (before: after them, so never).
+/// as acquired and stored, because the layer counts it before the handler's hooks run
+/// (before: after them, so never). The caches are filled after the handler's hooks.
 async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count<B: Orders>() {
     let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;

@@ -531,6 +531,7 @@ struct KeyCounts {
     acquired: std::sync::atomic::AtomicUsize,
     conflicts: std::sync::atomic::AtomicUsize,
     waits: std::sync::atomic::AtomicUsize,
+    persisted: std::sync::atomic::AtomicUsize,
 }
 
 impl KeyCounts {
@@ -555,6 +556,10 @@ impl idempotency_core::IdempotencyMetrics for KeyCounts {
     }
     fn acquire_wait(&self, _: &str, _: Duration) {
         self.waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn persisted(&self, _: &str, _: idempotency_core::RecordStatus) {
+        self.persisted
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -947,4 +952,76 @@ async fn an_optimistic_execution_dropped_while_filling_the_caches_counts_as_acqu
     assert_eq!(count(&pool, "idempotency_records").await, 1);
     assert_eq!(count(&pool, "payments").await, 1);
     assert_eq!(counts.snapshot().0, 1, "acquired");
+}
+
+/// `execute_in` in a transaction whose caller registered a hook that hangs: the stored record
+/// is counted by a first hook, before the caller's; a commit given up while that hook hangs
+/// has its record counted (before: the count came after the caller's hooks, so never).
+#[tokio::test(flavor = "multi_thread")]
+async fn execute_in_counts_its_record_before_the_callers_hanging_hook() {
+    let (pool, plain) = setup().await;
+    let counts = Arc::new(KeyCounts::default());
+    let service = IdempotencyService::builder(plain.store().clone())
+        .metrics(Arc::clone(&counts))
+        .build();
+    let mut tx = service.begin().await.unwrap();
+    tx.after_commit(std::future::pending());
+    let request = serde_json::json!({"orderId": "o-in"});
+    let outcome: Outcome<String> = service
+        .execute_in(
+            &mut tx,
+            Call::new("PAY", IdempotencyKey::new("in-hanging").unwrap(), &request),
+            async |conn| {
+                insert_payment(conn, "o-in").await?;
+                Ok::<_, AppError>(ExecutionResult::success("paid".to_owned()))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(outcome.is_executed());
+    let given_up = tokio::time::timeout(Duration::from_millis(500), tx.commit()).await;
+    assert!(given_up.is_err(), "the caller's hook hangs");
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
+    assert_eq!(
+        counts.persisted.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+}
+
+/// A rollback to a savepoint drops the first hooks registered since, as it does the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollback_to_a_savepoint_drops_the_first_hooks_registered_since() {
+    let (_pool, service) = setup().await;
+    let store = service.store();
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook = || {
+        let ran = Arc::clone(&ran);
+        async move {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    };
+    let mut tx = service.begin().await.unwrap();
+    tx.after_commit_first(hook());
+    let mark = tx.savepoint(store).await.unwrap();
+    tx.after_commit_first(hook());
+    tx.after_commit(hook());
+    assert_eq!(tx.pending_hooks(), 3);
+    sqlx::query("SELECT 1/0")
+        .execute(tx.connection())
+        .await
+        .unwrap_err();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("first-hooks").unwrap(),
+    );
+    let failed = store.find(tx.connection(), &id).await.unwrap_err();
+    assert!(
+        tx.rollback_to_savepoint(store, mark, &failed)
+            .await
+            .unwrap()
+    );
+    assert_eq!(tx.pending_hooks(), 1, "the two hooks after the mark went");
+    tx.commit().await.unwrap();
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

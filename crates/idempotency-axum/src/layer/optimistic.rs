@@ -194,15 +194,7 @@ where
             // A duplicate that committed first may be why the handler answered so (a 5xx, a
             // 409 on the winner's business row): its answer wins.
             return match self.replay_stored(&keyed).await {
-                Ok(Some(answer)) => {
-                    if matches!(answer.0, Answer::Replayed(_) | Answer::Conflict) {
-                        // The key was taken, as for an insert that found it.
-                        self.service
-                            .metrics()
-                            .acquire_conflict(keyed.id.operation.as_str());
-                    }
-                    answer
-                }
+                Ok(Some(answer)) => self.taken(&keyed, answer),
                 Ok(None) | Err(_) => (Answer::NotStored, response),
             };
         }
@@ -338,17 +330,20 @@ where
     /// (counted as a key found taken), or the conflict (retryable) when there is none.
     async fn answer_committed(&self, keyed: &Keyed, conflict: StoreError) -> (Answer, Response) {
         match self.replay_stored(keyed).await {
-            Ok(Some(answer)) => {
-                if matches!(answer.0, Answer::Replayed(_) | Answer::Conflict) {
-                    // The key was taken, as for an insert that found it.
-                    self.service
-                        .metrics()
-                        .acquire_conflict(keyed.id.operation.as_str());
-                }
-                answer
-            }
+            Ok(Some(answer)) => self.taken(keyed, answer),
             Ok(None) => failed(Core::Store(conflict)),
             Err(error) => (Answer::Failed, error.into_response()),
         }
+    }
+
+    /// A loser's answer from the committed record: counted as a key found taken (as for an
+    /// insert that found it) when the record answers it, replayed or as a payload conflict.
+    fn taken(&self, keyed: &Keyed, answer: (Answer, Response)) -> (Answer, Response) {
+        if matches!(answer.0, Answer::Replayed(_) | Answer::Conflict) {
+            self.service
+                .metrics()
+                .acquire_conflict(keyed.id.operation.as_str());
+        }
+        answer
     }
 }

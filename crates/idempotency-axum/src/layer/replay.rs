@@ -249,11 +249,12 @@ where
         fill_caches(&self.service, id, record).await;
     }
 
-    /// Registers, first among `tx`'s hooks, what follows the commit of the record the layer
-    /// stored in it: `persisted` (and `acquired`, for the optimistic mode, which claims with
-    /// the commit), then the caches. First: the handler's own hooks (`IdempotentTx`) run after
-    /// it, so that one that hangs, or a request dropped meanwhile, cannot lose the count or
-    /// the cache fill of a committed record.
+    /// Registers what follows the commit of the record the layer stored in `tx`: counting it
+    /// (`persisted`, and `acquired` for the optimistic mode, which claims with the commit) as
+    /// a first hook ([`Tx::after_commit_first`]), so that a hook of the handler's
+    /// (`IdempotentTx`) that hangs, or a request dropped meanwhile, cannot lose the count of
+    /// a committed record; then filling the caches as an ordinary hook, after the handler's,
+    /// which a slow cache write must not hold back.
     pub(super) fn after_stored(
         &self,
         tx: &mut Tx<S>,
@@ -261,15 +262,15 @@ where
         record: IdempotencyRecord,
         acquired: bool,
     ) {
-        let (service, id, status) = (self.service.clone(), id.clone(), record.status());
+        let (service, op, status) = (self.service.clone(), id.operation.clone(), record.status());
         tx.after_commit_first(async move {
-            let op = id.operation.as_str();
             if acquired {
-                service.metrics().acquired(op);
+                service.metrics().acquired(op.as_str());
             }
-            service.metrics().persisted(op, status);
-            fill_caches(&service, &id, Arc::new(record)).await;
+            service.metrics().persisted(op.as_str(), status);
         });
+        let (service, id) = (self.service.clone(), id.clone());
+        tx.after_commit(async move { fill_caches(&service, &id, Arc::new(record)).await });
     }
 }
 

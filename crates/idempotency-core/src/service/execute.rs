@@ -356,12 +356,14 @@ where
             },
             "action",
         );
+        // Counted first among the hooks (the caller's hooks registered before `execute_in`
+        // may hang); the caches are filled in turn, after those.
+        let service = Arc::clone(&self.inner);
+        let op = id.operation.clone();
+        tx.after_commit_first(async move { service.metrics.persisted(op.as_str(), status) });
         let service = Arc::clone(&self.inner);
         let record = Arc::new(record);
-        tx.after_commit(async move {
-            service.metrics.persisted(id.operation.as_str(), status);
-            service.fill_caches(&id, record).await;
-        });
+        tx.after_commit(async move { service.fill_caches(&id, record).await });
         Ok(Outcome::new(result, Origin::Executed))
     }
 

@@ -150,14 +150,15 @@ where
                 let status = stored.status();
                 let record = Arc::new(record);
                 let hook_id = id.clone();
-                // Counted by the hook, before the caches are filled: a call dropped while an
-                // L2 write hangs has its record committed, and counted.
-                tx.after_commit(async move {
-                    let op = hook_id.operation.as_str();
-                    service.metrics.persisted(op, status);
-                    service.metrics.acquired(op);
-                    service.fill_caches(&hook_id, record).await;
+                // Counted by a hook of its own, before the caches are filled: a call dropped
+                // while an L2 write hangs has its record committed, and counted.
+                let counted = Arc::clone(&service);
+                let hook_op = hook_id.operation.clone();
+                tx.after_commit_first(async move {
+                    counted.metrics.persisted(hook_op.as_str(), status);
+                    counted.metrics.acquired(hook_op.as_str());
                 });
+                tx.after_commit(async move { service.fill_caches(&hook_id, record).await });
                 match tx.commit().await {
                     Ok(()) => Ok(Outcome::new(result, Origin::Executed)),
                     // SERIALIZABLE on PostgreSQL: a duplicate may have committed first.
