@@ -178,13 +178,17 @@ impl IdempotencyStore for SqliteStore {
     /// the pooled connection in a transaction for good, and every later `BEGIN IMMEDIATE` on
     /// it refused.
     async fn rollback(mut tx: Self::Transaction) -> Result<(), StoreError> {
-        if let Err(error) = transaction_end::unwind_nested(&mut tx).await {
-            tracing::debug!(%error, "could not roll back the nested transactions first");
-        }
-        if let Err(error) = transaction_end::ended(&mut tx).await {
+        // On a failed unwind, sqlx's rollback below still undoes what it can, but the
+        // transaction may stay open: the answer is the error, not `Ok`.
+        let unwound = transaction_end::unwind_nested(&mut tx).await;
+        if unwound.is_ok()
+            && let Err(error) = transaction_end::ended(&mut tx).await
+        {
             tracing::debug!(%error, "could not check the transaction before its rollback");
         }
-        tx.rollback().await.map_err(store_error)
+        let rolled_back = tx.rollback().await.map_err(store_error);
+        unwound.map_err(store_error)?;
+        rolled_back
     }
 
     /// `claim.wait` is not used: the transaction holds the write lock since `BEGIN IMMEDIATE`,
