@@ -328,7 +328,7 @@ for what, measure, value, target in ratios():
     # library reach F, below the target (the target is above what the client and the round
     # trips allow in this run).
     floor = re.search(r"this run's floor ([0-9.]+), above it", target)
-    if bound and bound.group(1) == ">=" and floor and v < float(bound.group(2)):
+    if bound and bound.group(1) == ">=" and floor and float(floor.group(1)) > v < float(bound.group(2)):
         met = f"**no**: the target is above this run's floor ({floor.group(1)}); measured {v / float(floor.group(1)):.2f} of the floor"
     elif bound and bound.group(1) == ">=":
         met = "yes" if v >= float(bound.group(2)) else "**no**"
@@ -344,7 +344,7 @@ for what, measure, value, target in ratios():
 def verdict(value, target, floor=None):
     if value >= target:
         return "yes"
-    if floor is not None and floor < target:
+    if floor is not None and value < floor < target:
         return f"**no**: the target is above this run's floor ({floor:.2f}); measured {value / floor:.2f} of the floor"
     return "**no**"
 validate_ratio = http_ratio("validate") if "validate" in http else None
