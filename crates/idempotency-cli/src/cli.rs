@@ -91,7 +91,8 @@ pub(crate) enum SchemaCommand {
 /// One key.
 #[derive(Debug, Args)]
 pub(crate) struct KeyArgs {
-    /// The operation (as the service names it, e.g. `POST /charges` or `CREATE_PAYMENT`).
+    /// The operation, as the service names it: `POST:/charges` (a route behind
+    /// `IdempotencyLayer`) or `CREATE_PAYMENT`.
     pub(crate) operation: String,
     /// The client's Idempotency-Key.
     pub(crate) key: String,

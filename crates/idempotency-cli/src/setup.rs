@@ -68,23 +68,37 @@ impl Backend {
     }
 }
 
-/// The URL to name in messages: without its password.
+/// The URL to name in messages: without its password, nor its query (which may carry one,
+/// `?password=`, or another secret). Where the URL is ambiguous (an `@` in its query), more
+/// is hidden, never less.
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &credentials[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
-            }
+    let Some(scheme) = url.find("://") else {
+        return url.to_owned();
+    };
+    let (head, rest) = url.split_at(scheme + 3);
+    let (user, tail) = match rest.rfind('@') {
+        Some(at) => {
+            let user = rest[..at]
+                .split([':', '@', '/', '?'])
+                .next()
+                .unwrap_or_default();
+            (Some(user), &rest[at + 1..])
         }
-        _ => url.to_owned(),
+        None => (None, rest),
+    };
+    let mut text = head.to_owned();
+    if let Some(user) = user {
+        text.push_str(user);
+        text.push_str(":***@");
     }
+    match tail.split_once('?') {
+        Some((before, _)) => {
+            text.push_str(before);
+            text.push_str("?…");
+        }
+        None => text.push_str(tail),
+    }
+    text
 }
 
 fn unreachable(url: &str, error: &dyn std::error::Error) -> CliError {
@@ -124,3 +138,28 @@ pub(crate) async fn sqlite(url: &str, create: bool) -> Result<sqlx::SqlitePool, 
 }
 
 use idempotency::sqlx;
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_and_queries_are_hidden() {
+        for (url, shown) in [
+            ("postgres://u:p@h/db", "postgres://u:***@h/db"),
+            ("postgres://u@h/db", "postgres://u:***@h/db"),
+            ("postgres://h:5432/db", "postgres://h:5432/db"),
+            (
+                "postgres://u:p@h/db?password=x&sslmode=require",
+                "postgres://u:***@h/db?…",
+            ),
+            ("postgres://h/db?password=x", "postgres://h/db?…"),
+            ("mysql://u:p@h/db?opt=a@b", "mysql://u:***@b"),
+            ("postgres://u:p?w@h/db", "postgres://u:***@h/db"),
+            ("postgres://u@h/db?x=a@b", "postgres://u:***@b"),
+            ("sqlite:app.db", "sqlite:app.db"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+    }
+}

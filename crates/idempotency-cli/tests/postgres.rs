@@ -93,6 +93,29 @@ async fn evict_deletes_the_redis_entry_too() {
     let _ = client.quit().await;
 }
 
+/// Redis does not answer while a key is evicted: the record is deleted, and the error says
+/// so and names the entry left behind (before: exit 2, "bad input", or a bare "the Redis entry
+/// could not be deleted", while `keys show` then found nothing to evict again).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_whose_redis_entry_cannot_be_deleted_says_the_record_went() {
+    let db = Db::postgres().await;
+    db.seed().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    db.with_redis_at(&format!("redis://127.0.0.1:{port}"));
+    db.cli()
+        .args([
+            "keys", "evict", "PAY", "k-done", "--scope", "tenant-a", "--yes",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("the record was deleted"))
+        .stderr(predicate::str::contains("DEL "))
+        .stderr(predicate::str::contains("k-done"));
+    assert_eq!(db.records_where("k-done").await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn validate_names_the_migration_from_the_starters_table() {
     let db = Db::postgres().await;

@@ -18,3 +18,48 @@ async fn partitions_are_postgresql_only() {
             .stderr(predicates::str::contains("SQLite"));
     }
 }
+
+/// A requeue of more dead letters than one batch holds, refused in its second batch (an
+/// aggregate that already published a later event): the first batch stays requeued, and the
+/// command says so and exits 1, not 4 ("refused, nothing changed"; before: exit 4 with no
+/// word of the 500 rows already back in the relay's hands).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_requeue_refused_after_a_committed_batch_says_what_it_changed() {
+    let db = Db::sqlite().await;
+    db.seed().await;
+    let o = db.outbox.as_str();
+    // 500 dead letters, older than the seed's (listed first: the whole first batch).
+    let rows: Vec<String> = (0..500)
+        .map(|i| {
+            format!(
+                "('00000000-0000-7000-8000-{:012x}', 'bulk', 'b{i}', 1, 'BulkCreated', '{{}}', \
+                 '{{}}', 0, 5, 0, 'broker said no', NULL, 1)",
+                0x1000 + i
+            )
+        })
+        .collect();
+    db.exec(&format!(
+        "INSERT INTO {o} (id, aggregate_type, aggregate_id, sequence, event_type, payload, \
+         headers, created_at, attempts, next_attempt_at, last_error, published_at, \
+         dead_lettered_at) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    // The seed's `charge` c1 published a later event: its dead letter (second batch) is
+    // refused.
+    db.exec(&format!(
+        "INSERT INTO {o} (id, aggregate_type, aggregate_id, sequence, event_type, payload, \
+         headers, created_at, attempts, next_attempt_at, last_error, published_at, \
+         dead_lettered_at) VALUES ('00000000-0000-7000-8000-0000000000f1', 'charge', 'c1', 2, \
+         'ChargeUpdated', '{{}}', '{{}}', 0, 1, 0, NULL, 1, NULL)"
+    ))
+    .await;
+    assert_eq!(db.dead_letters().await, 503);
+    db.cli()
+        .args(["outbox", "dead", "requeue", "--all", "--yes"])
+        .assert()
+        .code(1)
+        .stderr(predicates::str::contains("500 row(s) were changed"))
+        .stderr(predicates::str::contains("out of order"));
+    assert_eq!(db.dead_letters().await, 3, "the first batch was requeued");
+}

@@ -105,6 +105,61 @@ mod through_pgbouncer {
         idempotency_outbox::outbox_conformance_tests!(backend, Capabilities::FULL);
     }
 
+    /// The operator statements (`keys evict` and `stats`, `outbox status`, the dead letters'
+    /// list, show, ids, discard, the purge's counts) from more clients than PgBouncer has
+    /// server connections: unnamed and each in a transaction of its own, as the stores' (before:
+    /// sqlx's named statements on the pool failed with 42P05 "prepared statement already
+    /// exists" or 26000 "does not exist").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_operator_statements_hold_under_contention() {
+        use idempotency_core::admin::KeyAdmin;
+        use idempotency_core::config::SchemaMode;
+        use idempotency_core::{IdempotencyKey, Operation, RecordId, Scope};
+        use idempotency_outbox::admin::{DeadLetterFilter, OutboxAdmin};
+        use idempotency_outbox::config::OutboxConfig;
+        use idempotency_pg::PgOutbox;
+        use std::time::Duration;
+
+        let (pool, schema) = idempotency_testing::pgbouncer_pool(48).await;
+        let table = TableName::parse(&format!("{schema}.idempotency_records")).unwrap();
+        let store = PgStore::with_table(pool.clone(), table).with_pooler(Pooler::Transaction);
+        store.create_schema().await.unwrap();
+        let mut config = OutboxConfig::default();
+        config.schema.mode = SchemaMode::Create;
+        config.table_name = format!("{schema}.outbox");
+        let outbox = PgOutbox::from_config_with_pooler(pool, &config, Pooler::Transaction)
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for task in 0..48 {
+            let (store, outbox) = (store.clone(), outbox.clone());
+            tasks.push(tokio::spawn(async move {
+                let filter = DeadLetterFilter::default();
+                for round in 0..5 {
+                    let id = RecordId::new(
+                        Operation::new("PAY").unwrap(),
+                        Scope::default(),
+                        IdempotencyKey::new(format!("k-{task}-{round}")).unwrap(),
+                    );
+                    store.evict(&id, false).await.unwrap();
+                    store.key_stats().await.unwrap();
+                    outbox.status().await.unwrap();
+                    outbox.find_dead_letters(&filter, 10).await.unwrap();
+                    outbox.dead_letter_ids(&filter).await.unwrap();
+                    outbox.dead_letter(uuid::Uuid::nil()).await.unwrap();
+                    outbox.discard(&[]).await.unwrap();
+                    outbox
+                        .expired_counts(Duration::from_secs(3600), None)
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    }
+
     /// Statements the store runs on its own (a replay's look-up, the leased claims) from more
     /// clients than PgBouncer has server connections: each runs inside a transaction of its own, so
     /// sqlx's two exchanges (parse, then bind and execute) stay on one server connection. Without

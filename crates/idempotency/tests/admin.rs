@@ -203,7 +203,55 @@ async fn changes(db: &Db) {
     )
     .await;
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // A browser that sends no `Sec-Fetch-Site` (a page on plain HTTP other than localhost):
+    // another origin's form (urlencoded, no preflight), or an opaque one (`null`), is refused
+    // by its `Origin`; a body-less POST too.
+    for origin in [
+        "http://evil.example",
+        "null",
+        "http://ops.internal.evil.example",
+    ] {
+        let response = call(
+            &app,
+            Request::post("/keys/evict")
+                .header(header::HOST, "ops.internal")
+                .header(header::ORIGIN, origin)
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(Body::from(
+                    "operation=PAY&scope=tenant-a&key=k-done&force=true",
+                ))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{origin}");
+        let response = call(
+            &app,
+            Request::post("/api/cleanup")
+                .header(header::HOST, "ops.internal")
+                .header(header::ORIGIN, origin)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{origin}");
+    }
+    assert_eq!(db.records_where("k-done").await, 1, "nothing evicted");
     assert_eq!(db.dead_letters().await, 3, "nothing changed yet");
+    // The page's own origin passes (the `Host` it was served from).
+    let response = call(
+        &app,
+        Request::post(format!("/dead/{UNKNOWN_ID}/requeue"))
+            .header(header::HOST, "ops.internal:9000")
+            .header(header::ORIGIN, "http://OPS.internal:9000")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        response.status(),
+        StatusCode::NOT_FOUND,
+        "allowed, then unknown"
+    );
 
     // Requeue one by id: it is pending again.
     let (status, body) = post_json(
@@ -333,6 +381,10 @@ async fn page(db: &Db) {
     .await;
     assert!(html.contains("COMPLETED"), "{html}");
     assert!(html.contains("id=\"evict\""), "{html}");
+    assert!(
+        html.contains("<meta name=\"referrer\" content=\"same-origin\">"),
+        "its forms keep their Origin under a no-referrer header: {html}"
+    );
 
     // The requeue button's POST, under a nest prefix: 303 back to the page.
     let nested: axum::Router = axum::Router::new().nest("/ops/admin", app.clone());
@@ -460,6 +512,53 @@ async fn partitions_on_sqlite_are_unsupported() {
         body["detail"].as_str().unwrap().contains("SQLite"),
         "{body}"
     );
+}
+
+/// An eviction through the admin router of the instance that serves the key drops that
+/// instance's own L1 entry too: the key's next request runs again (before: it replayed the
+/// evicted outcome from moka until the entry's TTL, the default configuration's one cache).
+#[tokio::test]
+async fn an_eviction_drops_the_serving_instances_l1_entry() {
+    use idempotency::{Call, ExecutionResult, IdempotencyKey, Outcome, Scope};
+    let db = Db::sqlite().await;
+    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+        unreachable!()
+    };
+    let idempotency =
+        idempotency::Idempotency::from_config(&admin_common::settings(false), pool.clone())
+            .await
+            .unwrap();
+    let app = idempotency
+        .admin_router()
+        .allow_mutations(true)
+        .into_router();
+    let request = json!({ "n": 1 });
+    let pay = async |charge: u32| -> Outcome<u32> {
+        let call = Call::new("PAY", IdempotencyKey::new("k-l1").unwrap(), &request)
+            .scoped(Scope::new("tenant-a").unwrap());
+        idempotency
+            .service()
+            .execute(call, async |_| {
+                Ok::<_, idempotency::core::Error>(ExecutionResult::success(charge))
+            })
+            .await
+            .unwrap()
+    };
+    assert!(pay(1).await.is_executed());
+    let replay = pay(2).await;
+    assert!(!replay.is_executed(), "a replay, from L1");
+    let (status, body) = post_json(
+        &app,
+        "/api/keys/evict",
+        &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-l1" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["evicted"], true, "{body}");
+    let again = pay(3).await;
+    assert!(again.is_executed(), "runs again after the eviction");
+    assert_eq!(again.result().value(), Some(&3));
+    idempotency.shutdown().await;
 }
 
 /// Without an outbox section, the outbox endpoints are 404 and the page says so.

@@ -159,6 +159,11 @@ impl Db {
     pub fn with_redis(&self) {
         let redis =
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        self.with_redis_at(&redis);
+    }
+
+    /// Rewrites the configuration with the L2 cache on `redis`.
+    pub fn with_redis_at(&self, redis: &str) {
         let mut text = config_text(&self.records, Some(&self.outbox), "");
         text = text.replace(
             "idempotency:\n",

@@ -3,7 +3,8 @@
 //! by filter ([`OutboxAdmin`](idempotency_outbox::admin::OutboxAdmin), feature `outbox`).
 //!
 //! Statements are built per call from the validated table name: they run once per operator
-//! command, never on the request path.
+//! command, never on the request path. Behind a transaction pooler they run as the stores'
+//! own statements do (see `pooler`): unnamed, each in a transaction of its own.
 
 #[cfg(feature = "outbox")]
 mod outbox;

@@ -12,6 +12,7 @@ use crate::PgOutbox;
 use crate::outbox::error::outbox_error;
 use crate::outbox::statements::MESSAGE_COLUMNS;
 use crate::outbox::store::{DeadLetterRow, dead_letter};
+use crate::pooler::{Own, persistent};
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
@@ -28,6 +29,9 @@ fn count(n: i64) -> u64 {
 impl OutboxAdmin for PgOutbox {
     async fn status(&self) -> Result<OutboxStatus, Error> {
         let t = self.table().quoted();
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(outbox_error)?;
         let (pending, age, leased, dead, dead_aggregates): (i64, f64, i64, i64, i64) =
             sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL), \
@@ -40,7 +44,8 @@ impl OutboxAdmin for PgOutbox {
                             FILTER (WHERE dead_lettered_at IS NOT NULL) \
                  FROM {t} WHERE published_at IS NULL"
             )))
-            .fetch_one(self.pool())
+            .persistent(persistent(self.pooler()))
+            .fetch_one(&mut *own)
             .await
             .map_err(outbox_error)?;
         // One pass over the pending rows: each aggregate's first and last pending sequence, then
@@ -59,9 +64,11 @@ impl OutboxAdmin for PgOutbox {
              WHERE h.published_at IS NULL AND h.dead_lettered_at IS NULL \
                AND h.last_error IS NOT NULL AND h.claim_token IS NULL"
         )))
-        .fetch_one(self.pool())
+        .persistent(persistent(self.pooler()))
+        .fetch_one(&mut *own)
         .await
         .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
         Ok(OutboxStatus::new(
             count(pending),
             age,
@@ -78,44 +85,60 @@ impl OutboxAdmin for PgOutbox {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, Error> {
         let t = self.table().quoted();
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(outbox_error)?;
         let rows: Vec<DeadLetterRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \
              WHERE {FILTER} ORDER BY o.dead_lettered_at, o.id LIMIT $4"
         )))
+        .persistent(persistent(self.pooler()))
         .bind(filter.aggregate_type.as_deref())
         .bind(filter.aggregate_id.as_deref())
         .bind(filter.event_type.as_deref())
         .bind(i64::from(limit))
-        .fetch_all(self.pool())
+        .fetch_all(&mut *own)
         .await
         .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
         rows.into_iter().map(dead_letter).collect()
     }
 
     async fn dead_letter(&self, id: Uuid) -> Result<Option<DeadLetter>, Error> {
         let t = self.table().quoted();
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(outbox_error)?;
         let row: Option<DeadLetterRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \
              WHERE o.id = $1 AND o.dead_lettered_at IS NOT NULL"
         )))
+        .persistent(persistent(self.pooler()))
         .bind(id)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *own)
         .await
         .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
         row.map(dead_letter).transpose()
     }
 
     async fn dead_letter_ids(&self, filter: &DeadLetterFilter) -> Result<Vec<Uuid>, Error> {
         let t = self.table().quoted();
-        sqlx::query_scalar(AssertSqlSafe(format!(
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(outbox_error)?;
+        let ids = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT o.id FROM {t} o WHERE {FILTER} ORDER BY o.dead_lettered_at, o.id"
         )))
+        .persistent(persistent(self.pooler()))
         .bind(filter.aggregate_type.as_deref())
         .bind(filter.aggregate_id.as_deref())
         .bind(filter.event_type.as_deref())
-        .fetch_all(self.pool())
+        .fetch_all(&mut *own)
         .await
-        .map_err(outbox_error)
+        .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
+        Ok(ids)
     }
 
     async fn expired_counts(
@@ -124,28 +147,39 @@ impl OutboxAdmin for PgOutbox {
         dead_lettered: Option<Duration>,
     ) -> Result<ExpiredCounts, Error> {
         let t = self.table().quoted();
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(outbox_error)?;
         let (published, dead): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT count(*) FILTER (WHERE published_at < clock_timestamp() - $1), \
                     count(*) FILTER (WHERE dead_lettered_at < clock_timestamp() - $2::interval) \
              FROM {t} WHERE published_at IS NOT NULL OR dead_lettered_at IS NOT NULL"
         )))
+        .persistent(persistent(self.pooler()))
         .bind(published)
         .bind(dead_lettered)
-        .fetch_one(self.pool())
+        .fetch_one(&mut *own)
         .await
         .map_err(outbox_error)?;
+        own.finish().await.map_err(outbox_error)?;
         Ok(ExpiredCounts::new(count(published), count(dead)))
     }
 
     async fn discard(&self, ids: &[Uuid]) -> Result<u64, Error> {
         let t = self.table().quoted();
-        Ok(sqlx::query(AssertSqlSafe(format!(
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(outbox_error)?;
+        let deleted = sqlx::query(AssertSqlSafe(format!(
             "DELETE FROM {t} WHERE id = ANY($1) AND dead_lettered_at IS NOT NULL"
         )))
+        .persistent(persistent(self.pooler()))
         .bind(ids)
-        .execute(self.pool())
+        .execute(&mut *own)
         .await
         .map_err(outbox_error)?
-        .rows_affected())
+        .rows_affected();
+        own.finish().await.map_err(outbox_error)?;
+        Ok(deleted)
     }
 }

@@ -9,6 +9,7 @@ use sqlx::AssertSqlSafe;
 
 use crate::PgStore;
 use crate::error::store_error;
+use crate::pooler::{Own, persistent};
 
 fn status(text: &str) -> Result<RecordStatus, StoreError> {
     text.parse()
@@ -21,6 +22,9 @@ impl KeyAdmin for PgStore {
     /// One statement: the status read and the conditional delete see one snapshot.
     async fn evict(&self, id: &RecordId, force: bool) -> Result<Eviction, StoreError> {
         let t = self.table().quoted();
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(store_error)?;
         let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
         let (found, deleted): (Option<String>, i64) = sqlx::query_as(AssertSqlSafe(format!(
             "WITH target AS (SELECT status::text AS status FROM {t} WHERE {key}), \
@@ -28,33 +32,41 @@ impl KeyAdmin for PgStore {
                            RETURNING 1) \
              SELECT (SELECT status FROM target), (SELECT count(*) FROM gone)"
         )))
+        .persistent(persistent(self.pooler()))
         .bind(id.operation.as_str())
         .bind(id.scope.as_str())
         .bind(id.key.as_str())
         .bind(force)
-        .fetch_one(self.pool())
+        .fetch_one(&mut *own)
         .await
         .map_err(store_error)?;
+        own.finish().await.map_err(store_error)?;
         let found = found.as_deref().map(status).transpose()?;
         Ok(eviction(found, u64::try_from(deleted).unwrap_or_default()))
     }
 
     async fn key_stats(&self) -> Result<KeyStats, StoreError> {
         let t = self.table().quoted();
+        let mut own = Own::open(self.pool(), self.pooler())
+            .await
+            .map_err(store_error)?;
         let rows: Vec<(String, String, i64, DateTime<Utc>)> =
             sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT operation::text, status::text, count(*), min(created_at) FROM {t} \
                  GROUP BY 1, 2 ORDER BY 1, 2"
             )))
-            .fetch_all(self.pool())
+            .persistent(persistent(self.pooler()))
+            .fetch_all(&mut *own)
             .await
             .map_err(store_error)?;
         let expired: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT count(*) FROM {t} WHERE expires_at < now()"
         )))
-        .fetch_one(self.pool())
+        .persistent(persistent(self.pooler()))
+        .fetch_one(&mut *own)
         .await
         .map_err(store_error)?;
+        own.finish().await.map_err(store_error)?;
         let groups = rows
             .into_iter()
             .map(|(operation, text, count, oldest)| {

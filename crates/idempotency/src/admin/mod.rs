@@ -81,10 +81,20 @@
 //! | `GET /api/schema` | `schema print` |
 //! | `GET /api/schema/problems` | `schema validate` |
 //!
-//! A change from a browser must come from the page's own origin: `Sec-Fetch-Site:
-//! cross-site` or `same-site` is refused with 403 (a guard for hosts that authenticate with
-//! cookies; bearer tokens are not sent by other sites anyway). JSON bodies must be sent as
-//! `application/json` (415 otherwise).
+//! A change from a browser must come from the page's own origin, or 403 (a guard for hosts
+//! that authenticate with cookies or Basic credentials the browser keeps; bearer tokens are
+//! not sent by other sites anyway): `Sec-Fetch-Site` must be `same-origin` (or `none`) where
+//! the browser sends it; where it does not (a page on plain HTTP), `Origin` must be the
+//! request's own (`Host`) or one given to [`AdminRouter::trusted_origin`] (the public origin,
+//! when a reverse proxy rewrites `Host`). Requests with neither (command-line clients,
+//! scripts) pass. The page asks for `Referrer-Policy: same-origin` (a `meta` element), so that
+//! its own forms carry their `Origin` even where the host sends `no-referrer`. JSON bodies
+//! must be sent as `application/json` (415 otherwise).
+//!
+//! This is no authentication: a listener that trusts the network alone (no credentials) is
+//! open to any page that makes its name resolve to the listener (DNS rebinding), whose
+//! requests carry a `Host` and an `Origin` of the attacker's name, which agree. Put the
+//! router behind the host's authentication, as above.
 
 mod api;
 mod html;
@@ -129,6 +139,7 @@ pub struct AdminRouter<D: AdminDatabase> {
     mutations: bool,
     setting: Cow<'static, str>,
     list_limit: u32,
+    trusted_origins: Vec<String>,
 }
 
 impl<D: AdminDatabase> std::fmt::Debug for AdminRouter<D> {
@@ -138,6 +149,7 @@ impl<D: AdminDatabase> std::fmt::Debug for AdminRouter<D> {
             .field("mutations", &self.mutations)
             .field("setting", &self.setting)
             .field("list_limit", &self.list_limit)
+            .field("trusted_origins", &self.trusted_origins)
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +163,7 @@ impl<D: AdminDatabase> AdminRouter<D> {
             mutations: false,
             setting: Cow::Borrowed(DEFAULT_MUTATIONS_SETTING),
             list_limit: DEFAULT_LIST_LIMIT,
+            trusted_origins: Vec::new(),
         }
     }
 
@@ -182,6 +195,30 @@ impl<D: AdminDatabase> AdminRouter<D> {
         self
     }
 
+    /// An origin (`scheme://host[:port]`, as a browser's `Origin` header writes it) whose
+    /// pages may send changes besides the request's own: the admin page's public origin when
+    /// a reverse proxy in front of the router rewrites `Host`. Only read when the browser
+    /// sends no `Sec-Fetch-Site` (see the [module](self)).
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotency::admin::AdminRouter;
+    /// use idempotency::ops::{Actor, Operations};
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let ops = Operations::new(pool, &idempotency::Settings::default(), Actor::new("admin")).await?;
+    /// let admin: axum::Router = AdminRouter::new(ops)
+    ///     .allow_mutations(true)
+    ///     .trusted_origin("http://ops.internal.example")
+    ///     .into_router();
+    /// # Ok(()) }
+    /// ```
+    pub fn trusted_origin(mut self, origin: impl Into<String>) -> Self {
+        self.trusted_origins.push(origin.into());
+        self
+    }
+
     /// The axum router: `nest` it under a prefix of the host's router, behind the host's
     /// authentication.
     pub fn into_router<T: Clone + Send + Sync + 'static>(self) -> axum::Router<T> {
@@ -190,6 +227,7 @@ impl<D: AdminDatabase> AdminRouter<D> {
             mutations: self.mutations,
             setting: self.setting,
             list_limit: self.list_limit,
+            trusted_origins: self.trusted_origins,
         });
         axum::Router::new()
             .route("/", get(page::index::<D>))
@@ -232,6 +270,7 @@ struct Admin<D: AdminDatabase> {
     mutations: bool,
     setting: Cow<'static, str>,
     list_limit: u32,
+    trusted_origins: Vec<String>,
 }
 
 type State<D> = axum::extract::State<Arc<Admin<D>>>;
@@ -265,7 +304,8 @@ impl<D: AdminDatabase> FromRequestParts<Arc<Admin<D>>> for Allowed {
         if !state.mutations {
             return Err(problem::Problem::mutations_disabled(&state.setting));
         }
-        problem::same_origin(&parts.headers)?;
+        let authority = parts.uri.authority().map(|a| a.as_str());
+        problem::same_origin(&parts.headers, authority, &state.trusted_origins)?;
         Ok(Self)
     }
 }
@@ -293,6 +333,8 @@ impl<D: AdminDatabase> crate::Idempotency<D> {
             Actor::new("admin"),
             #[cfg(feature = "redis")]
             self.cache_prefix().map(str::to_owned),
+            #[cfg(feature = "moka")]
+            self.service().local_cache().clone(),
         ))
     }
 }

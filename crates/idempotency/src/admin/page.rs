@@ -45,6 +45,7 @@ fn page(title: &str, body: &str) -> String {
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width\">\
+         <meta name=\"referrer\" content=\"same-origin\">\
          <title>{}</title><style>{STYLE}</style></head><body>\n{body}</body></html>\n",
         esc(title)
     )

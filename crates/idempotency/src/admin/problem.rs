@@ -76,8 +76,8 @@ impl Problem {
             StatusCode::FORBIDDEN,
             "admin-cross-site",
             "Cross-site request refused",
-            "a change must come from the admin page's own origin (Sec-Fetch-Site says \
-             otherwise); nothing changed",
+            "a change must come from the admin page's own origin (Sec-Fetch-Site or Origin \
+             says otherwise); nothing changed",
         )
     }
 
@@ -108,6 +108,20 @@ impl From<OpsError> for Problem {
                         ids.join(", ")
                     ),
                 )
+            }
+            OpsError::Partial { done, source } => {
+                let mut problem = Self::from(*source);
+                problem.kind = format!(
+                    "{}admin-partially-applied",
+                    idempotency_axum::PROBLEM_TYPE_BASE
+                );
+                problem.title = "Partly done";
+                problem.detail = format!(
+                    "{done} row(s) were changed before a later batch failed; that batch and \
+                     the rest were not: {}",
+                    problem.detail
+                );
+                problem
             }
             other => {
                 tracing::warn!(error = %other, "admin request failed");
@@ -140,14 +154,107 @@ impl IntoResponse for Problem {
     }
 }
 
-/// Refuses a change that another site's page sent: a browser's `Sec-Fetch-Site` of
-/// `cross-site` or `same-site` (a sibling subdomain). Requests without it (command-line
-/// clients, scripts) and the page's own forms (`same-origin`) pass: the host's authentication
-/// decides about them. `Origin` is not compared with `Host`: a reverse proxy may rewrite the
-/// latter.
-pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), Problem> {
+/// Refuses a change that another site's page sent, as browsers tell it:
+///
+/// 1. `Sec-Fetch-Site` (every current browser, on HTTPS and localhost pages): `same-origin`
+///    and `none` (typed by the user) pass, anything else (`cross-site`, `same-site`: a
+///    sibling subdomain) is refused.
+/// 2. Without it (a page on plain HTTP, an older browser), `Origin`: the request's own
+///    (`scheme://` + its `Host`, or the URI's authority on HTTP/2) or one of `trusted` (the
+///    public origin when a reverse proxy rewrites `Host`) passes; any other, `null` (an
+///    opaque origin) included, is refused.
+/// 3. Without either (command-line clients, scripts): passes; the host's authentication
+///    decides about them.
+pub(crate) fn same_origin(
+    headers: &HeaderMap,
+    authority: Option<&str>,
+    trusted: &[String],
+) -> Result<(), Problem> {
     match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
-        Some(b"cross-site" | b"same-site") => Err(Problem::cross_site()),
-        _ => Ok(()),
+        Some(b"same-origin" | b"none") => return Ok(()),
+        Some(_) => return Err(Problem::cross_site()),
+        None => {}
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().map_err(|_| Problem::cross_site())?;
+    if trusted.iter().any(|t| t.eq_ignore_ascii_case(origin)) {
+        return Ok(());
+    }
+    let own = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or(authority);
+    match (origin.split_once("://"), own) {
+        (Some((_, from)), Some(own)) if from.eq_ignore_ascii_case(own) => Ok(()),
+        _ => Err(Problem::cross_site()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn check(pairs: &[(&'static str, &'static str)], trusted: &[&str]) -> bool {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(*name, value.parse().unwrap());
+        }
+        let trusted: Vec<String> = trusted.iter().map(|t| (*t).to_owned()).collect();
+        same_origin(&headers, Some("uri-authority:1"), &trusted).is_ok()
+    }
+
+    #[test]
+    fn sec_fetch_site_decides_when_present() {
+        assert!(check(&[("sec-fetch-site", "same-origin")], &[]));
+        assert!(check(&[("sec-fetch-site", "none")], &[]));
+        for site in ["cross-site", "same-site", "something-new"] {
+            let pairs = [
+                ("sec-fetch-site", site),
+                ("host", "ops"),
+                ("origin", "http://ops"),
+            ];
+            assert!(!check(&pairs, &[]), "{site}");
+        }
+    }
+
+    #[test]
+    fn without_it_the_origin_must_be_the_requests_own_or_trusted() {
+        assert!(
+            check(&[], &[]),
+            "no browser: the host's authentication decides"
+        );
+        assert!(check(
+            &[("host", "ops:9000"), ("origin", "http://Ops:9000")],
+            &[]
+        ));
+        assert!(
+            check(&[("origin", "https://uri-authority:1")], &[]),
+            "HTTP/2"
+        );
+        for origin in [
+            "http://evil",
+            "null",
+            "http://ops:9001",
+            "http://ops.evil",
+            "ops",
+        ] {
+            assert!(
+                !check(&[("host", "ops"), ("origin", origin)], &[]),
+                "{origin}"
+            );
+        }
+        let behind_a_proxy = [
+            ("host", "127.0.0.1:9000"),
+            ("origin", "https://ops.example"),
+        ];
+        assert!(!check(&behind_a_proxy, &[]));
+        assert!(check(&behind_a_proxy, &["https://ops.example"]));
+        assert!(
+            !check(&behind_a_proxy, &["http://ops.example"]),
+            "another scheme"
+        );
     }
 }

@@ -2,7 +2,8 @@
 
 use idempotency_core::{BoxError, StoreError};
 
-/// An operator operation failed. Nothing was changed unless the message says so.
+/// An operator operation failed. Nothing was changed unless it is [`OpsError::Partial`] (or
+/// the message says so).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpsError {
@@ -36,12 +37,45 @@ pub enum OpsError {
     /// An outbox operation, but the configuration has no `outbox` section.
     #[error("no outbox is configured: the configuration has no `outbox` section")]
     NoOutbox,
-    /// The L2 cache entry could not be deleted (the record was).
-    #[error("the Redis entry could not be deleted: {0}")]
-    Cache(#[source] BoxError),
+    /// The record was deleted, but its L2 (Redis) entry could not be: the old outcome
+    /// replays from it until its TTL, unless it is deleted by hand.
+    #[error(
+        "the record was deleted, but its Redis (L2) entry {key} could not be ({source}): it \
+         replays until its TTL unless deleted by hand (`DEL {key}`)"
+    )]
+    Cache {
+        /// The entry's Redis key.
+        key: String,
+        /// Why it could not be deleted.
+        #[source]
+        source: BoxError,
+    },
+    /// A bulk change (requeue, discard) failed after earlier batches of it had committed:
+    /// `done` rows were changed, the rest not.
+    #[error("{done} row(s) were changed before a later batch failed: {source}")]
+    Partial {
+        /// The rows the committed batches changed.
+        done: u64,
+        /// Why the next batch failed (nothing of it changed).
+        #[source]
+        source: Box<OpsError>,
+    },
 }
 
 impl OpsError {
+    /// `self` after `done` rows of a bulk change were changed: [`OpsError::Partial`] when
+    /// some were, `self` when none were.
+    pub(crate) fn after(self, done: u64) -> Self {
+        if done == 0 {
+            self
+        } else {
+            Self::Partial {
+                done,
+                source: Box::new(self),
+            }
+        }
+    }
+
     pub(crate) fn schema(table: &str, source: impl Into<BoxError>) -> Self {
         Self::Schema {
             table: table.to_owned(),

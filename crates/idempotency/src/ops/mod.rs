@@ -85,6 +85,10 @@ pub struct Operations<D: AdminDatabase> {
     /// The deployment's Redis key prefix, when the L2 cache is configured.
     #[cfg(feature = "redis")]
     cache_prefix: Option<String>,
+    /// The L1 cache of the service these operations run in (an admin router's): an eviction
+    /// drops its entry too.
+    #[cfg(feature = "moka")]
+    local: Option<idempotency_cache_moka::MokaCache>,
 }
 
 impl<D: AdminDatabase> Operations<D> {
@@ -118,6 +122,8 @@ impl<D: AdminDatabase> Operations<D> {
             actor,
             #[cfg(feature = "redis")]
             cache_prefix,
+            #[cfg(feature = "moka")]
+            local: None,
         })
     }
 
@@ -130,6 +136,7 @@ impl<D: AdminDatabase> Operations<D> {
         outbox: Option<D::Outbox>,
         actor: Actor,
         #[cfg(feature = "redis")] cache_prefix: Option<String>,
+        #[cfg(feature = "moka")] local: Option<idempotency_cache_moka::MokaCache>,
     ) -> Self {
         Self {
             pool,
@@ -140,7 +147,34 @@ impl<D: AdminDatabase> Operations<D> {
             actor,
             #[cfg(feature = "redis")]
             cache_prefix,
+            #[cfg(feature = "moka")]
+            local,
         }
+    }
+
+    /// The operations of the process that serves requests with `local` as its L1 cache (an
+    /// admin router mounted beside the service): [`key_evict`](Self::key_evict) drops the
+    /// key's entry from it too. [`Idempotency::admin_router`](crate::Idempotency::admin_router)
+    /// does this itself.
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     pool: sqlx::PgPool,
+    /// #     idempotency: idempotency::Idempotency<sqlx::PgPool>,
+    /// # ) -> Result<(), idempotency::ops::OpsError> {
+    /// use idempotency::ops::{Actor, Operations};
+    ///
+    /// let mut ops = Operations::new(pool, idempotency.settings(), Actor::new("alice")).await?;
+    /// if let Some(local) = idempotency.service().local_cache() {
+    ///     ops = ops.with_local_cache(local.clone());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "moka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "moka")))]
+    pub fn with_local_cache(mut self, local: idempotency_cache_moka::MokaCache) -> Self {
+        self.local = Some(local);
+        self
     }
 
     /// The same operations, their changes audited as made by `actor` (an admin router's
@@ -226,11 +260,18 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     /// Deletes one key's record so that its next request runs again (a `PROCESSING` one only
-    /// when `force`), then its L2 entry when Redis is configured. Other instances' L1 entries
-    /// live until their TTL (`idempotency.local-cache.ttl`). Audited when something was
-    /// deleted.
+    /// when `force`), then its L2 entry when Redis is configured. The L1 entry of the process
+    /// these operations serve goes too (an admin router's, or
+    /// [`with_local_cache`](Self::with_local_cache)); other instances' L1 entries live until
+    /// their TTL (`idempotency.local-cache.ttl`). A replay that read the record before the
+    /// deletion may still fill the caches after it (its write comes after its commit): evict
+    /// again if the key replays. Audited when something was deleted.
     pub async fn key_evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
         let record = self.store.evict(id, force).await?;
+        // Before the L2 entry (whose deletion may fail) and again after it (a replay may have
+        // copied it to L1 meanwhile). L1 holds only committed, terminal records, so dropping
+        // an entry is never wrong: the next request reads again.
+        self.evict_local_entry(id);
         let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
         let mut cache_entry = None;
         if let Eviction::Evicted(status) = record {
@@ -244,6 +285,7 @@ impl<D: AdminDatabase> Operations<D> {
                 1,
             );
             cache_entry = self.evict_cache_entry(id).await?;
+            self.evict_local_entry(id);
         }
         Ok(KeyEviction {
             record,
@@ -269,20 +311,29 @@ impl<D: AdminDatabase> Operations<D> {
         let Some(prefix) = self.cache_prefix.clone() else {
             return Ok(None);
         };
-        let Some(cache) = crate::assemble::redis_cache(config, prefix).await? else {
-            return Ok(None);
+        let key = idempotency_cache_redis::redis_key(&prefix, id);
+        // The record is gone already: whatever fails now fails the cache entry alone, and
+        // says so (not a configuration error, not "nothing changed").
+        let failed = |source: idempotency_core::BoxError| OpsError::Cache {
+            key: key.clone(),
+            source,
         };
-        let key = cache.key_for(id);
+        let cache = match crate::assemble::redis_cache(config, prefix).await {
+            Ok(Some(cache)) => cache,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(failed(Box::new(e))),
+        };
         let client = cache.client().clone();
+        let target = cache.key_for(id);
         let deleted = tokio::time::timeout(Duration::from_secs(5), async move {
             client.wait_for_connect().await?;
-            let deleted: i64 = client.del(key).await?;
+            let deleted: i64 = client.del(target).await?;
             let _ = client.quit().await;
             Ok::<_, idempotency_cache_redis::fred::error::Error>(deleted)
         })
         .await
-        .map_err(|elapsed| OpsError::Cache(Box::new(elapsed)))?
-        .map_err(|e| OpsError::Cache(Box::new(e)))?;
+        .map_err(|elapsed| failed(Box::new(elapsed)))?
+        .map_err(|e| failed(Box::new(e)))?;
         self.audit(
             "key.evict.cache",
             &format!("{}/{}/{}", id.operation, id.scope, id.key),
@@ -295,6 +346,16 @@ impl<D: AdminDatabase> Operations<D> {
     async fn evict_cache_entry(&self, _id: &RecordId) -> Result<Option<bool>, OpsError> {
         Ok(None)
     }
+
+    #[cfg(feature = "moka")]
+    fn evict_local_entry(&self, id: &RecordId) {
+        if let Some(local) = &self.local {
+            local.invalidate(id);
+        }
+    }
+
+    #[cfg(not(feature = "moka"))]
+    fn evict_local_entry(&self, _id: &RecordId) {}
 
     /// The records counted by operation and status.
     pub async fn key_stats(&self) -> Result<KeyStats, OpsError> {
@@ -343,7 +404,7 @@ impl<D: AdminDatabase> Operations<D> {
                 Ok(n) => done += n,
                 Err(e) => {
                     self.audit("outbox.dead.requeue", &self.outbox_target(ids), done);
-                    return Err(e.into());
+                    return Err(OpsError::from(e).after(done));
                 }
             }
             progress(chunk.len() as u64);
@@ -365,7 +426,7 @@ impl<D: AdminDatabase> Operations<D> {
                 Ok(n) => done += n,
                 Err(e) => {
                     self.audit("outbox.dead.discard", &self.outbox_target(ids), done);
-                    return Err(e.into());
+                    return Err(OpsError::from(e).after(done));
                 }
             }
             progress(chunk.len() as u64);

@@ -47,7 +47,8 @@ mod tempfile_dir {
     }
 }
 
-fn settings(outbox: bool) -> Settings {
+/// The test's settings: its tables, no Redis, L1 on (the default), an outbox when asked.
+pub fn settings(outbox: bool) -> Settings {
     let mut yaml = String::from(
         "idempotency:\n  persistence:\n    table-name: admin_records\n    schema:\n      mode: create\n    \
          cleanup:\n      enabled: false\n  distributed-cache:\n    enabled: false\n",
