@@ -27,7 +27,11 @@ pub(crate) fn delivered(
 }
 
 /// A `400` or `422` as an error, with the start of its body.
-pub(crate) async fn refused(mut response: Response, attempt: u32) -> reqwest_middleware::Error {
+pub(crate) async fn refused(
+    mut response: Response,
+    key: String,
+    attempt: u32,
+) -> reqwest_middleware::Error {
     let status = response.status();
     let headers = response.headers().clone();
     let mut body = Vec::new();
@@ -39,6 +43,7 @@ pub(crate) async fn refused(mut response: Response, attempt: u32) -> reqwest_mid
     }
     body.truncate(REFUSED_BODY_LIMIT);
     reqwest_middleware::Error::middleware(Error::Refused {
+        key,
         status,
         attempt,
         headers,
@@ -46,11 +51,15 @@ pub(crate) async fn refused(mut response: Response, attempt: u32) -> reqwest_mid
     })
 }
 
-/// `Retry-After` as delta-seconds or an HTTP date.
+/// `Retry-After` as delta-seconds (beyond `u64` seconds: [`Duration::MAX`], longer than any
+/// bound) or an HTTP date.
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(seconds) = text.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(
+            text.parse::<u64>()
+                .map_or(Duration::MAX, Duration::from_secs),
+        );
     }
     let at = httpdate::parse_http_date(text).ok()?;
     Some(
@@ -85,5 +94,13 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::ZERO));
         headers.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&headers), None);
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("-5"));
+        assert_eq!(retry_after(&headers), None);
+        // More seconds than a u64 holds: longer than any bound, not "no Retry-After".
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("99999999999999999999"),
+        );
+        assert_eq!(retry_after(&headers), Some(Duration::MAX));
     }
 }

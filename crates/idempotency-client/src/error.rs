@@ -16,6 +16,7 @@ use reqwest::header::HeaderMap;
 /// use reqwest::StatusCode;
 ///
 /// let error = Error::Exhausted {
+///     key: "\"0193-k\"".into(),
 ///     reason: GiveUp::MaxAttempts(2),
 ///     attempts: vec![
 ///         Failure::new(1, Cause::Status { status: StatusCode::BAD_GATEWAY, retry_after: None }),
@@ -27,14 +28,19 @@ use reqwest::header::HeaderMap;
 ///     "gave up after 2 attempt(s) (2 attempts made, the maximum): \
 ///      #1 502 Bad Gateway; #2 503 Service Unavailable"
 /// );
+/// // The request may have run (an answer lost after the server committed): send it again
+/// // later with the same key, never with a new one.
+/// assert_eq!(error.key(), Some("\"0193-k\""));
 /// ```
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The server refused the request itself (`400`, or `422` for a key already used with
     /// another request). Not retried: change the request, and send it with a new key.
     #[error("the server refused the request with {status} at attempt {attempt}, not retried: {}", hint(*.status))]
     Refused {
+        /// The `Idempotency-Key` header value it was sent with.
+        key: String,
         /// `400` or `422`.
         status: StatusCode,
         /// The attempt that got it (a retry can get it when the first attempt's answer was lost).
@@ -47,6 +53,10 @@ pub enum Error {
     /// Every attempt the budget allowed failed.
     #[error("gave up after {} attempt(s) ({reason}): {}", .attempts.len(), Listed(.attempts))]
     Exhausted {
+        /// The `Idempotency-Key` header value every attempt was sent with: the request may
+        /// have run (an answer lost after the server committed), so send it again with this
+        /// key, never with a new one.
+        key: String,
         /// The budget that ran out.
         reason: GiveUp,
         /// Each attempt and why it failed, in order.
@@ -57,6 +67,9 @@ pub enum Error {
         "the request body is a stream that cannot be cloned, so it was sent once and not retried; it failed with {failure}"
     )]
     NotReplayable {
+        /// The `Idempotency-Key` header value it was sent with: send the request again (with
+        /// a body that can be cloned) with this key.
+        key: String,
         /// The one attempt.
         failure: Failure,
     },
@@ -96,6 +109,18 @@ impl Error {
         }
     }
 
+    /// The `Idempotency-Key` header value the request was sent with, when it was sent: a
+    /// request that may have run must be sent again with it (never with a new key), or its
+    /// operation may run twice. `None` when nothing was sent.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Refused { key, .. }
+            | Self::Exhausted { key, .. }
+            | Self::NotReplayable { key, .. } => Some(key),
+            Self::InvalidKey { .. } | Self::NoKeyStore { .. } | Self::KeyStore(_) => None,
+        }
+    }
+
     /// The number of attempts made before this error.
     pub fn attempts(&self) -> u32 {
         match self {
@@ -103,6 +128,51 @@ impl Error {
             Self::Exhausted { attempts, .. } => u32::try_from(attempts.len()).unwrap_or(u32::MAX),
             Self::NotReplayable { .. } => 1,
             Self::InvalidKey { .. } | Self::NoKeyStore { .. } | Self::KeyStore(_) => 0,
+        }
+    }
+}
+
+/// The key of a sent request stands for a credential of a kind: `Debug` shows its short hash
+/// (the span's `idempotency_key_hash`), never the key; [`Error::key`] gives it back.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hash = |key: &str| crate::middleware::key_hash(key);
+        match self {
+            Self::Refused {
+                key,
+                status,
+                attempt,
+                headers,
+                body,
+            } => f
+                .debug_struct("Refused")
+                .field("key_hash", &hash(key))
+                .field("status", status)
+                .field("attempt", attempt)
+                .field("headers", headers)
+                .field("body", &String::from_utf8_lossy(body))
+                .finish(),
+            Self::Exhausted {
+                key,
+                reason,
+                attempts,
+            } => f
+                .debug_struct("Exhausted")
+                .field("key_hash", &hash(key))
+                .field("reason", reason)
+                .field("attempts", attempts)
+                .finish(),
+            Self::NotReplayable { key, failure } => f
+                .debug_struct("NotReplayable")
+                .field("key_hash", &hash(key))
+                .field("failure", failure)
+                .finish(),
+            Self::NoKeyStore { operation } => f
+                .debug_struct("NoKeyStore")
+                .field("operation", operation)
+                .finish(),
+            Self::KeyStore(e) => f.debug_tuple("KeyStore").field(e).finish(),
+            Self::InvalidKey { key } => f.debug_struct("InvalidKey").field("key", key).finish(),
         }
     }
 }

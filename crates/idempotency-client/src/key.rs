@@ -7,6 +7,9 @@ use reqwest::header::HeaderValue;
 
 use crate::Error;
 
+/// The longest key (in characters, before any quoting) a server accepts.
+pub const MAX_KEY_LEN: usize = 255;
+
 /// How a generated key is written in the `Idempotency-Key` header. A key the caller set on the
 /// request is sent as the caller wrote it.
 ///
@@ -31,17 +34,23 @@ impl KeyFormat {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] when `key` is empty or has a character other than visible ASCII
-    /// and space (an sf-string's range; no space when bare).
+    /// [`Error::InvalidKey`] when `key` is not 1 to [`MAX_KEY_LEN`] visible ASCII characters,
+    /// or, bare, has a `,`, `;` or `"`: keys the idempotency servers refuse with `400` (a
+    /// space, which an sf-string could carry, included) are refused here, before anything is
+    /// sent.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the crate's one error type; it leaves the middleware boxed (reqwest_middleware::Error)"
+    )]
     pub fn header_value(self, key: &str) -> Result<HeaderValue, Error> {
         let invalid = || Error::InvalidKey {
             key: key.to_owned(),
         };
-        let allowed = |c: char| match self {
-            Self::SfString => c == ' ' || c.is_ascii_graphic(),
-            Self::Bare => c.is_ascii_graphic(),
-        };
-        if key.is_empty() || !key.chars().all(allowed) {
+        if key.is_empty() || key.len() > MAX_KEY_LEN || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid());
+        }
+        // Bare, these would read as a list, parameters or a broken sf-string.
+        if self == Self::Bare && key.contains([',', ';', '"']) {
             return Err(invalid());
         }
         let text = match self {
@@ -107,15 +116,23 @@ mod tests {
 
     #[test]
     fn an_sf_string_escapes_quotes_and_backslashes() {
-        let value = KeyFormat::SfString.header_value(r#"a"b\c d"#).unwrap();
-        assert_eq!(value, r#""a\"b\\c d""#);
+        let value = KeyFormat::SfString.header_value(r#"a"b\c"#).unwrap();
+        assert_eq!(value, r#""a\"b\\c""#);
     }
 
     #[test]
-    fn keys_outside_visible_ascii_are_refused() {
-        for key in ["", "é", "a\nb"] {
-            assert!(KeyFormat::SfString.header_value(key).is_err(), "{key:?}");
+    fn keys_a_server_refuses_are_refused() {
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        for key in ["", "é", "a\nb", "a b", long.as_str()] {
+            for format in [KeyFormat::SfString, KeyFormat::Bare] {
+                assert!(format.header_value(key).is_err(), "{format:?} {key:?}");
+            }
         }
-        assert!(KeyFormat::Bare.header_value("a b").is_err());
+        for key in ["a,b", "a;b", "a\"b"] {
+            assert!(KeyFormat::Bare.header_value(key).is_err(), "{key:?}");
+            assert!(KeyFormat::SfString.header_value(key).is_ok(), "{key:?}");
+        }
+        let longest = "k".repeat(MAX_KEY_LEN);
+        assert!(KeyFormat::SfString.header_value(&longest).is_ok());
     }
 }

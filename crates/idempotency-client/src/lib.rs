@@ -50,7 +50,7 @@ mod sql;
 pub use delivery::{Delivery, ResponseExt};
 pub use durable::{KeyStore, KeyStoreError, MemoryKeyStore, Operation};
 pub use error::{Cause, Error, Failure, GiveUp};
-pub use key::{KeyFormat, KeyGenerator};
+pub use key::{KeyFormat, KeyGenerator, MAX_KEY_LEN};
 pub use middleware::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyMiddleware};
 pub use policy::RetryPolicy;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -21,8 +21,9 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The header a server sets on a replayed answer (`Idempotent-Replayed: true`).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// A [`reqwest_middleware::Middleware`] that gives each request of the configured methods an
-/// `Idempotency-Key` (or keeps the caller's) and retries it with that same key.
+/// A [`reqwest_middleware::Middleware`] that gives each request of the configured methods (and
+/// each request with an [`Operation`]) an `Idempotency-Key` (or keeps the caller's) and
+/// retries it with that same key.
 ///
 /// Requests of other methods pass through untouched. The returned response carries a
 /// [`Delivery`](crate::Delivery) (read it with [`ResponseExt`](crate::ResponseExt)): the key, the attempts,
@@ -73,8 +74,9 @@ impl Default for IdempotencyMiddleware {
 }
 
 impl IdempotencyMiddleware {
-    /// POST and PATCH, UUID v7 keys as sf-strings, [`RetryPolicy::default`], replays read
-    /// from `Idempotent-Replayed`.
+    /// POST, PUT, PATCH and DELETE (the methods the idempotency layer of a server keys by
+    /// default), UUID v7 keys as sf-strings, [`RetryPolicy::default`], replays read from
+    /// `Idempotent-Replayed`.
     ///
     /// ```
     /// use idempotency_client::{IdempotencyMiddleware, KeyFormat, KeyGenerator};
@@ -88,7 +90,7 @@ impl IdempotencyMiddleware {
     /// ```
     pub fn new() -> Self {
         Self {
-            methods: vec![Method::POST, Method::PATCH],
+            methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
             format: KeyFormat::default(),
             keys: KeyGenerator::default(),
             policy: RetryPolicy::default(),
@@ -97,7 +99,8 @@ impl IdempotencyMiddleware {
         }
     }
 
-    /// The methods that get a key and retries (instead of POST and PATCH).
+    /// The methods that get a key and retries (instead of POST, PUT, PATCH and DELETE). A
+    /// request with an [`Operation`] gets them whatever its method.
     #[must_use]
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = methods.into_iter().collect();
@@ -215,7 +218,7 @@ impl IdempotencyMiddleware {
             _ => self.policy.backoff(retries + 1),
         };
         let budget = self.policy.elapsed_budget();
-        if started.elapsed() + wait > budget {
+        if started.elapsed().saturating_add(wait) > budget {
             return Err(GiveUp::MaxElapsed(budget));
         }
         Ok(wait)
@@ -246,7 +249,9 @@ impl IdempotencyMiddleware {
                 // no query: it may carry credentials
                 host = request.url().host_str().unwrap_or_default(),
                 path = request.url().path(),
-                idempotency_key = %key,
+                // the key stands for a credential of a kind: its short hash, the one the
+                // server's spans carry (`idempotency.key_hash`), never the key
+                idempotency_key_hash = %key_hash(&key),
                 status = tracing::field::Empty,
             );
             metrics::counter!("idempotency_client_attempts_total", "method" => method.clone())
@@ -269,7 +274,7 @@ impl IdempotencyMiddleware {
                         status,
                         StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY
                     ) {
-                        return Err(refused(response, attempt).await);
+                        return Err(refused(response, key, attempt).await);
                     }
                     if !self.policy.retries(status) {
                         return Ok(delivered(response, key, attempt, false));
@@ -279,9 +284,11 @@ impl IdempotencyMiddleware {
                         retry_after: retry_after(response.headers()),
                     }
                 }
-                Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout() => Cause::Timeout(e),
+                Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout() => {
+                    Cause::Timeout(without_query(e))
+                }
                 Err(reqwest_middleware::Error::Reqwest(e)) if e.is_connect() || e.is_request() => {
-                    Cause::Connection(e)
+                    Cause::Connection(without_query(e))
                 }
                 Err(other) => return Err(other),
             };
@@ -290,7 +297,7 @@ impl IdempotencyMiddleware {
             let Some(again) = spare else {
                 tracing::warn!(%failure, "idempotent request failed; its streamed body cannot be sent again");
                 return Err(reqwest_middleware::Error::middleware(
-                    Error::NotReplayable { failure },
+                    Error::NotReplayable { key, failure },
                 ));
             };
             let wait = self.wait(&failure.cause, attempt - 1, started);
@@ -300,6 +307,7 @@ impl IdempotencyMiddleware {
                 Err(reason) => {
                     metrics::counter!("idempotency_client_gave_up_total").increment(1);
                     let error = Error::Exhausted {
+                        key,
                         reason,
                         attempts: failures,
                     };
@@ -324,9 +332,83 @@ impl reqwest_middleware::Middleware for IdempotencyMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
-        if !self.methods.contains(request.method()) {
+        if !self.methods.contains(request.method()) && extensions.get::<Operation>().is_none() {
             return next.run(request, extensions).await;
         }
         self.send(request, extensions, next).await
+    }
+}
+
+/// `error` without its URL's query and fragment: reqwest writes the URL into its message, and
+/// a query may carry credentials (the failures are logged and shown in [`Error`]'s text).
+fn without_query(mut error: reqwest::Error) -> reqwest::Error {
+    if let Some(url) = error.url_mut() {
+        url.set_query(None);
+        url.set_fragment(None);
+    }
+    error
+}
+
+/// The short hash of a key header value: the first 8 bytes of the SHA-256 of the key (trimmed,
+/// an sf-string's content unquoted), in hex, as the server's spans write it (a server that
+/// normalizes keys further, such as UUIDs to lower case, hashes what it normalized).
+pub(crate) fn key_hash(value: &str) -> String {
+    use sha2::Digest;
+    let value = value.trim_matches([' ', '\t']);
+    let key = match value
+        .strip_prefix('"')
+        .and_then(|inner| inner.strip_suffix('"'))
+    {
+        Some(inner) => {
+            let mut key = String::with_capacity(inner.len());
+            let mut chars = inner.chars();
+            while let Some(c) = chars.next() {
+                key.push(if c == '\\' {
+                    chars.next().unwrap_or(c)
+                } else {
+                    c
+                });
+            }
+            key
+        }
+        None => value.to_owned(),
+    };
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_hash_is_the_servers_for_both_formats() {
+        let hash = key_hash("k-1");
+        assert_eq!(hash, idempotency_core::fingerprint::short_hash("k-1"));
+        assert_eq!(key_hash("\"k-1\""), hash);
+        assert_eq!(key_hash(" \"k-1\"\t"), hash);
+        assert_eq!(key_hash(r#""a\"b""#), key_hash(r#"a"b"#));
+        assert_ne!(key_hash("k-2"), hash);
+    }
+
+    #[test]
+    fn a_huge_retry_after_ends_the_retries_without_overflow() {
+        let middleware = IdempotencyMiddleware::new()
+            .retry_policy(RetryPolicy::default().max_retry_after(Duration::MAX));
+        let cause = Cause::Status {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            retry_after: Some(Duration::MAX),
+        };
+        let started = Instant::now().checked_sub(Duration::from_secs(2)).unwrap();
+        assert!(matches!(
+            middleware.wait(&cause, 0, started),
+            Err(GiveUp::MaxElapsed(_))
+        ));
+        let bounded = IdempotencyMiddleware::new();
+        assert!(matches!(
+            bounded.wait(&cause, 0, started),
+            Err(GiveUp::RetryAfterTooLong { .. })
+        ));
     }
 }

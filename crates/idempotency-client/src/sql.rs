@@ -9,12 +9,32 @@ pub const KEYS_TABLE: &str = "idempotency_client_keys";
 
 /// Stores `fresh` unless the operation has a key, and returns the operation's key, in one
 /// statement (two concurrent callers get the same key). `$n` parameters: both backends.
+///
+/// Each statement is unnamed and runs in a transaction of its own (in a task of its own: see
+/// `spawned`), so that the stores work
+/// behind PgBouncer in transaction pooling: there a session lasts one transaction, sqlx's
+/// named statements collide, and an unnamed statement parsed outside a transaction may be
+/// bound on another server connection. Two round trips more per call, small beside the HTTP
+/// request the key is for.
 const KEY_FOR: &str = "INSERT INTO idempotency_client_keys (operation, idempotency_key) VALUES ($1, $2) \
      ON CONFLICT (operation) DO UPDATE SET operation = excluded.operation RETURNING idempotency_key";
 const FORGET: &str = "DELETE FROM idempotency_client_keys WHERE operation = $1";
 
 fn failed(error: sqlx::Error) -> KeyStoreError {
     KeyStoreError(Box::new(error))
+}
+
+/// Runs `work` (a transaction from `BEGIN` to `COMMIT`) in a task of its own, so that it ends
+/// whatever happens to the caller's future: dropped while `BEGIN` is answered, sqlx would hand
+/// the connection back to the pool inside a transaction it does not know of (it counts the
+/// transaction only once `BEGIN` is answered), and the next user's writes would go into it.
+async fn spawned<T: Send + 'static>(
+    work: impl Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+) -> Result<T, KeyStoreError> {
+    match tokio::spawn(work).await {
+        Ok(result) => result.map_err(failed),
+        Err(join) => Err(KeyStoreError(Box::new(join))),
+    }
 }
 
 macro_rules! sql_key_store {
@@ -44,21 +64,35 @@ macro_rules! sql_key_store {
 
         impl crate::KeyStore for $name {
             async fn key_for(&self, operation: &str, fresh: &str) -> Result<String, KeyStoreError> {
-                sqlx::query_scalar(KEY_FOR)
-                    .bind(operation)
-                    .bind(fresh)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(failed)
+                let pool = self.pool.clone();
+                let (operation, fresh) = (operation.to_owned(), fresh.to_owned());
+                spawned(async move {
+                    let mut tx = pool.begin().await?;
+                    let key = sqlx::query_scalar(KEY_FOR)
+                        .persistent(false)
+                        .bind(&operation)
+                        .bind(&fresh)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(key)
+                })
+                .await
             }
 
             async fn forget(&self, operation: &str) -> Result<(), KeyStoreError> {
-                sqlx::query(FORGET)
-                    .bind(operation)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(failed)?;
-                Ok(())
+                let pool = self.pool.clone();
+                let operation = operation.to_owned();
+                spawned(async move {
+                    let mut tx = pool.begin().await?;
+                    sqlx::query(FORGET)
+                        .persistent(false)
+                        .bind(&operation)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await
+                })
+                .await
             }
         }
     };

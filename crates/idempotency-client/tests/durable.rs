@@ -165,6 +165,92 @@ async fn concurrent_callers_of_one_operation_get_one_key() {
     );
 }
 
+/// Behind PgBouncer in transaction pooling (the topology `persistence.pooler: transaction`
+/// serves), the store's statements are unnamed: a server connection that another client
+/// prepared a statement on does not answer "prepared statement already exists" (before:
+/// sqlx's named statements collided, and every request of an operation was refused).
+#[tokio::test]
+async fn the_postgres_store_works_behind_a_transaction_pooler() {
+    let (pool, _schema) = idempotency_testing::pgbouncer_pool(8).await;
+    // No `search_path` through PgBouncer: the table is the database's `public` one, shared
+    // with other runs; unique operation ids keep this test's rows its own.
+    let store = std::sync::Arc::new(PgKeyStore::new(pool));
+    store.create_table().await.unwrap();
+    let run = idempotency_testing::unique_name("op");
+    let calls = (0..8).map(|task| {
+        let (store, run) = (store.clone(), run.clone());
+        tokio::spawn(async move {
+            for call in 0..20 {
+                let operation = format!("{run}-{task}-{call}");
+                let key = store.key_for(&operation, "k").await?;
+                assert_eq!(key, "k");
+                store.forget(&operation).await?;
+            }
+            Ok::<_, idempotency_client::KeyStoreError>(())
+        })
+    });
+    for result in futures_util::future::join_all(calls).await {
+        result.unwrap().unwrap();
+    }
+}
+
+/// A caller's future dropped while the store's `BEGIN` is answered (a timeout around the
+/// request, a client gone) leaves no transaction open on the pooled connection: the next
+/// user's autocommit write is visible to others at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_for_dropped_midway_leaves_no_transaction_on_the_pool() {
+    use sqlx::Connection as _;
+    use std::future::Future;
+    let pool = idempotency_testing::pg_pool_with(1).await;
+    let store = PgKeyStore::new(pool.clone());
+    store.create_table().await.unwrap();
+    sqlx::query("CREATE TABLE probe (n int)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mut other = sqlx::PgConnection::connect(&idempotency_testing::database_url())
+        .await
+        .unwrap();
+    // Dropped after 1, 2, ... polls (the runtime moving the I/O in between): some drop it
+    // while `BEGIN` is answered.
+    for n in 0..60 {
+        {
+            let operation = format!("op-{n}");
+            let mut call = std::pin::pin!(store.key_for(&operation, "k"));
+            for _ in 0..=n {
+                let ready = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(call.as_mut().poll(cx).is_ready())
+                })
+                .await;
+                if ready {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        sqlx::query("INSERT INTO probe VALUES ($1)")
+            .bind(n)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let seen: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{schema}\".probe WHERE n = $1"
+        )))
+        .bind(n)
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+        assert_eq!(
+            seen, 1,
+            "round {n}: the write went into a transaction left open"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_operation_without_a_key_store_is_not_sent() {
     let server = support::start(InFlightPolicy::Reject).await;

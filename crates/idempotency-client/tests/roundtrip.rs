@@ -189,7 +189,10 @@ async fn an_exhausted_budget_lists_every_attempt_and_its_cause() {
             .await,
     );
     let message = exhausted.to_string();
-    let Error::Exhausted { reason, attempts } = exhausted else {
+    let Error::Exhausted {
+        reason, attempts, ..
+    } = exhausted
+    else {
         panic!("{message}")
     };
     assert_eq!(reason, GiveUp::MaxAttempts(3));
@@ -311,8 +314,115 @@ async fn bare_keys_and_methods_outside_the_list() {
         "{key}"
     );
 
-    // A PUT is not handled: no key, no retry, no delivery.
-    let response = client.put(server.url("/unavailable")).send().await.unwrap();
+    // A GET is not handled: no key, no retry, no delivery.
+    let response = client.get(server.url("/unavailable")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert!(response.delivery().is_none());
+}
+
+/// PUT and DELETE get a key by default, as the server's layer asks one of them by default
+/// (before: passed through without one, and the layer answered 400); a request with an
+/// `Operation` gets its stored key whatever the configured methods (before: sent without).
+#[tokio::test]
+async fn put_delete_and_any_operation_get_a_key() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let one = fast().max_attempts(1);
+    let keyed = client(IdempotencyMiddleware::new().retry_policy(one.clone()));
+    for method in [reqwest::Method::PUT, reqwest::Method::DELETE] {
+        let failed = error(
+            keyed
+                .request(method.clone(), server.url("/unavailable"))
+                .send()
+                .await,
+        );
+        assert!(
+            matches!(failed, Error::Exhausted { .. }),
+            "{method}: {failed:?}"
+        );
+    }
+    let keys = server.keys();
+    assert_eq!(keys.len(), 2);
+    assert!(keys.iter().all(Option::is_some), "{keys:?}");
+    let store = idempotency_client::MemoryKeyStore::default();
+    let post_only = client(
+        IdempotencyMiddleware::new()
+            .methods([reqwest::Method::POST])
+            .key_store(store)
+            .retry_policy(one),
+    );
+    let _ = post_only
+        .put(server.url("/unavailable"))
+        .with_extension(idempotency_client::Operation::new("op-put"))
+        .send()
+        .await;
+    let _ = post_only
+        .put(server.url("/unavailable"))
+        .with_extension(idempotency_client::Operation::new("op-put"))
+        .send()
+        .await;
+    let keys = server.keys();
+    assert_eq!(keys.len(), 4);
+    assert!(keys[2].is_some(), "{keys:?}");
+    assert_eq!(keys[2], keys[3], "the operation's one key");
+}
+
+/// A request given up on may have run (its answer lost after the server committed): the
+/// error carries the key it was sent with, and the same request sent again with that key is
+/// answered by the replay; the payment ran once (before: the key was lost with the error, and
+/// a resend could only pay again).
+#[tokio::test]
+async fn a_request_given_up_on_can_be_sent_again_with_the_key_its_error_carries() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let proxy = support::lose_first_answer(server.addr).await;
+    let once = client(IdempotencyMiddleware::new().retry_policy(fast().max_attempts(1)));
+    let lost = error(
+        once.post(format!("http://{proxy}/payments"))
+            .header("content-type", "application/json")
+            .body(r#"{"amount":10}"#)
+            .send()
+            .await,
+    );
+    let key = lost.key().expect("the key it was sent with").to_owned();
+    assert!(
+        !lost.to_string().contains(&key),
+        "not in the message: {lost}"
+    );
+    let debug = format!("{lost:?}");
+    let bare = key.trim_matches('"');
+    assert!(!debug.contains(bare), "not in Debug: {debug}");
+    assert!(
+        debug.contains(&idempotency_core::fingerprint::short_hash(bare)),
+        "its hash: {debug}"
+    );
+    let response = once
+        .post(server.url("/payments"))
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body(r#"{"amount":10}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert!(response.is_replay(), "the first attempt had paid");
+    assert_eq!(server.payments().await, 1);
+}
+
+/// reqwest writes the URL into its errors; the query may carry a credential. The failures
+/// the client lists and logs leave it out (before: `…for url (http://…/x?api_key=s3cr3t)`).
+#[tokio::test]
+async fn a_failed_attempt_does_not_show_the_query() {
+    let closed = support::closed_port().await;
+    let client = client(IdempotencyMiddleware::new().retry_policy(fast().max_attempts(2)));
+    let failed = error(
+        client
+            .post(format!("http://{closed}/x?api_key=s3cr3t#frag"))
+            .send()
+            .await,
+    );
+    assert!(matches!(failed, Error::Exhausted { .. }), "{failed:?}");
+    for text in [failed.to_string(), format!("{failed:?}")] {
+        assert!(!text.contains("s3cr3t"), "{text}");
+        assert!(!text.contains("frag"), "{text}");
+    }
+    assert!(failed.to_string().contains("/x"), "{failed}");
 }

@@ -185,7 +185,10 @@ pub(crate) async fn start_on<B: Backend>(in_flight: InFlightPolicy) -> Server<B>
     let app = Router::new()
         .route("/payments", post(create_payment::<B>))
         .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>())
-        .route("/unavailable", post(unavailable))
+        .route(
+            "/unavailable",
+            post(unavailable).put(unavailable).delete(unavailable),
+        )
         .route("/busy", post(busy))
         .with_state(Arc::clone(&hooks));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
