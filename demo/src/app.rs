@@ -242,10 +242,7 @@ pub(crate) async fn create_payment<DB: Database>(
     request_body = CreatePayment,
     responses(
         (status = 201, description = "A new payment, every time", body = Payment),
-        (status = 400, description = "The body is not JSON (`invalid-request-body`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "The body is too large (`payload-too-large`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "JSON that does not match the request (`invalid-request-body`), or a field out of range (`invalid-request`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        crate::openapi::BodyProblems,
         (status = 500, description = "Technical failure", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = crate::openapi::Problem, content_type = "application/problem+json"),
     )
@@ -281,10 +278,7 @@ pub(crate) async fn create_payment_unprotected<DB: Database>(
     request_body = CreatePayment,
     responses(
         (status = 200, description = "The request, valid and normalized; nothing is paid", body = CreatePayment),
-        (status = 400, description = "The body is not JSON (`invalid-request-body`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "The body is too large (`payload-too-large`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "JSON that does not match the request (`invalid-request-body`), or a field out of range (`invalid-request`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        crate::openapi::BodyProblems,
     )
 )]
 pub(crate) async fn validate_payment(

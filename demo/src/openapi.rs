@@ -69,6 +69,25 @@ pub struct TenantHeader {
     tenant: Option<String>,
 }
 
+/// The problem responses of a payment request's body, on the endpoints without a key.
+#[derive(Debug, IntoResponses)]
+#[allow(dead_code)] // documentation only
+pub enum BodyProblems {
+    /// The body is not JSON (`invalid-request-body`)
+    #[response(status = 400, content_type = "application/problem+json")]
+    BadRequest(Problem),
+    /// The body is too large (`payload-too-large`)
+    #[response(status = 413, content_type = "application/problem+json")]
+    TooLarge(Problem),
+    /// The body is not application/json (`unsupported-media-type`)
+    #[response(status = 415, content_type = "application/problem+json")]
+    UnsupportedMediaType(Problem),
+    /// JSON that does not match the request (`invalid-request-body`), or a field out of range
+    /// (`invalid-request`)
+    #[response(status = 422, content_type = "application/problem+json")]
+    Unprocessable(Problem),
+}
+
 /// The problem responses of every idempotent endpoint (the HTTP contract of DESIGN.md).
 #[derive(Debug, IntoResponses)]
 #[allow(dead_code)] // documentation only

@@ -8,7 +8,9 @@
 # the replayed key in L1), zeroes the counters, sends REQUESTS requests (default 2000, 4
 # clients) of one scenario, dumps, and prints the demo's instructions per request
 # (`Ir / REQUESTS`, background tasks included: the relay's poll, the cleanup timer) for:
-# `unprotected` (POST /api/payments/unprotected), `first` (fresh keys), `replay` (one key), and
+# `unprotected` (POST /api/payments/unprotected), `validate` (POST /api/payments/validate: the
+# same request's extraction and checks, no idempotency: the replay's floor), `first` (fresh
+# keys), `replay` (one key), and
 # `v2replay` (replays of one key of POST /v2/payments, behind IdempotencyLayer, sent by curl over
 # one connection). SCENARIOS="replay v2replay" picks some. Only the demo process is counted:
 # PostgreSQL's and Redis's own work is not.
@@ -43,9 +45,10 @@ v2() {
     -H 'content-type: application/json' \
     -d '{"orderId":"o-1","recipient":"alice","amount":"100.00"}' -K "$config" | sort | uniq -c
 }
-for name in ${SCENARIOS:-unprotected first replay v2replay}; do
+for name in ${SCENARIOS:-unprotected validate first replay v2replay}; do
   case "$name" in
     unprotected) args=(--endpoint unprotected) ;;
+    validate) args=(--endpoint validate) ;;
     first) args=(--fresh) ;;
     replay) args=(--replay "callgrind-replay-key") ;;
   esac

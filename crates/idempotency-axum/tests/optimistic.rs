@@ -300,19 +300,24 @@ async fn create_order<B: Orders>(
 }
 
 fn app<B: Orders>(store: B, options: ServiceOptions) -> (Router, Arc<Hooks>) {
+    app_in(store, options, true)
+}
+
+/// The same app, behind the optimistic layer or (with `optimistic` false) the claim-first one.
+fn app_in<B: Orders>(store: B, options: ServiceOptions, optimistic: bool) -> (Router, Arc<Hooks>) {
     let hooks = Arc::new(Hooks::default());
     let service = IdempotencyService::builder(store)
         .config(options)
         .metrics(Arc::clone(&hooks))
         .build();
-    let layer = IdempotencyLayer::new(service)
-        .scope::<SharedScope>()
-        .optimistic();
-    let app = Router::new()
-        .route("/orders", post(create_order::<B>))
-        .route_layer(layer)
-        .with_state(Arc::clone(&hooks));
-    (app, hooks)
+    let layer = IdempotencyLayer::new(service).scope::<SharedScope>();
+    let app = Router::new().route("/orders", post(create_order::<B>));
+    let app = if optimistic {
+        app.route_layer(layer.optimistic())
+    } else {
+        app.route_layer(layer)
+    };
+    (app.with_state(Arc::clone(&hooks)), hooks)
 }
 
 async fn send(app: &Router, key: &str, body: serde_json::Value) -> Reply {
@@ -404,11 +409,14 @@ async fn an_unstored_answer_without_a_record_is_answered_as_is<B: Orders>(status
 /// The handler's own after-commit hook hangs (a notifier that never answers) and the request
 /// is given up meanwhile (a client gone, a timeout): the record committed, and it is counted
 /// as acquired and stored, because the layer counts it before the handler's hooks run
-/// (before: after them, so never). The caches are filled after the handler's hooks.
-async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count<B: Orders>() {
+/// (before: after them, so never). The caches are filled after the handler's hooks. The same
+/// in both modes of the layer (`optimistic` false: claim-first).
+async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count<B: Orders>(
+    optimistic: bool,
+) {
     let (store, _cleanup) = <B as Orders>::fresh().await;
     store.create_table().await;
-    let (app, hooks) = app(store.clone(), ServiceOptions::default());
+    let (app, hooks) = app_in(store.clone(), ServiceOptions::default(), optimistic);
     let order = serde_json::json!({ "reference": "h1", "hanging_hook": true });
     let given_up = tokio::time::timeout(Duration::from_millis(500), send(&app, "k1", order)).await;
     assert!(given_up.is_err(), "the handler's hook hangs");
@@ -643,7 +651,13 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count() {
-        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<PgStore>().await;
+        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<PgStore>(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_hanging_handler_hook_does_not_lose_the_claim_first_records_count() {
+        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<PgStore>(false)
+            .await;
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -789,7 +803,14 @@ mod sqlite {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_hanging_handler_hook_does_not_lose_the_stored_records_count() {
-        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<SqliteStore>().await;
+        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<SqliteStore>(true)
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_hanging_handler_hook_does_not_lose_the_claim_first_records_count() {
+        super::a_hanging_handler_hook_does_not_lose_the_stored_records_count::<SqliteStore>(false)
+            .await;
     }
 
     #[tokio::test(flavor = "multi_thread")]

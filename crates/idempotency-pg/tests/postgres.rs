@@ -787,6 +787,21 @@ async fn a_ttl_beyond_the_storable_range_is_refused_before_io() {
     assert!(stored.is_executed());
 }
 
+/// Aborts `tx`'s transaction with a failed statement and answers the store's next error: the
+/// aborted-transaction error (25P02) a rollback to a savepoint is given.
+async fn aborted(tx: &mut PgTx, store: &PgStore) -> StoreError {
+    sqlx::query("SELECT 1/0")
+        .execute(tx.connection())
+        .await
+        .unwrap_err();
+    let id = RecordId::new(
+        Operation::new("OP").unwrap(),
+        Scope::default(),
+        IdempotencyKey::new("aborted").unwrap(),
+    );
+    store.find(tx.connection(), &id).await.unwrap_err()
+}
+
 /// A `TxMark` whose savepoint a rollback to an earlier one destroyed, or one taken in another
 /// `Tx`, returns nowhere and sends nothing (before: `ROLLBACK TO` a savepoint that no longer
 /// exists failed with 3B001, which aborted the transaction without poisoning the `Tx`, so its
@@ -799,16 +814,7 @@ async fn a_stale_savepoint_mark_returns_nowhere_and_leaves_the_transaction_usabl
     let first = tx.savepoint(store).await.unwrap();
     let second = tx.savepoint(store).await.unwrap();
     // A failed statement aborts the transaction; the store's next statement says so (25P02).
-    sqlx::query("SELECT 1/0")
-        .execute(tx.connection())
-        .await
-        .unwrap_err();
-    let id = RecordId::new(
-        Operation::new("OP").unwrap(),
-        Scope::default(),
-        IdempotencyKey::new("stale-mark").unwrap(),
-    );
-    let failed = store.find(tx.connection(), &id).await.unwrap_err();
+    let failed = aborted(&mut tx, store).await;
     assert!(store.aborted_before(&failed), "{failed:?}");
     assert!(
         tx.rollback_to_savepoint(store, first, &failed)
@@ -850,16 +856,7 @@ async fn a_rollback_to_a_savepoint_dropped_midway_poisons_the_tx() {
     for _ in 0..10 {
         let mut tx = service.begin().await.unwrap();
         let mark = tx.savepoint(store).await.unwrap();
-        sqlx::query("SELECT 1/0")
-            .execute(tx.connection())
-            .await
-            .unwrap_err();
-        let id = RecordId::new(
-            Operation::new("OP").unwrap(),
-            Scope::default(),
-            IdempotencyKey::new("dropped-rollback").unwrap(),
-        );
-        let failed = store.find(tx.connection(), &id).await.unwrap_err();
+        let failed = aborted(&mut tx, store).await;
         let ready = {
             let mut rollback = std::pin::pin!(tx.rollback_to_savepoint(store, mark, &failed));
             std::future::poll_fn(|cx| std::task::Poll::Ready(rollback.as_mut().poll(cx).is_ready()))
@@ -1006,16 +1003,7 @@ async fn a_rollback_to_a_savepoint_drops_the_first_hooks_registered_since() {
     tx.after_commit_first(hook());
     tx.after_commit(hook());
     assert_eq!(tx.pending_hooks(), 3);
-    sqlx::query("SELECT 1/0")
-        .execute(tx.connection())
-        .await
-        .unwrap_err();
-    let id = RecordId::new(
-        Operation::new("OP").unwrap(),
-        Scope::default(),
-        IdempotencyKey::new("first-hooks").unwrap(),
-    );
-    let failed = store.find(tx.connection(), &id).await.unwrap_err();
+    let failed = aborted(&mut tx, store).await;
     assert!(
         tx.rollback_to_savepoint(store, mark, &failed)
             .await
