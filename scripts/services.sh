@@ -132,10 +132,13 @@ pgbouncer_config() {
   if [ -n "${PGBOUNCER_USER:-}" ]; then printf '"%s" ""\n' "$PGBOUNCER_USER" >>"$dir/userlist.txt"; fi
   # PgBouncer 1.21 and later can track named prepared statements in transaction pooling (on
   # by default from 1.24); off here, so that the tests meet the topology that breaks them.
-  local prepared=""
-  local version
-  version=$("$(pgbouncer_bin)" --version 2>/dev/null | awk 'NR==1 {print $2}')
-  if [ -n "$version" ] && [ "$(printf '%s\n1.21\n' "$version" | sort -V | head -1)" = 1.21 ]; then
+  local prepared="" version="" bin
+  bin=$(pgbouncer_bin) || true
+  if [ -n "$bin" ]; then
+    version=$("$bin" --version 2>/dev/null | awk 'NR==1 {print $2}') || true
+  fi
+  if [[ "$version" =~ ^[0-9]+(\.[0-9]+)+$ ]] \
+    && [ "$(printf '%s\n1.21\n' "$version" | sort -V | head -1)" = 1.21 ]; then
     prepared="max_prepared_statements = 0"
   fi
   cat >"$dir/pgbouncer.ini" <<INI

@@ -73,7 +73,12 @@ impl Backend {
 /// is hidden, never less.
 pub(crate) fn redact(url: &str) -> String {
     let Some(scheme) = url.find("://") else {
-        return url.to_owned();
+        // A SQLite path names no credentials; any other URL without `//` is malformed (a
+        // typo such as `postgres:u:secret@h/db`), and may still hold a password.
+        return match url.split_once(':') {
+            Some((scheme, _)) if !scheme.eq_ignore_ascii_case("sqlite") => format!("{scheme}:…"),
+            _ => url.to_owned(),
+        };
     };
     let (head, rest) = url.split_at(scheme + 3);
     let (user, tail) = match rest.rfind('@') {
@@ -130,7 +135,13 @@ pub(crate) async fn mysql(url: &str) -> Result<sqlx::MySqlPool, CliError> {
 /// A SQLite pool; the file must exist unless `create` (only `schema apply` creates it).
 pub(crate) async fn sqlite(url: &str, create: bool) -> Result<sqlx::SqlitePool, CliError> {
     let options = idempotency::sqlite::connect_options(url)
-        .map_err(|e| CliError::Usage(format!("--database-url {url}: {}", crate::error::chain(&e))))?
+        .map_err(|e| {
+            CliError::Usage(format!(
+                "--database-url {}: {}",
+                redact(url),
+                crate::error::chain(&e)
+            ))
+        })?
         .create_if_missing(create);
     idempotency::sqlite::open_pool(options)
         .await
@@ -158,6 +169,12 @@ mod tests {
             ("postgres://u:p?w@h/db", "postgres://u:***@h/db"),
             ("postgres://u@h/db?x=a@b", "postgres://u:***@b"),
             ("sqlite:app.db", "sqlite:app.db"),
+            ("postgres:u:secret@h/db", "postgres:…"),
+            ("postgres:/u:secret@h/db", "postgres:…"),
+            (
+                "postgres://u:p@[::1]:5432/db",
+                "postgres://u:***@[::1]:5432/db",
+            ),
         ] {
             assert_eq!(redact(url), shown, "{url}");
         }

@@ -94,8 +94,9 @@ async fn evict_deletes_the_redis_entry_too() {
 }
 
 /// Redis does not answer while a key is evicted: the record is deleted, and the error says
-/// so and names the entry left behind (before: exit 2, "bad input", or a bare "the Redis entry
-/// could not be deleted", while `keys show` then found nothing to evict again).
+/// so and names the entry left behind (before: a bare "the Redis entry could not be deleted",
+/// while `keys show` then found nothing to evict again). A configuration the Redis client
+/// refuses (no secret) fails before anything is deleted.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_eviction_whose_redis_entry_cannot_be_deleted_says_the_record_went() {
     let db = Db::postgres().await;
@@ -111,9 +112,24 @@ async fn an_eviction_whose_redis_entry_cannot_be_deleted_says_the_record_went() 
         .assert()
         .code(1)
         .stderr(predicate::str::contains("the record was deleted"))
-        .stderr(predicate::str::contains("DEL "))
+        .stderr(predicate::str::contains("deleted by hand"))
         .stderr(predicate::str::contains("k-done"));
     assert_eq!(db.records_where("k-done").await, 0);
+    // Without the cache's secret: refused as bad configuration, the record kept.
+    let text = std::fs::read_to_string(&db.config).unwrap();
+    let without_secret: String = text
+        .lines()
+        .filter(|line| !line.contains("secret:"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(&db.config, without_secret).unwrap();
+    db.cli()
+        .args([
+            "keys", "evict", "PAY", "k-busy", "--scope", "tenant-a", "--force", "--yes",
+        ])
+        .assert()
+        .code(2);
+    assert_eq!(db.records_where("k-busy").await, 1, "nothing deleted");
 }
 
 #[tokio::test(flavor = "multi_thread")]

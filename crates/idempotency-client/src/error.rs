@@ -86,7 +86,10 @@ pub enum Error {
     #[error(transparent)]
     KeyStore(#[from] crate::KeyStoreError),
     /// The generated key cannot be written in the configured format.
-    #[error("the idempotency key {key:?} is empty or has a character that a header cannot carry")]
+    #[error(
+        "the idempotency key {key:?} is not one a server accepts: empty, longer than 255, a \
+         character other than visible ASCII, or, bare, a `,`, `;` or `\"`"
+    )]
     InvalidKey {
         /// The key as generated.
         key: String,

@@ -31,8 +31,10 @@ fn failed(error: sqlx::Error) -> KeyStoreError {
 async fn spawned<T: Send + 'static>(
     work: impl Future<Output = Result<T, sqlx::Error>> + Send + 'static,
 ) -> Result<T, KeyStoreError> {
-    match tokio::spawn(work).await {
+    use tracing::Instrument;
+    match tokio::spawn(work.in_current_span()).await {
         Ok(result) => result.map_err(failed),
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         Err(join) => Err(KeyStoreError(Box::new(join))),
     }
 }

@@ -215,7 +215,10 @@ impl<D: AdminDatabase> AdminRouter<D> {
     /// # Ok(()) }
     /// ```
     pub fn trusted_origin(mut self, origin: impl Into<String>) -> Self {
-        self.trusted_origins.push(origin.into());
+        // As a browser writes it: no trailing slash.
+        let origin: String = origin.into();
+        self.trusted_origins
+            .push(origin.trim_end_matches('/').to_owned());
         self
     }
 

@@ -109,6 +109,12 @@ impl From<OpsError> for Problem {
                     ),
                 )
             }
+            OpsError::Cache { .. } => Self::new(
+                StatusCode::BAD_GATEWAY,
+                "admin-cache-entry-left",
+                "Record evicted, cache entry left",
+                error.to_string(),
+            ),
             OpsError::Partial { done, source } => {
                 let mut problem = Self::from(*source);
                 problem.kind = format!(

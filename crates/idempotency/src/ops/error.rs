@@ -40,8 +40,8 @@ pub enum OpsError {
     /// The record was deleted, but its L2 (Redis) entry could not be: the old outcome
     /// replays from it until its TTL, unless it is deleted by hand.
     #[error(
-        "the record was deleted, but its Redis (L2) entry {key} could not be ({source}): it \
-         replays until its TTL unless deleted by hand (`DEL {key}`)"
+        "the record was deleted, but its Redis (L2) entry could not be ({source}): it replays \
+         until its TTL unless the Redis key {key:?} is deleted by hand"
     )]
     Cache {
         /// The entry's Redis key.

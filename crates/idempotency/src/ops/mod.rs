@@ -267,6 +267,9 @@ impl<D: AdminDatabase> Operations<D> {
     /// deletion may still fill the caches after it (its write comes after its commit): evict
     /// again if the key replays. Audited when something was deleted.
     pub async fn key_evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
+        // The Redis client first: a configuration it refuses (no secret, a bad URL) fails the
+        // eviction before anything is deleted.
+        let l2 = self.l2().await?;
         let record = self.store.evict(id, force).await?;
         // Before the L2 entry (whose deletion may fail) and again after it (a replay may have
         // copied it to L1 meanwhile). L1 holds only committed, terminal records, so dropping
@@ -284,8 +287,10 @@ impl<D: AdminDatabase> Operations<D> {
                 &target,
                 1,
             );
-            cache_entry = self.evict_cache_entry(id).await?;
+            cache_entry = self.evict_cache_entry(l2, id).await?;
             self.evict_local_entry(id);
+        } else {
+            Self::close_l2(l2).await;
         }
         Ok(KeyEviction {
             record,
@@ -304,36 +309,61 @@ impl<D: AdminDatabase> Operations<D> {
             .map(|prefix| idempotency_cache_redis::redis_key(prefix, id))
     }
 
+    /// The Redis cache of this deployment, when the L2 cache is configured.
     #[cfg(feature = "redis")]
-    async fn evict_cache_entry(&self, id: &RecordId) -> Result<Option<bool>, OpsError> {
-        use idempotency_cache_redis::fred::interfaces::{ClientLike, KeysInterface};
+    async fn l2(&self) -> Result<crate::assemble::DistributedTier, OpsError> {
         let config = &self.settings.idempotency.distributed_cache;
-        let Some(prefix) = self.cache_prefix.clone() else {
+        match self.cache_prefix.clone() {
+            Some(prefix) => Ok(crate::assemble::redis_cache(config, prefix).await?),
+            None => Ok(None),
+        }
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn l2(&self) -> Result<(), OpsError> {
+        Ok(())
+    }
+
+    /// Ends the Redis client's connection tasks (an eviction that deleted nothing).
+    #[cfg(feature = "redis")]
+    async fn close_l2(l2: crate::assemble::DistributedTier) {
+        use idempotency_cache_redis::fred::interfaces::ClientLike;
+        if let Some(cache) = l2 {
+            let _ = tokio::time::timeout(Duration::from_secs(1), cache.client().quit()).await;
+        }
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn close_l2(_l2: ()) {}
+
+    #[cfg(feature = "redis")]
+    async fn evict_cache_entry(
+        &self,
+        l2: crate::assemble::DistributedTier,
+        id: &RecordId,
+    ) -> Result<Option<bool>, OpsError> {
+        use idempotency_cache_redis::fred::interfaces::{ClientLike, KeysInterface};
+        let Some(cache) = l2 else {
             return Ok(None);
         };
-        let key = idempotency_cache_redis::redis_key(&prefix, id);
-        // The record is gone already: whatever fails now fails the cache entry alone, and
-        // says so (not a configuration error, not "nothing changed").
-        let failed = |source: idempotency_core::BoxError| OpsError::Cache {
-            key: key.clone(),
-            source,
-        };
-        let cache = match crate::assemble::redis_cache(config, prefix).await {
-            Ok(Some(cache)) => cache,
-            Ok(None) => return Ok(None),
-            Err(e) => return Err(failed(Box::new(e))),
-        };
+        let key = cache.key_for(id);
         let client = cache.client().clone();
-        let target = cache.key_for(id);
+        let target = key.clone();
         let deleted = tokio::time::timeout(Duration::from_secs(5), async move {
             client.wait_for_connect().await?;
             let deleted: i64 = client.del(target).await?;
             let _ = client.quit().await;
             Ok::<_, idempotency_cache_redis::fred::error::Error>(deleted)
         })
-        .await
-        .map_err(|elapsed| failed(Box::new(elapsed)))?
-        .map_err(|e| failed(Box::new(e)))?;
+        .await;
+        // The record is gone already: the error says so, and names the entry left behind.
+        let failed = |source: idempotency_core::BoxError| OpsError::Cache {
+            key: key.clone(),
+            source,
+        };
+        let deleted = deleted
+            .map_err(|elapsed| failed(Box::new(elapsed)))?
+            .map_err(|e| failed(Box::new(e)))?;
         self.audit(
             "key.evict.cache",
             &format!("{}/{}/{}", id.operation, id.scope, id.key),
@@ -343,7 +373,7 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     #[cfg(not(feature = "redis"))]
-    async fn evict_cache_entry(&self, _id: &RecordId) -> Result<Option<bool>, OpsError> {
+    async fn evict_cache_entry(&self, _l2: (), _id: &RecordId) -> Result<Option<bool>, OpsError> {
         Ok(None)
     }
 
