@@ -270,7 +270,13 @@ impl<D: AdminDatabase> Operations<D> {
         // The Redis client first: a configuration it refuses (no secret, a bad URL) fails the
         // eviction before anything is deleted.
         let l2 = self.l2().await?;
-        let record = self.store.evict(id, force).await?;
+        let record = match self.store.evict(id, force).await {
+            Ok(record) => record,
+            Err(e) => {
+                Self::close_l2(l2).await;
+                return Err(e.into());
+            }
+        };
         // Before the L2 entry (whose deletion may fail) and again after it (a replay may have
         // copied it to L1 meanwhile). L1 holds only committed, terminal records, so dropping
         // an entry is never wrong: the next request reads again.
@@ -324,7 +330,7 @@ impl<D: AdminDatabase> Operations<D> {
         Ok(())
     }
 
-    /// Ends the Redis client's connection tasks (an eviction that deleted nothing).
+    /// Ends the Redis client's connection tasks (an eviction that deleted nothing, or failed).
     #[cfg(feature = "redis")]
     async fn close_l2(l2: crate::assemble::DistributedTier) {
         use idempotency_cache_redis::fred::interfaces::ClientLike;
