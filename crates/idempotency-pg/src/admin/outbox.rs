@@ -12,7 +12,7 @@ use crate::PgOutbox;
 use crate::outbox::error::outbox_error;
 use crate::outbox::statements::MESSAGE_COLUMNS;
 use crate::outbox::store::{DeadLetterRow, dead_letter};
-use crate::pooler::{Own, persistent};
+use crate::pooler::persistent;
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
@@ -29,9 +29,7 @@ fn count(n: i64) -> u64 {
 impl OutboxAdmin for PgOutbox {
     async fn status(&self) -> Result<OutboxStatus, Error> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(outbox_error)?;
+        let mut own = self.own().await?;
         let (pending, age, leased, dead, dead_aggregates): (i64, f64, i64, i64, i64) =
             sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL), \
@@ -85,9 +83,7 @@ impl OutboxAdmin for PgOutbox {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, Error> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(outbox_error)?;
+        let mut own = self.own().await?;
         let rows: Vec<DeadLetterRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \
              WHERE {FILTER} ORDER BY o.dead_lettered_at, o.id LIMIT $4"
@@ -106,9 +102,7 @@ impl OutboxAdmin for PgOutbox {
 
     async fn dead_letter(&self, id: Uuid) -> Result<Option<DeadLetter>, Error> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(outbox_error)?;
+        let mut own = self.own().await?;
         let row: Option<DeadLetterRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {MESSAGE_COLUMNS}, o.last_error::text, o.dead_lettered_at FROM {t} o \
              WHERE o.id = $1 AND o.dead_lettered_at IS NOT NULL"
@@ -124,9 +118,7 @@ impl OutboxAdmin for PgOutbox {
 
     async fn dead_letter_ids(&self, filter: &DeadLetterFilter) -> Result<Vec<Uuid>, Error> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(outbox_error)?;
+        let mut own = self.own().await?;
         let ids = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT o.id FROM {t} o WHERE {FILTER} ORDER BY o.dead_lettered_at, o.id"
         )))
@@ -147,9 +139,7 @@ impl OutboxAdmin for PgOutbox {
         dead_lettered: Option<Duration>,
     ) -> Result<ExpiredCounts, Error> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(outbox_error)?;
+        let mut own = self.own().await?;
         let (published, dead): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT count(*) FILTER (WHERE published_at < clock_timestamp() - $1), \
                     count(*) FILTER (WHERE dead_lettered_at < clock_timestamp() - $2::interval) \
@@ -167,9 +157,7 @@ impl OutboxAdmin for PgOutbox {
 
     async fn discard(&self, ids: &[Uuid]) -> Result<u64, Error> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(outbox_error)?;
+        let mut own = self.own().await?;
         let deleted = sqlx::query(AssertSqlSafe(format!(
             "DELETE FROM {t} WHERE id = ANY($1) AND dead_lettered_at IS NOT NULL"
         )))

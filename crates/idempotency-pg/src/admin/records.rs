@@ -9,7 +9,7 @@ use sqlx::AssertSqlSafe;
 
 use crate::PgStore;
 use crate::error::store_error;
-use crate::pooler::{Own, persistent};
+use crate::pooler::persistent;
 
 fn status(text: &str) -> Result<RecordStatus, StoreError> {
     text.parse()
@@ -22,9 +22,7 @@ impl KeyAdmin for PgStore {
     /// One statement: the status read and the conditional delete see one snapshot.
     async fn evict(&self, id: &RecordId, force: bool) -> Result<Eviction, StoreError> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(store_error)?;
+        let mut own = self.own().await?;
         let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
         let (found, deleted): (Option<String>, i64) = sqlx::query_as(AssertSqlSafe(format!(
             "WITH target AS (SELECT status::text AS status FROM {t} WHERE {key}), \
@@ -47,9 +45,7 @@ impl KeyAdmin for PgStore {
 
     async fn key_stats(&self) -> Result<KeyStats, StoreError> {
         let t = self.table().quoted();
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(store_error)?;
+        let mut own = self.own().await?;
         let rows: Vec<(String, String, i64, DateTime<Utc>)> =
             sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT operation::text, status::text, count(*), min(created_at) FROM {t} \

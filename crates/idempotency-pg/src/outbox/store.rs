@@ -189,9 +189,7 @@ impl RelayStore for PgOutbox {
                 rows
             }
             Ordering::Unordered => {
-                let mut own = Own::open(&self.pool, self.pooler)
-                    .await
-                    .map_err(outbox_error)?;
+                let mut own = self.own().await?;
                 let rows =
                     claim_query(self.sql.claim_unordered.clone(), self.persistent(), request)
                         .fetch_all(&mut *own)
@@ -415,7 +413,7 @@ impl DeadLetters for PgOutbox {
 
 impl PgOutbox {
     /// A connection for a statement on its own (see [`Own`]).
-    async fn own(&self) -> Result<Own, Error> {
+    pub(crate) async fn own(&self) -> Result<Own, Error> {
         Own::open(&self.pool, self.pooler)
             .await
             .map_err(outbox_error)

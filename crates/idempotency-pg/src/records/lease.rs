@@ -15,7 +15,6 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use super::store::PgStore;
 use crate::error::store_error;
-use crate::pooler::Own;
 use crate::table::TableName;
 
 /// Claims that find the record gone between the upsert and the read retry this often.
@@ -139,9 +138,7 @@ impl LeasedClaims for PgStore {
         });
         let id = claim.id;
         for _ in 0..CLAIM_ROUNDS {
-            let mut own = Own::open(self.pool(), self.pooler())
-                .await
-                .map_err(store_error)?;
+            let mut own = self.own().await?;
             let token: Option<(i64, bool)> = sqlx::query_as(upsert.clone())
                 .persistent(self.persistent())
                 .bind(id.operation.as_str())
@@ -166,9 +163,7 @@ impl LeasedClaims for PgStore {
             let lease_left = if record.is_terminal() {
                 None
             } else {
-                let mut own = Own::open(self.pool(), self.pooler())
-                    .await
-                    .map_err(store_error)?;
+                let mut own = self.own().await?;
                 let seconds: Option<Option<f64>> = sqlx::query_scalar(left.clone())
                     .persistent(self.persistent())
                     .bind(id.operation.as_str())
@@ -205,9 +200,7 @@ impl LeasedClaims for PgStore {
         });
         let (payload, code) = outcome.to_columns();
         let (trace_id, span_id) = super::row::span_columns(execution_span);
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(store_error)?;
+        let mut own = self.own().await?;
         let updated = sqlx::query(sql)
             .persistent(self.persistent())
             .bind(id.operation.as_str())
@@ -233,9 +226,7 @@ impl LeasedClaims for PgStore {
         let sql = self.lease_sql(|t, _| {
             format!("DELETE FROM {t} WHERE {KEY} AND status = 'PROCESSING' AND lease_token = $4")
         });
-        let mut own = Own::open(self.pool(), self.pooler())
-            .await
-            .map_err(store_error)?;
+        let mut own = self.own().await?;
         let deleted = sqlx::query(sql)
             .persistent(self.persistent())
             .bind(id.operation.as_str())

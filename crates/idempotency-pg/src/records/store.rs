@@ -85,6 +85,13 @@ impl PgStore {
         self.pooler
     }
 
+    /// A connection for a statement on its own (see [`Own`]).
+    pub(crate) async fn own(&self) -> Result<Own, StoreError> {
+        Own::open(&self.pool, self.pooler)
+            .await
+            .map_err(store_error)
+    }
+
     /// Whether statements may be named and cached (not behind a transaction pooler).
     pub(super) fn persistent(&self) -> bool {
         crate::pooler::persistent(self.pooler)
@@ -318,9 +325,7 @@ impl IdempotencyStore for PgStore {
     }
 
     async fn lookup(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let mut own = Own::open(&self.pool, self.pooler)
-            .await
-            .map_err(store_error)?;
+        let mut own = self.own().await?;
         let row: Option<FindRow> = sqlx::query_as(self.sql.find.clone())
             .persistent(self.persistent())
             .bind(id.operation.as_str())
@@ -431,9 +436,7 @@ impl InsertCompleted for PgStore {
 impl ExpiredCleanup for PgStore {
     async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
         // One statement, so one short transaction; SKIP LOCKED never waits on request traffic.
-        let mut own = Own::open(&self.pool, self.pooler)
-            .await
-            .map_err(store_error)?;
+        let mut own = self.own().await?;
         let deleted = sqlx::query(self.sql.delete_expired.clone())
             .persistent(self.persistent())
             .bind(i64::from(batch_size))
