@@ -1,6 +1,9 @@
 //! [`HoldingProxy`]: a TCP proxy that can hold a server's answers, to drop a client's future
 //! exactly while its request is on the wire.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -21,6 +24,9 @@ use tokio::sync::watch;
 pub struct HoldingProxy {
     port: u16,
     held: watch::Sender<bool>,
+    cut: watch::Sender<u64>,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
 }
 
 impl HoldingProxy {
@@ -39,11 +45,22 @@ impl HoldingProxy {
             .port();
         let (held, _) = watch::channel(false);
         let gate = held.clone();
+        let (cut, _) = watch::channel(0u64);
+        let cutter = cut.clone();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let (accepting, opened) = (Arc::clone(&accepted), Arc::clone(&open));
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
+                accepting.fetch_add(1, Ordering::SeqCst);
+                // Before the upstream connection: a cut while it is made ends it too.
+                let mut cuts = cutter.subscribe();
+                cuts.mark_unchanged();
                 let Ok(outbound) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
+                opened.fetch_add(1, Ordering::SeqCst);
+                let closed = Closed(Arc::clone(&opened));
                 let (mut client_read, mut client_write) = inbound.into_split();
                 let (mut server_read, mut server_write) = outbound.into_split();
                 tokio::spawn(async move {
@@ -51,27 +68,61 @@ impl HoldingProxy {
                 });
                 let mut open = gate.subscribe();
                 tokio::spawn(async move {
-                    let mut buffer = vec![0u8; 16 * 1024];
-                    loop {
-                        let n = match server_read.read(&mut buffer).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        if open.wait_for(|held| !held).await.is_err()
-                            || client_write.write_all(&buffer[..n]).await.is_err()
-                        {
-                            return;
+                    // The connection is over when its answers end (the server closed it,
+                    // after the client did or by itself), cannot reach the client, or are
+                    // cut: the client then reads the end of the stream.
+                    let _closed = closed;
+                    let forward = async {
+                        let mut buffer = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match server_read.read(&mut buffer).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if open.wait_for(|held| !held).await.is_err()
+                                || client_write.write_all(&buffer[..n]).await.is_err()
+                            {
+                                return;
+                            }
                         }
+                    };
+                    tokio::select! {
+                        () = forward => {}
+                        _ = cuts.changed() => {}
                     }
                 });
             }
         });
-        Self { port, held }
+        Self {
+            port,
+            held,
+            cut,
+            accepted,
+            open,
+        }
     }
 
     /// The local port to connect to.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Ends the answers of every connection open now, those held in the proxy with them:
+    /// their clients read the end of the stream, as when a connection is lost while the
+    /// server's answer is on its way. What the clients send still reaches the server.
+    pub fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// How many connections the proxy has accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// How many of them are open now (forwarded, and their answers not ended: by the
+    /// server, or by [`cut`](Self::cut)).
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
     }
 
     /// Holds the server's answers from now on.
@@ -100,6 +151,15 @@ impl HoldingProxy {
             !finished,
             "the call finished while the server's answers were held"
         );
+    }
+}
+
+/// Counts a forwarded connection as closed when dropped.
+struct Closed(Arc<AtomicUsize>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
