@@ -51,6 +51,9 @@ fn ops_code(error: &OpsError) -> u8 {
         OpsError::Schema { source, .. } if invalid_name(source) => 2,
         OpsError::Store(idempotency::core::StoreError::Unavailable(_)) => 6,
         OpsError::Outbox(idempotency::outbox::Error::Unavailable(_)) => 6,
+        // A change whose connection failed: unreachable, and its message says it may have
+        // been applied.
+        OpsError::Unconfirmed { .. } => 6,
         OpsError::Outbox(idempotency::outbox::Error::RequeueOutOfOrder { .. }) => 4,
         _ => 1,
     }

@@ -94,13 +94,31 @@ async fn evict_deletes_the_redis_entry_too() {
 }
 
 /// Redis does not answer while a key is evicted: the record is deleted, and the error says
-/// so and names the entry left behind (before: a bare "the Redis entry could not be deleted",
-/// while `keys show` then found nothing to evict again). A configuration the Redis client
-/// refuses (no secret) fails before anything is deleted.
+/// so and that the key is to be evicted again (before: a bare "the Redis entry could not be
+/// deleted"). Evicted again once Redis answers, the key has no record, and its entry left
+/// behind is deleted (before: "no record", exit 3, the entry left replaying until its TTL). A
+/// configuration the Redis client refuses (no secret) fails before anything is deleted.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_eviction_whose_redis_entry_cannot_be_deleted_says_the_record_went() {
+    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
+
     let db = Db::postgres().await;
     db.seed().await;
+    db.with_redis();
+    let shown = json(
+        db.cli()
+            .args([
+                "--json", "keys", "show", "PAY", "k-done", "--scope", "tenant-a",
+            ])
+            .assert(),
+    );
+    let key = shown["redis_key"].as_str().unwrap().to_owned();
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let client = Builder::from_config(Config::from_url(&redis).unwrap())
+        .build()
+        .unwrap();
+    client.init().await.unwrap();
+    let () = client.set(&key, "entry", None, None, false).await.unwrap();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
@@ -111,10 +129,48 @@ async fn an_eviction_whose_redis_entry_cannot_be_deleted_says_the_record_went() 
         ])
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("the record was deleted"))
-        .stderr(predicate::str::contains("deleted by hand"))
-        .stderr(predicate::str::contains("k-done"));
+        .stderr(predicate::str::contains("the record is deleted"))
+        .stderr(predicate::str::contains("evicted again"));
     assert_eq!(db.records_where("k-done").await, 0);
+    let left: i64 = client.exists(&key).await.unwrap();
+    assert_eq!(left, 1, "the entry {key} is left");
+    // Redis answers again: the second eviction deletes the entry the first left.
+    db.with_redis();
+    db.cli()
+        .args([
+            "--dry-run",
+            "keys",
+            "evict",
+            "PAY",
+            "k-done",
+            "--scope",
+            "tenant-a",
+        ])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("would be deleted"));
+    db.cli()
+        .args([
+            "keys", "evict", "PAY", "k-done", "--scope", "tenant-a", "--yes",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("no record"))
+        .stdout(predicate::str::contains(
+            "stale Redis (L2) entry was deleted",
+        ))
+        .stderr(predicate::str::contains("key.evict.cache"));
+    let left: i64 = client.exists(&key).await.unwrap();
+    assert_eq!(left, 0, "the entry {key} is gone");
+    // Nothing left: no record, no entry.
+    db.cli()
+        .args([
+            "keys", "evict", "PAY", "k-done", "--scope", "tenant-a", "--yes",
+        ])
+        .assert()
+        .code(3);
+    let _ = client.quit().await;
+    db.with_redis_at(&format!("redis://127.0.0.1:{port}"));
     // Without the cache's secret: refused as bad configuration, the record kept.
     let text = std::fs::read_to_string(&db.config).unwrap();
     let without_secret: String = text

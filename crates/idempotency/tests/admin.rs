@@ -561,6 +561,250 @@ async fn an_eviction_drops_the_serving_instances_l1_entry() {
     idempotency.shutdown().await;
 }
 
+/// The settings of `admin_common::settings(false)` with the L2 cache on Redis at `url`.
+fn with_redis(url: &str) -> idempotency::Settings {
+    let mut settings = admin_common::settings(false);
+    let cache = &mut settings.idempotency.distributed_cache;
+    cache.enabled = true;
+    cache.url = Some(url.to_owned());
+    cache.key_prefix = format!("admin-{}", uuid::Uuid::now_v7().simple());
+    cache.secret =
+        Some(idempotency::redis::CacheSecret::new("an admin test's secret, 32 bytes+").unwrap());
+    settings
+}
+
+/// Waits until `until` holds (at most 5 s).
+async fn eventually(what: &str, until: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !until() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Evictions do not connect a Redis client each: an admin router's use the client of the
+/// service it is mounted beside, and the operations of `Operations::new` connect one on their
+/// first eviction and quit it when they are dropped. Before, each eviction connected a client
+/// of its own and quit it at its end, so an eviction whose future was dropped (a cancelled
+/// admin request) left a connection that nothing closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn evictions_share_one_redis_connection() {
+    use idempotency::ops::{Actor, Operations};
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let upstream = redis
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let proxy = idempotency_testing::HoldingProxy::start(upstream).await;
+    let settings = with_redis(&format!("redis://127.0.0.1:{}", proxy.port()));
+    let db = Db::sqlite().await;
+    db.seed().await;
+    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+        unreachable!()
+    };
+    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
+        .await
+        .unwrap();
+    eventually("the service's client connects", || proxy.open() == 1).await;
+    let app = idempotency
+        .admin_router()
+        .allow_mutations(true)
+        .into_router();
+    let evict = |key: &str| json!({ "operation": "PAY", "scope": "tenant-a", "key": key });
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict("k-done")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["cache_entry_deleted"], false, "{body}");
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict("k-none")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // An eviction cancelled while Redis's answer is on its way (the record deleted).
+    let refund = json!({ "operation": "REFUND", "scope": "", "key": "k-old" });
+    proxy
+        .drop_while_held(post_json(&app, "/api/keys/evict", &refund))
+        .await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict("k-none")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(
+        proxy.accepted(),
+        1,
+        "the admin router's evictions used the service's client"
+    );
+    assert_eq!(proxy.open(), 1);
+
+    // The command line's operations: one client of their own, quit when they are dropped.
+    let ops = Operations::new(pool.clone(), &settings, Actor::new("tester"))
+        .await
+        .unwrap();
+    let id = idempotency::core::RecordId::new(
+        idempotency::core::Operation::new("PAY").unwrap(),
+        idempotency::core::Scope::new("tenant-a").unwrap(),
+        idempotency::core::IdempotencyKey::new("k-none").unwrap(),
+    );
+    for _ in 0..3 {
+        let eviction = ops.key_evict(&id, false).await.unwrap();
+        assert_eq!(eviction.cache_entry, Some(false));
+    }
+    let busy = idempotency::core::RecordId::new(
+        idempotency::core::Operation::new("PAY").unwrap(),
+        idempotency::core::Scope::new("tenant-a").unwrap(),
+        idempotency::core::IdempotencyKey::new("k-busy").unwrap(),
+    );
+    proxy.drop_while_held(ops.key_evict(&busy, true)).await;
+    assert_eq!(
+        ops.clone().key_evict(&id, false).await.unwrap().cache_entry,
+        Some(false)
+    );
+    assert_eq!(
+        proxy.accepted(),
+        2,
+        "one client for all the operations' evictions"
+    );
+    drop(ops);
+    eventually("the operations' client quits when they are dropped", || {
+        proxy.open() == 1
+    })
+    .await;
+    idempotency.shutdown().await;
+    eventually("the service's client quits at shutdown", || {
+        proxy.open() == 0
+    })
+    .await;
+}
+
+/// A key without a record whose Redis entry is left (an earlier eviction whose Redis
+/// deletion failed: the record went, the entry stayed) is evicted again: the entry goes, the
+/// answer says there was no record (before: 404 "no record", the entry left replaying until
+/// its TTL, with no way to delete it but by hand).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_eviction_deletes_the_entry_the_first_left() {
+    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let settings = with_redis(&redis);
+    let db = Db::sqlite().await;
+    db.seed().await;
+    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+        unreachable!()
+    };
+    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
+        .await
+        .unwrap();
+    let app = idempotency
+        .admin_router()
+        .allow_mutations(true)
+        .into_router();
+    let ops = idempotency::ops::Operations::new(
+        pool.clone(),
+        &settings,
+        idempotency::ops::Actor::new("tester"),
+    )
+    .await
+    .unwrap();
+    let id = idempotency::core::RecordId::new(
+        idempotency::core::Operation::new("PAY").unwrap(),
+        idempotency::core::Scope::new("tenant-a").unwrap(),
+        idempotency::core::IdempotencyKey::new("k-left").unwrap(),
+    );
+    let key = ops.cache_key(&id).unwrap();
+    let client = Builder::from_config(Config::from_url(&redis).unwrap())
+        .build()
+        .unwrap();
+    client.init().await.unwrap();
+    let () = client.set(&key, "entry", None, None, false).await.unwrap();
+
+    let evict = json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-left" });
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["evicted"], false, "{body}");
+    assert_eq!(body["status"], Value::Null, "{body}");
+    assert_eq!(body["cache_entry_deleted"], true, "{body}");
+    let left: i64 = client.exists(&key).await.unwrap();
+    assert_eq!(left, 0, "the entry {key} is gone");
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing left: {body}");
+
+    // The same through the operations (the command line's).
+    let () = client.set(&key, "entry", None, None, false).await.unwrap();
+    let eviction = ops.key_evict(&id, false).await.unwrap();
+    assert_eq!(
+        eviction.record,
+        idempotency::core::admin::Eviction::NotFound
+    );
+    assert_eq!(eviction.cache_entry, Some(true));
+    let left: i64 = client.exists(&key).await.unwrap();
+    assert_eq!(left, 0, "the entry {key} is gone");
+    // A PROCESSING record is kept without force, and so is its key's entry.
+    let busy = idempotency::core::RecordId::new(
+        idempotency::core::Operation::new("PAY").unwrap(),
+        idempotency::core::Scope::new("tenant-a").unwrap(),
+        idempotency::core::IdempotencyKey::new("k-busy").unwrap(),
+    );
+    let eviction = ops.key_evict(&busy, false).await.unwrap();
+    assert_eq!(
+        eviction.record,
+        idempotency::core::admin::Eviction::InProgress
+    );
+    assert_eq!(eviction.cache_entry, None);
+    let _ = client.quit().await;
+    idempotency.shutdown().await;
+}
+
+/// An eviction whose answer is lost after PostgreSQL ran it (the connection ends with the
+/// answer on its way) may have deleted the record: the error says the change may or may not
+/// have been applied (before: a plain "records table: the database is unavailable", with
+/// `OpsError`'s promise that nothing changed, while the record was gone). The admin router's
+/// answer to it (502 `admin-change-unconfirmed`) is a unit test of `admin/problem.rs`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_whose_answer_is_lost_may_have_been_applied() {
+    use idempotency::ops::{Actor, Operations, OpsError};
+    let db = Db::postgres().await;
+    db.seed().await;
+    let admin_common::Pool::Pg(pool) = &db.pool else {
+        unreachable!()
+    };
+    let options = pool.connect_options();
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let proxy = idempotency_testing::HoldingProxy::start(upstream).await;
+    // No ping before a connection is handed out: it would wait for its held answer.
+    let proxied = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with((*options).clone().port(proxy.port()))
+        .await
+        .unwrap();
+    let settings = admin_common::settings(false);
+    let ops = Operations::new(proxied.clone(), &settings, Actor::new("tester"))
+        .await
+        .unwrap();
+    let id = |key: &str| {
+        idempotency::core::RecordId::new(
+            idempotency::core::Operation::new("PAY").unwrap(),
+            idempotency::core::Scope::new("tenant-a").unwrap(),
+            idempotency::core::IdempotencyKey::new(key).unwrap(),
+        )
+    };
+    // The eviction's statement prepared on the one connection: the next one is sent whole.
+    ops.key_evict(&id("k-none"), false).await.unwrap();
+    idempotency_testing::until_idle(&proxied).await;
+    proxy.hold();
+    let evicting = tokio::spawn({
+        let ops = ops.clone();
+        async move { ops.key_evict(&id("k-done"), false).await }
+    });
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while db.records_where("k-done").await != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the statement ran");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    proxy.cut();
+    let error = evicting.await.unwrap().unwrap_err();
+    proxy.release();
+    assert!(matches!(error, OpsError::Unconfirmed { .. }), "{error:?}");
+    assert!(error.to_string().contains("may or may not"), "{error}");
+    assert!(error.changed_something());
+    assert_eq!(db.records_where("k-done").await, 0, "it was applied");
+}
+
 /// Without an outbox section, the outbox endpoints are 404 and the page says so.
 #[tokio::test]
 async fn without_an_outbox() {

@@ -101,7 +101,7 @@ async fn evict<D: AdminDatabase>(
 ) -> Result<(), CliError> {
     let id = record_id(args)?;
     let Some(view) = ops.key_show(&id).await? else {
-        return Err(CliError::NotFound(format!("no record for {}", name(args))));
+        return evict_entry(ops, global, out, args, &id).await;
     };
     let in_progress = view.status == idempotency::core::RecordStatus::Processing;
     if in_progress && !force {
@@ -122,37 +122,112 @@ async fn evict<D: AdminDatabase>(
     let eviction = ops.key_evict(&id, force).await?;
     match eviction.record {
         Eviction::Evicted(status) => {
-            out.emit(
-                || {
-                    let cache = match eviction.cache_entry {
-                        Some(true) => "its Redis (L2) entry was deleted",
-                        Some(false) => "Redis (L2) had no entry for it",
-                        None => "no Redis (L2) cache is configured",
-                    };
-                    format!(
-                        "evicted {} ({status}): its next request runs again; {cache}.\nnote: {L1_NOTE}",
-                        name(args)
-                    )
-                },
-                || {
-                    json!({
-                        "evicted": true, "status": status.as_str(),
-                        "cache_entry_deleted": eviction.cache_entry,
-                        "note": L1_NOTE,
-                    })
-                },
-            );
+            evicted(out, args, status, eviction.cache_entry);
             Ok(())
         }
-        Eviction::NotFound => Err(CliError::NotFound(format!(
-            "no record for {} (deleted meanwhile)",
-            name(args)
-        ))),
+        Eviction::NotFound => {
+            entry_evicted(out, args, eviction.cache_entry, " (deleted meanwhile)")
+        }
         Eviction::InProgress => Err(CliError::Refused(format!(
             "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
             name(args)
         ))),
     }
+}
+
+/// `keys evict` of a key without a record: its Redis (L2) entry, if one was left (by an
+/// eviction whose Redis deletion failed, or past the record's retention), is deleted.
+async fn evict_entry<D: AdminDatabase>(
+    ops: &Operations<D>,
+    global: &Global,
+    out: Out,
+    args: &KeyArgs,
+    id: &RecordId,
+) -> Result<(), CliError> {
+    if ops.cache_key(id).is_none() {
+        return Err(CliError::NotFound(format!("no record for {}", name(args))));
+    }
+    if global.dry_run {
+        return Err(CliError::NotFound(format!(
+            "no record for {}; without --dry-run its Redis (L2) entry, if one is left, would be \
+             deleted",
+            name(args)
+        )));
+    }
+    // Not asked: an entry without its record is stale, and deleting it loses nothing.
+    let eviction = ops.key_evict(id, false).await?;
+    match eviction.record {
+        Eviction::NotFound => entry_evicted(out, args, eviction.cache_entry, ""),
+        // Written since the lookup, and evicted as a record is.
+        Eviction::Evicted(status) => {
+            evicted(out, args, status, eviction.cache_entry);
+            Ok(())
+        }
+        Eviction::InProgress => Err(CliError::Refused(format!(
+            "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
+            name(args)
+        ))),
+    }
+}
+
+/// What an eviction of a record prints.
+fn evicted(
+    out: Out,
+    args: &KeyArgs,
+    status: idempotency::core::RecordStatus,
+    cache_entry: Option<bool>,
+) {
+    out.emit(
+        || {
+            let cache = match cache_entry {
+                Some(true) => "its Redis (L2) entry was deleted",
+                Some(false) => "Redis (L2) had no entry for it",
+                None => "no Redis (L2) cache is configured",
+            };
+            format!(
+                "evicted {} ({status}): its next request runs again; {cache}.\nnote: {L1_NOTE}",
+                name(args)
+            )
+        },
+        || {
+            json!({
+                "evicted": true, "status": status.as_str(),
+                "cache_entry_deleted": cache_entry,
+                "note": L1_NOTE,
+            })
+        },
+    );
+}
+
+/// What an eviction that found no record did: deleted a stale Redis entry (success), or
+/// nothing (not found).
+fn entry_evicted(
+    out: Out,
+    args: &KeyArgs,
+    cache_entry: Option<bool>,
+    meanwhile: &str,
+) -> Result<(), CliError> {
+    if cache_entry != Some(true) {
+        return Err(CliError::NotFound(format!(
+            "no record for {}{meanwhile}",
+            name(args)
+        )));
+    }
+    out.emit(
+        || {
+            format!(
+                "no record for {}{meanwhile}; its stale Redis (L2) entry was deleted: its next \
+                 request runs again.\nnote: {L1_NOTE}",
+                name(args)
+            )
+        },
+        || {
+            json!({
+                "evicted": false, "status": null, "cache_entry_deleted": true, "note": L1_NOTE,
+            })
+        },
+    );
+    Ok(())
 }
 
 async fn stats<D: AdminDatabase>(ops: &Operations<D>, out: Out) -> Result<(), CliError> {

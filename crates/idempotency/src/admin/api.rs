@@ -431,12 +431,14 @@ pub(super) const L1_NOTE: &str = "other instances' in-process (L1) entries of th
      until their TTL (idempotency.local-cache.ttl): until then they may still replay the old \
      outcome";
 
-/// Evicts a key as `keys evict` does: 404 for no record, 409 for a `PROCESSING` one unless
-/// `force`. Returns the evicted record's status and whether its Redis entry was deleted.
+/// Evicts a key as `keys evict` does: 409 for a `PROCESSING` one unless `force`; for no
+/// record, its stale Redis entry is deleted when one is left (an earlier eviction whose Redis
+/// deletion failed), 404 when none is. Returns the evicted record's status (`None`: there was
+/// none, a stale entry was deleted) and whether its Redis entry was deleted.
 pub(super) async fn evict_key<D: AdminDatabase>(
     ops: &Operations<D>,
     request: &EvictRequest,
-) -> Result<(RecordStatus, Option<bool>), Problem> {
+) -> Result<(Option<RecordStatus>, Option<bool>), Problem> {
     let (operation, scope, key) = (&request.operation, &request.scope, &request.key);
     let id = record_id(operation, scope, key)?;
     let name = key_name(operation, scope, key);
@@ -451,17 +453,30 @@ pub(super) async fn evict_key<D: AdminDatabase>(
             ),
         )
     };
-    let Some(view) = ops.key_show(&id).await? else {
-        return Err(Problem::not_found(format!("no record for {name}")));
-    };
-    if view.status == RecordStatus::Processing && !request.force {
+    let view = ops.key_show(&id).await?;
+    if view
+        .as_ref()
+        .is_some_and(|view| view.status == RecordStatus::Processing)
+        && !request.force
+    {
         return Err(in_progress());
     }
-    let eviction = ops.key_evict(&id, request.force).await?;
+    if view.is_none() && !ops.has_l2() {
+        return Err(Problem::not_found(format!("no record for {name}")));
+    }
+    // `force` only for the record the operator was shown: a claim written since is not
+    // theirs to end.
+    let eviction = ops.key_evict(&id, request.force && view.is_some()).await?;
     match eviction.record {
-        Eviction::Evicted(status) => Ok((status, eviction.cache_entry)),
+        Eviction::Evicted(status) => Ok((Some(status), eviction.cache_entry)),
+        Eviction::NotFound if eviction.cache_entry == Some(true) => Ok((None, Some(true))),
         Eviction::NotFound => Err(Problem::not_found(format!(
-            "no record for {name} (deleted meanwhile)"
+            "no record for {name}{}",
+            if view.is_some() {
+                " (deleted meanwhile)"
+            } else {
+                ""
+            }
         ))),
         Eviction::InProgress => Err(in_progress()),
     }
@@ -477,7 +492,7 @@ pub(super) async fn key_evict<D: AdminDatabase>(
     let request: EvictRequest = body(&headers, &bytes)?;
     let (status, cache_entry) = evict_key(&state.ops(principal), &request).await?;
     ok(&json!({
-        "evicted": true, "status": status.as_str(),
+        "evicted": status.is_some(), "status": status.map(RecordStatus::as_str),
         "cache_entry_deleted": cache_entry,
         "note": L1_NOTE,
     }))

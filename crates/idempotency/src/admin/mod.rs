@@ -74,7 +74,7 @@
 //! | `POST /api/outbox/partitions/create` | `outbox partitions create` (change) |
 //! | `POST /api/outbox/partitions/drop-expired` | `outbox partitions drop-expired` (change) |
 //! | `GET /api/keys?operation=&key=&scope=` | `keys show` |
-//! | `POST /api/keys/evict` `{"operation": .., "key": .., "scope": .., "force": false}` | `keys evict` (change) |
+//! | `POST /api/keys/evict` `{"operation": .., "key": .., "scope": .., "force": false}` | `keys evict` (change; a key without a record: its stale Redis entry, `"evicted": false`) |
 //! | `GET /api/keys/stats` | `keys stats` |
 //! | `GET /api/cleanup` | `cleanup run --dry-run` |
 //! | `POST /api/cleanup` | `cleanup run` (change) |
@@ -335,7 +335,10 @@ impl<D: AdminDatabase> crate::Idempotency<D> {
             self.outbox().ok().cloned(),
             Actor::new("admin"),
             #[cfg(feature = "redis")]
-            self.cache_prefix().map(str::to_owned),
+            (
+                self.cache_prefix().map(str::to_owned),
+                crate::DistributedTier::clone(self.service().distributed_cache()),
+            ),
             #[cfg(feature = "moka")]
             self.service().local_cache().clone(),
         ))

@@ -140,6 +140,11 @@ fn flash(body: &mut String, q: &PageQuery) {
             "Evicted the key: its next request runs again. Note: {}.",
             api::L1_NOTE
         ),
+        Some("cache-entry-evicted") => format!(
+            "The key had no record; its stale Redis (L2) entry was deleted: its next request \
+             runs again. Note: {}.",
+            api::L1_NOTE
+        ),
         _ => return,
     };
     let _ = writeln!(body, "<p class=\"flash\" id=\"flash\">{}</p>", esc(text));
@@ -421,7 +426,8 @@ pub(super) async fn evict<D: AdminDatabase>(
     }
     .await;
     match result {
-        Ok(_) => see_other(&format!("{home}?done=evicted")),
+        Ok((Some(_), _)) => see_other(&format!("{home}?done=evicted")),
+        Ok((None, _)) => see_other(&format!("{home}?done=cache-entry-evicted")),
         Err(problem) => error_page(&problem, &home),
     }
 }

@@ -109,13 +109,27 @@ impl From<OpsError> for Problem {
                     ),
                 )
             }
-            OpsError::Cache { .. } => Self::new(
+            OpsError::Cache { evicted, .. } => Self::new(
                 StatusCode::BAD_GATEWAY,
                 "admin-cache-entry-left",
-                "Record evicted, cache entry left",
+                if evicted {
+                    "Record evicted, cache entry left"
+                } else {
+                    "No record, cache entry left"
+                },
                 error.to_string(),
             ),
+            OpsError::Unconfirmed { .. } => {
+                tracing::warn!(error = %error, "admin change unconfirmed");
+                Self::new(
+                    StatusCode::BAD_GATEWAY,
+                    "admin-change-unconfirmed",
+                    "Change unconfirmed",
+                    error.to_string(),
+                )
+            }
             OpsError::Partial { done, source } => {
+                let unconfirmed = matches!(*source, OpsError::Unconfirmed { .. });
                 let mut problem = Self::from(*source);
                 problem.kind = format!(
                     "{}admin-partially-applied",
@@ -123,8 +137,12 @@ impl From<OpsError> for Problem {
                 );
                 problem.title = "Partly done";
                 problem.detail = format!(
-                    "{done} row(s) were changed before a later batch failed; that batch and \
-                     the rest were not: {}",
+                    "{done} row(s) were changed before a later batch failed; {}: {}",
+                    if unconfirmed {
+                        "that batch may or may not have been, the rest were not"
+                    } else {
+                        "that batch and the rest were not"
+                    },
                     problem.detail
                 );
                 problem
@@ -185,16 +203,57 @@ pub(crate) fn same_origin(
         return Ok(());
     };
     let origin = origin.to_str().map_err(|_| Problem::cross_site())?;
-    if trusted.iter().any(|t| t.eq_ignore_ascii_case(origin)) {
+    let origin_of = origin_parts(origin);
+    if origin_of.is_some() && trusted.iter().any(|t| origin_parts(t) == origin_of) {
         return Ok(());
     }
     let own = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or(authority);
-    match (origin.split_once("://"), own) {
-        (Some((_, from)), Some(own)) if from.eq_ignore_ascii_case(own) => Ok(()),
+    match own {
+        Some(own) if is_own(origin, own) => Ok(()),
         _ => Err(Problem::cross_site()),
+    }
+}
+
+/// Whether `origin` (`scheme://host[:port]`) names the server that `own` (a `Host`,
+/// `host[:port]`) does: the same host, and the same port once a port left out is read as the
+/// origin's scheme's default (`http`: 80, `https`: 443). The request's own scheme is not
+/// known here (TLS may end in a proxy): an origin whose port is its scheme's default passes a
+/// `Host` without a port, whichever scheme the listener serves.
+fn is_own(origin: &str, own: &str) -> bool {
+    let (Some((scheme, host, port)), Ok(own)) = (
+        origin_parts(origin),
+        own.parse::<axum::http::uri::Authority>(),
+    ) else {
+        return false;
+    };
+    host.eq_ignore_ascii_case(own.host())
+        && own
+            .port_u16()
+            .map_or(Some(port) == default_port(&scheme), |own| own == port)
+}
+
+/// An origin's scheme and host (lowercase) and its port (its scheme's default when left
+/// out); `None` for what is not an origin (a path, user information, no port for an unknown
+/// scheme).
+fn origin_parts(origin: &str) -> Option<(String, String, u16)> {
+    let (scheme, authority) = origin.split_once("://")?;
+    if authority.contains(['/', '@', '?', '#']) {
+        return None;
+    }
+    let authority = authority.parse::<axum::http::uri::Authority>().ok()?;
+    let scheme = scheme.to_ascii_lowercase();
+    let port = authority.port_u16().or(default_port(&scheme))?;
+    Some((scheme, authority.host().to_ascii_lowercase(), port))
+}
+
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
     }
 }
 
@@ -210,6 +269,50 @@ mod tests {
         }
         let trusted: Vec<String> = trusted.iter().map(|t| (*t).to_owned()).collect();
         same_origin(&headers, Some("uri-authority:1"), &trusted).is_ok()
+    }
+
+    #[test]
+    fn a_change_that_may_have_been_applied_says_so() {
+        let lost = || -> idempotency_core::BoxError {
+            Box::new(std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
+        };
+        let unconfirmed =
+            OpsError::from(idempotency_core::StoreError::Unavailable(lost())).of_change();
+        let problem = Problem::from(unconfirmed);
+        assert_eq!(problem.status, 502);
+        assert!(
+            problem.kind.ends_with("admin-change-unconfirmed"),
+            "{}",
+            problem.kind
+        );
+        assert!(
+            problem.detail.contains("may or may not"),
+            "{}",
+            problem.detail
+        );
+        let partial = OpsError::from(idempotency_outbox::Error::Unavailable(lost()))
+            .of_change()
+            .after(500);
+        let problem = Problem::from(partial);
+        assert!(
+            problem.kind.ends_with("admin-partially-applied"),
+            "{}",
+            problem.kind
+        );
+        assert!(
+            problem
+                .detail
+                .contains("500 row(s) were changed before a later batch failed; that batch may"),
+            "{}",
+            problem.detail
+        );
+        let refused = OpsError::from(idempotency_outbox::Error::Database(lost())).after(500);
+        let problem = Problem::from(refused);
+        assert!(
+            problem.detail.contains("that batch and the rest were not"),
+            "{}",
+            problem.detail
+        );
     }
 
     #[test]
@@ -252,12 +355,41 @@ mod tests {
                 "{origin}"
             );
         }
+        // A port left out is the scheme's default; the request's own scheme is not known.
+        assert!(check(&[("host", "ops:80"), ("origin", "http://ops")], &[]));
+        assert!(check(
+            &[("host", "ops:443"), ("origin", "https://ops")],
+            &[]
+        ));
+        assert!(check(&[("host", "ops"), ("origin", "http://ops:80")], &[]));
+        assert!(check(
+            &[("host", "[::1]:8080"), ("origin", "http://[::1]:8080")],
+            &[]
+        ));
+        for (host, origin) in [
+            ("ops:443", "http://ops"),
+            ("ops:80", "https://ops"),
+            ("ops", "http://ops:8080"),
+            ("ops:8080", "http://ops"),
+            ("ops", "ftp://ops"),
+            ("ops", "http://ops/path"),
+            ("ops", "http://user@ops"),
+        ] {
+            assert!(
+                !check(&[("host", host), ("origin", origin)], &[]),
+                "{host} {origin}"
+            );
+        }
         let behind_a_proxy = [
             ("host", "127.0.0.1:9000"),
             ("origin", "https://ops.example"),
         ];
         assert!(!check(&behind_a_proxy, &[]));
         assert!(check(&behind_a_proxy, &["https://ops.example"]));
+        assert!(
+            check(&behind_a_proxy, &["HTTPS://OPS.example:443"]),
+            "a trusted origin is compared as an origin"
+        );
         assert!(
             !check(&behind_a_proxy, &["http://ops.example"]),
             "another scheme"

@@ -2,8 +2,8 @@
 
 use idempotency_core::{BoxError, StoreError};
 
-/// An operator operation failed. Nothing was changed unless it is [`OpsError::Partial`] (or
-/// the message says so).
+/// An operator operation failed. Nothing was changed unless it is [`OpsError::Partial`] or
+/// [`OpsError::Unconfirmed`] (or the message says so).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpsError {
@@ -37,26 +37,43 @@ pub enum OpsError {
     /// An outbox operation, but the configuration has no `outbox` section.
     #[error("no outbox is configured: the configuration has no `outbox` section")]
     NoOutbox,
-    /// The record was deleted, but its L2 (Redis) entry could not be: the old outcome
-    /// replays from it until its TTL, unless it is deleted by hand.
+    /// The key's L2 (Redis) entry could not be deleted. With `evicted`, its record was (the
+    /// old outcome replays from the entry until its TTL); without, there was no record (the
+    /// entry, if one is left, is stale the same way). Evicting the key again deletes it
+    /// ([`Operations::key_evict`](super::Operations::key_evict) deletes the entry of a key
+    /// without a record too).
     #[error(
-        "the record was deleted, but its Redis (L2) entry could not be ({source}): it replays \
-         until its TTL unless the Redis key {key:?} is deleted by hand"
+        "{}, but its Redis (L2) entry could not be deleted ({source}): the old outcome \
+         replays from it until its TTL unless the key is evicted again",
+        if *evicted { "the record is deleted" } else { "the key has no record" }
     )]
     Cache {
         /// The entry's Redis key.
         key: String,
+        /// Whether the record was deleted (else there was none).
+        evicted: bool,
         /// Why it could not be deleted.
         #[source]
         source: BoxError,
     },
-    /// A bulk change (requeue, discard) failed after earlier batches of it had committed:
-    /// `done` rows were changed, the rest not.
+    /// A change's statement was sent and its connection failed before the answer came back:
+    /// it may have been applied (its commit reached the database, the answer did not come
+    /// back), or not. An eviction is safe to run again (it also deletes a cache entry left
+    /// behind); for the outbox, look first (`outbox status`, `outbox dead list`).
+    #[error("the change may or may not have been applied: {source}")]
+    Unconfirmed {
+        /// The connection's failure.
+        #[source]
+        source: Box<OpsError>,
+    },
+    /// A bulk change (requeue, discard, purge, cleanup) failed after earlier batches of it had
+    /// committed: `done` rows were changed; the failed batch was not, unless `source` is
+    /// [`OpsError::Unconfirmed`]; the rest were not.
     #[error("{done} row(s) were changed before a later batch failed: {source}")]
     Partial {
         /// The rows the committed batches changed.
         done: u64,
-        /// Why the next batch failed (nothing of it changed).
+        /// Why the next batch failed.
         #[source]
         source: Box<OpsError>,
     },
@@ -76,10 +93,94 @@ impl OpsError {
         }
     }
 
+    /// `self` as the failure of a change's statement: a connection that failed with the
+    /// statement possibly sent (an I/O or TLS error, the connection's worker gone) becomes
+    /// [`OpsError::Unconfirmed`]; anything else stays as it is: the database refused it, or
+    /// no connection was had (a pool timeout, a refused connection), and nothing was sent.
+    pub(crate) fn of_change(self) -> Self {
+        let source = match &self {
+            Self::Store(StoreError::Unavailable(source))
+            | Self::Outbox(idempotency_outbox::Error::Unavailable(source)) => source,
+            _ => return self,
+        };
+        if lost_on_the_wire(source) {
+            Self::Unconfirmed {
+                source: Box::new(self),
+            }
+        } else {
+            self
+        }
+    }
+
+    /// `self` ([`OpsError::Cache`]) after an eviction that deleted the record (`evicted`) or
+    /// found none.
+    pub(crate) fn evicted(self, evicted: bool) -> Self {
+        match self {
+            Self::Cache { key, source, .. } => Self::Cache {
+                key,
+                evicted,
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// Whether the change may have been applied in part or in whole: [`OpsError::Partial`],
+    /// [`OpsError::Unconfirmed`], or [`OpsError::Cache`] after the record was deleted.
+    pub fn changed_something(&self) -> bool {
+        matches!(
+            self,
+            Self::Partial { .. } | Self::Unconfirmed { .. } | Self::Cache { evicted: true, .. }
+        )
+    }
+
     pub(crate) fn schema(table: &str, source: impl Into<BoxError>) -> Self {
         Self::Schema {
             table: table.to_owned(),
             source: source.into(),
         }
+    }
+}
+
+/// Whether `source` is a connection's failure after which a statement sent may have run.
+fn lost_on_the_wire(source: &BoxError) -> bool {
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    if matches!(
+        source.downcast_ref::<sqlx::Error>(),
+        Some(sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::WorkerCrashed)
+    ) {
+        return true;
+    }
+    source.downcast_ref::<std::io::Error>().is_some()
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+mod tests {
+    use super::*;
+
+    fn lost() -> BoxError {
+        Box::new(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )))
+    }
+
+    #[test]
+    fn a_change_lost_on_its_connection_may_have_been_applied() {
+        let error = OpsError::from(idempotency_outbox::Error::Unavailable(lost())).of_change();
+        assert!(matches!(error, OpsError::Unconfirmed { .. }), "{error:?}");
+        assert!(error.to_string().contains("may or may not"), "{error}");
+        assert!(error.changed_something());
+        let error = OpsError::from(StoreError::Unavailable(lost())).of_change();
+        assert!(matches!(error, OpsError::Unconfirmed { .. }), "{error:?}");
+        let partial = error.after(3);
+        assert!(partial.to_string().contains("may or may not"), "{partial}");
+        assert!(partial.changed_something());
+        // Refused by the database, or no connection had: nothing was applied.
+        let refused = OpsError::from(StoreError::Database(lost())).of_change();
+        assert!(matches!(refused, OpsError::Store(_)), "{refused:?}");
+        assert!(!refused.changed_something());
+        let unsent = OpsError::from(StoreError::Unavailable(Box::new(sqlx::Error::PoolTimedOut)))
+            .of_change();
+        assert!(matches!(unsent, OpsError::Store(_)), "{unsent:?}");
     }
 }

@@ -23,6 +23,8 @@ mod audit;
 mod backend;
 mod error;
 mod json;
+#[cfg(feature = "redis")]
+mod l2;
 mod view;
 
 use std::time::Duration;
@@ -52,8 +54,9 @@ pub const BATCH: usize = 500;
 pub struct KeyEviction {
     /// What happened to the record.
     pub record: Eviction,
-    /// `Some(deleted)` when the L2 cache (Redis) is configured and the record was evicted:
-    /// whether an entry was there. `None`: no L2 configured, or nothing evicted.
+    /// `Some(deleted)` when the L2 cache (Redis) is configured and the record was evicted or
+    /// was not there: whether an entry was there. `None`: no L2 configured, or the record is
+    /// `PROCESSING` and was kept.
     pub cache_entry: Option<bool>,
 }
 
@@ -82,9 +85,9 @@ pub struct Operations<D: AdminDatabase> {
     outbox: Option<D::Outbox>,
     inbox: Option<InboxConfig>,
     actor: Actor,
-    /// The deployment's Redis key prefix, when the L2 cache is configured.
+    /// The deployment's Redis (L2) client, when the L2 cache is configured.
     #[cfg(feature = "redis")]
-    cache_prefix: Option<String>,
+    l2: l2::L2,
     /// The L1 cache of the service these operations run in (an admin router's): an eviction
     /// drops its entry too.
     #[cfg(feature = "moka")]
@@ -121,7 +124,7 @@ impl<D: AdminDatabase> Operations<D> {
             inbox: None,
             actor,
             #[cfg(feature = "redis")]
-            cache_prefix,
+            l2: l2::L2::own(cache_prefix),
             #[cfg(feature = "moka")]
             local: None,
         })
@@ -135,7 +138,7 @@ impl<D: AdminDatabase> Operations<D> {
         store: D::Store,
         outbox: Option<D::Outbox>,
         actor: Actor,
-        #[cfg(feature = "redis")] cache_prefix: Option<String>,
+        #[cfg(feature = "redis")] cache: (Option<String>, crate::assemble::DistributedTier),
         #[cfg(feature = "moka")] local: Option<idempotency_cache_moka::MokaCache>,
     ) -> Self {
         Self {
@@ -146,7 +149,7 @@ impl<D: AdminDatabase> Operations<D> {
             inbox: None,
             actor,
             #[cfg(feature = "redis")]
-            cache_prefix,
+            l2: l2::L2::shared(cache.0, cache.1),
             #[cfg(feature = "moka")]
             local,
         }
@@ -260,29 +263,50 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     /// Deletes one key's record so that its next request runs again (a `PROCESSING` one only
-    /// when `force`), then its L2 entry when Redis is configured. The L1 entry of the process
-    /// these operations serve goes too (an admin router's, or
+    /// when `force`), then its L2 entry when Redis is configured, whether or not there was a
+    /// record: an entry whose record is gone (an earlier eviction whose Redis deletion failed,
+    /// a record past its retention) is stale, and a second eviction is how it is deleted. The
+    /// L1 entry of the process these operations serve goes too (an admin router's, or
     /// [`with_local_cache`](Self::with_local_cache)); other instances' L1 entries live until
     /// their TTL (`idempotency.local-cache.ttl`). A replay that read the record before the
     /// deletion may still fill the caches after it (its write comes after its commit): evict
     /// again if the key replays. Audited when something was deleted.
+    ///
+    /// Nothing is deleted from the caches of a record that is `PROCESSING` (refused without
+    /// `force`): none of them holds it.
     pub async fn key_evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
         // The Redis client first: a configuration it refuses (no secret, a bad URL) fails the
         // eviction before anything is deleted.
-        let l2 = self.l2().await?;
+        #[cfg(feature = "redis")]
+        let l2 = self.l2.cache(&self.settings).await?;
+        let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
         let record = match self.store.evict(id, force).await {
             Ok(record) => record,
             Err(e) => {
-                Self::close_l2(l2).await;
-                return Err(e.into());
+                let error = OpsError::from(e).of_change();
+                if matches!(error, OpsError::Unconfirmed { .. }) {
+                    // The record may be gone: its cache entries go too (never wrong), so
+                    // that evicting again, or nothing, is right either way.
+                    self.audit("key.evict.unconfirmed", &target, 1);
+                    self.evict_local_entry(id);
+                    #[cfg(feature = "redis")]
+                    if let Some(cache) = &l2 {
+                        let _ = l2::delete(cache, id).await;
+                    }
+                }
+                return Err(error);
             }
         };
+        if record == Eviction::InProgress {
+            return Ok(KeyEviction {
+                record,
+                cache_entry: None,
+            });
+        }
         // Before the L2 entry (whose deletion may fail) and again after it (a replay may have
         // copied it to L1 meanwhile). L1 holds only committed, terminal records, so dropping
         // an entry is never wrong: the next request reads again.
         self.evict_local_entry(id);
-        let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
-        let mut cache_entry = None;
         if let Eviction::Evicted(status) = record {
             self.audit(
                 if force && status == idempotency_core::RecordStatus::Processing {
@@ -293,15 +317,37 @@ impl<D: AdminDatabase> Operations<D> {
                 &target,
                 1,
             );
-            cache_entry = self.evict_cache_entry(l2, id).await?;
-            self.evict_local_entry(id);
-        } else {
-            Self::close_l2(l2).await;
         }
+        #[cfg(feature = "redis")]
+        let cache_entry = match &l2 {
+            Some(cache) => {
+                let evicted = record != Eviction::NotFound;
+                let deleted = l2::delete(cache, id)
+                    .await
+                    .map_err(|e| e.evicted(evicted))?;
+                if deleted || record != Eviction::NotFound {
+                    self.audit("key.evict.cache", &target, u64::from(deleted));
+                }
+                Some(deleted)
+            }
+            None => None,
+        };
+        #[cfg(not(feature = "redis"))]
+        let cache_entry = None;
+        self.evict_local_entry(id);
         Ok(KeyEviction {
             record,
             cache_entry,
         })
+    }
+
+    /// Whether the L2 (Redis) cache is configured: an eviction of a key without a record then
+    /// still has an entry to delete.
+    pub(crate) fn has_l2(&self) -> bool {
+        #[cfg(feature = "redis")]
+        return self.l2.prefix().is_some();
+        #[cfg(not(feature = "redis"))]
+        false
     }
 
     /// The Redis (L2) key of `id` in this deployment, when the L2 cache is enabled and has a
@@ -310,77 +356,9 @@ impl<D: AdminDatabase> Operations<D> {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn cache_key(&self, id: &RecordId) -> Option<String> {
-        self.cache_prefix
-            .as_deref()
+        self.l2
+            .prefix()
             .map(|prefix| idempotency_cache_redis::redis_key(prefix, id))
-    }
-
-    /// The Redis cache of this deployment, when the L2 cache is configured.
-    #[cfg(feature = "redis")]
-    async fn l2(&self) -> Result<crate::assemble::DistributedTier, OpsError> {
-        let config = &self.settings.idempotency.distributed_cache;
-        match self.cache_prefix.clone() {
-            Some(prefix) => Ok(crate::assemble::redis_cache(config, prefix).await?),
-            None => Ok(None),
-        }
-    }
-
-    #[cfg(not(feature = "redis"))]
-    async fn l2(&self) -> Result<(), OpsError> {
-        Ok(())
-    }
-
-    /// Ends the Redis client's connection tasks (an eviction that deleted nothing, or failed).
-    #[cfg(feature = "redis")]
-    async fn close_l2(l2: crate::assemble::DistributedTier) {
-        use idempotency_cache_redis::fred::interfaces::ClientLike;
-        if let Some(cache) = l2 {
-            let _ = tokio::time::timeout(Duration::from_secs(1), cache.client().quit()).await;
-        }
-    }
-
-    #[cfg(not(feature = "redis"))]
-    async fn close_l2(_l2: ()) {}
-
-    #[cfg(feature = "redis")]
-    async fn evict_cache_entry(
-        &self,
-        l2: crate::assemble::DistributedTier,
-        id: &RecordId,
-    ) -> Result<Option<bool>, OpsError> {
-        use idempotency_cache_redis::fred::interfaces::{ClientLike, KeysInterface};
-        let Some(cache) = l2 else {
-            return Ok(None);
-        };
-        let key = cache.key_for(id);
-        let client = cache.client().clone();
-        let target = key.clone();
-        let deleted = tokio::time::timeout(Duration::from_secs(5), async move {
-            client.wait_for_connect().await?;
-            let deleted: i64 = client.del(target).await?;
-            let _ = client.quit().await;
-            Ok::<_, idempotency_cache_redis::fred::error::Error>(deleted)
-        })
-        .await;
-        // The record is gone already: the error says so, and names the entry left behind.
-        let failed = |source: idempotency_core::BoxError| OpsError::Cache {
-            key: key.clone(),
-            source,
-        };
-        let deleted = deleted
-            .map_err(|elapsed| failed(Box::new(elapsed)))?
-            .map_err(|e| failed(Box::new(e)))?;
-        self.audit(
-            "key.evict.cache",
-            &format!("{}/{}/{}", id.operation, id.scope, id.key),
-            u64::try_from(deleted).unwrap_or_default(),
-        );
-        Ok(Some(deleted > 0))
-    }
-
-    #[cfg(not(feature = "redis"))]
-    async fn evict_cache_entry(&self, _l2: (), _id: &RecordId) -> Result<Option<bool>, OpsError> {
-        Ok(None)
     }
 
     #[cfg(feature = "moka")]
@@ -440,7 +418,7 @@ impl<D: AdminDatabase> Operations<D> {
                 Ok(n) => done += n,
                 Err(e) => {
                     self.audit("outbox.dead.requeue", &self.outbox_target(ids), done);
-                    return Err(OpsError::from(e).after(done));
+                    return Err(OpsError::from(e).of_change().after(done));
                 }
             }
             progress(chunk.len() as u64);
@@ -462,7 +440,7 @@ impl<D: AdminDatabase> Operations<D> {
                 Ok(n) => done += n,
                 Err(e) => {
                     self.audit("outbox.dead.discard", &self.outbox_target(ids), done);
-                    return Err(OpsError::from(e).after(done));
+                    return Err(OpsError::from(e).of_change().after(done));
                 }
             }
             progress(chunk.len() as u64);
@@ -521,7 +499,11 @@ impl<D: AdminDatabase> Operations<D> {
         if dead_lettered.is_some() {
             self.audit("outbox.purge.dead-lettered", &target, report.dead_lettered);
         }
-        result?;
+        result.map_err(|e| {
+            OpsError::from(e)
+                .of_change()
+                .after(report.published + report.dead_lettered)
+        })?;
         Ok(report)
     }
 
@@ -630,19 +612,38 @@ impl<D: AdminDatabase> Operations<D> {
             &self.settings.idempotency.persistence.table_name,
             report.records,
         );
-        records?;
-        if let Some(outbox) = &self.outbox {
-            let retention = self.retention()?;
-            if retention.enabled {
-                outbox.prepare_storage().await?;
-                report.partitions_dropped = outbox
-                    .drop_expired(retention.published, retention.dead_lettered)
-                    .await?;
-                report.outbox = self
-                    .purge(retention.published, retention.dead_lettered, progress)
-                    .await?;
-            }
+        records.map_err(|e| e.of_change().after(report.records))?;
+        let Some(outbox) = &self.outbox else {
+            return Ok(report);
+        };
+        let retention = self.retention()?;
+        if !retention.enabled {
+            return Ok(report);
         }
+        // The records deleted above stay deleted whatever fails below.
+        let deleted = report.records;
+        let partitions = async {
+            outbox.prepare_storage().await?;
+            outbox
+                .drop_expired(retention.published, retention.dead_lettered)
+                .await
+        }
+        .await;
+        report.partitions_dropped =
+            partitions.map_err(|e| OpsError::from(e).of_change().after(deleted))?;
+        report.outbox = match self
+            .purge(retention.published, retention.dead_lettered, progress)
+            .await
+        {
+            Ok(purged) => purged,
+            Err(OpsError::Partial { done, source }) => {
+                return Err(OpsError::Partial {
+                    done: done + deleted,
+                    source,
+                });
+            }
+            Err(e) => return Err(e.after(deleted)),
+        };
         Ok(report)
     }
 }
