@@ -18,9 +18,13 @@ use crate::setup::Backend;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The audit trail (target `idempotency::audit`) and warnings on stderr; RUST_LOG overrides.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,idempotency::audit=info"));
+    // Warnings on stderr, RUST_LOG choosing otherwise; the audit trail (target
+    // `idempotency::audit`) always: no RUST_LOG silences a record of a change.
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    if let Ok(audit) = format!("{}=info", idempotency::ops::AUDIT_TARGET).parse() {
+        filter = filter.add_directive(audit);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -210,3 +210,38 @@ async fn validate_names_the_migration_from_the_starters_table() {
             "20261201120000_idempotency_from_starter.sql",
         ));
 }
+
+/// The audit trail is written whatever `RUST_LOG` says (before: `RUST_LOG=off`, or
+/// `idempotency::audit=off`, silenced the record of an eviction), and a schema apply that
+/// fails midway is audited too (before: no line, though some tables may have been created).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_audit_trail_is_written_whatever_rust_log_says() {
+    let db = Db::postgres().await;
+    db.seed().await;
+    for (filter, key) in [("off", "k-done"), ("warn,idempotency::audit=off", "k-old")] {
+        let (operation, scope) = if key == "k-done" {
+            ("PAY", "tenant-a")
+        } else {
+            ("REFUND", "")
+        };
+        db.cli()
+            .env("RUST_LOG", filter)
+            .args(["keys", "evict", operation, key, "--scope", scope, "--yes"])
+            .assert()
+            .success()
+            .stderr(predicate::str::contains("idempotency::audit"))
+            .stderr(predicate::str::contains("key.evict"));
+    }
+    let text = std::fs::read_to_string(&db.config).unwrap();
+    std::fs::write(
+        &db.config,
+        text.replace(&db.records, "no_such_schema_here.cli_records"),
+    )
+    .unwrap();
+    db.cli()
+        .env("RUST_LOG", "off")
+        .args(["schema", "apply", "--yes"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("schema.apply.failed"));
+}

@@ -561,6 +561,15 @@ async fn an_eviction_drops_the_serving_instances_l1_entry() {
     idempotency.shutdown().await;
 }
 
+/// The id of `key` of operation `PAY` in scope `tenant-a` (the seeded records').
+fn paid(key: &str) -> idempotency::core::RecordId {
+    idempotency::core::RecordId::new(
+        idempotency::core::Operation::new("PAY").unwrap(),
+        idempotency::core::Scope::new("tenant-a").unwrap(),
+        idempotency::core::IdempotencyKey::new(key).unwrap(),
+    )
+}
+
 /// The settings of `admin_common::settings(false)` with the L2 cache on Redis at `url`.
 fn with_redis(url: &str) -> idempotency::Settings {
     let mut settings = admin_common::settings(false);
@@ -636,20 +645,12 @@ async fn evictions_share_one_redis_connection() {
     let ops = Operations::new(pool.clone(), &settings, Actor::new("tester"))
         .await
         .unwrap();
-    let id = idempotency::core::RecordId::new(
-        idempotency::core::Operation::new("PAY").unwrap(),
-        idempotency::core::Scope::new("tenant-a").unwrap(),
-        idempotency::core::IdempotencyKey::new("k-none").unwrap(),
-    );
+    let id = paid("k-none");
     for _ in 0..3 {
         let eviction = ops.key_evict(&id, false).await.unwrap();
         assert_eq!(eviction.cache_entry, Some(false));
     }
-    let busy = idempotency::core::RecordId::new(
-        idempotency::core::Operation::new("PAY").unwrap(),
-        idempotency::core::Scope::new("tenant-a").unwrap(),
-        idempotency::core::IdempotencyKey::new("k-busy").unwrap(),
-    );
+    let busy = paid("k-busy");
     proxy.drop_while_held(ops.key_evict(&busy, true)).await;
     assert_eq!(
         ops.clone().key_evict(&id, false).await.unwrap().cache_entry,
@@ -700,11 +701,7 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
     )
     .await
     .unwrap();
-    let id = idempotency::core::RecordId::new(
-        idempotency::core::Operation::new("PAY").unwrap(),
-        idempotency::core::Scope::new("tenant-a").unwrap(),
-        idempotency::core::IdempotencyKey::new("k-left").unwrap(),
-    );
+    let id = paid("k-left");
     let key = ops.cache_key(&id).unwrap();
     let client = Builder::from_config(Config::from_url(&redis).unwrap())
         .build()
@@ -712,6 +709,19 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
     client.init().await.unwrap();
     let () = client.set(&key, "entry", None, None, false).await.unwrap();
 
+    // The page offers it for a key without a record.
+    let html = body_text(
+        call(
+            &app,
+            Request::get("/?operation=PAY&scope=tenant-a&key=k-left")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await,
+    )
+    .await;
+    assert!(html.contains("id=\"key-missing\""), "{html}");
+    assert!(html.contains("Delete its Redis (L2) entry"), "{html}");
     let evict = json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-left" });
     let (status, body) = post_json(&app, "/api/keys/evict", &evict).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -734,11 +744,7 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
     let left: i64 = client.exists(&key).await.unwrap();
     assert_eq!(left, 0, "the entry {key} is gone");
     // A PROCESSING record is kept without force, and so is its key's entry.
-    let busy = idempotency::core::RecordId::new(
-        idempotency::core::Operation::new("PAY").unwrap(),
-        idempotency::core::Scope::new("tenant-a").unwrap(),
-        idempotency::core::IdempotencyKey::new("k-busy").unwrap(),
-    );
+    let busy = paid("k-busy");
     let eviction = ops.key_evict(&busy, false).await.unwrap();
     assert_eq!(
         eviction.record,
@@ -776,13 +782,7 @@ async fn an_eviction_whose_answer_is_lost_may_have_been_applied() {
     let ops = Operations::new(proxied.clone(), &settings, Actor::new("tester"))
         .await
         .unwrap();
-    let id = |key: &str| {
-        idempotency::core::RecordId::new(
-            idempotency::core::Operation::new("PAY").unwrap(),
-            idempotency::core::Scope::new("tenant-a").unwrap(),
-            idempotency::core::IdempotencyKey::new(key).unwrap(),
-        )
-    };
+    let id = paid;
     // The eviction's statement prepared on the one connection: the next one is sent whole.
     ops.key_evict(&id("k-none"), false).await.unwrap();
     idempotency_testing::until_idle(&proxied).await;

@@ -119,7 +119,8 @@ async fn evict<D: AdminDatabase>(
         return Ok(());
     }
     confirm(global, &format!("Evict {} ({})?", name(args), view.status))?;
-    let eviction = ops.key_evict(&id, force).await?;
+    // `--force` only for the claim shown: one written since is not the operator's to end.
+    let eviction = ops.key_evict(&id, force && in_progress).await?;
     match eviction.record {
         Eviction::Evicted(status) => {
             evicted(out, args, status, eviction.cache_entry);
@@ -154,7 +155,14 @@ async fn evict_entry<D: AdminDatabase>(
             name(args)
         )));
     }
-    // Not asked: an entry without its record is stale, and deleting it loses nothing.
+    // Asked as every change is: a record written since the lookup is evicted too.
+    confirm(
+        global,
+        &format!(
+            "No record for {}: delete its Redis (L2) entry, if one is left?",
+            name(args)
+        ),
+    )?;
     let eviction = ops.key_evict(id, false).await?;
     match eviction.record {
         Eviction::NotFound => entry_evicted(out, args, eviction.cache_entry, ""),

@@ -464,9 +464,14 @@ pub(super) async fn evict_key<D: AdminDatabase>(
     if view.is_none() && !ops.has_l2() {
         return Err(Problem::not_found(format!("no record for {name}")));
     }
-    // `force` only for the record the operator was shown: a claim written since is not
-    // theirs to end.
-    let eviction = ops.key_evict(&id, request.force && view.is_some()).await?;
+    // `force` only for the claim the operator was shown: one written since is not theirs
+    // to end.
+    let shown_in_progress = view
+        .as_ref()
+        .is_some_and(|view| view.status == RecordStatus::Processing);
+    let eviction = ops
+        .key_evict(&id, request.force && shown_in_progress)
+        .await?;
     match eviction.record {
         Eviction::Evicted(status) => Ok((Some(status), eviction.cache_entry)),
         Eviction::NotFound if eviction.cache_entry == Some(true) => Ok((None, Some(true))),

@@ -348,6 +348,22 @@ async fn key_section<D: AdminDatabase>(
                 "<p id=\"key-missing\">No record for {}.</p>",
                 esc(api::key_name(&operation, &scope, &key))
             );
+            // An entry an earlier eviction could not delete (Redis down) is deleted from here.
+            if state.mutations && state.ops.has_l2() {
+                let _ = writeln!(
+                    body,
+                    "<form method=\"post\" action=\"{}keys/evict\" id=\"evict\">\
+                     <input type=\"hidden\" name=\"operation\" value=\"{}\">\
+                     <input type=\"hidden\" name=\"scope\" value=\"{}\">\
+                     <input type=\"hidden\" name=\"key\" value=\"{}\">\
+                     <button type=\"submit\">Delete its Redis (L2) entry, if one is \
+                     left</button></form>",
+                    esc(base),
+                    esc(&operation),
+                    esc(&scope),
+                    esc(&key)
+                );
+            }
         }
         Err(problem) => {
             let _ = writeln!(body, "<p class=\"problem\">{}</p>", esc(&problem.detail));

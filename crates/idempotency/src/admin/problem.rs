@@ -115,7 +115,7 @@ impl From<OpsError> for Problem {
                 if evicted {
                     "Record evicted, cache entry left"
                 } else {
-                    "No record, cache entry left"
+                    "No record, cache entry unknown"
                 },
                 error.to_string(),
             ),

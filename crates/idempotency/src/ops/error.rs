@@ -38,14 +38,23 @@ pub enum OpsError {
     #[error("no outbox is configured: the configuration has no `outbox` section")]
     NoOutbox,
     /// The key's L2 (Redis) entry could not be deleted. With `evicted`, its record was (the
-    /// old outcome replays from the entry until its TTL); without, there was no record (the
-    /// entry, if one is left, is stale the same way). Evicting the key again deletes it
+    /// old outcome replays from the entry until its TTL); without, there was no record, and
+    /// whether an entry is left is unknown. Evicting the key again deletes it
     /// ([`Operations::key_evict`](super::Operations::key_evict) deletes the entry of a key
     /// without a record too).
     #[error(
-        "{}, but its Redis (L2) entry could not be deleted ({source}): the old outcome \
-         replays from it until its TTL unless the key is evicted again",
-        if *evicted { "the record is deleted" } else { "the key has no record" }
+        "{}",
+        if *evicted {
+            format!(
+                "the record is deleted, but its Redis (L2) entry could not be ({source}): the \
+                 old outcome replays from it until its TTL unless the key is evicted again"
+            )
+        } else {
+            format!(
+                "the key has no record; whether Redis (L2) holds an entry for it is unknown \
+                 (deleting it failed: {source}): evict the key again once Redis answers"
+            )
+        }
     )]
     Cache {
         /// The entry's Redis key.
@@ -67,7 +76,7 @@ pub enum OpsError {
         source: Box<OpsError>,
     },
     /// A bulk change (requeue, discard, purge, cleanup) failed after earlier batches of it had
-    /// committed: `done` rows were changed; the failed batch was not, unless `source` is
+    /// committed: `done` rows were changed (a partition a cleanup dropped counts as one); the failed batch was not, unless `source` is
     /// [`OpsError::Unconfirmed`]; the rest were not.
     #[error("{done} row(s) were changed before a later batch failed: {source}")]
     Partial {
@@ -112,6 +121,7 @@ impl OpsError {
         }
     }
 
+    #[cfg(feature = "redis")]
     /// `self` ([`OpsError::Cache`]) after an eviction that deleted the record (`evicted`) or
     /// found none.
     pub(crate) fn evicted(self, evicted: bool) -> Self {
@@ -142,16 +152,39 @@ impl OpsError {
     }
 }
 
-/// Whether `source` is a connection's failure after which a statement sent may have run.
+/// Whether `source` is a connection's failure after which a statement sent may have run: an
+/// I/O error of an open connection (reset, broken pipe, end of stream, timeout), or its
+/// worker gone. Not a TLS handshake, nor an I/O error that only opening a connection gives
+/// (refused, unreachable, unknown host): nothing was sent.
 fn lost_on_the_wire(source: &BoxError) -> bool {
     #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-    if matches!(
-        source.downcast_ref::<sqlx::Error>(),
-        Some(sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::WorkerCrashed)
-    ) {
-        return true;
+    match source.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Io(io)) => return !opening(io),
+        Some(sqlx::Error::WorkerCrashed) => return true,
+        Some(_) => return false,
+        None => {}
     }
-    source.downcast_ref::<std::io::Error>().is_some()
+    source
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| !opening(io))
+}
+
+/// Whether `io` is an error only the opening of a connection gives.
+fn opening(io: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{
+        AddrInUse, AddrNotAvailable, ConnectionRefused, HostUnreachable, NetworkUnreachable,
+        NotFound, PermissionDenied,
+    };
+    matches!(
+        io.kind(),
+        ConnectionRefused
+            | NotFound
+            | HostUnreachable
+            | NetworkUnreachable
+            | AddrNotAvailable
+            | AddrInUse
+            | PermissionDenied
+    )
 }
 
 #[cfg(all(test, any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
@@ -179,8 +212,13 @@ mod tests {
         let refused = OpsError::from(StoreError::Database(lost())).of_change();
         assert!(matches!(refused, OpsError::Store(_)), "{refused:?}");
         assert!(!refused.changed_something());
-        let unsent = OpsError::from(StoreError::Unavailable(Box::new(sqlx::Error::PoolTimedOut)))
-            .of_change();
-        assert!(matches!(unsent, OpsError::Store(_)), "{unsent:?}");
+        for unsent in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            sqlx::Error::Tls("bad certificate".into()),
+        ] {
+            let unsent = OpsError::from(StoreError::Unavailable(Box::new(unsent))).of_change();
+            assert!(matches!(unsent, OpsError::Store(_)), "{unsent:?}");
+        }
     }
 }

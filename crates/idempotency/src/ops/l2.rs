@@ -62,6 +62,7 @@ impl L2 {
     }
 
     /// A service's client, shared with it (never quit by the operations).
+    #[cfg(feature = "admin")]
     pub(super) fn shared(prefix: Option<String>, cache: DistributedTier) -> Self {
         Self(Arc::new(Tier {
             prefix,

@@ -226,9 +226,26 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     /// Runs the canonical DDL of every configured table (`CREATE ... IF NOT EXISTS`, safe to
-    /// run again); returns the tables. Audited.
+    /// run again); returns the tables. Audited, a failure too (`schema.apply.failed`: some tables
+    /// may exist).
     pub async fn schema_apply(&self) -> Result<Vec<TableDdl>, OpsError> {
         let tables = self.schema_ddl()?;
+        let names: Vec<&str> = tables.iter().map(|t| t.table.as_str()).collect();
+        match self.apply().await {
+            Ok(()) => {
+                self.audit("schema.apply", &names.join(","), tables.len() as u64);
+                Ok(tables)
+            }
+            Err(error) => {
+                // Some of the tables may have been created before the failure.
+                self.audit("schema.apply.failed", &names.join(","), 0);
+                Err(error)
+            }
+        }
+    }
+
+    /// Runs the DDL of [`schema_apply`](Self::schema_apply).
+    async fn apply(&self) -> Result<(), OpsError> {
         let mut persistence = self.settings.idempotency.persistence.clone();
         persistence.schema.mode = SchemaMode::Create;
         self.pool.clone().store(&persistence).await?;
@@ -243,9 +260,7 @@ impl<D: AdminDatabase> Operations<D> {
         if let Some(inbox) = &self.inbox {
             self.pool.create_inbox(inbox).await?;
         }
-        let names: Vec<&str> = tables.iter().map(|t| t.table.as_str()).collect();
-        self.audit("schema.apply", &names.join(","), tables.len() as u64);
-        Ok(tables)
+        Ok(())
     }
 
     /// Every difference between the live tables and the canonical schema.
@@ -290,9 +305,12 @@ impl<D: AdminDatabase> Operations<D> {
                     self.audit("key.evict.unconfirmed", &target, 1);
                     self.evict_local_entry(id);
                     #[cfg(feature = "redis")]
-                    if let Some(cache) = &l2 {
-                        let _ = l2::delete(cache, id).await;
+                    if let Some(cache) = &l2
+                        && let Ok(true) = l2::delete(cache, id).await
+                    {
+                        self.audit("key.evict.cache", &target, 1);
                     }
+                    self.evict_local_entry(id);
                 }
                 return Err(error);
             }
@@ -322,9 +340,10 @@ impl<D: AdminDatabase> Operations<D> {
         let cache_entry = match &l2 {
             Some(cache) => {
                 let evicted = record != Eviction::NotFound;
-                let deleted = l2::delete(cache, id)
-                    .await
-                    .map_err(|e| e.evicted(evicted))?;
+                let deleted = l2::delete(cache, id).await;
+                // Again after the L2 entry, whether or not it went (see above).
+                self.evict_local_entry(id);
+                let deleted = deleted.map_err(|e| e.evicted(evicted))?;
                 if deleted || record != Eviction::NotFound {
                     self.audit("key.evict.cache", &target, u64::from(deleted));
                 }
@@ -343,6 +362,7 @@ impl<D: AdminDatabase> Operations<D> {
 
     /// Whether the L2 (Redis) cache is configured: an eviction of a key without a record then
     /// still has an entry to delete.
+    #[cfg(feature = "admin")]
     pub(crate) fn has_l2(&self) -> bool {
         #[cfg(feature = "redis")]
         return self.l2.prefix().is_some();
@@ -517,7 +537,10 @@ impl<D: AdminDatabase> Operations<D> {
     pub async fn create_partitions(&self) -> Result<u32, OpsError> {
         let outbox = self.outbox()?;
         D::partitions(outbox).await?;
-        let created = outbox.prepare_storage().await?;
+        let created = outbox
+            .prepare_storage()
+            .await
+            .map_err(|e| OpsError::from(e).of_change())?;
         self.audit(
             "outbox.partitions.create",
             &self.outbox_target(&[]),
@@ -534,7 +557,8 @@ impl<D: AdminDatabase> Operations<D> {
         let retention = &self.retention()?;
         let dropped = outbox
             .drop_expired(retention.published, retention.dead_lettered)
-            .await?;
+            .await
+            .map_err(|e| OpsError::from(e).of_change())?;
         self.audit(
             "outbox.partitions.drop-expired",
             &self.outbox_target(&[]),
@@ -631,6 +655,13 @@ impl<D: AdminDatabase> Operations<D> {
         .await;
         report.partitions_dropped =
             partitions.map_err(|e| OpsError::from(e).of_change().after(deleted))?;
+        self.audit(
+            "cleanup.partitions.drop-expired",
+            &self.outbox_target(&[]),
+            report.partitions_dropped.into(),
+        );
+        // A dropped partition counts as one change below.
+        let deleted = deleted + u64::from(report.partitions_dropped);
         report.outbox = match self
             .purge(retention.published, retention.dead_lettered, progress)
             .await
