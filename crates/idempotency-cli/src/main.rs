@@ -18,18 +18,7 @@ use crate::setup::Backend;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Warnings on stderr, RUST_LOG choosing otherwise; the audit trail (target
-    // `idempotency::audit`) always: no RUST_LOG silences a record of a change.
-    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    if let Ok(audit) = format!("{}=info", idempotency::ops::AUDIT_TARGET).parse() {
-        filter = filter.add_directive(audit);
-    }
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    logging();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -89,4 +78,30 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
             commands::run(pool, &settings, global, command).await
         }
     }
+}
+
+/// Warnings on stderr, `RUST_LOG` choosing otherwise; and, through a layer of its own that
+/// `RUST_LOG` does not filter, the audit trail (target `idempotency::audit`): no `RUST_LOG`
+/// value silences the record of a change.
+fn logging() {
+    use tracing_subscriber::filter::{EnvFilter, FilterExt, Targets, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{Layer, fmt};
+
+    let audit = idempotency::ops::AUDIT_TARGET;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let chosen = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let others = fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_filter(chosen.and(filter_fn(move |metadata| metadata.target() != audit)));
+    let trail = fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_filter(Targets::new().with_target(audit, tracing::Level::INFO));
+    tracing_subscriber::registry()
+        .with(others)
+        .with(trail)
+        .init();
 }

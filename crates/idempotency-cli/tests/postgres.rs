@@ -218,15 +218,21 @@ async fn validate_names_the_migration_from_the_starters_table() {
 async fn the_audit_trail_is_written_whatever_rust_log_says() {
     let db = Db::postgres().await;
     db.seed().await;
-    for (filter, key) in [("off", "k-done"), ("warn,idempotency::audit=off", "k-old")] {
-        let (operation, scope) = if key == "k-done" {
-            ("PAY", "tenant-a")
-        } else {
-            ("REFUND", "")
-        };
+    for (filter, operation, key, scope) in [
+        ("off", "PAY", "k-done", "tenant-a"),
+        ("warn,idempotency::audit=off", "REFUND", "k-old", ""),
+        (
+            "idempotency::audit[{actor}]=off",
+            "PAY",
+            "k-busy",
+            "tenant-a",
+        ),
+    ] {
         db.cli()
             .env("RUST_LOG", filter)
-            .args(["keys", "evict", operation, key, "--scope", scope, "--yes"])
+            .args([
+                "keys", "evict", operation, key, "--scope", scope, "--force", "--yes",
+            ])
             .assert()
             .success()
             .stderr(predicate::str::contains("idempotency::audit"))

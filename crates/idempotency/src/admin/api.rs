@@ -477,10 +477,10 @@ pub(super) async fn evict_key<D: AdminDatabase>(
         Eviction::NotFound if eviction.cache_entry == Some(true) => Ok((None, Some(true))),
         Eviction::NotFound => Err(Problem::not_found(format!(
             "no record for {name}{}",
-            if view.is_some() {
-                " (deleted meanwhile)"
-            } else {
-                ""
+            match (view.is_some(), eviction.cache_entry) {
+                (true, _) => " (deleted meanwhile)",
+                (false, Some(false)) => ", and Redis (L2) had no entry for it (nothing changed)",
+                (false, _) => "",
             }
         ))),
         Eviction::InProgress => Err(in_progress()),

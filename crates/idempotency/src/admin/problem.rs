@@ -109,14 +109,16 @@ impl From<OpsError> for Problem {
                     ),
                 )
             }
-            OpsError::Cache { evicted, .. } => Self::new(
+            OpsError::Cache { evicted: true, .. } => Self::new(
                 StatusCode::BAD_GATEWAY,
                 "admin-cache-entry-left",
-                if evicted {
-                    "Record evicted, cache entry left"
-                } else {
-                    "No record, cache entry unknown"
-                },
+                "Record evicted, cache entry left",
+                error.to_string(),
+            ),
+            OpsError::Cache { evicted: false, .. } => Self::new(
+                StatusCode::BAD_GATEWAY,
+                "admin-cache-entry-unknown",
+                "No record, cache entry unknown",
                 error.to_string(),
             ),
             OpsError::Unconfirmed { .. } => {

@@ -153,9 +153,10 @@ impl OpsError {
 }
 
 /// Whether `source` is a connection's failure after which a statement sent may have run: an
-/// I/O error of an open connection (reset, broken pipe, end of stream, timeout), or its
+/// I/O error (reset, broken pipe, end of stream, timeout, unreachable), or the connection's
 /// worker gone. Not a TLS handshake, nor an I/O error that only opening a connection gives
-/// (refused, unreachable, unknown host): nothing was sent.
+/// (refused, no such address): nothing was sent. An error this cannot place (a failed name
+/// lookup) counts as lost: "may have been applied" is the safe side.
 fn lost_on_the_wire(source: &BoxError) -> bool {
     #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
     match source.downcast_ref::<sqlx::Error>() {
@@ -171,19 +172,10 @@ fn lost_on_the_wire(source: &BoxError) -> bool {
 
 /// Whether `io` is an error only the opening of a connection gives.
 fn opening(io: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{
-        AddrInUse, AddrNotAvailable, ConnectionRefused, HostUnreachable, NetworkUnreachable,
-        NotFound, PermissionDenied,
-    };
+    use std::io::ErrorKind::{AddrInUse, AddrNotAvailable, ConnectionRefused, NotFound};
     matches!(
         io.kind(),
-        ConnectionRefused
-            | NotFound
-            | HostUnreachable
-            | NetworkUnreachable
-            | AddrNotAvailable
-            | AddrInUse
-            | PermissionDenied
+        ConnectionRefused | NotFound | AddrNotAvailable | AddrInUse
     )
 }
 

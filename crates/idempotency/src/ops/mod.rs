@@ -540,7 +540,7 @@ impl<D: AdminDatabase> Operations<D> {
         let created = outbox
             .prepare_storage()
             .await
-            .map_err(|e| OpsError::from(e).of_change())?;
+            .map_err(|e| self.unconfirmed("outbox.partitions.create.unconfirmed", e))?;
         self.audit(
             "outbox.partitions.create",
             &self.outbox_target(&[]),
@@ -558,13 +558,23 @@ impl<D: AdminDatabase> Operations<D> {
         let dropped = outbox
             .drop_expired(retention.published, retention.dead_lettered)
             .await
-            .map_err(|e| OpsError::from(e).of_change())?;
+            .map_err(|e| self.unconfirmed("outbox.partitions.drop-expired.unconfirmed", e))?;
         self.audit(
             "outbox.partitions.drop-expired",
             &self.outbox_target(&[]),
             dropped.into(),
         );
         Ok(dropped)
+    }
+
+    /// `error` as the failure of an outbox change, audited as `action` (the change's own,
+    /// `.unconfirmed`) when it may have been applied.
+    fn unconfirmed(&self, action: &'static str, error: idempotency_outbox::Error) -> OpsError {
+        let error = OpsError::from(error).of_change();
+        if matches!(error, OpsError::Unconfirmed { .. }) {
+            self.audit(action, &self.outbox_target(&[]), 0);
+        }
+        error
     }
 
     fn outbox_target(&self, ids: &[Uuid]) -> String {
@@ -646,15 +656,22 @@ impl<D: AdminDatabase> Operations<D> {
         }
         // The records deleted above stay deleted whatever fails below.
         let deleted = report.records;
-        let partitions = async {
-            outbox.prepare_storage().await?;
-            outbox
-                .drop_expired(retention.published, retention.dead_lettered)
-                .await
-        }
-        .await;
-        report.partitions_dropped =
-            partitions.map_err(|e| OpsError::from(e).of_change().after(deleted))?;
+        let created = outbox.prepare_storage().await.map_err(|e| {
+            self.unconfirmed("cleanup.partitions.create.unconfirmed", e)
+                .after(deleted)
+        })?;
+        self.audit(
+            "cleanup.partitions.create",
+            &self.outbox_target(&[]),
+            created.into(),
+        );
+        report.partitions_dropped = outbox
+            .drop_expired(retention.published, retention.dead_lettered)
+            .await
+            .map_err(|e| {
+                self.unconfirmed("cleanup.partitions.drop-expired.unconfirmed", e)
+                    .after(deleted)
+            })?;
         self.audit(
             "cleanup.partitions.drop-expired",
             &self.outbox_target(&[]),
