@@ -600,14 +600,14 @@ async fn eventually(what: &str, until: impl Fn() -> bool) {
 async fn evictions_share_one_redis_connection() {
     use idempotency::ops::{Actor, Operations};
     let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let upstream = redis
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    let proxy = idempotency_testing::HoldingProxy::start(upstream).await;
-    let settings = with_redis(&format!("redis://127.0.0.1:{}", proxy.port()));
+    // The server's `host:port` in the URL (after any user and password, before the path),
+    // replaced by the proxy's: credentials and database number stay as configured.
+    let (_, rest) = redis.split_once("://").unwrap();
+    let authority = rest.split('/').next().unwrap();
+    let upstream = authority.rsplit('@').next().unwrap().to_owned();
+    let proxy = idempotency_testing::HoldingProxy::start(upstream.clone()).await;
+    let settings =
+        with_redis(&redis.replacen(&upstream, &format!("127.0.0.1:{}", proxy.port()), 1));
     let db = Db::sqlite().await;
     db.seed().await;
     let admin_common::Pool::Sqlite(pool) = &db.pool else {
