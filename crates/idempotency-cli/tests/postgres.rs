@@ -51,9 +51,11 @@ async fn partitions_of_a_plain_outbox_are_refused() {
         .stderr(predicate::str::contains("partitioning.enabled"));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn evict_deletes_the_redis_entry_too() {
-    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
+/// A seeded database with the L2 cache on `REDIS_URL`, the Redis key of `PAY`/`k-done` in
+/// scope `tenant-a` (as `keys show` gives it), and a client of that Redis.
+#[allow(clippy::unwrap_used)]
+async fn seeded_with_redis() -> (Db, String, idempotency::redis::fred::prelude::Client) {
+    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config};
 
     let db = Db::postgres().await;
     db.seed().await;
@@ -66,13 +68,20 @@ async fn evict_deletes_the_redis_entry_too() {
             .assert(),
     );
     let key = shown["redis_key"].as_str().unwrap().to_owned();
-    assert!(key.ends_with("k-done"), "{key}");
-    // An entry under that key, as an instance's L2 write would leave it.
     let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let client = Builder::from_config(Config::from_url(&redis).unwrap())
         .build()
         .unwrap();
     client.init().await.unwrap();
+    (db, key, client)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn evict_deletes_the_redis_entry_too() {
+    use idempotency::redis::fred::prelude::{ClientLike, KeysInterface};
+
+    let (db, key, client) = seeded_with_redis().await;
+    assert!(key.ends_with("k-done"), "{key}");
     let () = client.set(&key, "entry", None, None, false).await.unwrap();
     db.cli()
         .args([
@@ -100,24 +109,9 @@ async fn evict_deletes_the_redis_entry_too() {
 /// configuration the Redis client refuses (no secret) fails before anything is deleted.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_eviction_whose_redis_entry_cannot_be_deleted_says_the_record_went() {
-    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
+    use idempotency::redis::fred::prelude::{ClientLike, KeysInterface};
 
-    let db = Db::postgres().await;
-    db.seed().await;
-    db.with_redis();
-    let shown = json(
-        db.cli()
-            .args([
-                "--json", "keys", "show", "PAY", "k-done", "--scope", "tenant-a",
-            ])
-            .assert(),
-    );
-    let key = shown["redis_key"].as_str().unwrap().to_owned();
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let client = Builder::from_config(Config::from_url(&redis).unwrap())
-        .build()
-        .unwrap();
-    client.init().await.unwrap();
+    let (db, key, client) = seeded_with_redis().await;
     let () = client.set(&key, "entry", None, None, false).await.unwrap();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();

@@ -326,20 +326,10 @@ async fn key_section<D: AdminDatabase>(
             }
             body.push_str("</table>\n");
             if state.mutations {
-                let _ = writeln!(
-                    body,
-                    "<form method=\"post\" action=\"{}keys/evict\" id=\"evict\">\
-                     <input type=\"hidden\" name=\"operation\" value=\"{}\">\
-                     <input type=\"hidden\" name=\"scope\" value=\"{}\">\
-                     <input type=\"hidden\" name=\"key\" value=\"{}\">\
-                     <label><input type=\"checkbox\" name=\"force\" value=\"true\"> even if \
-                     PROCESSING</label><button type=\"submit\">Evict (the next request runs \
-                     again)</button></form>",
-                    esc(base),
-                    esc(&operation),
-                    esc(&scope),
-                    esc(&key)
-                );
+                let controls = "<label><input type=\"checkbox\" name=\"force\" value=\"true\"> \
+                     even if PROCESSING</label><button type=\"submit\">Evict (the next request \
+                     runs again)</button>";
+                evict_form(body, base, [&operation, &scope, &key], controls);
             }
         }
         Ok(None) => {
@@ -350,25 +340,31 @@ async fn key_section<D: AdminDatabase>(
             );
             // An entry an earlier eviction could not delete (Redis down) is deleted from here.
             if state.mutations && state.ops.has_l2() {
-                let _ = writeln!(
-                    body,
-                    "<form method=\"post\" action=\"{}keys/evict\" id=\"evict\">\
-                     <input type=\"hidden\" name=\"operation\" value=\"{}\">\
-                     <input type=\"hidden\" name=\"scope\" value=\"{}\">\
-                     <input type=\"hidden\" name=\"key\" value=\"{}\">\
-                     <button type=\"submit\">Delete its Redis (L2) entry, if one is \
-                     left</button></form>",
-                    esc(base),
-                    esc(&operation),
-                    esc(&scope),
-                    esc(&key)
-                );
+                let controls = "<button type=\"submit\">Delete its Redis (L2) entry, if one \
+                     is left</button>";
+                evict_form(body, base, [&operation, &scope, &key], controls);
             }
         }
         Err(problem) => {
             let _ = writeln!(body, "<p class=\"problem\">{}</p>", esc(&problem.detail));
         }
     }
+}
+
+/// The evict form of a key (`operation`, `scope`, `key`, escaped here), its `controls`
+/// (trusted markup) last.
+fn evict_form(body: &mut String, base: &str, [operation, scope, key]: [&str; 3], controls: &str) {
+    let _ = writeln!(
+        body,
+        "<form method=\"post\" action=\"{}keys/evict\" id=\"evict\">\
+         <input type=\"hidden\" name=\"operation\" value=\"{}\">\
+         <input type=\"hidden\" name=\"scope\" value=\"{}\">\
+         <input type=\"hidden\" name=\"key\" value=\"{}\">{controls}</form>",
+        esc(base),
+        esc(operation),
+        esc(scope),
+        esc(key)
+    );
 }
 
 /// `POST /dead/{id}/{requeue|discard}` from the page's buttons: 303 back to the page.
