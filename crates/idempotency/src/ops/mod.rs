@@ -293,7 +293,7 @@ impl<D: AdminDatabase> Operations<D> {
         // The Redis client first: a configuration it refuses (no secret, a bad URL) fails the
         // eviction before anything is deleted.
         #[cfg(feature = "redis")]
-        let l2 = self.l2.cache(&self.settings).await?;
+        self.l2.cache(&self.settings).await?;
         let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
         let record = match self.store.evict(id, force).await {
             Ok(record) => record,
@@ -303,14 +303,7 @@ impl<D: AdminDatabase> Operations<D> {
                     // The record may be gone: its cache entries go too (never wrong), so
                     // that evicting again, or nothing, is right either way.
                     self.audit("key.evict.unconfirmed", &target, 1);
-                    self.evict_local_entry(id);
-                    #[cfg(feature = "redis")]
-                    if let Some(cache) = &l2
-                        && let Ok(true) = l2::delete(cache, id).await
-                    {
-                        self.audit("key.evict.cache", &target, 1);
-                    }
-                    self.evict_local_entry(id);
+                    let _ = self.evict_cache_entries(id, &target, false).await;
                 }
                 return Err(error);
             }
@@ -321,10 +314,6 @@ impl<D: AdminDatabase> Operations<D> {
                 cache_entry: None,
             });
         }
-        // Before the L2 entry (whose deletion may fail) and again after it (a replay may have
-        // copied it to L1 meanwhile). L1 holds only committed, terminal records, so dropping
-        // an entry is never wrong: the next request reads again.
-        self.evict_local_entry(id);
         if let Eviction::Evicted(status) = record {
             self.audit(
                 if force && status == idempotency_core::RecordStatus::Processing {
@@ -336,28 +325,46 @@ impl<D: AdminDatabase> Operations<D> {
                 1,
             );
         }
+        let cache_entry = self
+            .evict_cache_entries(id, &target, record != Eviction::NotFound)
+            .await?;
+        Ok(KeyEviction {
+            record,
+            cache_entry,
+        })
+    }
+
+    /// Drops `id`'s L1 entry, deletes its L2 entry (`Some(whether one was there)` when Redis
+    /// is configured), and drops the L1 entry again: a replay may have copied the L2 entry to
+    /// L1 meanwhile. L1 and L2 hold only committed, terminal records, so dropping an entry is
+    /// never wrong: the next request reads again. The L2 deletion is audited when it deleted
+    /// something or followed a record's eviction (`evicted`, which the error also tells).
+    async fn evict_cache_entries(
+        &self,
+        id: &RecordId,
+        target: &str,
+        evicted: bool,
+    ) -> Result<Option<bool>, OpsError> {
+        self.evict_local_entry(id);
         #[cfg(feature = "redis")]
-        let cache_entry = match &l2 {
+        let cache_entry = match self.l2.cache(&self.settings).await? {
             Some(cache) => {
-                let evicted = record != Eviction::NotFound;
-                let deleted = l2::delete(cache, id).await;
-                // Again after the L2 entry, whether or not it went (see above).
+                let deleted = l2::delete(&cache, id).await;
                 self.evict_local_entry(id);
                 let deleted = deleted.map_err(|e| e.evicted(evicted))?;
-                if deleted || record != Eviction::NotFound {
-                    self.audit("key.evict.cache", &target, u64::from(deleted));
+                if deleted || evicted {
+                    self.audit("key.evict.cache", target, u64::from(deleted));
                 }
                 Some(deleted)
             }
             None => None,
         };
         #[cfg(not(feature = "redis"))]
-        let cache_entry = None;
-        self.evict_local_entry(id);
-        Ok(KeyEviction {
-            record,
-            cache_entry,
-        })
+        let cache_entry = {
+            let _ = (target, evicted);
+            None
+        };
+        Ok(cache_entry)
     }
 
     /// Whether the L2 (Redis) cache is configured: an eviction of a key without a record then
