@@ -673,6 +673,65 @@ async fn evictions_share_one_redis_connection() {
     .await;
 }
 
+/// An eviction whose caller stops waiting (a cancelled admin request) still finishes: with
+/// PostgreSQL's answer to the deletion held when the caller drops it, the record is deleted
+/// and, once the answer comes, its Redis entry too (before: the eviction ended with its
+/// caller, after the deletion and before the `DEL`: the entry kept replaying the old outcome,
+/// and no audit line was written).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_whose_caller_stops_waiting_still_finishes() {
+    use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let db = Db::postgres().await;
+    db.seed().await;
+    let admin_common::Pool::Pg(pool) = &db.pool else {
+        unreachable!()
+    };
+    let options = pool.connect_options();
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let proxy = idempotency_testing::HoldingProxy::start(upstream).await;
+    let proxied = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with((*options).clone().port(proxy.port()))
+        .await
+        .unwrap();
+    let settings = with_redis(&redis);
+    let ops = idempotency::ops::Operations::new(
+        proxied.clone(),
+        &settings,
+        idempotency::ops::Actor::new("tester"),
+    )
+    .await
+    .unwrap();
+    // The statement prepared and the Redis client connected before the answers are held.
+    ops.key_evict(&paid("k-none"), false).await.unwrap();
+    idempotency_testing::until_idle(&proxied).await;
+    let key = ops.cache_key(&paid("k-done")).unwrap();
+    let client = Builder::from_config(Config::from_url(&redis).unwrap())
+        .build()
+        .unwrap();
+    client.init().await.unwrap();
+    let () = client.set(&key, "entry", None, None, false).await.unwrap();
+    proxy
+        .drop_while_held(ops.key_evict(&paid("k-done"), false))
+        .await;
+    assert_eq!(db.records_where("k-done").await, 0);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: i64 = client.exists(&key).await.unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the eviction finished without its caller"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _ = client.quit().await;
+}
+
 /// A key without a record whose Redis entry is left (an earlier eviction whose Redis
 /// deletion failed: the record went, the entry stayed) is evicted again: the entry goes, the
 /// answer says there was no record (before: 404 "no record", the entry left replaying until

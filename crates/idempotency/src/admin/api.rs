@@ -461,7 +461,7 @@ pub(super) async fn evict_key<D: AdminDatabase>(
     {
         return Err(in_progress());
     }
-    if view.is_none() && !ops.has_l2() {
+    if view.is_none() && !ops.has_cache() {
         return Err(Problem::not_found(format!("no record for {name}")));
     }
     // `force` only for the claim the operator was shown: one written since is not theirs

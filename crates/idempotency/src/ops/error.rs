@@ -162,6 +162,14 @@ fn lost_on_the_wire(source: &BoxError) -> bool {
     match source.downcast_ref::<sqlx::Error>() {
         Some(sqlx::Error::Io(io)) => return !opening(io),
         Some(sqlx::Error::WorkerCrashed) => return true,
+        // The server (or a pooler) ended the connection under the statement: a connection
+        // failure, an administrator's or a crash's shutdown; not one refused while opening.
+        Some(sqlx::Error::Database(error)) => {
+            return error.code().is_some_and(|code| {
+                (code.starts_with("08") && !matches!(&*code, "08001" | "08004"))
+                    || matches!(&*code, "57P01" | "57P02")
+            });
+        }
         Some(_) => return false,
         None => {}
     }
@@ -205,6 +213,7 @@ mod tests {
         assert!(matches!(refused, OpsError::Store(_)), "{refused:?}");
         assert!(!refused.changed_something());
         for unsent in [
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::AddrNotAvailable)),
             sqlx::Error::PoolTimedOut,
             sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
             sqlx::Error::Tls("bad certificate".into()),

@@ -289,7 +289,26 @@ impl<D: AdminDatabase> Operations<D> {
     ///
     /// Nothing is deleted from the caches of a record that is `PROCESSING` (refused without
     /// `force`): none of them holds it.
+    ///
+    /// The eviction runs in a task of its own: a caller that stops waiting (an admin request
+    /// cancelled by its client) does not stop it between the record's deletion and its audit
+    /// line and cache deletions.
     pub async fn key_evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
+        use tracing::Instrument;
+        let (ops, id) = (self.clone(), id.clone());
+        let eviction = tokio::spawn(async move { ops.evict(&id, force).await }.in_current_span());
+        match eviction.await {
+            Ok(eviction) => eviction,
+            Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+            Err(_) => Err(OpsError::Unsupported {
+                operation: "keys evict",
+                reason: "the runtime is shutting down".to_owned(),
+            }),
+        }
+    }
+
+    /// [`key_evict`](Self::key_evict), in the caller's task.
+    async fn evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
         // The Redis client first: a configuration it refuses (no secret, a bad URL) fails the
         // eviction before anything is deleted.
         #[cfg(feature = "redis")]
@@ -375,6 +394,17 @@ impl<D: AdminDatabase> Operations<D> {
         return self.l2.prefix().is_some();
         #[cfg(not(feature = "redis"))]
         false
+    }
+
+    /// Whether an eviction of a key without a record has a cache entry to drop: the L2 cache
+    /// is configured, or the L1 cache of the process these operations serve.
+    #[cfg(feature = "admin")]
+    pub(crate) fn has_cache(&self) -> bool {
+        #[cfg(feature = "moka")]
+        if self.local.is_some() {
+            return true;
+        }
+        self.has_l2()
     }
 
     /// The Redis (L2) key of `id` in this deployment, when the L2 cache is enabled and has a
