@@ -1,9 +1,9 @@
 //! How many rows a relay killed mid-drain leaves to be claimed again (and, of those, sent
 //! twice): the bound RELIABILITY.md states, reached.
 //!
-//! A worker keeps a full batch's mark in flight while it claims and publishes the next batch
-//! (the pipeline in `relay/worker.rs`), so at a kill each worker can hold two leased batches:
-//! the one it publishes and the previous one, published and not yet marked. The bound is
+//! A worker claims its next batch while a full batch publishes and is marked (the pipeline in
+//! `relay/worker.rs`), so at a kill each worker can hold two leased batches: the one it
+//! publishes and the one before it, published and not yet marked. The bound is
 //! 2 × workers × batch, not workers × batch.
 
 #![allow(clippy::unwrap_used)]
@@ -105,8 +105,8 @@ async fn a_killed_relay_leaves_at_most_two_batches_per_worker_to_be_claimed_agai
         .collect();
     commit(&pool, &outbox, &events).await;
 
-    // The worker claims a full batch, publishes it (confirmed), and while its mark is in
-    // flight claims and publishes the next one: then the relay dies.
+    // The worker claims a full batch and, while it publishes (confirmed) and its mark hangs,
+    // claims and publishes the next one: then the relay dies.
     let store = MarksStuck {
         inner: outbox.clone(),
         marks: Arc::new(AtomicU64::new(0)),

@@ -36,8 +36,88 @@ impl<P: Publisher> Publisher for Slow<P> {
     }
 }
 
+/// Holds the first `held` publishes until `claimed` rows have been claimed (for at most the
+/// publish timeout, which fails them); the others go straight to the real broker.
+struct HeldUntilClaimed<P> {
+    inner: P,
+    pool: sqlx::PgPool,
+    held: u64,
+    claimed: i64,
+    calls: AtomicU64,
+}
+
+impl<P: Publisher> Publisher for HeldUntilClaimed<P> {
+    fn destination(&self) -> &str {
+        self.inner.destination()
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        if self.calls.fetch_add(1, AtomicOrdering::SeqCst) < self.held {
+            loop {
+                let claimed: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE attempts > 0")
+                        .fetch_one(&self.pool)
+                        .await
+                        .unwrap();
+                if claimed >= self.claimed {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.inner.publish(message).await
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_stops_claiming_and_finishes_the_batch_in_flight() {
+async fn a_worker_claims_its_next_batch_while_the_full_one_before_it_publishes() {
+    // One worker; its first batch's publishes return only once the next batch is claimed:
+    // a worker that claimed again only after a batch's acks would time them out.
+    let mut config = config(Ordering::Ordered);
+    config.notify_channel = None;
+    config.relay.workers = 1;
+    config.relay.batch_size = 5;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::new().await;
+    let events: Vec<NewEvent> = (0..20).map(|n| event(&format!("p{}", n % 10), n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let publisher = HeldUntilClaimed {
+        inner: stream.publisher().await,
+        pool: pool.clone(),
+        held: 5,
+        claimed: 10,
+        calls: AtomicU64::new(0),
+    };
+    let relay = Relay::new(outbox.clone(), publisher, &config).unwrap();
+    let handle = relay.spawn();
+    eventually("every event published", || async {
+        published(&pool).await == 20
+    })
+    .await;
+    let report = handle.shutdown().await;
+    assert!(report.graceful, "{report:?}");
+    assert_eq!(report.totals.failed, 0, "no publish timed out: {report:?}");
+    assert_eq!(report.totals.published, 20);
+    let again = scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts > 1").await;
+    assert_eq!(again, 0, "no row claimed twice");
+    // Aggregate order held with two batches in flight: each aggregate's events reached the
+    // stream in the order they were committed.
+    let mut last = std::collections::HashMap::new();
+    for message in stream.read(20).await {
+        let payload = payload_of(&message.payload);
+        let aggregate = payload["aggregate"].as_str().unwrap().to_owned();
+        let n = payload["n"].as_u64().unwrap();
+        let previous = last.insert(aggregate.clone(), n);
+        assert!(
+            previous.is_none_or(|p| p < n),
+            "{aggregate} published out of order"
+        );
+    }
+    stream.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_claiming_and_finishes_the_batches_in_flight() {
     let mut config = config(Ordering::Unordered);
     config.relay.workers = 1;
     config.relay.batch_size = 5;
@@ -52,20 +132,22 @@ async fn shutdown_stops_claiming_and_finishes_the_batch_in_flight() {
         started: Arc::clone(&started),
     };
     let handle = Relay::new(outbox.clone(), slow, &config).unwrap().spawn();
-    eventually("a batch in flight", || async {
-        started.load(AtomicOrdering::SeqCst) == 5
+    // The worker claimed its second batch while the first (full) one publishes, and waits
+    // for one of the two before it claims again.
+    eventually("two batches in flight", || async {
+        started.load(AtomicOrdering::SeqCst) == 10
     })
     .await;
     let report = handle.shutdown().await;
     assert!(report.graceful, "{report:?}");
     assert_eq!(
-        report.totals.published, 5,
-        "the in-flight batch was finished"
+        report.totals.published, 10,
+        "the batches in flight were finished"
     );
-    assert_eq!(published(&pool).await, 5, "and marked");
+    assert_eq!(published(&pool).await, 10, "and marked");
     let untouched = scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts = 0").await;
-    assert_eq!(untouched, 15, "nothing claimed after the stop");
-    assert_eq!(stream.count().await, 5);
+    assert_eq!(untouched, 10, "nothing claimed after the stop");
+    assert_eq!(stream.count().await, 10);
     stream.delete().await;
 }
 

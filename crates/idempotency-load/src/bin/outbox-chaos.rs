@@ -380,8 +380,8 @@ async fn main_inner(step: Step) -> Result<bool, Error> {
                 source,
             })?;
             let watched: watch::Watched = serde_json::from_str(&text)?;
-            // Each worker may hold two leased batches at a kill: the one it publishes and the
-            // previous one, published, its mark in flight.
+            // Each worker may hold two leased batches at a kill: a full one publishing or
+            // being marked, and the next one, claimed meanwhile.
             let bound = 2 * outbox.workers as u64 * u64::from(outbox.batch_size);
             let verdict = verify::run(
                 &pool,

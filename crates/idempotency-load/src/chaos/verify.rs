@@ -58,7 +58,7 @@ pub struct Verdict {
     /// (it died between the ack and the mark; counted from the ack logs). Maximum.
     pub acked_then_resent_per_kill_max: u64,
     /// The bound: `2 * workers * batch-size` messages in flight per process (each worker's
-    /// batch and the previous one, its mark in flight).
+    /// two batches in flight: a full one publishing or being marked, and the next one).
     pub in_flight_bound: u64,
     /// Every guarantee that does not hold (empty: all hold).
     pub violations: Vec<String>,
@@ -115,8 +115,8 @@ async fn stream_ids(js: &jetstream::Context, stream: &str) -> Result<(u64, Vec<S
 
 /// Checks the outbox `table` (a plain identifier), the `stream`, the relays' `acks` and the
 /// subscription's `watched` against each other; `in_flight_bound` is
-/// `2 * workers * batch-size` (the batch each worker publishes and the previous one, its mark
-/// in flight).
+/// `2 * workers * batch-size` (each worker's two batches in flight: a full one publishing or
+/// being marked, and the next one).
 pub async fn run(
     pool: &PgPool,
     table: &str,

@@ -3,8 +3,9 @@
 //! Each worker loops: claim a batch under a lease (`FOR UPDATE SKIP LOCKED`, one short
 //! statement), publish its messages concurrently (each bounded by `publish-timeout`), mark the
 //! confirmed ones published with one statement and record the failures with backoff; after a
-//! full batch, those marks run while the next batch is claimed and published (the marked rows
-//! stay leased until their mark commits, so aggregate order holds). Idle
+//! full batch, the next batch is claimed while that one publishes and is marked, so a worker
+//! has up to two batches in flight (a batch's rows stay leased until its mark commits, so
+//! aggregate order holds). Idle
 //! workers wait for a notification (`LISTEN`, debounced) or the poll interval. Any number of
 //! workers in any number of processes share the table; nothing needs a leader.
 

@@ -1,5 +1,5 @@
 //! One worker: claim, publish concurrently, mark; wait when there is nothing to do. After a
-//! full batch the marks of that batch run while the next batch is claimed and published.
+//! full batch the next batch is claimed while that one publishes and is marked.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use idempotency_core::trace;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -52,40 +54,43 @@ where
 {
     tracing::debug!(worker = n, "outbox relay worker started");
     let limit = u64::from(shared.config.batch_size);
-    // A full batch, published and not yet marked: its marks run while the next batch is
-    // claimed and published. Its rows keep their lease until their mark commits, so that
-    // claim cannot hand out a later message of any of their aggregates (`ordered`), and a
-    // stop still waits for the marks.
-    let mut unmarked: Option<Published> = None;
+    // The batches in flight: each publishes from the moment it is claimed, then is marked.
+    // After a full batch the worker claims the next one while the previous batch publishes
+    // and is marked, and claims again only once fewer than two are in flight: a worker
+    // holds at most two leased batches, the one it claims while the other is in flight or
+    // two in flight (the kill bound, RELIABILITY.md). A batch's rows keep their lease until
+    // its mark commits, so a concurrent claim cannot hand out a later message of any of
+    // their aggregates (`ordered`), and a stop waits for every batch in flight.
+    let mut in_flight = FuturesUnordered::new();
     loop {
+        while in_flight.len() >= 2 {
+            in_flight.next().await;
+        }
         if stopping(&stop) {
-            if let Some(previous) = unmarked.take() {
-                mark(&shared, previous).await;
-            }
             break;
         }
-        let this = async {
-            let batch = claim(&shared).await?;
-            Ok::<_, Error>(publish(&shared, batch).await)
-        };
-        let previous = unmarked.take();
-        let (outcome, ()) = tokio::join!(this, async {
-            if let Some(previous) = previous {
-                mark(&shared, previous).await;
+        let claimed = {
+            let claim = claim(&shared);
+            tokio::pin!(claim);
+            loop {
+                tokio::select! {
+                    claimed = &mut claim => break claimed,
+                    Some(_) = in_flight.next(), if !in_flight.is_empty() => {}
+                }
             }
-        });
+        };
         // Whether the claim found rows (but not a full batch): then the worker looks again
         // after `linger` instead of waiting for a notification or the poll.
-        let found = match outcome {
-            Ok(published) => {
-                let report = &published.report;
-                if report.claimed + report.dead_lettered_at_claim == limit {
-                    // A full batch: more is probably due; claim again at once.
-                    unmarked = Some(published);
+        let found = match claimed {
+            Ok(batch) => {
+                let report = &batch.report;
+                let full = report.claimed + report.dead_lettered_at_claim == limit;
+                let found = report.claimed + report.dead_lettered_at_claim > 0;
+                in_flight.push(publish_and_mark(&shared, batch));
+                if full {
+                    // More is probably due: claim again while this batch publishes.
                     continue;
                 }
-                let found = report.claimed + report.dead_lettered_at_claim > 0;
-                mark(&shared, published).await;
                 found
             }
             Err(error) => {
@@ -97,6 +102,7 @@ where
                 false
             }
         };
+        while in_flight.next().await.is_some() {}
         let idle = idle_wait(&shared.config, found);
         tokio::select! {
             () = shared.wake.notified() => {}
@@ -109,6 +115,7 @@ where
             }
         }
     }
+    while in_flight.next().await.is_some() {}
     tracing::debug!(worker = n, "outbox relay worker stopped");
 }
 
@@ -137,10 +144,19 @@ where
     P: Publisher,
 {
     let batch = claim(shared).await?;
+    Ok(publish_and_mark(shared, batch).await)
+}
+
+/// Publishes and marks one claimed batch; returns what it did.
+async fn publish_and_mark<S, P>(shared: &Shared<S, P>, batch: Batch) -> BatchReport
+where
+    S: RelayStore,
+    P: Publisher,
+{
     let published = publish(shared, batch).await;
     let report = published.report;
     mark(shared, published).await;
-    Ok(report)
+    report
 }
 
 /// A claimed batch, leased to `token`.

@@ -130,7 +130,7 @@ pub async fn a_relay_that_dies_before_marking_republishes_after_the_lease<B: Out
 }
 
 /// With a backlog, every batch is full: each worker claims and publishes its next batch while
-/// the previous one is being marked. Aggregate order still holds, nothing is published twice,
+/// the previous one is still publishing or being marked. Aggregate order still holds, nothing is published twice,
 /// a message failing mid-batch holds back only its own aggregate until it is dead-lettered,
 /// and a shutdown leaves no row unmarked.
 pub async fn full_batches_overlap_their_marks_and_keep_aggregate_order<B: OutboxBackend>(
