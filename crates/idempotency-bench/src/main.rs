@@ -415,7 +415,7 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
         // the database can do with this pattern on this machine now.
         let broker = outbox::jetstream_alone(events, aggregates, workers, batch as usize).await;
         println!(
-            "| {workers} worker(s): JetStream alone (the same publishes, batches of {batch} in flight, no database) | {broker:.0} |"
+            "| {workers} worker(s): JetStream alone (the same publishes, two batches of {batch} in flight per worker, no database) | {broker:.0} |"
         );
         let store = outbox::store_alone(setup, events, aggregates, workers, batch).await;
         println!(
@@ -432,7 +432,7 @@ async fn relay_bench(setup: &idempotency::Setup, args: &Args) {
         );
         let kafka_broker = kafka::kafka_alone(events, aggregates, workers, batch as usize).await;
         println!(
-            "| {workers} worker(s): Kafka alone (the same publishes, batches of {batch} in flight, no database) | {kafka_broker:.0} |"
+            "| {workers} worker(s): Kafka alone (the same publishes, two batches of {batch} in flight per worker, no database) | {kafka_broker:.0} |"
         );
         println!(
             "| {workers} worker(s): Kafka drain / JetStream drain | {:.2} |",

@@ -13,9 +13,16 @@ use std::time::Duration;
 use common::nats::TestStream;
 use common::*;
 use idempotency_outbox::config::{Ordering, WakeUp};
-use idempotency_outbox::{
-    Ack, DeadLetters, LoggingPublisher, NewEvent, OutboxMessage, PublishError, Publisher, Relay,
+use idempotency_outbox::store::{
+    ClaimRequest, Claimed, Failure, Housekeeping, OutboxStats, RelayStore,
 };
+use idempotency_outbox::testing::CollectingPublisher;
+use idempotency_outbox::{
+    Ack, DeadLetters, Error, LoggingPublisher, NewEvent, OutboxMessage, PublishError, Publisher,
+    Relay,
+};
+use idempotency_pg::{PgNotificationListener, PgOutbox};
+use uuid::Uuid;
 
 /// A slow broker: every publish takes `delay` before reaching the real one.
 struct Slow<P> {
@@ -34,6 +41,120 @@ impl<P: Publisher> Publisher for Slow<P> {
         tokio::time::sleep(self.delay).await;
         self.inner.publish(message).await
     }
+}
+
+/// Holds its first `held` publishes until the gate opens; counts the publishes started.
+struct Gated<P> {
+    inner: P,
+    held: u64,
+    gate: tokio::sync::watch::Receiver<bool>,
+    started: Arc<AtomicU64>,
+}
+
+impl<P: Publisher> Publisher for Gated<P> {
+    fn destination(&self) -> &str {
+        self.inner.destination()
+    }
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<Ack, PublishError> {
+        if self.started.fetch_add(1, AtomicOrdering::SeqCst) < self.held {
+            let mut gate = self.gate.clone();
+            gate.wait_for(|open| *open).await.unwrap();
+        }
+        self.inner.publish(message).await
+    }
+}
+
+/// The outbox, counting its claims.
+#[derive(Clone)]
+struct CountsClaims {
+    inner: PgOutbox,
+    claims: Arc<AtomicU64>,
+}
+
+impl RelayStore for CountsClaims {
+    type Listener = PgNotificationListener;
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
+        self.claims.fetch_add(1, AtomicOrdering::SeqCst);
+        self.inner.claim(request).await
+    }
+
+    async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
+        self.inner.mark_published(token, ids).await
+    }
+
+    async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
+        self.inner.mark_failed(token, failures).await
+    }
+
+    async fn listen(&self) -> Result<Option<PgNotificationListener>, Error> {
+        self.inner.listen().await
+    }
+}
+
+impl Housekeeping for CountsClaims {
+    async fn stats(&self) -> Result<OutboxStats, Error> {
+        self.inner.stats().await
+    }
+
+    async fn delete_published(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        self.inner.delete_published(older_than, limit).await
+    }
+
+    async fn delete_dead_lettered(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
+        self.inner.delete_dead_lettered(older_than, limit).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_while_a_full_batch_publishes_goes_out_before_the_next_poll() {
+    // Polling, with a poll far away: only a claim after the full batch's publish finds a row
+    // committed during it.
+    let mut config = config(Ordering::Unordered);
+    config.notify_channel = None;
+    config.relay.wake_up = WakeUp::Poll;
+    config.relay.poll_interval = Duration::from_secs(30);
+    config.relay.publish_timeout = Duration::from_secs(10);
+    config.relay.workers = 2;
+    config.relay.batch_size = 1;
+    let (pool, outbox) = outbox(&config).await;
+    commit(&pool, &outbox, &[event("first", 1)]).await;
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let started = Arc::new(AtomicU64::new(0));
+    let publisher = Gated {
+        inner: CollectingPublisher::default(),
+        held: 1,
+        gate,
+        started: Arc::clone(&started),
+    };
+    let store = CountsClaims {
+        inner: outbox.clone(),
+        claims: Arc::new(AtomicU64::new(0)),
+    };
+    let handle = Relay::new(store.clone(), publisher, &config)
+        .unwrap()
+        .spawn();
+    // One worker claimed the row (a full batch) and publishes it; it claimed again at once,
+    // and the other worker, woken by the full batch, claimed too: both found nothing.
+    eventually("the batch in flight and three empty claims", || async {
+        store.claims.load(AtomicOrdering::SeqCst) == 4 && started.load(AtomicOrdering::SeqCst) == 1
+    })
+    .await;
+    commit(&pool, &outbox, &[event("second", 2)]).await;
+    open.send(true).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while published(&pool).await < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the row committed during the publish waits for the poll ({:?})",
+            config.relay.poll_interval
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let report = handle.shutdown().await;
+    assert!(report.graceful, "{report:?}");
+    assert_eq!(report.totals.published, 2);
 }
 
 /// Holds the first `held` publishes until `claimed` rows have been claimed (for at most the
@@ -126,19 +247,26 @@ async fn shutdown_stops_claiming_and_finishes_the_batches_in_flight() {
     let events: Vec<NewEvent> = (0..20).map(|n| event(&format!("s{n}"), n)).collect();
     commit(&pool, &outbox, &events).await;
     let started = Arc::new(AtomicU64::new(0));
-    let slow = Slow {
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let held = Gated {
         inner: stream.publisher().await,
-        delay: Duration::from_millis(700),
+        held: 10,
+        gate,
         started: Arc::clone(&started),
     };
-    let handle = Relay::new(outbox.clone(), slow, &config).unwrap().spawn();
+    config.relay.publish_timeout = Duration::from_secs(10);
+    let handle = Relay::new(outbox.clone(), held, &config).unwrap().spawn();
     // The worker claimed its second batch while the first (full) one publishes, and waits
-    // for one of the two before it claims again.
+    // for one of the two before it claims again: both are held.
     eventually("two batches in flight", || async {
         started.load(AtomicOrdering::SeqCst) == 10
     })
     .await;
-    let report = handle.shutdown().await;
+    // The stop is asked in the first poll of the shutdown, before the publishes go on.
+    let (report, ()) = tokio::join!(handle.shutdown(), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        open.send(true).unwrap();
+    });
     assert!(report.graceful, "{report:?}");
     assert_eq!(
         report.totals.published, 10,
@@ -232,7 +360,7 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_dead_letters_
     let relay = Relay::new(outbox.clone(), LoggingPublisher::new(), &config).unwrap();
     assert_eq!(relay.run_batch().await.unwrap().published, 15);
     commit(&pool, &outbox, &[event("still-pending", 0)]).await;
-    let ids: Vec<uuid::Uuid> = events.iter().map(NewEvent::id).collect();
+    let ids: Vec<Uuid> = events.iter().map(NewEvent::id).collect();
     // 7 published 8 days ago, 3 published now; 5 dead letters of various ages.
     sqlx::query("UPDATE outbox SET published_at = now() - interval '8 days' WHERE id = ANY($1)")
         .bind(&ids[..7])

@@ -163,7 +163,11 @@ impl RabbitMqPublisher {
     }
 
     /// Sets how many channels publish at once (default [`DEFAULT_CHANNELS`], at least 1):
-    /// each carries one publish at a time, so this bounds the publishes in flight.
+    /// each carries one publish at a time, so this bounds the publishes in flight. A relay
+    /// has up to 2 × `workers` × `batch-size` publishes in flight (each worker claims its
+    /// next batch while a full one publishes); a publish waiting for a channel spends its
+    /// `publish-timeout` waiting, so size the channels near that number when the broker is
+    /// slow.
     #[must_use]
     pub fn with_channels(mut self, channels: usize) -> Self {
         self.channels = slots(channels);

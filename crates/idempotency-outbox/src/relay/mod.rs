@@ -262,7 +262,7 @@ where
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct RelayShutdownReport {
-    /// Every worker finished its in-flight batch within the deadline, and no worker panicked
+    /// Every worker finished its batches in flight within the deadline, and no worker panicked
     /// during the relay's life.
     pub graceful: bool,
     /// Workers aborted at the deadline; their claimed rows return after the lease.

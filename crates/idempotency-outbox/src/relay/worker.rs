@@ -69,6 +69,9 @@ where
         if stopping(&stop) {
             break;
         }
+        // Whether a batch was in flight while this claim ran: rows committed during its
+        // publish may have been missed by the claim.
+        let overlapped = !in_flight.is_empty();
         let claimed = {
             let claim = claim(&shared);
             tokio::pin!(claim);
@@ -91,6 +94,13 @@ where
                     // More is probably due: claim again while this batch publishes.
                     continue;
                 }
+                while in_flight.next().await.is_some() {}
+                if overlapped {
+                    // The claim ran while a batch published: look again now that none is
+                    // in flight, before waiting (the notification of a row committed
+                    // meanwhile may have gone to another worker, or never come: polling).
+                    continue;
+                }
                 found
             }
             Err(error) => {
@@ -99,10 +109,10 @@ where
                     error = &error as &dyn std::error::Error,
                     "outbox claim failed"
                 );
+                while in_flight.next().await.is_some() {}
                 false
             }
         };
-        while in_flight.next().await.is_some() {}
         let idle = idle_wait(&shared.config, found);
         tokio::select! {
             () = shared.wake.notified() => {}
