@@ -436,8 +436,10 @@ pub struct RelayConfig {
     /// A worker whose claim found rows, but fewer than a full batch, claims once more after
     /// this long before it waits for a notification; it keeps doing so while claims find rows.
     /// It picks up rows whose enqueue did not notify (see `outbox.notify-interval`) and that
-    /// committed just after the claim that the notification woke. `0s` waits at once.
-    /// Default `20ms`.
+    /// committed just after the claim that the notification woke. `0s` waits at once. (A
+    /// claim made while the worker's previous, full batch was still in flight, and that found
+    /// nothing, or with `0s`, is followed by one more claim at once when that batch is done:
+    /// rows committed during its publish are not left for the poll.) Default `20ms`.
     #[serde(with = "humantime_serde")]
     pub linger: Duration,
     /// Bound on one publish, broker confirmation included. Default `5s`.

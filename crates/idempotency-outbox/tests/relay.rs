@@ -65,7 +65,7 @@ impl<P: Publisher> Publisher for Gated<P> {
     }
 }
 
-/// The outbox, counting its claims.
+/// The outbox, counting its claims once they returned.
 #[derive(Clone)]
 struct CountsClaims {
     inner: PgOutbox,
@@ -76,8 +76,9 @@ impl RelayStore for CountsClaims {
     type Listener = PgNotificationListener;
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
+        let claimed = self.inner.claim(request).await;
         self.claims.fetch_add(1, AtomicOrdering::SeqCst);
-        self.inner.claim(request).await
+        claimed
     }
 
     async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {

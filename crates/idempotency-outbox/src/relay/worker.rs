@@ -95,10 +95,11 @@ where
                     continue;
                 }
                 while in_flight.next().await.is_some() {}
-                if overlapped {
+                if overlapped && (!found || shared.config.linger.is_zero()) {
                     // The claim ran while a batch published: look again now that none is
-                    // in flight, before waiting (the notification of a row committed
-                    // meanwhile may have gone to another worker, or never come: polling).
+                    // in flight, before waiting for the poll (the notification of a row
+                    // committed meanwhile may have gone to another worker, or never come:
+                    // polling). A claim that found rows looks again after `linger`.
                     continue;
                 }
                 found
