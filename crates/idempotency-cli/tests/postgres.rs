@@ -205,6 +205,48 @@ async fn validate_names_the_migration_from_the_starters_table() {
         ));
 }
 
+/// An eviction's audit line names the key's operation, scope and key in fields of their own:
+/// its `target` (`operation/scope/key`) reads the same for `POST:/a` + `b/c` and `POST:/a/b`
+/// + `c` (before: only the `target`).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_audit_line_names_operation_scope_and_key_apart() {
+    let db = Db::postgres().await;
+    db.cli().args(["schema", "apply"]).assert().success();
+    let (now, day) = (db.time(0), db.time(1));
+    for (operation, scope) in [("POST:/a", "b/c"), ("POST:/a/b", "c")] {
+        db.exec(&format!(
+            "INSERT INTO {} (operation, scope, idempotency_key, request_hash, status, \
+             result_payload, error_code, created_at, completed_at, expires_at) VALUES \
+             ('{operation}', '{scope}', 'k', 'h', 'COMPLETED', '{{}}', NULL, {now}, {now}, {day})",
+            db.records
+        ))
+        .await;
+    }
+    let evicted = db
+        .cli()
+        .args(["keys", "evict", "POST:/a", "k", "--scope", "b/c", "--yes"])
+        .assert()
+        .success();
+    let stderr = String::from_utf8_lossy(&evicted.get_output().stderr).into_owned();
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("idempotency::audit") && line.contains("key.evict"))
+        .unwrap_or_else(|| panic!("no audit line: {stderr}"));
+    for field in [
+        r#"target="POST:/a/b/c/k""#,
+        r#"operation="POST:/a""#,
+        r#"scope="b/c""#,
+        r#"key="k""#,
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    // The other record, whose target reads the same, is still there.
+    db.cli()
+        .args(["keys", "show", "POST:/a/b", "k", "--scope", "c"])
+        .assert()
+        .success();
+}
+
 /// The audit trail is written whatever `RUST_LOG` says (before: `RUST_LOG=off`, or
 /// `idempotency::audit=off`, silenced the record of an eviction), and a schema apply that
 /// fails midway is audited too (before: no line, though some tables may have been created).

@@ -49,8 +49,15 @@ async fn sqlite() -> sqlx::SqlitePool {
 /// The settings of a service on SQLite whose relay publishes to Kafka with `kafka` (the
 /// lines under `kafka:`, indented by 6).
 fn yaml(kafka: &str) -> String {
+    // No Redis: with feature `redis` (`--all-features`) the L2 cache is on by default and
+    // would need a URL; without it the section is not known.
+    let no_redis = if cfg!(feature = "redis") {
+        "  distributed-cache:\n    enabled: false\n"
+    } else {
+        ""
+    };
     format!(
-        "idempotency:\n  persistence:\n    schema:\n      mode: create\n\
+        "idempotency:\n  persistence:\n    schema:\n      mode: create\n{no_redis}\
          outbox:\n  schema:\n    mode: create\n  notify-channel: null\n  relay:\n    wake-up: poll\n    poll-interval: 50ms\n\
          \x20 publisher:\n    kafka:\n{kafka}"
     )

@@ -175,7 +175,7 @@ impl Db {
         std::fs::write(&self.config, text).unwrap();
     }
 
-    fn time(&self, days: i32) -> String {
+    pub fn time(&self, days: i32) -> String {
         match self.pool {
             Pool::Pg(_) => format!("(now() + interval '{days} days')"),
             Pool::Sqlite(_) => format!(
