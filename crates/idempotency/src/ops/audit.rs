@@ -8,6 +8,8 @@
 
 use std::time::SystemTime;
 
+use idempotency_core::RecordId;
+
 /// The `tracing` target of every audit line.
 pub const AUDIT_TARGET: &str = "idempotency::audit";
 
@@ -31,6 +33,26 @@ impl Actor {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Logs one change of a key's record or cache entries: [`record`]'s line, whose `target` is
+/// `operation/scope/key`, with the three also as fields of their own (`operation`, `scope`,
+/// `key`): operations and scopes may contain `/`, so only the fields tell `POST:/a` + `b/c`
+/// from `POST:/a/b` + `c`.
+pub(crate) fn record_key(actor: &Actor, action: &'static str, id: &RecordId, count: u64) {
+    let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
+    tracing::info!(
+        target: AUDIT_TARGET,
+        actor = actor.as_str(),
+        action,
+        target = target.as_str(),
+        operation = id.operation.as_str(),
+        scope = id.scope.as_str(),
+        key = id.key.as_str(),
+        count,
+        at = %humantime::format_rfc3339_millis(SystemTime::now()),
+        "operator change"
+    );
 }
 
 /// Logs one change: who (`actor`), what (`action` on `target`, `count` rows or objects) and

@@ -218,6 +218,10 @@ impl<D: AdminDatabase> Operations<D> {
         audit::record(&self.actor, action, target, count);
     }
 
+    fn audit_key(&self, action: &'static str, id: &RecordId, count: u64) {
+        audit::record_key(&self.actor, action, id, count);
+    }
+
     // ---- schema ----
 
     /// The DDL of every configured table.
@@ -313,7 +317,6 @@ impl<D: AdminDatabase> Operations<D> {
         // eviction before anything is deleted.
         #[cfg(feature = "redis")]
         self.l2.cache(&self.settings).await?;
-        let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
         let record = match self.store.evict(id, force).await {
             Ok(record) => record,
             Err(e) => {
@@ -321,8 +324,8 @@ impl<D: AdminDatabase> Operations<D> {
                 if matches!(error, OpsError::Unconfirmed { .. }) {
                     // The record may be gone: its cache entries go too (never wrong), so
                     // that evicting again, or nothing, is right either way.
-                    self.audit("key.evict.unconfirmed", &target, 1);
-                    let _ = self.evict_cache_entries(id, &target, false).await;
+                    self.audit_key("key.evict.unconfirmed", id, 1);
+                    let _ = self.evict_cache_entries(id, false).await;
                 }
                 return Err(error);
             }
@@ -334,18 +337,18 @@ impl<D: AdminDatabase> Operations<D> {
             });
         }
         if let Eviction::Evicted(status) = record {
-            self.audit(
+            self.audit_key(
                 if force && status == idempotency_core::RecordStatus::Processing {
                     "key.evict.forced"
                 } else {
                     "key.evict"
                 },
-                &target,
+                id,
                 1,
             );
         }
         let cache_entry = self
-            .evict_cache_entries(id, &target, record != Eviction::NotFound)
+            .evict_cache_entries(id, record != Eviction::NotFound)
             .await?;
         Ok(KeyEviction {
             record,
@@ -361,7 +364,6 @@ impl<D: AdminDatabase> Operations<D> {
     async fn evict_cache_entries(
         &self,
         id: &RecordId,
-        target: &str,
         evicted: bool,
     ) -> Result<Option<bool>, OpsError> {
         self.evict_local_entry(id);
@@ -372,7 +374,7 @@ impl<D: AdminDatabase> Operations<D> {
                 self.evict_local_entry(id);
                 let deleted = deleted.map_err(|e| e.evicted(evicted))?;
                 if deleted || evicted {
-                    self.audit("key.evict.cache", target, u64::from(deleted));
+                    self.audit_key("key.evict.cache", id, u64::from(deleted));
                 }
                 Some(deleted)
             }
@@ -380,7 +382,7 @@ impl<D: AdminDatabase> Operations<D> {
         };
         #[cfg(not(feature = "redis"))]
         let cache_entry = {
-            let _ = (target, evicted);
+            let _ = evicted;
             None
         };
         Ok(cache_entry)
