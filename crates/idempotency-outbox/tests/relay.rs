@@ -13,15 +13,10 @@ use std::time::Duration;
 use common::nats::TestStream;
 use common::*;
 use idempotency_outbox::config::{Ordering, WakeUp};
-use idempotency_outbox::store::{
-    ClaimRequest, Claimed, Failure, Housekeeping, OutboxStats, RelayStore,
-};
 use idempotency_outbox::testing::CollectingPublisher;
 use idempotency_outbox::{
-    Ack, DeadLetters, Error, LoggingPublisher, NewEvent, OutboxMessage, PublishError, Publisher,
-    Relay,
+    Ack, DeadLetters, LoggingPublisher, NewEvent, OutboxMessage, PublishError, Publisher, Relay,
 };
-use idempotency_pg::{PgNotificationListener, PgOutbox};
 use uuid::Uuid;
 
 /// A slow broker: every publish takes `delay` before reaching the real one.
@@ -65,49 +60,6 @@ impl<P: Publisher> Publisher for Gated<P> {
     }
 }
 
-/// The outbox, counting its claims once they returned.
-#[derive(Clone)]
-struct CountsClaims {
-    inner: PgOutbox,
-    claims: Arc<AtomicU64>,
-}
-
-impl RelayStore for CountsClaims {
-    type Listener = PgNotificationListener;
-
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, Error> {
-        let claimed = self.inner.claim(request).await;
-        self.claims.fetch_add(1, AtomicOrdering::SeqCst);
-        claimed
-    }
-
-    async fn mark_published(&self, token: Uuid, ids: &[Uuid]) -> Result<u64, Error> {
-        self.inner.mark_published(token, ids).await
-    }
-
-    async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
-        self.inner.mark_failed(token, failures).await
-    }
-
-    async fn listen(&self) -> Result<Option<PgNotificationListener>, Error> {
-        self.inner.listen().await
-    }
-}
-
-impl Housekeeping for CountsClaims {
-    async fn stats(&self) -> Result<OutboxStats, Error> {
-        self.inner.stats().await
-    }
-
-    async fn delete_published(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
-        self.inner.delete_published(older_than, limit).await
-    }
-
-    async fn delete_dead_lettered(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
-        self.inner.delete_dead_lettered(older_than, limit).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_committed_while_a_full_batch_publishes_goes_out_before_the_next_poll() {
     // Polling, with a poll far away: only a claim after the full batch's publish finds a row
@@ -129,10 +81,7 @@ async fn a_row_committed_while_a_full_batch_publishes_goes_out_before_the_next_p
         gate,
         started: Arc::clone(&started),
     };
-    let store = CountsClaims {
-        inner: outbox.clone(),
-        claims: Arc::new(AtomicU64::new(0)),
-    };
+    let store = Observed::new(outbox.clone());
     let handle = Relay::new(store.clone(), publisher, &config)
         .unwrap()
         .spawn();

@@ -122,7 +122,10 @@ pub mod amqp;
 pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
+mod observed;
 mod proxy;
+#[allow(unused_imports)] // used by some test files only
+pub use observed::Observed;
 #[allow(unused_imports)] // used by some test files only
 pub use proxy::{Proxy, host_port, via_port};
 
