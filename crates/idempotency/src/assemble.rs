@@ -119,6 +119,11 @@ pub struct Idempotency<D: Database> {
     #[cfg(feature = "redis")]
     #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     cache_prefix: Option<String>,
+    /// Set by [`shutdown`](Self::shutdown) before it quits the Redis client: an admin
+    /// router's eviction, which shares that client, then refuses before it deletes anything.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    cache_closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What [`Idempotency::shutdown`] stopped (serializable, for a structured log line).
@@ -172,6 +177,17 @@ impl<D: Database> Idempotency<D> {
     ))]
     pub(crate) fn cache_prefix(&self) -> Option<&str> {
         self.cache_prefix.as_deref()
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) quit the Redis client (shared with the admin
+    /// router's operations).
+    #[cfg(all(
+        feature = "admin",
+        feature = "redis",
+        any(feature = "postgres", feature = "sqlite", feature = "mysql")
+    ))]
+    pub(crate) fn cache_closed(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        std::sync::Arc::clone(&self.cache_closed)
     }
 
     /// The outbox: enqueue events with it in the transaction of the business change
@@ -332,6 +348,9 @@ impl<D: Database> Idempotency<D> {
             report.cleanup = true;
             cleanup.shutdown().await;
         }
+        #[cfg(feature = "redis")]
+        self.cache_closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         disconnect(self.service.distributed_cache()).await;
         report
     }
@@ -951,6 +970,8 @@ where
             prometheus: self.prometheus,
             #[cfg(feature = "redis")]
             cache_prefix,
+            #[cfg(feature = "redis")]
+            cache_closed: std::sync::Arc::default(),
         })
     }
 }

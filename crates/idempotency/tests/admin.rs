@@ -561,6 +561,47 @@ async fn an_eviction_drops_the_serving_instances_l1_entry() {
     idempotency.shutdown().await;
 }
 
+/// An admin router's eviction after its service's shutdown refuses before it deletes
+/// anything (before: it deleted the record, waited 5 s for the Redis client the shutdown had
+/// quit, then reported the entry left).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
+    use idempotency::ops::{Actor, Operations};
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let settings = with_redis(&redis);
+    let db = Db::sqlite().await;
+    db.seed().await;
+    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+        unreachable!()
+    };
+    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
+        .await
+        .unwrap();
+    let app = idempotency
+        .admin_router()
+        .allow_mutations(true)
+        .into_router();
+    idempotency.shutdown().await;
+    let (status, body) = post_json(
+        &app,
+        "/api/keys/evict",
+        &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-done" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("shut down"),
+        "{body}"
+    );
+    let ops = Operations::new(pool.clone(), &settings, Actor::new("tester"))
+        .await
+        .unwrap();
+    assert!(
+        ops.key_show(&paid("k-done")).await.unwrap().is_some(),
+        "the record is still there"
+    );
+}
+
 /// The id of `key` of operation `PAY` in scope `tenant-a` (the seeded records').
 fn paid(key: &str) -> idempotency::core::RecordId {
     idempotency::core::RecordId::new(

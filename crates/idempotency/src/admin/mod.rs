@@ -338,6 +338,7 @@ impl<D: AdminDatabase> crate::Idempotency<D> {
             (
                 self.cache_prefix().map(str::to_owned),
                 crate::DistributedTier::clone(self.service().distributed_cache()),
+                self.cache_closed(),
             ),
             #[cfg(feature = "moka")]
             self.service().local_cache().clone(),

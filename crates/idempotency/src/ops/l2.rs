@@ -9,6 +9,7 @@
 //! nothing ended.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idempotency_cache_redis::RedisCache;
@@ -37,6 +38,8 @@ struct Tier {
     /// The runtime the own client was connected on (its connection task runs there): the
     /// one to quit it on.
     runtime: std::sync::OnceLock<tokio::runtime::Handle>,
+    /// A service's client: set once the service quit it at its shutdown.
+    closed: Option<Arc<AtomicBool>>,
 }
 
 impl std::fmt::Debug for L2 {
@@ -58,17 +61,24 @@ impl L2 {
             cache: tokio::sync::OnceCell::new(),
             owned: true,
             runtime: std::sync::OnceLock::new(),
+            closed: None,
         }))
     }
 
-    /// A service's client, shared with it (never quit by the operations).
+    /// A service's client, shared with it (never quit by the operations); `closed` is set
+    /// once the service quit it at its shutdown.
     #[cfg(feature = "admin")]
-    pub(super) fn shared(prefix: Option<String>, cache: DistributedTier) -> Self {
+    pub(super) fn shared(
+        prefix: Option<String>,
+        cache: DistributedTier,
+        closed: Arc<AtomicBool>,
+    ) -> Self {
         Self(Arc::new(Tier {
             prefix,
             cache: tokio::sync::OnceCell::new_with(Some(cache)),
             owned: false,
             runtime: std::sync::OnceLock::new(),
+            closed: Some(closed),
         }))
     }
 
@@ -87,6 +97,21 @@ impl L2 {
     pub(super) async fn cache(&self, settings: &Settings) -> Result<Option<RedisCache>, OpsError> {
         if self.0.prefix.is_none() {
             return Ok(None);
+        }
+        if self
+            .0
+            .closed
+            .as_ref()
+            .is_some_and(|closed| closed.load(Ordering::SeqCst))
+        {
+            // Its deletion would wait for a client that never connects again, after the
+            // record's: refused before anything is deleted.
+            return Err(OpsError::Unsupported {
+                operation: "keys evict",
+                reason: "the service has shut down and quit its Redis client; nothing was \
+                         deleted"
+                    .to_owned(),
+            });
         }
         if let Some(cache) = self.0.cache.get() {
             return Ok(cache.clone());

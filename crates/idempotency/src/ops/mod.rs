@@ -138,7 +138,11 @@ impl<D: AdminDatabase> Operations<D> {
         store: D::Store,
         outbox: Option<D::Outbox>,
         actor: Actor,
-        #[cfg(feature = "redis")] cache: (Option<String>, crate::assemble::DistributedTier),
+        #[cfg(feature = "redis")] cache: (
+            Option<String>,
+            crate::assemble::DistributedTier,
+            std::sync::Arc<std::sync::atomic::AtomicBool>,
+        ),
         #[cfg(feature = "moka")] local: Option<idempotency_cache_moka::MokaCache>,
     ) -> Self {
         Self {
@@ -149,7 +153,7 @@ impl<D: AdminDatabase> Operations<D> {
             inbox: None,
             actor,
             #[cfg(feature = "redis")]
-            l2: l2::L2::shared(cache.0, cache.1),
+            l2: l2::L2::shared(cache.0, cache.1, cache.2),
             #[cfg(feature = "moka")]
             local,
         }
