@@ -602,6 +602,82 @@ async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
     );
 }
 
+/// A shutdown of the service while an admin eviction's deletion waits (the record's row
+/// locked by another transaction): the record is deleted once the lock goes, and the answer
+/// says its Redis entry is left (502 `admin-cache-entry-left`: the shutdown quit the client),
+/// not that nothing was deleted (before: 400, "nothing was deleted", the record gone).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shutdown_while_an_eviction_deletes_reports_the_entry_left() {
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let settings = with_redis(&redis);
+    let db = Db::postgres().await;
+    db.seed().await;
+    let admin_common::Pool::Pg(pool) = &db.pool else {
+        unreachable!()
+    };
+    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
+        .await
+        .unwrap();
+    let app = idempotency
+        .admin_router()
+        .allow_mutations(true)
+        .into_router();
+    let mut lock = pool.begin().await.unwrap();
+    let locker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *lock)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM admin_records WHERE idempotency_key = 'k-done' FOR UPDATE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let evicting = tokio::spawn({
+        let app = app.clone();
+        async move {
+            post_json(
+                &app,
+                "/api/keys/evict",
+                &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-done" }),
+            )
+            .await
+        }
+    });
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(locker)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the eviction's deletion waits for the lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    idempotency.shutdown().await;
+    lock.rollback().await.unwrap();
+    let (status, body) = evicting.await.unwrap();
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("admin-cache-entry-left"),
+        "{body}"
+    );
+    assert_eq!(
+        db.records_where("k-done").await,
+        0,
+        "the record was deleted"
+    );
+}
+
 /// The id of `key` of operation `PAY` in scope `tenant-a` (the seeded records').
 fn paid(key: &str) -> idempotency::core::RecordId {
     idempotency::core::RecordId::new(

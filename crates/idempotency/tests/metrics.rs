@@ -14,9 +14,18 @@ async fn the_assembled_service_exports_prometheus_meters_and_l1_statistics() {
     let handle = idempotency::metrics::install().unwrap();
     let file =
         std::env::temp_dir().join(format!("idempotency-metrics-{}.yaml", uuid::Uuid::now_v7()));
+    // No Redis: with feature `redis` the L2 cache is on by default and would need a URL;
+    // without it the section is not known.
+    let no_redis = if cfg!(feature = "redis") {
+        "  distributed-cache:\n    enabled: false\n"
+    } else {
+        ""
+    };
     std::fs::write(
         &file,
-        "idempotency:\n  local-cache:\n    statistics: true\n  distributed-cache:\n    enabled: false\n  persistence:\n    schema:\n      mode: create\n",
+        format!(
+            "idempotency:\n  local-cache:\n    statistics: true\n{no_redis}  persistence:\n    schema:\n      mode: create\n"
+        ),
     )
     .unwrap();
     let settings: Settings = Loader::new()

@@ -48,6 +48,13 @@ use crate::Settings;
 /// Rows per statement of the bulk operations (requeue, discard, purge, cleanup).
 pub const BATCH: usize = 500;
 
+/// The L2 client one eviction uses, got once before it deletes anything (none without
+/// feature `redis`).
+#[cfg(feature = "redis")]
+type L2Client = Option<idempotency_cache_redis::RedisCache>;
+#[cfg(not(feature = "redis"))]
+type L2Client = ();
+
 /// What [`Operations::key_evict`] did to the record and to its L2 entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -317,10 +324,14 @@ impl<D: AdminDatabase> Operations<D> {
 
     /// [`key_evict`](Self::key_evict), in the caller's task.
     async fn evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
-        // The Redis client first: a configuration it refuses (no secret, a bad URL) fails the
-        // eviction before anything is deleted.
+        // The Redis client first, and once: a configuration it refuses (no secret, a bad URL),
+        // or a service that shut down and quit it, fails the eviction before anything is
+        // deleted; a shutdown after this point fails the entry's deletion, reported as the
+        // entry left, not as a refusal after the record went.
         #[cfg(feature = "redis")]
-        self.l2.cache(&self.settings).await?;
+        let l2 = self.l2.cache(&self.settings).await?;
+        #[cfg(not(feature = "redis"))]
+        let l2 = ();
         let record = match self.store.evict(id, force).await {
             Ok(record) => record,
             Err(e) => {
@@ -329,7 +340,7 @@ impl<D: AdminDatabase> Operations<D> {
                     // The record may be gone: its cache entries go too (never wrong), so
                     // that evicting again, or nothing, is right either way.
                     self.audit_key("key.evict.unconfirmed", id, 1);
-                    let _ = self.evict_cache_entries(id, false).await;
+                    let _ = self.evict_cache_entries(&l2, id, false).await;
                 }
                 return Err(error);
             }
@@ -352,7 +363,7 @@ impl<D: AdminDatabase> Operations<D> {
             );
         }
         let cache_entry = self
-            .evict_cache_entries(id, record != Eviction::NotFound)
+            .evict_cache_entries(&l2, id, record != Eviction::NotFound)
             .await?;
         Ok(KeyEviction {
             record,
@@ -367,14 +378,15 @@ impl<D: AdminDatabase> Operations<D> {
     /// something or followed a record's eviction (`evicted`, which the error also tells).
     async fn evict_cache_entries(
         &self,
+        l2: &L2Client,
         id: &RecordId,
         evicted: bool,
     ) -> Result<Option<bool>, OpsError> {
         self.evict_local_entry(id);
         #[cfg(feature = "redis")]
-        let cache_entry = match self.l2.cache(&self.settings).await? {
+        let cache_entry = match l2 {
             Some(cache) => {
-                let deleted = l2::delete(&cache, id).await;
+                let deleted = l2::delete(cache, id).await;
                 self.evict_local_entry(id);
                 let deleted = deleted.map_err(|e| e.evicted(evicted))?;
                 if deleted || evicted {
@@ -386,7 +398,7 @@ impl<D: AdminDatabase> Operations<D> {
         };
         #[cfg(not(feature = "redis"))]
         let cache_entry = {
-            let _ = evicted;
+            let _ = (l2, evicted);
             None
         };
         Ok(cache_entry)
