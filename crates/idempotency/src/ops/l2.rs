@@ -82,6 +82,15 @@ impl L2 {
         }))
     }
 
+    /// Whether the service these operations share the client with has quit it (at its
+    /// shutdown).
+    pub(super) fn closed(&self) -> bool {
+        self.0
+            .closed
+            .as_ref()
+            .is_some_and(|closed| closed.load(Ordering::SeqCst))
+    }
+
     /// The deployment's key prefix, when the L2 cache is configured.
     pub(super) fn prefix(&self) -> Option<&str> {
         self.0.prefix.as_deref()
@@ -98,12 +107,7 @@ impl L2 {
         if self.0.prefix.is_none() {
             return Ok(None);
         }
-        if self
-            .0
-            .closed
-            .as_ref()
-            .is_some_and(|closed| closed.load(Ordering::SeqCst))
-        {
+        if self.closed() {
             // Its deletion would wait for a client that never connects again, after the
             // record's: refused before anything is deleted.
             return Err(OpsError::Unsupported {
@@ -139,6 +143,16 @@ impl L2 {
                     .to_owned(),
             }),
         }
+    }
+}
+
+/// The error of an entry's deletion that the service's shutdown left undone: it quit the
+/// client after the eviction got it. Named by the entry's Redis key.
+pub(super) fn quit(cache: &RedisCache, id: &RecordId) -> OpsError {
+    OpsError::Cache {
+        key: cache.key_for(id),
+        evicted: true,
+        source: "the service has shut down and quit its Redis client".into(),
     }
 }
 

@@ -326,8 +326,8 @@ impl<D: AdminDatabase> Operations<D> {
     async fn evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
         // The Redis client first, and once: a configuration it refuses (no secret, a bad URL),
         // or a service that shut down and quit it, fails the eviction before anything is
-        // deleted; a shutdown after this point fails the entry's deletion, reported as the
-        // entry left, not as a refusal after the record went.
+        // deleted; a shutdown after this point fails the entry's deletion (`OpsError::Cache`:
+        // the entry left, or unknown for a key without a record), not the eviction.
         #[cfg(feature = "redis")]
         let l2 = self.l2.cache(&self.settings).await?;
         #[cfg(not(feature = "redis"))]
@@ -386,7 +386,12 @@ impl<D: AdminDatabase> Operations<D> {
         #[cfg(feature = "redis")]
         let cache_entry = match l2 {
             Some(cache) => {
-                let deleted = l2::delete(cache, id).await;
+                let deleted = if self.l2.closed() {
+                    // Quit since this eviction got it: the entry is left, at once.
+                    Err(l2::quit(cache, id))
+                } else {
+                    l2::delete(cache, id).await
+                };
                 self.evict_local_entry(id);
                 let deleted = deleted.map_err(|e| e.evicted(evicted))?;
                 if deleted || evicted {
