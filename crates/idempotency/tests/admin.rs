@@ -125,10 +125,7 @@ async fn changes_refused_when_disabled(db: &Db) {
         ("/api/outbox/purge", json!({ "published": "1s" })),
         ("/api/outbox/partitions/create", json!({})),
         ("/api/outbox/partitions/drop-expired", json!({})),
-        (
-            "/api/keys/evict",
-            json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-done" }),
-        ),
+        ("/api/keys/evict", evict_pay("k-done")),
         ("/api/cleanup", json!({})),
     ];
     for (uri, request) in changes {
@@ -277,7 +274,7 @@ async fn changes(db: &Db) {
     assert_eq!(db.dead_letters().await, 1);
 
     // Keys: PROCESSING is refused without force (409), evicted with it; unknown is 404.
-    let busy = json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-busy" });
+    let busy = evict_pay("k-busy");
     let (status, body) = post_json(&app, "/api/keys/evict", &busy).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(db.records_where("k-busy").await, 1);
@@ -287,21 +284,11 @@ async fn changes(db: &Db) {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["status"], "PROCESSING", "{body}");
     assert_eq!(db.records_where("k-busy").await, 0);
-    let (status, body) = post_json(
-        &app,
-        "/api/keys/evict",
-        &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-done" }),
-    )
-    .await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["evicted"], true, "{body}");
     assert_eq!(db.records_where("k-done").await, 0);
-    let (status, body) = post_json(
-        &app,
-        "/api/keys/evict",
-        &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-done" }),
-    )
-    .await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 
     // Purge and cleanup.
@@ -547,12 +534,7 @@ async fn an_eviction_drops_the_serving_instances_l1_entry() {
     assert!(pay(1).await.is_executed());
     let replay = pay(2).await;
     assert!(!replay.is_executed(), "a replay, from L1");
-    let (status, body) = post_json(
-        &app,
-        "/api/keys/evict",
-        &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-l1" }),
-    )
-    .await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-l1")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["evicted"], true, "{body}");
     let again = pay(3).await;
@@ -567,27 +549,16 @@ async fn an_eviction_drops_the_serving_instances_l1_entry() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
     use idempotency::ops::{Actor, Operations};
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis = redis_url();
     let settings = with_redis(&redis);
     let db = Db::sqlite().await;
     db.seed().await;
     let admin_common::Pool::Sqlite(pool) = &db.pool else {
         unreachable!()
     };
-    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
-        .await
-        .unwrap();
-    let app = idempotency
-        .admin_router()
-        .allow_mutations(true)
-        .into_router();
+    let (idempotency, app) = served(&settings, pool.clone()).await;
     idempotency.shutdown().await;
-    let (status, body) = post_json(
-        &app,
-        "/api/keys/evict",
-        &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-done" }),
-    )
-    .await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(
         body["detail"].as_str().unwrap().contains("shut down"),
@@ -608,20 +579,14 @@ async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
 /// not that nothing was deleted (before: 400, "nothing was deleted", the record gone).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_shutdown_while_an_eviction_deletes_reports_the_entry_left() {
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis = redis_url();
     let settings = with_redis(&redis);
     let db = Db::postgres().await;
     db.seed().await;
     let admin_common::Pool::Pg(pool) = &db.pool else {
         unreachable!()
     };
-    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
-        .await
-        .unwrap();
-    let app = idempotency
-        .admin_router()
-        .allow_mutations(true)
-        .into_router();
+    let (idempotency, app) = served(&settings, pool.clone()).await;
     let mut lock = pool.begin().await.unwrap();
     let locker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *lock)
@@ -633,14 +598,7 @@ async fn a_shutdown_while_an_eviction_deletes_reports_the_entry_left() {
         .unwrap();
     let evicting = tokio::spawn({
         let app = app.clone();
-        async move {
-            post_json(
-                &app,
-                "/api/keys/evict",
-                &json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-done" }),
-            )
-            .await
-        }
+        async move { post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await }
     });
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -699,6 +657,31 @@ fn with_redis(url: &str) -> idempotency::Settings {
     settings
 }
 
+/// The Redis the tests use: `REDIS_URL`, else the local server.
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The body of an eviction of `key` of operation `PAY` in scope `tenant-a`.
+fn evict_pay(key: &str) -> Value {
+    json!({ "operation": "PAY", "scope": "tenant-a", "key": key })
+}
+
+/// The service on `pool` from `settings`, and its admin router with changes allowed.
+async fn served<D: idempotency::ops::AdminDatabase>(
+    settings: &idempotency::Settings,
+    pool: D,
+) -> (idempotency::Idempotency<D>, axum::Router) {
+    let idempotency = idempotency::Idempotency::from_config(settings, pool)
+        .await
+        .unwrap();
+    let app = idempotency
+        .admin_router()
+        .allow_mutations(true)
+        .into_router();
+    (idempotency, app)
+}
+
 /// Waits until `until` holds (at most 5 s).
 async fn eventually(what: &str, until: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -716,7 +699,7 @@ async fn eventually(what: &str, until: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread")]
 async fn evictions_share_one_redis_connection() {
     use idempotency::ops::{Actor, Operations};
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis = redis_url();
     // The server's `host:port` in the URL (after any user and password, before the path),
     // replaced by the proxy's: credentials and database number stay as configured.
     let (_, rest) = redis.split_once("://").unwrap();
@@ -730,26 +713,19 @@ async fn evictions_share_one_redis_connection() {
     let admin_common::Pool::Sqlite(pool) = &db.pool else {
         unreachable!()
     };
-    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
-        .await
-        .unwrap();
+    let (idempotency, app) = served(&settings, pool.clone()).await;
     eventually("the service's client connects", || proxy.open() == 1).await;
-    let app = idempotency
-        .admin_router()
-        .allow_mutations(true)
-        .into_router();
-    let evict = |key: &str| json!({ "operation": "PAY", "scope": "tenant-a", "key": key });
-    let (status, body) = post_json(&app, "/api/keys/evict", &evict("k-done")).await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["cache_entry_deleted"], false, "{body}");
-    let (status, body) = post_json(&app, "/api/keys/evict", &evict("k-none")).await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-none")).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     // An eviction cancelled while Redis's answer is on its way (the record deleted).
     let refund = json!({ "operation": "REFUND", "scope": "", "key": "k-old" });
     proxy
         .drop_while_held(post_json(&app, "/api/keys/evict", &refund))
         .await;
-    let (status, body) = post_json(&app, "/api/keys/evict", &evict("k-none")).await;
+    let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-none")).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert_eq!(
         proxy.accepted(),
@@ -798,7 +774,7 @@ async fn evictions_share_one_redis_connection() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_eviction_whose_caller_stops_waiting_still_finishes() {
     use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis = redis_url();
     let db = Db::postgres().await;
     db.seed().await;
     let admin_common::Pool::Pg(pool) = &db.pool else {
@@ -856,20 +832,14 @@ async fn an_eviction_whose_caller_stops_waiting_still_finishes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_eviction_deletes_the_entry_the_first_left() {
     use idempotency::redis::fred::prelude::{Builder, ClientLike, Config, KeysInterface};
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis = redis_url();
     let settings = with_redis(&redis);
     let db = Db::sqlite().await;
     db.seed().await;
     let admin_common::Pool::Sqlite(pool) = &db.pool else {
         unreachable!()
     };
-    let idempotency = idempotency::Idempotency::from_config(&settings, pool.clone())
-        .await
-        .unwrap();
-    let app = idempotency
-        .admin_router()
-        .allow_mutations(true)
-        .into_router();
+    let (idempotency, app) = served(&settings, pool.clone()).await;
     let ops = idempotency::ops::Operations::new(
         pool.clone(),
         &settings,
@@ -898,7 +868,7 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
     .await;
     assert!(html.contains("id=\"key-missing\""), "{html}");
     assert!(html.contains("Delete its Redis (L2) entry"), "{html}");
-    let evict = json!({ "operation": "PAY", "scope": "tenant-a", "key": "k-left" });
+    let evict = evict_pay("k-left");
     let (status, body) = post_json(&app, "/api/keys/evict", &evict).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["evicted"], false, "{body}");
