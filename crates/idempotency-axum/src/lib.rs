@@ -8,6 +8,7 @@ mod json;
 mod layer;
 mod outcome;
 mod problem;
+mod query;
 mod scope;
 mod stored;
 
@@ -24,6 +25,7 @@ pub use outcome::{IdempotentJson, IdempotentResponse, OutcomeExt, rejection_prob
 pub use problem::{
     KEY_CONFLICT_CODE, PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem, ProblemExtensions, ProblemKind,
 };
+pub use query::ProblemQuery;
 pub use scope::{
     Principal, PrincipalScope, ScopeSource, ScopedKey, TenantHeader, TenantHeaderName, XTenantId,
 };

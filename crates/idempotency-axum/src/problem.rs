@@ -88,6 +88,9 @@ kinds! {
     /// The request body is not JSON (400), or JSON that does not match the endpoint's type
     /// (422, set by [`ProblemJson`](crate::ProblemJson)); `detail` says where.
     InvalidRequestBody => "invalid-request-body", BAD_REQUEST, "The request body is invalid";
+    /// The query string does not match the endpoint's type (set by
+    /// [`ProblemQuery`](crate::ProblemQuery)); `detail` says why.
+    InvalidRequestQuery => "invalid-request-query", BAD_REQUEST, "The request query is invalid";
     /// The request body is not `application/json` (or `application/*+json`), or has no
     /// `Content-Type`.
     UnsupportedMediaType => "unsupported-media-type", UNSUPPORTED_MEDIA_TYPE, "The request body must be application/json";
@@ -218,18 +221,21 @@ impl fmt::Display for Problem {
 }
 
 /// Marks the response of a request refused before its handler executed (its extractors
-/// refused the body): [`IdempotencyLayer`](crate::IdempotencyLayer) never stores it.
+/// refused the body or the query): [`IdempotencyLayer`](crate::IdempotencyLayer) never stores
+/// it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct RefusedBody;
+pub(crate) struct RefusedRequest;
 
 impl ProblemKind {
-    /// Whether a problem of this kind refuses the request body, before anything executes.
-    fn refuses_body(self) -> bool {
+    /// Whether a problem of this kind refuses the request body or query, before anything
+    /// executes.
+    fn refuses_request(self) -> bool {
         matches!(
             self,
             Self::PayloadTooLarge
                 | Self::BodyUnreadable
                 | Self::InvalidRequestBody
+                | Self::InvalidRequestQuery
                 | Self::UnsupportedMediaType
         )
     }
@@ -237,10 +243,10 @@ impl ProblemKind {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let refuses_body = self.kind.refuses_body();
+        let refused = self.kind.refuses_request();
         let mut response = JsonProblemDetails::from(self.details).into_response();
-        if refuses_body {
-            response.extensions_mut().insert(RefusedBody);
+        if refused {
+            response.extensions_mut().insert(RefusedRequest);
         }
         if let Some(secs) = self.retry_after {
             response

@@ -1,5 +1,5 @@
-//! A body the handler's extractors refuse stores nothing under the key: the corrected retry
-//! runs (it is not `422 idempotency-key-reused`). A rejection the handler itself returns (a
+//! A body or query the handler's extractors refuse stores nothing under the key: the corrected
+//! retry runs (it is not `422 idempotency-key-reused`). A rejection the handler itself returns (a
 //! business 422) is stored and replayed as before. A JSON body nested deeper than
 //! `MAX_JSON_DEPTH` never reaches the handler. Both modes, on PostgreSQL and SQLite.
 
@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use idempotency_axum::{IdempotencyLayer, ProblemJson, SharedScope};
+use idempotency_axum::{IdempotencyLayer, ProblemJson, ProblemQuery, SharedScope};
 use idempotency_core::IdempotencyService;
 use serde::Deserialize;
 use support::Reply;
@@ -50,6 +50,30 @@ async fn plain(State(calls): State<Arc<AtomicUsize>>, Json(deposit): Json<Deposi
 
 async fn problem(
     State(calls): State<Arc<AtomicUsize>>,
+    ProblemJson(deposit): ProblemJson<Deposit>,
+) -> Response {
+    answer(&calls, &deposit)
+}
+
+/// The query of the deposit routes: a note, nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Note {
+    #[allow(dead_code)] // read by serde only
+    note: Option<String>,
+}
+
+async fn problem_query(
+    State(calls): State<Arc<AtomicUsize>>,
+    ProblemQuery(_): ProblemQuery<Note>,
+    ProblemJson(deposit): ProblemJson<Deposit>,
+) -> Response {
+    answer(&calls, &deposit)
+}
+
+async fn plain_query(
+    State(calls): State<Arc<AtomicUsize>>,
+    Query(_): Query<Note>,
     ProblemJson(deposit): ProblemJson<Deposit>,
 ) -> Response {
     answer(&calls, &deposit)
@@ -89,7 +113,9 @@ fn app<B: Backend>(store: B, mode: Mode) -> (Router, Arc<AtomicUsize>) {
         .route("/plain", post(plain))
         .route("/problem", post(problem))
         .route("/value", post(value))
-        .route("/problem-value", post(problem_value));
+        .route("/problem-value", post(problem_value))
+        .route("/problem-query", post(problem_query))
+        .route("/plain-query", post(plain_query));
     let routes = match mode {
         Mode::Transactional => routes.route_layer(layer),
         Mode::Leased => routes.route_layer(layer.leased(Duration::from_secs(60))),
@@ -161,6 +187,45 @@ async fn a_body_the_extractors_refuse_stores_nothing<B: Backend>(mode: Mode) {
     assert_eq!(
         calls.load(Ordering::SeqCst),
         5,
+        "only the corrected requests ran"
+    );
+}
+
+/// `ProblemQuery` refusing the query (an unknown parameter, one given twice) answers `400
+/// invalid-request-query` and stores nothing: the retry with the corrected query runs under
+/// the same key. axum's plain `Query` refusal is a plain-text 400 the layer stores like the
+/// handler's own, as documented: the corrected retry is another payload.
+async fn a_query_the_extractor_refuses_stores_nothing<B: Backend>(mode: Mode) {
+    let (store, _cleanup) = B::fresh().await;
+    let (app, calls) = app(store, mode);
+    let body = r#"{"amount": 10}"#;
+    for (refused_uri, named) in [
+        ("/problem-query?memo=rent", "memo"),
+        ("/problem-query?note=a&note=b", "note"),
+    ] {
+        let key = idempotency_testing::unique_name("refused-query");
+        let refused = send(&app, refused_uri, &key, JSON, body).await;
+        let problem = refused.assert_problem(400, "invalid-request-query");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(named), "{refused_uri}: {problem}");
+        assert!(!refused.is_replay());
+        let corrected = send(&app, "/problem-query?note=rent", &key, JSON, body).await;
+        assert_eq!(
+            (corrected.status, corrected.text().as_str()),
+            (StatusCode::CREATED, "deposited 10"),
+            "the corrected retry of {refused_uri} runs"
+        );
+        assert!(!corrected.is_replay());
+    }
+    let key = idempotency_testing::unique_name("plain-query");
+    let refused = send(&app, "/plain-query?memo=rent", &key, JSON, body).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    send(&app, "/plain-query?note=rent", &key, JSON, body)
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
         "only the corrected requests ran"
     );
 }
@@ -297,6 +362,7 @@ macro_rules! every_case {
 mod postgres {
     every_case!(idempotency_pg::PgStore;
         a_body_the_extractors_refuse_stores_nothing,
+        a_query_the_extractor_refuses_stores_nothing,
         a_body_nested_deeper_than_the_limit_never_reaches_the_handler,
         a_rejection_the_handler_returns_is_stored,
     );
@@ -305,6 +371,7 @@ mod postgres {
 mod sqlite {
     every_case!(idempotency_sqlite::SqliteStore;
         a_body_the_extractors_refuse_stores_nothing,
+        a_query_the_extractor_refuses_stores_nothing,
         a_body_nested_deeper_than_the_limit_never_reaches_the_handler,
         a_rejection_the_handler_returns_is_stored,
     );

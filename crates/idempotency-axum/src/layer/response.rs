@@ -8,7 +8,7 @@ use idempotency_core::{IdempotencyMetrics, IdempotencyStore, StoredOutcome};
 use super::Shared;
 use super::replay::Keyed;
 use crate::error::Error;
-use crate::problem::RefusedBody;
+use crate::problem::RefusedRequest;
 use crate::stored::StoredResponse;
 
 impl<S, L, D, M, Z> Shared<S, L, D, M, Z>
@@ -22,17 +22,18 @@ where
     /// Whether `response` is stored: a status [`StoredStatuses`](super::StoredStatuses)
     /// stores, unless the request never executed. A request refused by the handler's
     /// extractors stores nothing, so the corrected retry runs: a problem that refuses the body
-    /// (`ProblemJson`'s rejections, `400 invalid-request-body`, `413`, `415`), or any 4xx to a
-    /// body declared JSON that does not parse (axum's `Json` refuses it as plain text).
+    /// (`ProblemJson`'s rejections, `400 invalid-request-body`, `413`, `415`) or the query
+    /// (`ProblemQuery`'s `400 invalid-request-query`), or any 4xx to a body declared JSON that
+    /// does not parse (axum's `Json` refuses it as plain text).
     pub(super) fn stores(&self, keyed: Option<&Keyed>, response: &Response) -> bool {
         let status = response.status();
         if !self.settings.statuses.stores(status) {
             return false;
         }
-        let refused = response.extensions().get::<RefusedBody>().is_some()
+        let refused = response.extensions().get::<RefusedRequest>().is_some()
             || (status.is_client_error() && keyed.is_some_and(|k| k.malformed_json));
         if refused {
-            tracing::debug!(%status, "the request body was refused before the handler ran; not stored");
+            tracing::debug!(%status, "the request was refused before the handler ran; not stored");
         }
         !refused
     }
