@@ -243,6 +243,7 @@ pub(crate) async fn create_payment<DB: Database>(
     responses(
         (status = 201, description = "A new payment, every time", body = Payment),
         crate::openapi::BodyProblems,
+        (status = 409, description = "The transaction conflicted with a concurrent one (`transaction-conflict`); retrying is safe", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Technical failure", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = crate::openapi::Problem, content_type = "application/problem+json"),
     )
@@ -384,7 +385,9 @@ pub(crate) async fn create_charge<DB: Database>(
     responses(
         (status = 200, description = "The charge", body = Charge),
         (status = 404, description = "No such charge", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The read conflicted with a concurrent transaction (`transaction-conflict`); retrying is safe", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Technical failure", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable (`store-unavailable`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn get_charge<DB: Database>(

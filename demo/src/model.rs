@@ -1,9 +1,14 @@
 //! Requests, responses and their validation. Money is `rust_decimal::Decimal`, never a float,
 //! and always carries two decimal places once validated.
 
+use std::fmt;
+use std::str::FromStr;
+
 use rust_decimal::Decimal;
-use serde::{Deserialize, Serialize};
+use serde::de::{self, IntoDeserializer, Unexpected, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use uuid::Uuid;
 
 use crate::problem::{ApiProblem, invalid};
@@ -26,6 +31,85 @@ fn amount(field: &'static str, value: Decimal) -> Result<Decimal, ApiProblem> {
     let mut value = value;
     value.rescale(2);
     Ok(value)
+}
+
+/// The pattern of an amount sent as a JSON string, as the OpenAPI document gives it.
+const AMOUNT_PATTERN: &str = r"^[0-9]{1,7}(\.[0-9]{1,2})?$";
+
+/// Whether `text` matches [`AMOUNT_PATTERN`]: one to seven digits, then at most two decimals.
+fn is_amount_text(text: &str) -> bool {
+    let digits = |part: &str, max: usize| {
+        (1..=max).contains(&part.len()) && part.bytes().all(|b| b.is_ascii_digit())
+    };
+    match text.split_once('.') {
+        Some((whole, fraction)) => digits(whole, 7) && digits(fraction, 2),
+        None => digits(text, 7),
+    }
+}
+
+/// Reads an amount as the OpenAPI document describes it: a JSON string matching
+/// [`AMOUNT_PATTERN`], or a JSON number (read as `Decimal` reads it). Any other string (`"1e2"`,
+/// `"+5"`, `"1_000"`, which `Decimal` alone would take) is refused, so the document and the
+/// service accept the same bodies.
+fn deserialize_amount<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Decimal, D::Error> {
+    struct Amount;
+
+    impl<'de> Visitor<'de> for Amount {
+        type Value = Decimal;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str(
+                "an amount: a JSON number, or a string of one to seven digits with at most \
+                 two decimals such as \"25.00\"",
+            )
+        }
+
+        fn visit_str<E: de::Error>(self, value: &str) -> Result<Decimal, E> {
+            if !is_amount_text(value) {
+                return Err(E::invalid_value(Unexpected::Str(value), &self));
+            }
+            Decimal::from_str(value).map_err(|_| E::invalid_value(Unexpected::Str(value), &self))
+        }
+
+        fn visit_i64<E: de::Error>(self, value: i64) -> Result<Decimal, E> {
+            <Decimal as Deserialize>::deserialize(value.into_deserializer())
+        }
+
+        fn visit_u64<E: de::Error>(self, value: u64) -> Result<Decimal, E> {
+            <Decimal as Deserialize>::deserialize(value.into_deserializer())
+        }
+
+        fn visit_f64<E: de::Error>(self, value: f64) -> Result<Decimal, E> {
+            <Decimal as Deserialize>::deserialize(value.into_deserializer())
+        }
+    }
+
+    deserializer.deserialize_any(Amount)
+}
+
+/// The OpenAPI schema of an amount: what [`deserialize_amount`] reads. The number form's
+/// bounds are the validation's (positive, at most 1000000); its two decimals are checked by
+/// the service, not the schema (`multipleOf: 0.01` is inexact in binary floating point).
+fn amount_schema() -> Schema {
+    let one_of = OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(AMOUNT_PATTERN)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .exclusive_minimum(Some(0))
+                .maximum(Some(1_000_000)),
+        )
+        .description(Some(
+            "How much: positive, at most two decimals, at most 1000000.00; a string (exact) \
+             or a JSON number",
+        ))
+        .examples([serde_json::json!("25.00")])
+        .build();
+    Schema::OneOf(one_of)
 }
 
 fn text(field: &'static str, value: &str, max: usize) -> Result<(), ApiProblem> {
@@ -53,7 +137,8 @@ pub struct CreatePayment {
     pub recipient: String,
     /// How much: at most two decimals, positive, at most 1000000.00. A JSON number is accepted
     /// too; the string form is exact.
-    #[schema(value_type = String, pattern = r"^[0-9]{1,7}(\.[0-9]{1,2})?$", example = "100.00")]
+    #[schema(schema_with = amount_schema)]
+    #[serde(deserialize_with = "deserialize_amount")]
     pub amount: Decimal,
 }
 
@@ -103,7 +188,8 @@ pub struct CreateRefund {
     #[schema(min_length = 1, max_length = 64)]
     pub payment_id: String,
     /// How much: at most two decimals, positive, at most 1000000.00 (string or number).
-    #[schema(value_type = String, pattern = r"^[0-9]{1,7}(\.[0-9]{1,2})?$", example = "300.00")]
+    #[schema(schema_with = amount_schema)]
+    #[serde(deserialize_with = "deserialize_amount")]
     pub amount: Decimal,
 }
 
@@ -167,7 +253,8 @@ impl CreateCharge {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateDeposit {
     /// How much: positive, at most two decimals, at most 1000000.00.
-    #[schema(value_type = String, pattern = r"^[0-9]{1,7}(\.[0-9]{1,2})?$", example = "25.00")]
+    #[schema(schema_with = amount_schema)]
+    #[serde(deserialize_with = "deserialize_amount")]
     pub amount: Decimal,
 }
 
@@ -180,9 +267,11 @@ impl CreateDeposit {
     }
 }
 
-/// The query of `POST /v2/accounts/{account}/deposits`.
+/// The query of `POST /v2/accounts/{account}/deposits`: `note` and nothing else (another
+/// parameter, or `note` twice, is `400 invalid-request-query`).
 #[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct DepositQuery {
     /// A note kept with the deposit.
     pub note: Option<String>,
@@ -258,6 +347,20 @@ mod tests {
         for bad in ["0", "-1", "100.001", "1000000.01", "\"abc\""] {
             assert!(payment(bad).is_err(), "{bad}");
         }
+        // Strings outside the documented pattern, though `Decimal` would read them.
+        for bad in [
+            "\"1e2\"",
+            "\"+5\"",
+            "\"1_000\"",
+            "\" 5\"",
+            "\"5.\"",
+            "\".5\"",
+            "\"12345678\"",
+        ] {
+            assert!(payment(bad).is_err(), "{bad}");
+        }
+        assert!(payment("\"1000000\"").is_ok());
+        assert!(payment("\"0.5\"").is_ok());
         assert!(payment("1000000.00").is_ok());
     }
 }

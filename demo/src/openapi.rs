@@ -41,10 +41,11 @@ pub struct Problem {
 #[allow(dead_code)] // documentation only
 pub struct KeyHeader {
     #[doc = "1 to 255 visible ASCII characters: bare (without `\"`, `,` or `;`), or as a quoted \
-             Structured Field string where `\\\"` and `\\\\` escape `\"` and `\\`"]
+             Structured Field string where `\\\"` and `\\\\` escape `\"` and `\\`; spaces and tabs \
+             around the value are HTTP's optional whitespace, not part of the key"]
     #[param(
         rename = "Idempotency-Key",
-        pattern = r#"^(?:[!#-+\--:<-~]{1,255}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#
+        pattern = r#"^[ \t]*(?:[!#-+\--:<-~]{1,255}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")[ \t]*$"#
     )]
     key: String,
 }
@@ -64,8 +65,9 @@ pub struct UuidKeyHeader {
 #[into_params(parameter_in = Header)]
 #[allow(dead_code)] // documentation only
 pub struct TenantHeader {
-    /// Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII characters
-    #[param(rename = "X-Tenant-Id", pattern = r"^[!-~]{1,255}$")]
+    /// Scopes the key to a tenant (set by a trusted gateway): 1 to 255 visible ASCII
+    /// characters; spaces and tabs around the value are HTTP's optional whitespace
+    #[param(rename = "X-Tenant-Id", pattern = r"^[ \t]*[!-~]{1,255}[ \t]*$")]
     tenant: Option<String>,
 }
 
@@ -93,7 +95,9 @@ pub enum BodyProblems {
 #[allow(dead_code)] // documentation only
 pub enum IdempotencyProblems {
     /// Idempotency-Key missing or invalid (`idempotency-key-missing`, `idempotency-key-invalid`),
-    /// a body that is not JSON (`invalid-request-body`), or an invalid scope (`scope-invalid`)
+    /// a body that is not JSON (`invalid-request-body`), a query with a parameter the operation
+    /// does not take or one given twice (`invalid-request-query`), or an invalid scope
+    /// (`scope-invalid`)
     #[response(status = 400, content_type = "application/problem+json")]
     BadRequest(Problem),
     /// The same key is still in flight

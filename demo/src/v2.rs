@@ -7,12 +7,14 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_axum::{Error, IdempotencyLayer, IdempotentTx, ProblemJson, rejection_problem};
+use idempotency_axum::{
+    Error, IdempotencyLayer, IdempotentTx, ProblemJson, ProblemQuery, rejection_problem,
+};
 use idempotency_core::Rejection;
 use idempotency_outbox::{Enqueue, NewEvent};
 use uuid::Uuid;
@@ -29,7 +31,10 @@ use crate::scope::OptionalTenant;
 
 /// The `/v2` routes, each behind the layer (UUID keys for `/v2/charges`).
 pub(crate) fn routes<DB: Database>(app: &App<DB>, max_body_bytes: usize) -> Router<Arc<App<DB>>> {
+    // POST only: the layer wraps the routes' 405 answers too, and a PUT must be a 405 whatever
+    // its key.
     let layer = IdempotencyLayer::new(app.service.clone())
+        .methods([Method::POST])
         .scope::<OptionalTenant>()
         .max_request_body(max_body_bytes);
     Router::new()
@@ -205,7 +210,7 @@ pub(crate) async fn create_charge<DB: Database>(
 )]
 pub(crate) async fn create_deposit(
     Path(account): Path<String>,
-    Query(query): Query<DepositQuery>,
+    ProblemQuery(query): ProblemQuery<DepositQuery>,
     ProblemJson(body): ProblemJson<CreateDeposit>,
 ) -> Result<Response, Response> {
     let request = body

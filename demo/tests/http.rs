@@ -610,6 +610,16 @@ async fn openapi_document_lists_every_endpoint() {
             "POST /api/payments {status} undocumented"
         );
     }
+    // An amount is a string of the pattern or a JSON number, as the service reads it.
+    for schema in ["CreatePayment", "CreateRefund", "CreateDeposit"] {
+        let amount = &doc.body["components"]["schemas"][schema]["properties"]["amount"];
+        let forms = amount["oneOf"].as_array().unwrap();
+        assert_eq!(forms[0]["type"], "string", "{schema}: {amount}");
+        assert_eq!(forms[0]["pattern"], r"^[0-9]{1,7}(\.[0-9]{1,2})?$");
+        assert_eq!(forms[1]["type"], "number", "{schema}: {amount}");
+        assert_eq!(forms[1]["exclusiveMinimum"], 0, "{schema}: {amount}");
+        assert_eq!(forms[1]["maximum"], 1_000_000, "{schema}: {amount}");
+    }
 }
 
 /// Without idempotency, a retry is a second payment: the contrast the other endpoints avoid.

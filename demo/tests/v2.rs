@@ -303,3 +303,71 @@ async fn a_deposit_to_another_account_under_the_same_key_is_422() {
     .await;
     assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
 }
+
+fn problem_type(reply: &Reply) -> String {
+    assert_eq!(
+        reply.headers.get("content-type").unwrap(),
+        "application/problem+json"
+    );
+    let problem: Value = serde_json::from_slice(&reply.body).unwrap();
+    let uri = problem["type"].as_str().unwrap();
+    uri.rsplit('/').next().unwrap().to_owned()
+}
+
+/// The deposit's query and amount are taken as the OpenAPI document gives them, and a refused
+/// one stores nothing under the key: a query parameter other than `note`, or `note` twice, is
+/// `400 invalid-request-query`; an amount string outside `^[0-9]{1,7}(\.[0-9]{1,2})?$` (which
+/// `Decimal` alone would read: `"1e2"`, `"+5"`, `"1_000"`) is `422 invalid-request-body`. The
+/// corrected request then runs under the same key. A JSON number is an amount, as documented.
+#[tokio::test]
+async fn a_deposit_refuses_what_its_openapi_document_refuses_and_stores_nothing() {
+    let (app, _pool) = demo().await;
+    let refused_queries = [
+        "/v2/accounts/A/deposits?memo=rent",
+        "/v2/accounts/A/deposits?note=rent&note=food",
+        "/v2/accounts/A/deposits?note=rent&=null",
+    ];
+    for (n, uri) in refused_queries.into_iter().enumerate() {
+        let key = format!("dep-query-{n}");
+        let refused = post(&app, uri, Some(&key), r#"{"amount": "25.00"}"#).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{uri}");
+        assert_eq!(problem_type(&refused), "invalid-request-query", "{uri}");
+        let corrected = post(
+            &app,
+            "/v2/accounts/A/deposits?note=rent",
+            Some(&key),
+            r#"{"amount": "25.00"}"#,
+        )
+        .await;
+        assert_eq!(corrected.status, StatusCode::CREATED, "after {uri}");
+        assert!(!corrected.replayed());
+    }
+    for (n, amount) in [r#""1e2""#, r#""+5""#, r#""1_000""#, r#"" 5""#, r#""5.""#]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("dep-amount-{n}");
+        let body = format!(r#"{{"amount": {amount}}}"#);
+        let refused = post(&app, "/v2/accounts/A/deposits", Some(&key), &body).await;
+        assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(problem_type(&refused), "invalid-request-body", "{body}");
+        let corrected = post(
+            &app,
+            "/v2/accounts/A/deposits",
+            Some(&key),
+            r#"{"amount": "100.00"}"#,
+        )
+        .await;
+        assert_eq!(corrected.status, StatusCode::CREATED, "after {body}");
+    }
+    let number = post(
+        &app,
+        "/v2/accounts/A/deposits",
+        Some("dep-number"),
+        r#"{"amount": 834}"#,
+    )
+    .await;
+    assert_eq!(number.status, StatusCode::CREATED);
+    let deposit: Value = serde_json::from_slice(&number.body).unwrap();
+    assert_eq!(deposit["amount"], "834.00");
+}
