@@ -54,6 +54,8 @@ fn ops_code(error: &OpsError) -> u8 {
         // A change whose connection failed: unreachable, and its message says it may have
         // been applied.
         OpsError::Unconfirmed { .. } => 6,
+        // The runtime shutting down under the command (a signal): nothing changed.
+        OpsError::ShuttingDown { .. } => 6,
         OpsError::Outbox(idempotency::outbox::Error::RequeueOutOfOrder { .. }) => 4,
         _ => 1,
     }

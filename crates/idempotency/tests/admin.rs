@@ -545,7 +545,8 @@ async fn an_eviction_drops_the_serving_instances_l1_entry() {
 
 /// An admin router's eviction after its service's shutdown refuses before it deletes
 /// anything (before: it deleted the record, waited 5 s for the Redis client the shutdown had
-/// quit, then reported the entry left).
+/// quit, then reported the entry left), with 503 `admin-shutting-down` (before: 400
+/// `admin-unsupported`, as if the request were wrong).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
     use idempotency::ops::{Actor, Operations};
@@ -559,7 +560,15 @@ async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
     let (idempotency, app) = served(&settings, pool.clone()).await;
     idempotency.shutdown().await;
     let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // 503, not 400: the request is right, the service is what can no longer run it.
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/admin-shutting-down"),
+        "{body}"
+    );
     assert!(
         body["detail"].as_str().unwrap().contains("shut down"),
         "{body}"

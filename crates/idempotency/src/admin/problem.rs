@@ -96,6 +96,12 @@ impl From<OpsError> for Problem {
                 "Not supported here",
                 error.to_string(),
             ),
+            OpsError::ShuttingDown { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "admin-shutting-down",
+                "Service shutting down",
+                error.to_string(),
+            ),
             OpsError::Outbox(idempotency_outbox::Error::RequeueOutOfOrder { ref ids }) => {
                 let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
                 Self::new(

@@ -34,6 +34,16 @@ pub enum OpsError {
         /// Why not, and what would make it apply.
         reason: String,
     },
+    /// The service or its runtime is shutting down, and the operation would need what it
+    /// quits (the service's Redis client): refused before anything changed. Run it again on
+    /// a running instance (or with the CLI).
+    #[error("{operation}: {reason}")]
+    ShuttingDown {
+        /// The operation.
+        operation: &'static str,
+        /// What is shutting down, and that nothing changed.
+        reason: String,
+    },
     /// An outbox operation, but the configuration has no `outbox` section.
     #[error("no outbox is configured: the configuration has no `outbox` section")]
     NoOutbox,

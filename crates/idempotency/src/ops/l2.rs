@@ -110,7 +110,7 @@ impl L2 {
         if self.closed() {
             // Its deletion would wait for a client that never connects again, after the
             // record's: refused before anything is deleted.
-            return Err(OpsError::Unsupported {
+            return Err(OpsError::ShuttingDown {
                 operation: "keys evict",
                 reason: "the service has shut down and quit its Redis client; nothing was \
                          deleted"
@@ -137,7 +137,7 @@ impl L2 {
         match connect.await {
             Ok(connected) => Ok(connected?),
             Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
-            Err(_) => Err(OpsError::Unsupported {
+            Err(_) => Err(OpsError::ShuttingDown {
                 operation: "keys evict",
                 reason: "the runtime is shutting down: the Redis client was not connected"
                     .to_owned(),
