@@ -54,7 +54,8 @@ fn ops_code(error: &OpsError) -> u8 {
         // A change whose connection failed: unreachable, and its message says it may have
         // been applied.
         OpsError::Unconfirmed { .. } => 6,
-        // The runtime shutting down under the command (a signal): nothing changed.
+        // A service shutting down (the CLI's own runtime never does while a command runs):
+        // nothing changed, try again where it runs.
         OpsError::ShuttingDown { .. } => 6,
         OpsError::Outbox(idempotency::outbox::Error::RequeueOutOfOrder { .. }) => 4,
         _ => 1,

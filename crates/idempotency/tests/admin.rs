@@ -645,6 +645,81 @@ async fn a_shutdown_while_an_eviction_deletes_reports_the_entry_left() {
     );
 }
 
+/// An eviction its runtime's shutdown cancels while its deletion waits (the record's row
+/// locked; the caller awaits it from outside the runtime): `OpsError::Unconfirmed`, since a
+/// cancellation may come after the deletion (before: `Unsupported`, which says nothing was
+/// changed).
+#[test]
+fn an_eviction_its_runtimes_shutdown_cancels_is_unconfirmed() {
+    use idempotency::ops::{Actor, Operations, OpsError};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    let (db, ops, lock, locker) = runtime.block_on(async {
+        let db = Db::postgres().await;
+        db.seed().await;
+        let admin_common::Pool::Pg(pool) = &db.pool else {
+            unreachable!()
+        };
+        let settings = admin_common::settings(false);
+        let ops = Operations::new(pool.clone(), &settings, Actor::new("tester"))
+            .await
+            .unwrap();
+        let mut lock = pool.begin().await.unwrap();
+        let locker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *lock)
+            .await
+            .unwrap();
+        sqlx::query("SELECT 1 FROM admin_records WHERE idempotency_key = 'k-done' FOR UPDATE")
+            .execute(&mut *lock)
+            .await
+            .unwrap();
+        (db, ops, lock, locker)
+    });
+    let evicting = std::thread::spawn({
+        let handle = handle.clone();
+        move || handle.block_on(ops.key_evict(&paid("k-done"), false))
+    });
+    runtime.block_on(async {
+        let admin_common::Pool::Pg(pool) = &db.pool else {
+            unreachable!()
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(locker)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the eviction's deletion waits for the lock"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    });
+    runtime.shutdown_background();
+    let result = evicting.join().unwrap();
+    // The connections' drops hand them back to their runtime's pool.
+    let entered = handle.enter();
+    drop((lock, db));
+    drop(entered);
+    match result {
+        Err(OpsError::Unconfirmed { source }) => {
+            assert!(matches!(*source, OpsError::ShuttingDown { .. }), "{source}");
+        }
+        other => panic!("expected Unconfirmed, got {other:?}"),
+    }
+}
+
 /// The id of `key` of operation `PAY` in scope `tenant-a` (the seeded records').
 fn paid(key: &str) -> idempotency::core::RecordId {
     idempotency::core::RecordId::new(

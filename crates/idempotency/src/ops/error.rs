@@ -36,7 +36,8 @@ pub enum OpsError {
     },
     /// The service or its runtime is shutting down, and the operation would need what it
     /// quits (the service's Redis client): refused before anything changed. Run it again on
-    /// a running instance (or with the CLI).
+    /// a running instance (or with the CLI). An eviction the runtime's shutdown cut short is
+    /// this inside [`OpsError::Unconfirmed`]: it may have deleted the record.
     #[error("{operation}: {reason}")]
     ShuttingDown {
         /// The operation.

@@ -315,9 +315,15 @@ impl<D: AdminDatabase> Operations<D> {
         match eviction.await {
             Ok(eviction) => eviction,
             Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
-            Err(_) => Err(OpsError::Unsupported {
-                operation: "keys evict",
-                reason: "the runtime is shutting down".to_owned(),
+            // Cancelled by its runtime's shutdown, at any point of the eviction: the record
+            // may already be deleted and its cache entries left.
+            Err(_) => Err(OpsError::Unconfirmed {
+                source: Box::new(OpsError::ShuttingDown {
+                    operation: "keys evict",
+                    reason: "the runtime shut down during the eviction; evict the key again \
+                             on a running instance"
+                        .to_owned(),
+                }),
             }),
         }
     }
