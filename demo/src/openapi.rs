@@ -95,9 +95,9 @@ pub enum BodyProblems {
 #[allow(dead_code)] // documentation only
 pub enum IdempotencyProblems {
     /// Idempotency-Key missing or invalid (`idempotency-key-missing`, `idempotency-key-invalid`),
-    /// a body that is not JSON (`invalid-request-body`), a query with a parameter the operation
-    /// does not take or one given twice (`invalid-request-query`), or an invalid scope
-    /// (`scope-invalid`)
+    /// a body that is not JSON (`invalid-request-body`), a query the operation refuses
+    /// (`invalid-request-query`: a deposit's parameter other than `note`, or `note` twice), or
+    /// an invalid scope (`scope-invalid`)
     #[response(status = 400, content_type = "application/problem+json")]
     BadRequest(Problem),
     /// The same key is still in flight

@@ -89,7 +89,9 @@ kinds! {
     /// (422, set by [`ProblemJson`](crate::ProblemJson)); `detail` says where.
     InvalidRequestBody => "invalid-request-body", BAD_REQUEST, "The request body is invalid";
     /// The query string does not match the endpoint's type (set by
-    /// [`ProblemQuery`](crate::ProblemQuery)); `detail` says why.
+    /// [`ProblemQuery`](crate::ProblemQuery)); `detail` says why. Like the body's refusals,
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer) never stores it, whoever built it: a
+    /// handler that did work before refusing must answer with another kind.
     InvalidRequestQuery => "invalid-request-query", BAD_REQUEST, "The request query is invalid";
     /// The request body is not `application/json` (or `application/*+json`), or has no
     /// `Content-Type`.
