@@ -596,37 +596,12 @@ async fn a_shutdown_while_an_eviction_deletes_reports_the_entry_left() {
         unreachable!()
     };
     let (idempotency, app) = served(&settings, pool.clone()).await;
-    let mut lock = pool.begin().await.unwrap();
-    let locker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *lock)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1 FROM admin_records WHERE idempotency_key = 'k-done' FOR UPDATE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let (lock, locker) = lock_record(pool, "k-done").await;
     let evicting = tokio::spawn({
         let app = app.clone();
         async move { post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await }
     });
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(locker)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the eviction's deletion waits for the lock"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_blocked_by(pool, locker).await;
     idempotency.shutdown().await;
     lock.rollback().await.unwrap();
     let (status, body) = evicting.await.unwrap();
@@ -668,15 +643,7 @@ fn an_eviction_its_runtimes_shutdown_cancels_is_unconfirmed() {
         let ops = Operations::new(pool.clone(), &settings, Actor::new("tester"))
             .await
             .unwrap();
-        let mut lock = pool.begin().await.unwrap();
-        let locker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *lock)
-            .await
-            .unwrap();
-        sqlx::query("SELECT 1 FROM admin_records WHERE idempotency_key = 'k-done' FOR UPDATE")
-            .execute(&mut *lock)
-            .await
-            .unwrap();
+        let (lock, locker) = lock_record(pool, "k-done").await;
         (db, ops, lock, locker)
     });
     let evicting = std::thread::spawn({
@@ -687,24 +654,7 @@ fn an_eviction_its_runtimes_shutdown_cancels_is_unconfirmed() {
         let admin_common::Pool::Pg(pool) = &db.pool else {
             unreachable!()
         };
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-            )
-            .bind(locker)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the eviction's deletion waits for the lock"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        wait_blocked_by(pool, locker).await;
     });
     runtime.shutdown_background();
     let result = evicting.join().unwrap();
@@ -717,6 +667,46 @@ fn an_eviction_its_runtimes_shutdown_cancels_is_unconfirmed() {
             assert!(matches!(*source, OpsError::ShuttingDown { .. }), "{source}");
         }
         other => panic!("expected Unconfirmed, got {other:?}"),
+    }
+}
+
+/// A transaction holding `key`'s record row locked, and its backend's pid.
+async fn lock_record(
+    pool: &sqlx::PgPool,
+    key: &str,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, i32) {
+    let mut lock = pool.begin().await.unwrap();
+    let locker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *lock)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM admin_records WHERE idempotency_key = $1 FOR UPDATE")
+        .bind(key)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    (lock, locker)
+}
+
+/// Waits until a statement waits for `locker`'s lock (the eviction's deletion).
+async fn wait_blocked_by(pool: &sqlx::PgPool, locker: i32) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(locker)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the eviction's deletion waits for the lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
