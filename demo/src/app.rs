@@ -3,13 +3,13 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idempotency_axum::{
-    Error, IdempotencyKeyHeader, OutcomeExt, ProblemJson, ScopedKey, UuidKeyHeader,
+    Error, IdempotencyKeyHeader, OutcomeExt, ProblemJson, ProblemPath, ScopedKey, UuidKeyHeader,
 };
 use idempotency_core::ExecutionResult;
 use idempotency_outbox::{Enqueue, NewEvent};
@@ -384,6 +384,7 @@ pub(crate) async fn create_charge<DB: Database>(
     params(("id" = String, Path, description = "The charge id")),
     responses(
         (status = 200, description = "The charge", body = Charge),
+        (status = 400, description = "The id is not UTF-8 once percent-decoded (`invalid-request-path`)", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such charge", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The read conflicted with a concurrent transaction (`transaction-conflict`); retrying is safe", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Technical failure", body = crate::openapi::Problem, content_type = "application/problem+json"),
@@ -392,7 +393,7 @@ pub(crate) async fn create_charge<DB: Database>(
 )]
 pub(crate) async fn get_charge<DB: Database>(
     State(app): State<Arc<App<DB>>>,
-    Path(id): Path<String>,
+    ProblemPath(id): ProblemPath<String>,
 ) -> Result<Response, Response> {
     let id = Uuid::parse_str(&id).map_err(|_| not_found("charge").into_response())?;
     match app.db.find_charge(id).await {

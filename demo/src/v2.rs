@@ -7,13 +7,14 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotency_axum::{
-    Error, IdempotencyLayer, IdempotentTx, ProblemJson, ProblemQuery, rejection_problem,
+    Error, IdempotencyLayer, IdempotentTx, ProblemJson, ProblemPath, ProblemQuery,
+    rejection_problem,
 };
 use idempotency_core::Rejection;
 use idempotency_outbox::{Enqueue, NewEvent};
@@ -209,7 +210,7 @@ pub(crate) async fn create_charge<DB: Database>(
     )
 )]
 pub(crate) async fn create_deposit(
-    Path(account): Path<String>,
+    ProblemPath(account): ProblemPath<String>,
     ProblemQuery(query): ProblemQuery<DepositQuery>,
     ProblemJson(body): ProblemJson<CreateDeposit>,
 ) -> Result<Response, Response> {

@@ -176,6 +176,11 @@ async fn same_key_creates_one_charge_and_one_outbox_row() {
     .await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert_eq!(missing.problem_type(), "not-found");
+    // An id that is not UTF-8 once percent-decoded: the documented 400 problem, not axum's
+    // plain text.
+    let not_utf8 = send(&app, "GET", "/charges/%FF", &[], "").await;
+    assert_eq!(not_utf8.status, StatusCode::BAD_REQUEST);
+    assert_eq!(not_utf8.problem_type(), "invalid-request-path");
 }
 
 /// Reference 000: the same key with a different amount is 422; a key that is not a UUID is 400.

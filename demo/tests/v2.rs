@@ -314,6 +314,36 @@ fn problem_type(reply: &Reply) -> String {
     uri.rsplit('/').next().unwrap().to_owned()
 }
 
+/// An account that is not UTF-8 once percent-decoded (`%FF`, `%C3%28`) is `400
+/// invalid-request-path`, a problem like every other refusal the document lists, and stores
+/// nothing under the key: the retry to the corrected account runs (it is not `422
+/// idempotency-key-reused`).
+#[tokio::test]
+async fn a_deposit_to_an_account_that_is_not_utf8_stores_nothing() {
+    let (app, _pool) = demo().await;
+    for (n, account) in ["%FF", "%C3%28", "A%FFB"].into_iter().enumerate() {
+        let key = format!("dep-path-{n}");
+        let uri = format!("/v2/accounts/{account}/deposits");
+        let refused = post(&app, &uri, Some(&key), r#"{"amount": "25.00"}"#).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{uri}: {}",
+            String::from_utf8_lossy(&refused.body)
+        );
+        assert_eq!(problem_type(&refused), "invalid-request-path", "{uri}");
+        let corrected = post(
+            &app,
+            "/v2/accounts/A/deposits",
+            Some(&key),
+            r#"{"amount": "25.00"}"#,
+        )
+        .await;
+        assert_eq!(corrected.status, StatusCode::CREATED, "after {uri}");
+        assert!(!corrected.replayed());
+    }
+}
+
 /// The deposit's query and amount are taken as the OpenAPI document gives them, and a refused
 /// one stores nothing under the key: a query parameter other than `note`, or `note` twice, is
 /// `400 invalid-request-query`; an amount string outside `^[0-9]{1,7}(\.[0-9]{1,2})?$` (which

@@ -7,6 +7,7 @@ mod header;
 mod json;
 mod layer;
 mod outcome;
+mod path;
 mod problem;
 mod query;
 mod scope;
@@ -22,6 +23,7 @@ pub use layer::{
     LeasedMiddleware, Mode, Optimistic, ScopeRequired, SharedScope, StoredStatuses,
 };
 pub use outcome::{IdempotentJson, IdempotentResponse, OutcomeExt, rejection_problem};
+pub use path::ProblemPath;
 pub use problem::{
     KEY_CONFLICT_CODE, PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem, ProblemExtensions, ProblemKind,
 };

@@ -93,6 +93,10 @@ kinds! {
     /// [`IdempotencyLayer`](crate::IdempotencyLayer) never stores it, whoever built it: a
     /// handler that did work before refusing must answer with another kind.
     InvalidRequestQuery => "invalid-request-query", BAD_REQUEST, "The request query is invalid";
+    /// A path parameter does not match the endpoint's type, or is not UTF-8 once
+    /// percent-decoded (set by [`ProblemPath`](crate::ProblemPath)); `detail` says why. Never
+    /// stored by [`IdempotencyLayer`](crate::IdempotencyLayer), like the query's refusal.
+    InvalidRequestPath => "invalid-request-path", BAD_REQUEST, "The request path is invalid";
     /// The request body is not `application/json` (or `application/*+json`), or has no
     /// `Content-Type`.
     UnsupportedMediaType => "unsupported-media-type", UNSUPPORTED_MEDIA_TYPE, "The request body must be application/json";
@@ -223,13 +227,13 @@ impl fmt::Display for Problem {
 }
 
 /// Marks the response of a request refused before its handler executed (its extractors
-/// refused the body or the query): [`IdempotencyLayer`](crate::IdempotencyLayer) never stores
+/// refused the body, the query or the path): [`IdempotencyLayer`](crate::IdempotencyLayer) never stores
 /// it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RefusedRequest;
 
 impl ProblemKind {
-    /// Whether a problem of this kind refuses the request body or query, before anything
+    /// Whether a problem of this kind refuses the request body, query or path, before anything
     /// executes.
     fn refuses_request(self) -> bool {
         matches!(
@@ -238,6 +242,7 @@ impl ProblemKind {
                 | Self::BodyUnreadable
                 | Self::InvalidRequestBody
                 | Self::InvalidRequestQuery
+                | Self::InvalidRequestPath
                 | Self::UnsupportedMediaType
         )
     }

@@ -1,7 +1,8 @@
-//! A body or query the handler's extractors refuse stores nothing under the key: the corrected
+//! A body, query or path the handler's extractors refuse stores nothing under the key: the corrected
 //! retry runs (it is not `422 idempotency-key-reused`). A rejection the handler itself returns (a
 //! business 422) is stored and replayed as before. A JSON body nested deeper than
-//! `MAX_JSON_DEPTH` never reaches the handler. Both modes, on PostgreSQL and SQLite.
+//! `MAX_JSON_DEPTH` never reaches the handler. Every mode of the layer (claim-first, leased,
+//! optimistic), on PostgreSQL and SQLite.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly on unexpected errors
 
@@ -12,14 +13,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use idempotency_axum::{IdempotencyLayer, ProblemJson, ProblemQuery, SharedScope};
+use idempotency_axum::{IdempotencyLayer, ProblemJson, ProblemPath, ProblemQuery, SharedScope};
 use idempotency_core::IdempotencyService;
+use idempotency_core::store::InsertCompleted;
 use serde::Deserialize;
 use support::Reply;
 use support::stores::Backend;
@@ -29,6 +31,7 @@ use tower::ServiceExt;
 enum Mode {
     Transactional,
     Leased,
+    Optimistic,
 }
 
 #[derive(Deserialize)]
@@ -79,6 +82,30 @@ async fn plain_query(
     answer(&calls, &deposit)
 }
 
+async fn problem_path(
+    State(calls): State<Arc<AtomicUsize>>,
+    ProblemPath(_): ProblemPath<String>,
+    ProblemJson(deposit): ProblemJson<Deposit>,
+) -> Response {
+    answer(&calls, &deposit)
+}
+
+async fn problem_number(
+    State(calls): State<Arc<AtomicUsize>>,
+    ProblemPath(_): ProblemPath<u32>,
+    ProblemJson(deposit): ProblemJson<Deposit>,
+) -> Response {
+    answer(&calls, &deposit)
+}
+
+async fn plain_path(
+    State(calls): State<Arc<AtomicUsize>>,
+    Path(_): Path<String>,
+    ProblemJson(deposit): ProblemJson<Deposit>,
+) -> Response {
+    answer(&calls, &deposit)
+}
+
 /// Any JSON value, as axum's `Json` reads it (serde_json reads 128 levels).
 async fn value(
     State(calls): State<Arc<AtomicUsize>>,
@@ -106,7 +133,7 @@ fn nested_body(depth: usize) -> String {
     )
 }
 
-fn app<B: Backend>(store: B, mode: Mode) -> (Router, Arc<AtomicUsize>) {
+fn app<B: Backend + InsertCompleted>(store: B, mode: Mode) -> (Router, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(IdempotencyService::new(store)).scope::<SharedScope>();
     let routes = Router::new()
@@ -115,10 +142,14 @@ fn app<B: Backend>(store: B, mode: Mode) -> (Router, Arc<AtomicUsize>) {
         .route("/value", post(value))
         .route("/problem-value", post(problem_value))
         .route("/problem-query", post(problem_query))
-        .route("/plain-query", post(plain_query));
+        .route("/plain-query", post(plain_query))
+        .route("/problem-path/{account}", post(problem_path))
+        .route("/problem-number/{account}", post(problem_number))
+        .route("/plain-path/{account}", post(plain_path));
     let routes = match mode {
         Mode::Transactional => routes.route_layer(layer),
         Mode::Leased => routes.route_layer(layer.leased(Duration::from_secs(60))),
+        Mode::Optimistic => routes.route_layer(layer.optimistic()),
     };
     (routes.with_state(Arc::clone(&calls)), calls)
 }
@@ -142,6 +173,16 @@ async fn send(app: &Router, uri: &str, key: &str, content_type: Option<&str>, bo
 }
 
 const JSON: Option<&str> = Some("application/json");
+
+/// How often the handler runs: `claim_first` times in the claim-first and leased modes, and
+/// `more` times more in the optimistic one, whose handler also runs (and is rolled back) for
+/// a replay and for a key reused with another payload.
+fn runs(mode: Mode, claim_first: usize, more: usize) -> usize {
+    match mode {
+        Mode::Optimistic => claim_first + more,
+        Mode::Transactional | Mode::Leased => claim_first,
+    }
+}
 
 /// The refused request, then the corrected one under the same key: it runs.
 async fn refused_then_corrected(
@@ -167,7 +208,7 @@ async fn refused_then_corrected(
     refused
 }
 
-async fn a_body_the_extractors_refuse_stores_nothing<B: Backend>(mode: Mode) {
+async fn a_body_the_extractors_refuse_stores_nothing<B: Backend + InsertCompleted>(mode: Mode) {
     let (store, _cleanup) = B::fresh().await;
     let (app, calls) = app(store, mode);
     // axum's plain Json: a syntax error is its plain-text 400.
@@ -195,7 +236,7 @@ async fn a_body_the_extractors_refuse_stores_nothing<B: Backend>(mode: Mode) {
 /// invalid-request-query` and stores nothing: the retry with the corrected query runs under
 /// the same key. axum's plain `Query` refusal is a plain-text 400 the layer stores like the
 /// handler's own, as documented: the corrected retry is another payload.
-async fn a_query_the_extractor_refuses_stores_nothing<B: Backend>(mode: Mode) {
+async fn a_query_the_extractor_refuses_stores_nothing<B: Backend + InsertCompleted>(mode: Mode) {
     let (store, _cleanup) = B::fresh().await;
     let (app, calls) = app(store, mode);
     let body = r#"{"amount": 10}"#;
@@ -225,7 +266,46 @@ async fn a_query_the_extractor_refuses_stores_nothing<B: Backend>(mode: Mode) {
         .assert_problem(422, "idempotency-key-reused");
     assert_eq!(
         calls.load(Ordering::SeqCst),
-        2,
+        runs(mode, 2, 1),
+        "only the corrected requests ran"
+    );
+}
+
+/// `ProblemPath` refusing a path parameter (not UTF-8 once percent-decoded, not of the
+/// parameter's type) answers `400 invalid-request-path` and stores nothing: the retry to the
+/// corrected path runs under the same key. axum's plain `Path` refusal is a plain-text 400 the
+/// layer stores like the handler's own, as documented: the corrected retry is another target.
+async fn a_path_the_extractor_refuses_stores_nothing<B: Backend + InsertCompleted>(mode: Mode) {
+    let (store, _cleanup) = B::fresh().await;
+    let (app, calls) = app(store, mode);
+    let body = r#"{"amount": 10}"#;
+    for (refused_uri, corrected_uri) in [
+        ("/problem-path/%FF", "/problem-path/A"),
+        ("/problem-path/A%C3%28", "/problem-path/A"),
+        ("/problem-number/alice", "/problem-number/7"),
+        ("/problem-number/-1", "/problem-number/7"),
+    ] {
+        let key = idempotency_testing::unique_name("refused-path");
+        let refused = send(&app, refused_uri, &key, JSON, body).await;
+        refused.assert_problem(400, "invalid-request-path");
+        assert!(!refused.is_replay());
+        let corrected = send(&app, corrected_uri, &key, JSON, body).await;
+        assert_eq!(
+            (corrected.status, corrected.text().as_str()),
+            (StatusCode::CREATED, "deposited 10"),
+            "the corrected retry of {refused_uri} runs"
+        );
+        assert!(!corrected.is_replay());
+    }
+    let key = idempotency_testing::unique_name("plain-path");
+    let refused = send(&app, "/plain-path/%FF", &key, JSON, body).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    send(&app, "/plain-path/A", &key, JSON, body)
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        runs(mode, 4, 1),
         "only the corrected requests ran"
     );
 }
@@ -234,7 +314,11 @@ async fn a_query_the_extractor_refuses_stores_nothing<B: Backend>(mode: Mode) {
 /// acquired: `422 invalid-request-body` (`reason: too-deep`), the handler never runs (even one
 /// whose extractor would take it), nothing is stored, a retry is refused the same way, and the
 /// key stays free for a body of the deepest allowed nesting.
-async fn a_body_nested_deeper_than_the_limit_never_reaches_the_handler<B: Backend>(mode: Mode) {
+async fn a_body_nested_deeper_than_the_limit_never_reaches_the_handler<
+    B: Backend + InsertCompleted,
+>(
+    mode: Mode,
+) {
     let (store, _cleanup) = B::fresh().await;
     let (app, calls) = app(store, mode);
     let depth = idempotency_core::MAX_JSON_DEPTH;
@@ -269,7 +353,7 @@ async fn a_body_nested_deeper_than_the_limit_never_reaches_the_handler<B: Backen
     assert!(!first.is_replay());
     let again = send(&app, "/value", &key, JSON, &nested_body(depth)).await;
     assert!(again.is_replay());
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), runs(mode, 1, 1));
     // A body not declared JSON is the handler's to judge (axum's Json answers 415).
     let key = idempotency_testing::unique_name("not-json");
     let not_json = send(
@@ -319,7 +403,7 @@ async fn problem_json_refuses_a_body_nested_deeper_than_the_limit() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-async fn a_rejection_the_handler_returns_is_stored<B: Backend>(mode: Mode) {
+async fn a_rejection_the_handler_returns_is_stored<B: Backend + InsertCompleted>(mode: Mode) {
     let (store, _cleanup) = B::fresh().await;
     let (app, calls) = app(store, mode);
     for uri in ["/plain", "/problem"] {
@@ -333,7 +417,7 @@ async fn a_rejection_the_handler_returns_is_stored<B: Backend>(mode: Mode) {
             .await
             .assert_problem(422, "idempotency-key-reused");
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), runs(mode, 2, 4));
 }
 
 macro_rules! every_case {
@@ -356,6 +440,15 @@ macro_rules! every_case {
                 }
             )*
         }
+        mod optimistic {
+            use super::super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $name() {
+                    super::super::$name::<$store>(Mode::Optimistic).await;
+                }
+            )*
+        }
     };
 }
 
@@ -363,6 +456,7 @@ mod postgres {
     every_case!(idempotency_pg::PgStore;
         a_body_the_extractors_refuse_stores_nothing,
         a_query_the_extractor_refuses_stores_nothing,
+        a_path_the_extractor_refuses_stores_nothing,
         a_body_nested_deeper_than_the_limit_never_reaches_the_handler,
         a_rejection_the_handler_returns_is_stored,
     );
@@ -372,6 +466,7 @@ mod sqlite {
     every_case!(idempotency_sqlite::SqliteStore;
         a_body_the_extractors_refuse_stores_nothing,
         a_query_the_extractor_refuses_stores_nothing,
+        a_path_the_extractor_refuses_stores_nothing,
         a_body_nested_deeper_than_the_limit_never_reaches_the_handler,
         a_rejection_the_handler_returns_is_stored,
     );

@@ -22,9 +22,10 @@ where
     /// Whether `response` is stored: a status [`StoredStatuses`](super::StoredStatuses)
     /// stores, unless the request never executed. A request refused by the handler's
     /// extractors stores nothing, so the corrected retry runs: a problem that refuses the body
-    /// (`ProblemJson`'s rejections, `400 invalid-request-body`, `413`, `415`) or the query
-    /// (`ProblemQuery`'s `400 invalid-request-query`), or any 4xx to a body declared JSON that
-    /// does not parse (axum's `Json` refuses it as plain text).
+    /// (`ProblemJson`'s rejections, `400 invalid-request-body`, `413`, `415`), the query
+    /// (`ProblemQuery`'s `400 invalid-request-query`) or a path parameter (`ProblemPath`'s
+    /// `400 invalid-request-path`), or any 4xx to a body declared JSON that does not parse
+    /// (axum's `Json` refuses it as plain text).
     pub(super) fn stores(&self, keyed: Option<&Keyed>, response: &Response) -> bool {
         let status = response.status();
         if !self.settings.statuses.stores(status) {
