@@ -10,6 +10,7 @@ use std::future::Future;
 use std::time::SystemTime;
 
 use crate::key::RecordId;
+use crate::lease::FencingToken;
 use crate::record::RecordStatus;
 use crate::store::{IdempotencyStore, StoreError};
 
@@ -21,8 +22,58 @@ pub enum Eviction {
     /// No committed record has the key.
     NotFound,
     /// The record is `PROCESSING` (a leased claim whose holder may still be running) and
-    /// eviction was not forced: nothing was deleted.
+    /// eviction was not forced, or forced for another claim than this one (a takeover since
+    /// the operator looked): nothing was deleted.
     InProgress,
+}
+
+/// Which `PROCESSING` record [`KeyAdmin::evict`] may delete; a settled one (`COMPLETED`,
+/// `REJECTED`) is deleted whatever this says.
+///
+/// A claim is named by its lease (fencing) token, read with [`KeyAdmin::lease_token`] when the
+/// operator is shown the record: a takeover of an expired lease keeps the row and its
+/// `created_at` but takes a new token, so forcing the claim that was shown never ends the
+/// claim of a holder that took the key over since.
+///
+/// ```
+/// use idempotency_core::RecordStatus;
+/// use idempotency_core::admin::Force;
+/// use idempotency_core::lease::FencingToken;
+///
+/// let shown = Force::Claim(Some(FencingToken(7)));
+/// assert!(shown.allows(RecordStatus::Processing, Some(FencingToken(7))));
+/// assert!(!shown.allows(RecordStatus::Processing, Some(FencingToken(8)))); // taken over
+/// assert!(!Force::No.allows(RecordStatus::Processing, Some(FencingToken(7))));
+/// assert!(Force::No.allows(RecordStatus::Completed, None));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Force {
+    /// None: a `PROCESSING` record is left alone ([`Eviction::InProgress`]).
+    #[default]
+    No,
+    /// The `PROCESSING` record whose lease token is this one (`None`: a record that carries
+    /// none, such as a claim committed without a lease).
+    Claim(Option<FencingToken>),
+}
+
+impl Force {
+    /// Whether a record of `status` carrying lease token `token` may be deleted.
+    pub fn allows(self, status: RecordStatus, token: Option<FencingToken>) -> bool {
+        match (status, self) {
+            (RecordStatus::Processing, Self::No) => false,
+            (RecordStatus::Processing, Self::Claim(shown)) => shown == token,
+            (RecordStatus::Completed | RecordStatus::Rejected, _) => true,
+        }
+    }
+
+    /// The token the `PROCESSING` record must carry, for a store that compares it in SQL:
+    /// `(forced, token)`.
+    pub fn claim(self) -> (bool, Option<i64>) {
+        match self {
+            Self::No => (false, None),
+            Self::Claim(token) => (true, token.map(|token| token.0)),
+        }
+    }
 }
 
 /// One group of [`KeyStats`]: the records of one operation in one status.
@@ -94,14 +145,23 @@ impl KeyStats {
 /// Optional capability: what an operator does to the records table.
 pub trait KeyAdmin: IdempotencyStore {
     /// Deletes the committed record of `id`, so that the next request with the key runs the
-    /// action again. A `PROCESSING` record is left alone unless `force`: its holder may still
-    /// be running, and a second run would run beside it. A key held by an uncommitted
-    /// transaction is invisible here and reads as [`Eviction::NotFound`].
+    /// action again. A `PROCESSING` record is left alone unless `force` names it (its holder
+    /// may still be running, and a second run would run beside it): the read of its status
+    /// and token and the deletion cannot be split by another writer. A key held by an
+    /// uncommitted transaction is invisible here and reads as [`Eviction::NotFound`].
     fn evict(
         &self,
         id: &RecordId,
-        force: bool,
+        force: Force,
     ) -> impl Future<Output = Result<Eviction, StoreError>> + Send;
+
+    /// The lease (fencing) token the committed record of `id` carries: `None` without a
+    /// record, for a record without one, and on a table without the lease columns (leased
+    /// claims never prepared). What [`Force::Claim`] names the claim an operator is shown by.
+    fn lease_token(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<FencingToken>, StoreError>> + Send;
 
     /// Counts records by operation and status, and the expired ones cleanup has not deleted.
     fn key_stats(&self) -> impl Future<Output = Result<KeyStats, StoreError>> + Send;

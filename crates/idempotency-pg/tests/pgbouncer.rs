@@ -112,7 +112,7 @@ mod through_pgbouncer {
     /// exists" or 26000 "does not exist").
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_operator_statements_hold_under_contention() {
-        use idempotency_core::admin::KeyAdmin;
+        use idempotency_core::admin::{Force, KeyAdmin};
         use idempotency_core::config::SchemaMode;
         use idempotency_core::{IdempotencyKey, Operation, RecordId, Scope};
         use idempotency_outbox::admin::{DeadLetterFilter, OutboxAdmin};
@@ -141,7 +141,8 @@ mod through_pgbouncer {
                         Scope::default(),
                         IdempotencyKey::new(format!("k-{task}-{round}")).unwrap(),
                     );
-                    store.evict(&id, false).await.unwrap();
+                    store.evict(&id, Force::No).await.unwrap();
+                    store.lease_token(&id).await.unwrap();
                     store.key_stats().await.unwrap();
                     outbox.status().await.unwrap();
                     outbox.find_dead_letters(&filter, 10).await.unwrap();

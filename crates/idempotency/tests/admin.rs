@@ -9,9 +9,11 @@
 
 mod admin_common;
 
-use admin_common::{DEAD, Db, UNKNOWN_ID, body_text, call, get_json, post_json};
+use admin_common::{DEAD, Db, Pool, UNKNOWN_ID, body_text, call, get_json, post_json};
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use idempotency::core::admin::{Eviction, Force};
+use idempotency::core::lease::FencingToken;
 use serde_json::{Value, json};
 
 /// The reads every backend answers the same.
@@ -450,6 +452,109 @@ async fn blocked_count_matches_reference(db: &Db) {
     assert_eq!(body["blocked_aggregates"], json!(reference), "{body}");
 }
 
+/// A forced eviction ends only the claim the operator was shown: `keys show` and the page
+/// give the lease token of a `PROCESSING` record and the page's form carries it; after a
+/// takeover (a new token on the same row) forcing the token shown is `409`, from the API and
+/// from the page, and nothing is deleted; forcing without a token, or with the token read
+/// again, evicts the new claim. (Tables with the lease columns: PostgreSQL and SQLite.)
+async fn a_forced_eviction_ends_only_the_claim_shown(db: &Db) {
+    db.seed().await;
+    let app = db.router(true).await;
+    let records = db.records.as_str();
+    let token = |token: i64| {
+        format!("UPDATE {records} SET lease_token = {token} WHERE idempotency_key = 'k-busy'")
+    };
+    db.exec(&token(41)).await;
+    let (status, body) = get_json(&app, "/api/keys?operation=PAY&scope=tenant-a&key=k-busy").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["lease_token"], 41, "{body}");
+    let html = body_text(
+        call(
+            &app,
+            Request::get("/?operation=PAY&scope=tenant-a&key=k-busy")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await,
+    )
+    .await;
+    assert!(
+        html.contains("<input type=\"hidden\" name=\"claim\" value=\"41\">"),
+        "the form names the claim shown: {html}"
+    );
+    // The lease expired and another holder took the key over.
+    db.exec(&token(42)).await;
+    let mut shown = evict_pay("k-busy");
+    shown["force"] = json!(true);
+    shown["claim"] = json!(41);
+    let (status, body) = post_json(&app, "/api/keys/evict", &shown).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("another claim"),
+        "{body}"
+    );
+    assert_eq!(db.records_where("k-busy").await, 1);
+    let response = call(
+        &app,
+        Request::post("/keys/evict")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(
+                "operation=PAY&scope=tenant-a&key=k-busy&force=true&claim=41",
+            ))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(db.records_where("k-busy").await, 1);
+    // Through the operations, as the command line forces: the token shown.
+    match &db.pool {
+        Pool::Pg(pool) => force_the_token_shown(pool.clone(), db, &token(43)).await,
+        Pool::Sqlite(pool) => force_the_token_shown(pool.clone(), db, &token(43)).await,
+        Pool::My(pool) => force_the_token_shown(pool.clone(), db, &token(43)).await,
+    }
+    // Forced without a token: the claim read when the request arrives.
+    shown.as_object_mut().unwrap().remove("claim");
+    let (status, body) = post_json(&app, "/api/keys/evict", &shown).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "PROCESSING", "{body}");
+    assert_eq!(db.records_where("k-busy").await, 0);
+}
+
+/// `Operations` shows `k-busy` with token 42; `take_over` gives it another; forcing the token
+/// shown deletes nothing.
+async fn force_the_token_shown<D: idempotency::ops::AdminDatabase>(
+    pool: D,
+    db: &Db,
+    take_over: &str,
+) {
+    let ops = idempotency::ops::Operations::new(
+        pool,
+        &admin_common::settings(false),
+        idempotency::ops::Actor::new("tester"),
+    )
+    .await
+    .unwrap();
+    let view = ops.key_show(&paid("k-busy")).await.unwrap().unwrap();
+    assert_eq!(view.lease_token, Some(FencingToken(42)));
+    db.exec(take_over).await;
+    let eviction = ops
+        .key_evict(&paid("k-busy"), Force::Claim(view.lease_token))
+        .await
+        .unwrap();
+    assert_eq!(eviction.record, Eviction::InProgress);
+    assert_eq!(db.records_where("k-busy").await, 1);
+}
+
+#[tokio::test]
+async fn a_forced_eviction_ends_only_the_claim_shown_on_postgres() {
+    a_forced_eviction_ends_only_the_claim_shown(&Db::postgres().await).await;
+}
+
+#[tokio::test]
+async fn a_forced_eviction_ends_only_the_claim_shown_on_sqlite() {
+    a_forced_eviction_ends_only_the_claim_shown(&Db::sqlite().await).await;
+}
+
 macro_rules! suite {
     ($backend:ident) => {
         mod $backend {
@@ -508,7 +613,7 @@ async fn partitions_on_sqlite_are_unsupported() {
 async fn an_eviction_drops_the_serving_instances_l1_entry() {
     use idempotency::{Call, ExecutionResult, IdempotencyKey, Outcome, Scope};
     let db = Db::sqlite().await;
-    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+    let Pool::Sqlite(pool) = &db.pool else {
         unreachable!()
     };
     let idempotency =
@@ -554,7 +659,7 @@ async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
     let settings = with_redis(&redis);
     let db = Db::sqlite().await;
     db.seed().await;
-    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+    let Pool::Sqlite(pool) = &db.pool else {
         unreachable!()
     };
     let (idempotency, app) = served(&settings, pool.clone()).await;
@@ -592,7 +697,7 @@ async fn a_shutdown_while_an_eviction_deletes_reports_the_entry_left() {
     let settings = with_redis(&redis);
     let db = Db::postgres().await;
     db.seed().await;
-    let admin_common::Pool::Pg(pool) = &db.pool else {
+    let Pool::Pg(pool) = &db.pool else {
         unreachable!()
     };
     let (idempotency, app) = served(&settings, pool.clone()).await;
@@ -636,7 +741,7 @@ fn an_eviction_its_runtimes_shutdown_cancels_is_unconfirmed() {
     let (db, ops, lock, locker) = runtime.block_on(async {
         let db = Db::postgres().await;
         db.seed().await;
-        let admin_common::Pool::Pg(pool) = &db.pool else {
+        let Pool::Pg(pool) = &db.pool else {
             unreachable!()
         };
         let settings = admin_common::settings(false);
@@ -648,10 +753,10 @@ fn an_eviction_its_runtimes_shutdown_cancels_is_unconfirmed() {
     });
     let evicting = std::thread::spawn({
         let handle = handle.clone();
-        move || handle.block_on(ops.key_evict(&paid("k-done"), false))
+        move || handle.block_on(ops.key_evict(&paid("k-done"), Force::No))
     });
     runtime.block_on(async {
-        let admin_common::Pool::Pg(pool) = &db.pool else {
+        let Pool::Pg(pool) = &db.pool else {
             unreachable!()
         };
         wait_blocked_by(pool, locker).await;
@@ -784,7 +889,7 @@ async fn evictions_share_one_redis_connection() {
         with_redis(&redis.replacen(&upstream, &format!("127.0.0.1:{}", proxy.port()), 1));
     let db = Db::sqlite().await;
     db.seed().await;
-    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+    let Pool::Sqlite(pool) = &db.pool else {
         unreachable!()
     };
     let (idempotency, app) = served(&settings, pool.clone()).await;
@@ -814,13 +919,19 @@ async fn evictions_share_one_redis_connection() {
         .unwrap();
     let id = paid("k-none");
     for _ in 0..3 {
-        let eviction = ops.key_evict(&id, false).await.unwrap();
+        let eviction = ops.key_evict(&id, Force::No).await.unwrap();
         assert_eq!(eviction.cache_entry, Some(false));
     }
     let busy = paid("k-busy");
-    proxy.drop_while_held(ops.key_evict(&busy, true)).await;
+    proxy
+        .drop_while_held(ops.key_evict(&busy, Force::Claim(None)))
+        .await;
     assert_eq!(
-        ops.clone().key_evict(&id, false).await.unwrap().cache_entry,
+        ops.clone()
+            .key_evict(&id, Force::No)
+            .await
+            .unwrap()
+            .cache_entry,
         Some(false)
     );
     assert_eq!(
@@ -851,7 +962,7 @@ async fn an_eviction_whose_caller_stops_waiting_still_finishes() {
     let redis = redis_url();
     let db = Db::postgres().await;
     db.seed().await;
-    let admin_common::Pool::Pg(pool) = &db.pool else {
+    let Pool::Pg(pool) = &db.pool else {
         unreachable!()
     };
     let options = pool.connect_options();
@@ -872,7 +983,7 @@ async fn an_eviction_whose_caller_stops_waiting_still_finishes() {
     .await
     .unwrap();
     // The statement prepared and the Redis client connected before the answers are held.
-    ops.key_evict(&paid("k-none"), false).await.unwrap();
+    ops.key_evict(&paid("k-none"), Force::No).await.unwrap();
     idempotency_testing::until_idle(&proxied).await;
     let key = ops.cache_key(&paid("k-done")).unwrap();
     let client = Builder::from_config(Config::from_url(&redis).unwrap())
@@ -881,7 +992,7 @@ async fn an_eviction_whose_caller_stops_waiting_still_finishes() {
     client.init().await.unwrap();
     let () = client.set(&key, "entry", None, None, false).await.unwrap();
     proxy
-        .drop_while_held(ops.key_evict(&paid("k-done"), false))
+        .drop_while_held(ops.key_evict(&paid("k-done"), Force::No))
         .await;
     assert_eq!(db.records_where("k-done").await, 0);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -910,7 +1021,7 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
     let settings = with_redis(&redis);
     let db = Db::sqlite().await;
     db.seed().await;
-    let admin_common::Pool::Sqlite(pool) = &db.pool else {
+    let Pool::Sqlite(pool) = &db.pool else {
         unreachable!()
     };
     let (idempotency, app) = served(&settings, pool.clone()).await;
@@ -955,20 +1066,20 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
 
     // The same through the operations (the command line's).
     let () = client.set(&key, "entry", None, None, false).await.unwrap();
-    let eviction = ops.key_evict(&id, false).await.unwrap();
+    let eviction = ops.key_evict(&id, Force::No).await.unwrap();
     assert_eq!(
         eviction.record,
-        idempotency::core::admin::Eviction::NotFound
+        Eviction::NotFound
     );
     assert_eq!(eviction.cache_entry, Some(true));
     let left: i64 = client.exists(&key).await.unwrap();
     assert_eq!(left, 0, "the entry {key} is gone");
     // A PROCESSING record is kept without force, and so is its key's entry.
     let busy = paid("k-busy");
-    let eviction = ops.key_evict(&busy, false).await.unwrap();
+    let eviction = ops.key_evict(&busy, Force::No).await.unwrap();
     assert_eq!(
         eviction.record,
-        idempotency::core::admin::Eviction::InProgress
+        Eviction::InProgress
     );
     assert_eq!(eviction.cache_entry, None);
     let _ = client.quit().await;
@@ -985,7 +1096,7 @@ async fn an_eviction_whose_answer_is_lost_may_have_been_applied() {
     use idempotency::ops::{Actor, Operations, OpsError};
     let db = Db::postgres().await;
     db.seed().await;
-    let admin_common::Pool::Pg(pool) = &db.pool else {
+    let Pool::Pg(pool) = &db.pool else {
         unreachable!()
     };
     let options = pool.connect_options();
@@ -1004,12 +1115,12 @@ async fn an_eviction_whose_answer_is_lost_may_have_been_applied() {
         .unwrap();
     let id = paid;
     // The eviction's statement prepared on the one connection: the next one is sent whole.
-    ops.key_evict(&id("k-none"), false).await.unwrap();
+    ops.key_evict(&id("k-none"), Force::No).await.unwrap();
     idempotency_testing::until_idle(&proxied).await;
     proxy.hold();
     let evicting = tokio::spawn({
         let ops = ops.clone();
-        async move { ops.key_evict(&id("k-done"), false).await }
+        async move { ops.key_evict(&id("k-done"), Force::No).await }
     });
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     while db.records_where("k-done").await != 0 {

@@ -1,6 +1,6 @@
 //! `keys show | evict | stats`.
 
-use idempotency::core::admin::Eviction;
+use idempotency::core::admin::{Eviction, Force};
 use idempotency::core::{IdempotencyKey, Operation, RecordId, Scope};
 use idempotency::ops::{AdminDatabase, KeyJson, Operations, rfc3339};
 use serde_json::json;
@@ -72,6 +72,10 @@ async fn show<D: AdminDatabase>(
                         format!("{} bytes", view.outcome_size),
                     ],
                     ["preview".to_owned(), or_dash(view.preview.clone())],
+                    [
+                        "lease token".to_owned(),
+                        or_dash(view.lease_token.map(|token| token.0.to_string())),
+                    ],
                     ["redis key".to_owned(), or_dash(cache_key.clone())],
                 ],
             )
@@ -119,8 +123,14 @@ async fn evict<D: AdminDatabase>(
         return Ok(());
     }
     confirm(global, &format!("Evict {} ({})?", name(args), view.status))?;
-    // `--force` only for the claim shown: one written since is not the operator's to end.
-    let eviction = ops.key_evict(&id, force && in_progress).await?;
+    // `--force` only for the claim shown (its lease token): one written or taken over since
+    // is not the operator's to end.
+    let forced = if force && in_progress {
+        Force::Claim(view.lease_token)
+    } else {
+        Force::No
+    };
+    let eviction = ops.key_evict(&id, forced).await?;
     match eviction.record {
         Eviction::Evicted(status) => {
             evicted(out, args, status, eviction.cache_entry);
@@ -129,8 +139,13 @@ async fn evict<D: AdminDatabase>(
         Eviction::NotFound => {
             entry_evicted(out, args, eviction.cache_entry, " (deleted meanwhile)")
         }
-        Eviction::InProgress => Err(CliError::Refused(format!(
+        Eviction::InProgress if forced == Force::No => Err(CliError::Refused(format!(
             "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
+            name(args)
+        ))),
+        Eviction::InProgress => Err(CliError::Refused(format!(
+            "{} is PROCESSING under another claim than the one shown (taken over meanwhile: \
+             its holder may be running); look at the key again (nothing changed)",
             name(args)
         ))),
     }
@@ -163,7 +178,7 @@ async fn evict_entry<D: AdminDatabase>(
             name(args)
         ),
     )?;
-    let eviction = ops.key_evict(id, false).await?;
+    let eviction = ops.key_evict(id, Force::No).await?;
     match eviction.record {
         Eviction::NotFound => entry_evicted(out, args, eviction.cache_entry, ""),
         // Written since the lookup, and evicted as a record is.

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::Capabilities;
 use super::support::{key, op};
+use crate::admin::{Eviction, Force, KeyAdmin};
 use crate::lease::{FencingToken, LeaseClaim, LeasedClaims};
 use crate::store::{Claim, LockWait};
 use crate::{Fingerprint, RecordId, RecordStatus, Scope, StoredOutcome};
@@ -261,8 +262,89 @@ pub async fn leased_completion_keeps_the_execution_span<S: LeasedClaims>(
     }
 }
 
+/// A forced eviction ends only the claim it names: the operator was shown the claim with one
+/// token, the lease expired and another holder took the key over (same row, same
+/// `created_at`, a new token); forcing the token shown leaves the new holder's claim alone,
+/// and forcing the token read again evicts it. `lease_token` reads the token of a
+/// `PROCESSING` record, and nothing for a key without a record.
+pub async fn leased_a_forced_eviction_ends_only_the_claim_it_names<S: LeasedClaims + KeyAdmin>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let (id, f) = (id(), fp("a"));
+    assert_eq!(store.lease_token(&id).await.expect("lease token"), None);
+    let shown = acquire(&store, &claim(&id, &f), SHORT).await;
+    assert_eq!(
+        store.lease_token(&id).await.expect("lease token"),
+        Some(shown)
+    );
+    let created = store
+        .lookup(&id)
+        .await
+        .expect("lookup")
+        .expect("the claim")
+        .created_at;
+    tokio::time::sleep(SHORT * 3).await;
+    let taken = acquire(&store, &claim(&id, &f), LONG).await;
+    assert!(taken > shown, "{taken:?} after {shown:?}");
+    let record = store.lookup(&id).await.expect("lookup").expect("the claim");
+    assert_eq!(record.created_at, created, "a takeover keeps the row");
+    assert_eq!(
+        store.evict(&id, Force::No).await.expect("evict"),
+        Eviction::InProgress
+    );
+    assert_eq!(
+        store
+            .evict(&id, Force::Claim(Some(shown)))
+            .await
+            .expect("evict"),
+        Eviction::InProgress,
+        "the claim shown was taken over: the new holder's claim stays"
+    );
+    assert_eq!(
+        store.evict(&id, Force::Claim(None)).await.expect("evict"),
+        Eviction::InProgress,
+        "a claim with a token is not a claim without one"
+    );
+    assert_eq!(
+        store.lease_token(&id).await.expect("lease token"),
+        Some(taken)
+    );
+    assert_eq!(
+        store
+            .evict(&id, Force::Claim(Some(taken)))
+            .await
+            .expect("evict"),
+        Eviction::Evicted(RecordStatus::Processing)
+    );
+    assert_eq!(store.lookup(&id).await.expect("lookup"), None);
+    assert_eq!(
+        store
+            .complete_leased(&id, taken, &done("\"late\""), None)
+            .await
+            .expect("complete"),
+        None,
+        "the evicted holder cannot complete"
+    );
+    // A settled record is evicted whatever `force` names.
+    let token = acquire(&store, &claim(&id, &f), LONG).await;
+    store
+        .complete_leased(&id, token, &done("\"done\""), None)
+        .await
+        .expect("complete")
+        .expect("completed");
+    assert_eq!(
+        store
+            .evict(&id, Force::Claim(Some(shown)))
+            .await
+            .expect("evict"),
+        Eviction::Evicted(RecordStatus::Completed)
+    );
+}
+
 /// Generates the leased-claim conformance cases, for stores that implement
-/// [`LeasedClaims`](crate::lease::LeasedClaims).
+/// [`LeasedClaims`](crate::lease::LeasedClaims) and [`KeyAdmin`].
 #[macro_export]
 macro_rules! leased_conformance_tests {
     ($factory:path, $caps:expr) => {
@@ -274,6 +356,7 @@ macro_rules! leased_conformance_tests {
             leased_a_token_never_comes_back_after_a_release,
             leased_a_stale_release_never_frees_a_later_claim,
             leased_completion_keeps_the_execution_span,
+            leased_a_forced_eviction_ends_only_the_claim_it_names,
         );
     };
 }

@@ -3,9 +3,11 @@
 use std::time::SystemTime;
 
 use chrono::NaiveDateTime;
-use idempotency_core::admin::{Eviction, KeyAdmin, KeyGroup, KeyStats, eviction};
+use idempotency_core::admin::{Eviction, Force, KeyAdmin, KeyGroup, KeyStats, eviction};
+use idempotency_core::lease::FencingToken;
 use idempotency_core::{RecordId, RecordStatus, StoreError};
-use sqlx::AssertSqlSafe;
+use sqlx::mysql::MySqlRow;
+use sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use crate::MysqlStore;
 use crate::clock::NOW;
@@ -18,25 +20,53 @@ fn status(text: &str) -> Result<RecordStatus, StoreError> {
         })
 }
 
-impl KeyAdmin for MysqlStore {
-    /// One transaction: the row is locked by the read (`FOR UPDATE`), then deleted unless it
-    /// is `PROCESSING` and eviction is not forced.
-    async fn evict(&self, id: &RecordId, force: bool) -> Result<Eviction, StoreError> {
+/// The lease token of a row read with `SELECT *`: `None` when it carries none, or when the
+/// table has no `lease_token` column (leased claims never prepared on it).
+fn token(row: &MySqlRow) -> Result<Option<FencingToken>, StoreError> {
+    match row.try_get::<Option<i64>, _>("lease_token") {
+        Ok(token) => Ok(token.map(FencingToken)),
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        Err(error) => Err(store_error(error)),
+    }
+}
+
+impl MysqlStore {
+    /// The status and lease token of `id`'s record, read with `suffix` (`FOR UPDATE`).
+    async fn claim_of(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        suffix: &str,
+    ) -> Result<Option<(RecordStatus, Option<FencingToken>)>, StoreError> {
         let t = self.table().quoted();
-        let key = "operation = ? AND scope = ? AND idempotency_key = ?";
-        let mut tx = crate::begin(self.pool()).await.map_err(store_error)?;
-        let found: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT status FROM {t} WHERE {key} FOR UPDATE"
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT * FROM {t} WHERE operation = ? AND scope = ? AND idempotency_key = ?{suffix}"
         )))
         .bind(id.operation.as_str())
         .bind(id.scope.as_str())
         .bind(id.key.as_str())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(conn)
         .await
         .map_err(store_error)?;
-        let found = found.as_deref().map(status).transpose()?;
-        let deleted = match found {
-            Some(RecordStatus::Processing) if !force => 0,
+        row.map(|row| {
+            let text: String = row.try_get("status").map_err(store_error)?;
+            Ok((status(&text)?, token(&row)?))
+        })
+        .transpose()
+    }
+}
+
+impl KeyAdmin for MysqlStore {
+    /// One transaction: the row is locked by the read (`FOR UPDATE`), then deleted unless it
+    /// is `PROCESSING` and `force` does not name its token.
+    async fn evict(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
+        let t = self.table().quoted();
+        let key = "operation = ? AND scope = ? AND idempotency_key = ?";
+        let mut tx = crate::begin(self.pool()).await.map_err(store_error)?;
+        let claim = self.claim_of(&mut tx, id, " FOR UPDATE").await?;
+        let found = claim.map(|(status, _)| status);
+        let deleted = match claim {
+            Some((status, token)) if !force.allows(status, token) => 0,
             Some(_) => sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE {key}")))
                 .bind(id.operation.as_str())
                 .bind(id.scope.as_str())
@@ -49,6 +79,12 @@ impl KeyAdmin for MysqlStore {
         };
         tx.commit().await.map_err(store_error)?;
         Ok(eviction(found, deleted))
+    }
+
+    async fn lease_token(&self, id: &RecordId) -> Result<Option<FencingToken>, StoreError> {
+        let mut conn = self.pool().acquire().await.map_err(store_error)?;
+        let claim = self.claim_of(&mut conn, id, "").await?;
+        Ok(claim.and_then(|(_, token)| token))
     }
 
     async fn key_stats(&self) -> Result<KeyStats, StoreError> {

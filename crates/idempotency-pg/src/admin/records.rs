@@ -3,7 +3,8 @@
 use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
-use idempotency_core::admin::{Eviction, KeyAdmin, KeyGroup, KeyStats, eviction};
+use idempotency_core::admin::{Eviction, Force, KeyAdmin, KeyGroup, KeyStats, eviction};
+use idempotency_core::lease::FencingToken;
 use idempotency_core::{RecordId, RecordStatus, StoreError};
 use sqlx::AssertSqlSafe;
 
@@ -18,15 +19,22 @@ fn status(text: &str) -> Result<RecordStatus, StoreError> {
         })
 }
 
+/// The lease token of row `r`, `NULL` when the table has no `lease_token` column (leased
+/// claims never prepared on it).
+const TOKEN: &str = "(to_jsonb(r) ->> 'lease_token')::bigint";
+
 impl KeyAdmin for PgStore {
-    /// One statement: the status read and the conditional delete see one snapshot.
-    async fn evict(&self, id: &RecordId, force: bool) -> Result<Eviction, StoreError> {
+    /// One statement: the status read and the conditional delete see one snapshot. The token
+    /// is read from the row as JSON, so a table without the lease columns is evicted from too.
+    async fn evict(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
         let t = self.table().quoted();
         let mut own = self.own().await?;
         let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
+        let (forced, token) = force.claim();
         let (found, deleted): (Option<String>, i64) = sqlx::query_as(AssertSqlSafe(format!(
             "WITH target AS (SELECT status::text AS status FROM {t} WHERE {key}), \
-                  gone AS (DELETE FROM {t} WHERE {key} AND (status <> 'PROCESSING' OR $4) \
+                  gone AS (DELETE FROM {t} AS r WHERE {key} AND (status <> 'PROCESSING' \
+                             OR ($4 AND {TOKEN} IS NOT DISTINCT FROM $5)) \
                            RETURNING 1) \
              SELECT (SELECT status FROM target), (SELECT count(*) FROM gone)"
         )))
@@ -34,13 +42,32 @@ impl KeyAdmin for PgStore {
         .bind(id.operation.as_str())
         .bind(id.scope.as_str())
         .bind(id.key.as_str())
-        .bind(force)
+        .bind(forced)
+        .bind(token)
         .fetch_one(&mut *own)
         .await
         .map_err(store_error)?;
         own.finish().await.map_err(store_error)?;
         let found = found.as_deref().map(status).transpose()?;
         Ok(eviction(found, u64::try_from(deleted).unwrap_or_default()))
+    }
+
+    async fn lease_token(&self, id: &RecordId) -> Result<Option<FencingToken>, StoreError> {
+        let t = self.table().quoted();
+        let mut own = self.own().await?;
+        let token: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT {TOKEN} FROM {t} AS r \
+             WHERE operation = $1 AND scope = $2 AND idempotency_key = $3"
+        )))
+        .persistent(persistent(self.pooler()))
+        .bind(id.operation.as_str())
+        .bind(id.scope.as_str())
+        .bind(id.key.as_str())
+        .fetch_optional(&mut *own)
+        .await
+        .map_err(store_error)?;
+        own.finish().await.map_err(store_error)?;
+        Ok(token.flatten().map(FencingToken))
     }
 
     async fn key_stats(&self) -> Result<KeyStats, StoreError> {

@@ -1,8 +1,10 @@
 //! [`KeyAdmin`] for [`SqliteStore`].
 
-use idempotency_core::admin::{Eviction, KeyAdmin, KeyGroup, KeyStats, eviction};
+use idempotency_core::admin::{Eviction, Force, KeyAdmin, KeyGroup, KeyStats, eviction};
+use idempotency_core::lease::FencingToken;
 use idempotency_core::{RecordId, RecordStatus, StoreError};
-use sqlx::AssertSqlSafe;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
 use crate::SqliteStore;
 use crate::clock::{NOW_MS, to_system_time};
@@ -15,10 +17,45 @@ fn status(text: &str) -> Result<RecordStatus, StoreError> {
         })
 }
 
+/// The lease token of a row read with `SELECT *`: `None` when it carries none, or when the
+/// table has no `lease_token` column (leased claims never prepared on it).
+fn token(row: &SqliteRow) -> Result<Option<FencingToken>, StoreError> {
+    match row.try_get::<Option<i64>, _>("lease_token") {
+        Ok(token) => Ok(token.map(FencingToken)),
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        Err(error) => Err(store_error(error)),
+    }
+}
+
+impl SqliteStore {
+    /// The status and lease token of `id`'s record.
+    async fn claim_of(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+    ) -> Result<Option<(RecordStatus, Option<FencingToken>)>, StoreError> {
+        let t = self.table().quoted();
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT * FROM {t} WHERE operation = ?1 AND scope = ?2 AND idempotency_key = ?3"
+        )))
+        .bind(id.operation.as_str())
+        .bind(id.scope.as_str())
+        .bind(id.key.as_str())
+        .fetch_optional(conn)
+        .await
+        .map_err(store_error)?;
+        row.map(|row| {
+            let text: String = row.try_get("status").map_err(store_error)?;
+            Ok((status(&text)?, token(&row)?))
+        })
+        .transpose()
+    }
+}
+
 impl KeyAdmin for SqliteStore {
-    /// One write transaction (`BEGIN IMMEDIATE` through the pool's write lock): the status
-    /// read and the conditional delete cannot be split by another writer.
-    async fn evict(&self, id: &RecordId, force: bool) -> Result<Eviction, StoreError> {
+    /// One write transaction (`BEGIN IMMEDIATE` through the pool's write lock): the read of
+    /// the status and token and the conditional delete cannot be split by another writer.
+    async fn evict(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
         let t = self.table().quoted();
         let key = "operation = ?1 AND scope = ?2 AND idempotency_key = ?3";
         let mut tx = self
@@ -26,28 +63,29 @@ impl KeyAdmin for SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(store_error)?;
-        let found: Option<String> =
-            sqlx::query_scalar(AssertSqlSafe(format!("SELECT status FROM {t} WHERE {key}")))
-                .bind(id.operation.as_str())
-                .bind(id.scope.as_str())
-                .bind(id.key.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(store_error)?;
-        let deleted = sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM {t} WHERE {key} AND (status <> 'PROCESSING' OR ?4)"
-        )))
-        .bind(id.operation.as_str())
-        .bind(id.scope.as_str())
-        .bind(id.key.as_str())
-        .bind(force)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_error)?
-        .rows_affected();
+        let claim = self.claim_of(&mut tx, id).await?;
+        let found = claim.map(|(status, _)| status);
+        let deleted = match claim {
+            Some((status, token)) if force.allows(status, token) => {
+                sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE {key}")))
+                    .bind(id.operation.as_str())
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error)?
+                    .rows_affected()
+            }
+            _ => 0,
+        };
         tx.commit().await.map_err(store_error)?;
-        let found = found.as_deref().map(status).transpose()?;
         Ok(eviction(found, deleted))
+    }
+
+    async fn lease_token(&self, id: &RecordId) -> Result<Option<FencingToken>, StoreError> {
+        let mut conn = self.pool().acquire().await.map_err(store_error)?;
+        let claim = self.claim_of(&mut conn, id).await?;
+        Ok(claim.and_then(|(_, token)| token))
     }
 
     async fn key_stats(&self) -> Result<KeyStats, StoreError> {

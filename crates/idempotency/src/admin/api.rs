@@ -6,7 +6,8 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idempotency_core::admin::Eviction;
+use idempotency_core::admin::{Eviction, Force};
+use idempotency_core::lease::FencingToken;
 use idempotency_core::{IdempotencyKey, Operation, RecordId, RecordStatus, Scope};
 use idempotency_outbox::admin::DeadLetterFilter;
 use idempotency_outbox::uuid::Uuid;
@@ -424,6 +425,11 @@ pub(super) struct EvictRequest {
     pub(super) scope: String,
     #[serde(default)]
     pub(super) force: bool,
+    /// With `force`, the lease token of the `PROCESSING` claim the operator was shown (`keys
+    /// show`'s `lease_token`): a claim taken over since is left alone. Without it, the claim
+    /// read when the request arrives is the one forced.
+    #[serde(default)]
+    pub(super) claim: Option<i64>,
 }
 
 /// What the command line notes after an eviction.
@@ -431,7 +437,8 @@ pub(super) const L1_NOTE: &str = "other instances' in-process (L1) entries of th
      until their TTL (idempotency.local-cache.ttl): until then they may still replay the old \
      outcome";
 
-/// Evicts a key as `keys evict` does: 409 for a `PROCESSING` one unless `force`; for no
+/// Evicts a key as `keys evict` does: 409 for a `PROCESSING` one unless `force` (and, with
+/// `claim`, unless it is still the claim with that lease token); for no
 /// record, its stale Redis entry is deleted when one is left (an earlier eviction whose Redis
 /// deletion failed), 404 when none is. Returns the evicted record's status (`None`: there was
 /// none, a stale entry was deleted) and whether its Redis entry was deleted.
@@ -453,25 +460,36 @@ pub(super) async fn evict_key<D: AdminDatabase>(
             ),
         )
     };
+    let taken_over = || {
+        Problem::new(
+            StatusCode::CONFLICT,
+            "admin-key-in-progress",
+            "Key in progress",
+            format!(
+                "{name} is PROCESSING under another claim than the one shown (taken over \
+                 since: its holder may be running); look at the key again (nothing changed)"
+            ),
+        )
+    };
     let view = ops.key_show(&id).await?;
-    if view
+    let shown = view
         .as_ref()
-        .is_some_and(|view| view.status == RecordStatus::Processing)
-        && !request.force
-    {
+        .filter(|view| view.status == RecordStatus::Processing);
+    if shown.is_some() && !request.force {
         return Err(in_progress());
     }
     if view.is_none() && !ops.has_cache() {
         return Err(Problem::not_found(format!("no record for {name}")));
     }
-    // `force` only for the claim the operator was shown: one written since is not theirs
-    // to end.
-    let shown_in_progress = view
-        .as_ref()
-        .is_some_and(|view| view.status == RecordStatus::Processing);
-    let eviction = ops
-        .key_evict(&id, request.force && shown_in_progress)
-        .await?;
+    // `force` only for the claim the operator was shown (`claim`, else the one read here):
+    // one written or taken over since is not theirs to end.
+    let force = match shown {
+        Some(view) if request.force => {
+            Force::Claim(request.claim.map(FencingToken).or(view.lease_token))
+        }
+        _ => Force::No,
+    };
+    let eviction = ops.key_evict(&id, force).await?;
     match eviction.record {
         Eviction::Evicted(status) => Ok((Some(status), eviction.cache_entry)),
         Eviction::NotFound if eviction.cache_entry == Some(true) => Ok((None, Some(true))),
@@ -483,7 +501,8 @@ pub(super) async fn evict_key<D: AdminDatabase>(
                 (false, _) => "",
             }
         ))),
-        Eviction::InProgress => Err(in_progress()),
+        Eviction::InProgress if force == Force::No => Err(in_progress()),
+        Eviction::InProgress => Err(taken_over()),
     }
 }
 

@@ -311,6 +311,11 @@ async fn key_section<D: AdminDatabase>(
                 ),
                 ("outcome size", format!("{} bytes", view.outcome_size)),
                 (
+                    "lease token",
+                    view.lease_token
+                        .map_or_else(|| "-".to_owned(), |token| token.0.to_string()),
+                ),
+                (
                     "preview",
                     view.preview.clone().unwrap_or_else(|| "-".to_owned()),
                 ),
@@ -326,10 +331,19 @@ async fn key_section<D: AdminDatabase>(
             }
             body.push_str("</table>\n");
             if state.mutations {
-                let controls = "<label><input type=\"checkbox\" name=\"force\" value=\"true\"> \
+                // `force` ends only the claim shown here: its token goes with the form.
+                let claim = view.lease_token.map_or_else(String::new, |token| {
+                    format!(
+                        "<input type=\"hidden\" name=\"claim\" value=\"{}\">",
+                        token.0
+                    )
+                });
+                let controls = format!(
+                    "{claim}<label><input type=\"checkbox\" name=\"force\" value=\"true\"> \
                      even if PROCESSING</label><button type=\"submit\">Evict (the next request \
-                     runs again)</button>";
-                evict_form(body, base, [&operation, &scope, &key], controls);
+                     runs again)</button>"
+                );
+                evict_form(body, base, [&operation, &scope, &key], &controls);
             }
         }
         Ok(None) => {
@@ -405,7 +419,8 @@ pub(super) async fn dead_action<D: AdminDatabase>(
     }
 }
 
-/// The evict form's fields (`force` is a checkbox).
+/// The evict form's fields (`force` is a checkbox; `claim` the lease token of the
+/// `PROCESSING` claim the page showed).
 #[derive(Debug, Deserialize)]
 pub(super) struct EvictForm {
     operation: String,
@@ -413,6 +428,7 @@ pub(super) struct EvictForm {
     #[serde(default)]
     scope: String,
     force: Option<String>,
+    claim: Option<i64>,
 }
 
 /// `POST /keys/evict` from the page: 303 back to the page.
@@ -433,6 +449,7 @@ pub(super) async fn evict<D: AdminDatabase>(
             key: form.key,
             scope: form.scope,
             force: form.force.is_some(),
+            claim: form.claim,
         };
         api::evict_key(&state.ops(principal), &request).await
     }

@@ -42,6 +42,7 @@ pub fn rfc3339(at: SystemTime) -> String {
 /// assert_eq!(json["status"], "COMPLETED");
 /// assert_eq!(json["created_at"], "1970-01-01T00:00:00Z");
 /// assert_eq!(json["outcome_size"], 8);
+/// assert_eq!(json["lease_token"], serde_json::Value::Null);
 /// ```
 #[derive(Debug, Clone, Serialize)]
 pub struct KeyJson<'a> {
@@ -56,6 +57,7 @@ pub struct KeyJson<'a> {
     rejection_code: Option<&'a str>,
     outcome_size: usize,
     preview: Option<&'a str>,
+    lease_token: Option<i64>,
     redis_key: Option<&'a str>,
 }
 
@@ -81,6 +83,7 @@ impl<'a> KeyJson<'a> {
             rejection_code: view.rejection_code.as_deref(),
             outcome_size: view.outcome_size,
             preview: view.preview.as_deref(),
+            lease_token: view.lease_token.map(|token| token.0),
             redis_key,
         }
     }

@@ -29,9 +29,9 @@ mod view;
 
 use std::time::Duration;
 
-use idempotency_core::admin::{Eviction, KeyAdmin, KeyStats};
+use idempotency_core::admin::{Eviction, Force, KeyAdmin, KeyStats};
 use idempotency_core::config::SchemaMode;
-use idempotency_core::{ExpiredCleanup, IdempotencyStore, RecordId};
+use idempotency_core::{ExpiredCleanup, IdempotencyStore, RecordId, RecordStatus};
 use idempotency_outbox::admin::{DeadLetterFilter, ExpiredCounts, OutboxAdmin, OutboxStatus};
 use idempotency_outbox::config::InboxConfig;
 use idempotency_outbox::uuid::Uuid;
@@ -287,13 +287,22 @@ impl<D: AdminDatabase> Operations<D> {
 
     // ---- keys ----
 
-    /// One key's committed record, `None` when there is none.
+    /// One key's committed record, `None` when there is none; a `PROCESSING` one with its
+    /// lease token ([`KeyView::lease_token`]).
     pub async fn key_show(&self, id: &RecordId) -> Result<Option<KeyView>, OpsError> {
-        Ok(self.store.lookup(id).await?.as_ref().map(KeyView::of))
+        let Some(record) = self.store.lookup(id).await? else {
+            return Ok(None);
+        };
+        let mut view = KeyView::of(&record);
+        if view.status == RecordStatus::Processing {
+            view.lease_token = self.store.lease_token(id).await?;
+        }
+        Ok(Some(view))
     }
 
     /// Deletes one key's record so that its next request runs again (a `PROCESSING` one only
-    /// when `force`), then its L2 entry when Redis is configured, whether or not there was a
+    /// when `force` names it: [`Force::Claim`] with the [`KeyView::lease_token`] the operator
+    /// was shown, so that a claim taken over since is left alone), then its L2 entry when Redis is configured, whether or not there was a
     /// record: an entry whose record is gone (an earlier eviction whose Redis deletion failed,
     /// a record past its retention) is stale, and a second eviction is how it is deleted. The
     /// L1 entry of the process these operations serve goes too (an admin router's, or
@@ -302,13 +311,13 @@ impl<D: AdminDatabase> Operations<D> {
     /// deletion may still fill the caches after it (its write comes after its commit): evict
     /// again if the key replays. Audited when something was deleted.
     ///
-    /// Nothing is deleted from the caches of a record that is `PROCESSING` (refused without
-    /// `force`): none of them holds it.
+    /// Nothing is deleted from the caches of a record that is `PROCESSING` and left alone
+    /// ([`Eviction::InProgress`]): none of them holds it.
     ///
     /// The eviction runs in a task of its own: a caller that stops waiting (an admin request
     /// cancelled by its client) does not stop it between the record's deletion and its audit
     /// line and cache deletions.
-    pub async fn key_evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
+    pub async fn key_evict(&self, id: &RecordId, force: Force) -> Result<KeyEviction, OpsError> {
         use tracing::Instrument;
         let (ops, id) = (self.clone(), id.clone());
         let eviction = tokio::spawn(async move { ops.evict(&id, force).await }.in_current_span());
@@ -329,7 +338,7 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     /// [`key_evict`](Self::key_evict), in the caller's task.
-    async fn evict(&self, id: &RecordId, force: bool) -> Result<KeyEviction, OpsError> {
+    async fn evict(&self, id: &RecordId, force: Force) -> Result<KeyEviction, OpsError> {
         // The Redis client first, and once: a configuration it refuses (no secret, a bad URL),
         // or a service that shut down and quit it, fails the eviction before anything is
         // deleted; a shutdown after this point fails the entry's deletion (`OpsError::Cache`:
@@ -359,7 +368,7 @@ impl<D: AdminDatabase> Operations<D> {
         }
         if let Eviction::Evicted(status) = record {
             self.audit_key(
-                if force && status == idempotency_core::RecordStatus::Processing {
+                if status == RecordStatus::Processing {
                     "key.evict.forced"
                 } else {
                     "key.evict"

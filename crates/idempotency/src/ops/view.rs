@@ -3,6 +3,7 @@
 
 use std::time::SystemTime;
 
+use idempotency_core::lease::FencingToken;
 use idempotency_core::{IdempotencyRecord, RecordStatus, StoredOutcome};
 
 /// How many characters of an outcome [`KeyView::preview`] keeps.
@@ -28,6 +29,11 @@ pub struct KeyView {
     pub outcome_size: usize,
     /// The first [`PREVIEW_CHARS`] characters of that JSON, `…` appended when cut.
     pub preview: Option<String>,
+    /// The lease (fencing) token of a `PROCESSING` record, when it carries one: what names
+    /// the claim shown, so that a forced eviction never ends a claim taken over since
+    /// ([`Force::Claim`](idempotency_core::admin::Force::Claim)). `None` for a settled
+    /// record, and in [`of`](Self::of)'s view (the record alone does not carry it).
+    pub lease_token: Option<FencingToken>,
 }
 
 impl KeyView {
@@ -65,6 +71,7 @@ impl KeyView {
             rejection_code: code,
             outcome_size: json.map_or(0, str::len),
             preview: json.map(preview),
+            lease_token: None,
         }
     }
 }
