@@ -161,6 +161,13 @@ pub struct RabbitMqPublisherConfig {
     pub routing_key: String,
     /// Declare `exchange` (durable, type `topic`) at start-up. Default `false`.
     pub create: bool,
+    /// How many channels publish at once, each one publish from `basic.publish` to its
+    /// confirm. Default (`null`): the publisher's default, 32. A relay has up to 2 ×
+    /// `relay.workers` × `relay.batch-size` publishes in flight, and a publish waiting for a
+    /// channel spends its `relay.publish-timeout` waiting: raise it toward that number when
+    /// the broker confirms slowly. At least 1, and at most the broker's `channel_max`
+    /// (checked at start-up).
+    pub channels: Option<usize>,
 }
 
 impl Default for RabbitMqPublisherConfig {
@@ -170,6 +177,7 @@ impl Default for RabbitMqPublisherConfig {
             exchange: String::new(),
             routing_key: DEFAULT_ROUTING_KEY.to_owned(),
             create: false,
+            channels: None,
         }
     }
 }

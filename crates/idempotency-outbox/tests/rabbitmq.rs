@@ -671,6 +671,7 @@ async fn the_configured_rabbitmq_publisher_declares_its_exchange_and_refuses_wha
         exchange: exchange.clone(),
         routing_key: "orders.{event_type}".to_owned(),
         create: true,
+        channels: Some(8),
     };
     for (config, property) in [
         (
@@ -701,6 +702,22 @@ async fn the_configured_rabbitmq_publisher_declares_its_exchange_and_refuses_wha
             },
             "outbox.publisher.rabbitmq.routing-key",
         ),
+        (
+            RabbitMqPublisherConfig {
+                channels: Some(0),
+                ..good.clone()
+            },
+            "outbox.publisher.rabbitmq.channels",
+        ),
+        (
+            // Above RabbitMQ's default channel_max (2047): refused at start-up, not publish
+            // by publish.
+            RabbitMqPublisherConfig {
+                channels: Some(60_000),
+                ..good.clone()
+            },
+            "outbox.publisher.rabbitmq.channels",
+        ),
     ] {
         let error = ConfiguredPublisher::from_config(&configured(config))
             .await
@@ -713,6 +730,10 @@ async fn the_configured_rabbitmq_publisher_declares_its_exchange_and_refuses_wha
         .await
         .unwrap()
         .unwrap();
+    let ConfiguredPublisher::RabbitMq(rabbitmq) = &publisher else {
+        panic!("a RabbitMQ publisher: {publisher:?}");
+    };
+    assert_eq!(rabbitmq.channels(), 8, "outbox.publisher.rabbitmq.channels");
     // The exchange exists now: bind the test queue to it and publish through it.
     queue
         .channel

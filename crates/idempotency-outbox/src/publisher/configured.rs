@@ -278,15 +278,27 @@ impl ConfiguredPublisher {
                  exchange, or remove create",
             ));
         }
-        let publisher = super::rabbitmq::RabbitMqPublisher::new(config.url.as_str())
+        if config.channels == Some(0) {
+            return Err(property(
+                "outbox.publisher.rabbitmq.channels",
+                "is 0; at least one channel publishes",
+            ));
+        }
+        let mut publisher = super::rabbitmq::RabbitMqPublisher::new(config.url.as_str())
             .with_exchange(config.exchange.as_str())
             .with_routing_key(&config.routing_key)
             .map_err(|e| property("outbox.publisher.rabbitmq.routing-key", e.to_string()))?;
-        publisher.connect().await.map_err(|e| {
-            property(
+        if let Some(channels) = config.channels {
+            publisher = publisher.with_channels(channels);
+        }
+        publisher.connect().await.map_err(|e| match e {
+            Error::InvalidConfig { reason } => {
+                property("outbox.publisher.rabbitmq.channels", reason)
+            }
+            e => property(
                 "outbox.publisher.rabbitmq.url",
                 format!("{}: cannot connect: {}", redact(&config.url), chain(&e)),
-            )
+            ),
         })?;
         if config.create {
             publisher.declare_exchange().await.map_err(|e| {

@@ -167,7 +167,7 @@ impl RabbitMqPublisher {
     /// has up to 2 × `workers` × `batch-size` publishes in flight (each worker claims its
     /// next batch while a full one publishes); a publish waiting for a channel spends its
     /// `publish-timeout` waiting, so size the channels near that number when the broker is
-    /// slow.
+    /// slow (from configuration: `outbox.publisher.rabbitmq.channels`).
     #[must_use]
     pub fn with_channels(mut self, channels: usize) -> Self {
         self.channels = slots(channels);
@@ -192,10 +192,32 @@ impl RabbitMqPublisher {
         self
     }
 
+    /// How many channels publish at once ([`with_channels`](Self::with_channels)).
+    pub fn channels(&self) -> usize {
+        self.channels.len()
+    }
+
     /// Connects now (otherwise the first publish does), failing if the broker cannot be
-    /// reached.
+    /// reached, or with [`Error::InvalidConfig`] if it allows fewer channels on a connection
+    /// (its negotiated `channel_max`) than [`channels`](Self::channels): the publishes beyond
+    /// would fail one by one instead.
     pub async fn connect(&self) -> Result<(), Error> {
         let channel = self.open_channel().await.map_err(Error::Publisher)?;
+        if let Some(connection) = self.connection.lock().await.as_ref() {
+            // 0: no limit but the protocol's (a u16 channel number).
+            let max = match connection.configuration().channel_max() {
+                0 => usize::from(u16::MAX),
+                max => usize::from(max),
+            };
+            if self.channels.len() > max {
+                let _ = channel.close(200, ShortString::from("too many channels")).await;
+                return Err(Error::invalid_config(format!(
+                    "{} channels, but the broker allows {max} on a connection (its \
+                     channel_max)",
+                    self.channels.len()
+                )));
+            }
+        }
         if let Some(slot) = self.channels.first() {
             let mut held = slot.lock().await;
             if held.is_none() {
