@@ -663,7 +663,23 @@ async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
         unreachable!()
     };
     let (idempotency, app) = served(&settings, pool.clone()).await;
+    let page = |key: &str| {
+        let app = app.clone();
+        let uri = format!("/?operation=PAY&scope=tenant-a&key={key}");
+        async move { body_text(call(&app, Request::get(uri).body(Body::empty()).unwrap()).await).await }
+    };
+    let html = page("k-done").await;
+    assert!(
+        html.contains("id=\"evict\""),
+        "a running service's page evicts: {html}"
+    );
     idempotency.shutdown().await;
+    // The page offers no eviction it would refuse, for a record or a key without one.
+    for key in ["k-done", "k-none"] {
+        let html = page(key).await;
+        assert!(!html.contains("id=\"evict\""), "{key}: {html}");
+        assert!(html.contains("id=\"evict-refused\""), "{key}: {html}");
+    }
     let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await;
     // 503, not 400: the request is right, the service is what can no longer run it.
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -1067,20 +1083,14 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
     // The same through the operations (the command line's).
     let () = client.set(&key, "entry", None, None, false).await.unwrap();
     let eviction = ops.key_evict(&id, Force::No).await.unwrap();
-    assert_eq!(
-        eviction.record,
-        Eviction::NotFound
-    );
+    assert_eq!(eviction.record, Eviction::NotFound);
     assert_eq!(eviction.cache_entry, Some(true));
     let left: i64 = client.exists(&key).await.unwrap();
     assert_eq!(left, 0, "the entry {key} is gone");
     // A PROCESSING record is kept without force, and so is its key's entry.
     let busy = paid("k-busy");
     let eviction = ops.key_evict(&busy, Force::No).await.unwrap();
-    assert_eq!(
-        eviction.record,
-        Eviction::InProgress
-    );
+    assert_eq!(eviction.record, Eviction::InProgress);
     assert_eq!(eviction.cache_entry, None);
     let _ = client.quit().await;
     idempotency.shutdown().await;

@@ -210,7 +210,9 @@ impl RabbitMqPublisher {
                 max => usize::from(max),
             };
             if self.channels.len() > max {
-                let _ = channel.close(200, ShortString::from("too many channels")).await;
+                let _ = channel
+                    .close(200, ShortString::from("too many channels"))
+                    .await;
                 return Err(Error::invalid_config(format!(
                     "{} channels, but the broker allows {max} on a connection (its \
                      channel_max)",

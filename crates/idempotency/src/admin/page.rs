@@ -330,7 +330,9 @@ async fn key_section<D: AdminDatabase>(
                 );
             }
             body.push_str("</table>\n");
-            if state.mutations {
+            if state.mutations && state.ops.evictions_refused() {
+                shut_down_notice(body);
+            } else if state.mutations {
                 // `force` ends only the claim shown here: its token goes with the form.
                 let claim = view.lease_token.map_or_else(String::new, |token| {
                     format!(
@@ -353,7 +355,9 @@ async fn key_section<D: AdminDatabase>(
                 esc(api::key_name(&operation, &scope, &key))
             );
             // An entry an earlier eviction could not delete (Redis down) is deleted from here.
-            if state.mutations && state.ops.has_l2() {
+            if state.mutations && state.ops.evictions_refused() {
+                shut_down_notice(body);
+            } else if state.mutations && state.ops.has_l2() {
                 let controls = "<button type=\"submit\">Delete its Redis (L2) entry, if one \
                      is left</button>";
                 evict_form(body, base, [&operation, &scope, &key], controls);
@@ -363,6 +367,16 @@ async fn key_section<D: AdminDatabase>(
             let _ = writeln!(body, "<p class=\"problem\">{}</p>", esc(&problem.detail));
         }
     }
+}
+
+/// What the page shows instead of an evict form once the service has shut down: the form
+/// would only be answered `503 admin-shutting-down`.
+fn shut_down_notice(body: &mut String) {
+    body.push_str(
+        "<p id=\"evict-refused\" class=\"problem\">The service has shut down: evictions \
+         are refused here (nothing would be deleted). Evict from a running instance, or with \
+         the command line.</p>\n",
+    );
 }
 
 /// The evict form of a key (`operation`, `scope`, `key`, escaped here), its `controls`

@@ -434,6 +434,16 @@ impl<D: AdminDatabase> Operations<D> {
         false
     }
 
+    /// Whether evictions are refused before anything is deleted
+    /// ([`OpsError::ShuttingDown`]): the service these operations serve has shut down and
+    /// quit the Redis client they share.
+    pub(crate) fn evictions_refused(&self) -> bool {
+        #[cfg(feature = "redis")]
+        return self.l2.closed();
+        #[cfg(not(feature = "redis"))]
+        false
+    }
+
     /// Whether an eviction of a key without a record has a cache entry to drop: the L2 cache
     /// is configured, or the L1 cache of the process these operations serve.
     #[cfg(feature = "admin")]
