@@ -97,8 +97,8 @@ pub enum IdempotencyProblems {
     /// Idempotency-Key missing or invalid (`idempotency-key-missing`, `idempotency-key-invalid`),
     /// a body that is not JSON (`invalid-request-body`), a query the operation refuses
     /// (`invalid-request-query`: a deposit's parameter other than `note`, or `note` twice), a
-    /// path parameter that is not UTF-8 once percent-decoded (`invalid-request-path`), or an
-    /// invalid scope (`scope-invalid`)
+    /// deposit's account that is not UTF-8 once percent-decoded (`invalid-request-path`), or
+    /// an invalid scope (`scope-invalid`)
     #[response(status = 400, content_type = "application/problem+json")]
     BadRequest(Problem),
     /// The same key is still in flight

@@ -1,5 +1,7 @@
 //! [`ProblemPath`]: path parameters whose rejections are problem responses.
 
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
@@ -17,8 +19,10 @@ use crate::problem::{Problem, ProblemKind};
 /// [`IdempotencyLayer`](crate::IdempotencyLayer) stores nothing under the key, so the retry to
 /// the corrected path runs (axum's own `Path` rejection is a plain 400 the layer cannot tell
 /// from the handler's, so it is stored, and the corrected retry is `422
-/// idempotency-key-reused`). A route whose parameters cannot make `T` at all (a mistake of the
-/// application, not of the request) is a `500 internal-error`, logged at `error`.
+/// idempotency-key-reused`). A route whose parameters cannot make `T` whatever the request
+/// (a mistake of the application: a field `T` names that the route does not capture, a
+/// wrong number of parameters, a type a path cannot hold) is a `500 internal-error`, logged
+/// at `error`.
 ///
 /// ```
 /// use axum::body::Body;
@@ -48,7 +52,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Problem
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(value)) => Ok(Self(value)),
-            Err(rejection) if rejection.status().is_client_error() => {
+            Err(rejection) if rejection.status().is_client_error() && !routes_fault(&rejection) => {
                 Err(Problem::new(ProblemKind::InvalidRequestPath)
                     .with_detail(rejection.body_text()))
             }
@@ -60,5 +64,60 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Problem
                 Err(Problem::internal())
             }
         }
+    }
+}
+
+/// Whether axum's 400 is the route's fault, not the request's: serde's "missing field" (a
+/// field of `T` the route does not capture), which every request to the route meets.
+fn routes_fault(rejection: &PathRejection) -> bool {
+    match rejection {
+        PathRejection::FailedToDeserializePathParams(failed) => matches!(
+            failed.kind(),
+            ErrorKind::Message(message) if message.starts_with("missing field")
+        ),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use axum::routing::get;
+    use axum::{Router, response::IntoResponse};
+    use tower::ServiceExt;
+
+    use super::ProblemPath;
+
+    #[derive(serde::Deserialize)]
+    struct Account {
+        account: String,
+    }
+
+    async fn named(ProblemPath(path): ProblemPath<Account>) -> impl IntoResponse {
+        path.account
+    }
+
+    async fn status(app: Router, uri: &str) -> StatusCode {
+        let request = Request::get(uri).body(Body::empty()).unwrap_or_default();
+        match app.oneshot(request).await {
+            Ok(response) => response.status(),
+            Err(never) => match never {},
+        }
+    }
+
+    #[tokio::test]
+    async fn a_field_the_route_does_not_capture_is_the_applications_fault() {
+        let wrong = Router::new().route("/accounts/{account_id}", get(named));
+        assert_eq!(
+            status(wrong, "/accounts/A").await,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let right = Router::new().route("/accounts/{account}", get(named));
+        assert_eq!(status(right.clone(), "/accounts/A").await, StatusCode::OK);
+        assert_eq!(
+            status(right, "/accounts/%FF").await,
+            StatusCode::BAD_REQUEST
+        );
     }
 }

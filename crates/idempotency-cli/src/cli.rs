@@ -12,8 +12,8 @@ use clap::{Args, Parser, Subcommand};
 ///
 /// Exit codes: 0 done; 1 the operation failed; 2 bad input or configuration (a malformed key
 /// or id, an invalid table name, a command this database or configuration does not have);
-/// 3 not found (key, dead letter); 4 refused (an in-progress key without --force, not
-/// confirmed, a requeue out of order); 5 `schema validate` found problems; 6 the database
+/// 3 not found (key, dead letter); 4 refused (an in-progress key without --force, a key
+/// that is no longer the claim --force named, not confirmed, a requeue out of order); 5 `schema validate` found problems; 6 the database
 /// cannot be reached.
 #[derive(Debug, Parser)]
 #[command(name = "idempotency", version, max_term_width = 100)]
@@ -109,9 +109,15 @@ pub(crate) enum KeysCommand {
     Evict {
         #[command(flatten)]
         key: KeyArgs,
-        /// Evict even a PROCESSING record (its holder may still be running).
+        /// Evict a PROCESSING record (its holder may still be running): only the claim read
+        /// now (its lease token, shown in the question), or the one --claim names; not one
+        /// taken over since, nor the outcome of one that settled since.
         #[arg(long)]
         force: bool,
+        /// With --force, the lease token of the claim to end, as `keys show` printed it: the
+        /// eviction is refused (exit 4) when another claim holds the key by then.
+        #[arg(long, value_name = "TOKEN", requires = "force")]
+        claim: Option<i64>,
     },
     /// Records by operation and status, the oldest, the expired not cleaned yet.
     Stats,

@@ -16,24 +16,30 @@ use crate::store::{IdempotencyStore, StoreError};
 
 /// What [`KeyAdmin::evict`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Eviction {
     /// The record was deleted: the next request with the key runs the action again.
     Evicted(RecordStatus),
     /// No committed record has the key.
     NotFound,
     /// The record is `PROCESSING` (a leased claim whose holder may still be running) and
-    /// eviction was not forced, or forced for another claim than this one (a takeover since
-    /// the operator looked): nothing was deleted.
+    /// eviction was not forced: nothing was deleted.
     InProgress,
+    /// Eviction was forced for a claim ([`Force::Claim`]) and the record is no longer that
+    /// claim: another holder took the key over (`Processing`), or the claim settled
+    /// (`Completed`, `Rejected`: its outcome is stored, and deleting it would run a finished
+    /// action again). Nothing was deleted; the status is the one read.
+    Changed(RecordStatus),
 }
 
-/// Which `PROCESSING` record [`KeyAdmin::evict`] may delete; a settled one (`COMPLETED`,
-/// `REJECTED`) is deleted whatever this says.
+/// What [`KeyAdmin::evict`] deletes: a settled record (`COMPLETED`, `REJECTED`) and nothing
+/// else ([`No`](Self::No)), or one `PROCESSING` claim and nothing else ([`Claim`](Self::Claim)).
 ///
 /// A claim is named by its lease (fencing) token, read with [`KeyAdmin::lease_token`] when the
 /// operator is shown the record: a takeover of an expired lease keeps the row and its
 /// `created_at` but takes a new token, so forcing the claim that was shown never ends the
-/// claim of a holder that took the key over since.
+/// claim of a holder that took the key over since, nor deletes the outcome of a claim that
+/// settled since.
 ///
 /// ```
 /// use idempotency_core::RecordStatus;
@@ -43,16 +49,18 @@ pub enum Eviction {
 /// let shown = Force::Claim(Some(FencingToken(7)));
 /// assert!(shown.allows(RecordStatus::Processing, Some(FencingToken(7))));
 /// assert!(!shown.allows(RecordStatus::Processing, Some(FencingToken(8)))); // taken over
+/// assert!(!shown.allows(RecordStatus::Completed, Some(FencingToken(7)))); // settled since
 /// assert!(!Force::No.allows(RecordStatus::Processing, Some(FencingToken(7))));
 /// assert!(Force::No.allows(RecordStatus::Completed, None));
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Force {
-    /// None: a `PROCESSING` record is left alone ([`Eviction::InProgress`]).
+    /// A settled record only: a `PROCESSING` one is left alone ([`Eviction::InProgress`]).
     #[default]
     No,
     /// The `PROCESSING` record whose lease token is this one (`None`: a record that carries
-    /// none, such as a claim committed without a lease).
+    /// none, such as a claim committed without a lease), and nothing else
+    /// ([`Eviction::Changed`]).
     Claim(Option<FencingToken>),
 }
 
@@ -60,9 +68,10 @@ impl Force {
     /// Whether a record of `status` carrying lease token `token` may be deleted.
     pub fn allows(self, status: RecordStatus, token: Option<FencingToken>) -> bool {
         match (status, self) {
-            (RecordStatus::Processing, Self::No) => false,
             (RecordStatus::Processing, Self::Claim(shown)) => shown == token,
-            (RecordStatus::Completed | RecordStatus::Rejected, _) => true,
+            (RecordStatus::Processing, Self::No) => false,
+            (RecordStatus::Completed | RecordStatus::Rejected, Self::No) => true,
+            (RecordStatus::Completed | RecordStatus::Rejected, Self::Claim(_)) => false,
         }
     }
 
@@ -145,9 +154,10 @@ impl KeyStats {
 /// Optional capability: what an operator does to the records table.
 pub trait KeyAdmin: IdempotencyStore {
     /// Deletes the committed record of `id`, so that the next request with the key runs the
-    /// action again. A `PROCESSING` record is left alone unless `force` names it (its holder
-    /// may still be running, and a second run would run beside it): the read of its status
-    /// and token and the deletion cannot be split by another writer. A key held by an
+    /// action again: a settled one with [`Force::No`], the `PROCESSING` claim `force` names
+    /// with [`Force::Claim`] (its holder may still be running, and a second run would run
+    /// beside it). The read of the status and token and the deletion cannot be split by
+    /// another writer. A key held by an
     /// uncommitted transaction is invisible here and reads as [`Eviction::NotFound`].
     fn evict(
         &self,
@@ -168,22 +178,29 @@ pub trait KeyAdmin: IdempotencyStore {
 }
 
 /// How the stores decide an eviction from the status they read before their conditional
-/// delete and the rows it deleted: shared so that the three backends answer alike.
+/// delete (`found`) and the status of the row it deleted (`deleted`): shared so that the three
+/// backends answer alike.
 ///
 /// ```
-/// use idempotency_core::admin::{Eviction, eviction};
-/// use idempotency_core::RecordStatus;
+/// use idempotency_core::admin::{Eviction, Force, eviction};
+/// use idempotency_core::RecordStatus::{Completed, Processing};
 ///
-/// assert_eq!(eviction(None, 0), Eviction::NotFound);
-/// assert_eq!(eviction(Some(RecordStatus::Processing), 0), Eviction::InProgress);
-/// assert_eq!(eviction(Some(RecordStatus::Completed), 1), Eviction::Evicted(RecordStatus::Completed));
+/// assert_eq!(eviction(Force::No, None, None), Eviction::NotFound);
+/// assert_eq!(eviction(Force::No, Some(Processing), None), Eviction::InProgress);
+/// assert_eq!(eviction(Force::No, Some(Completed), Some(Completed)), Eviction::Evicted(Completed));
+/// assert_eq!(eviction(Force::Claim(None), Some(Completed), None), Eviction::Changed(Completed));
 /// ```
-pub fn eviction(status: Option<RecordStatus>, deleted: u64) -> Eviction {
-    match (status, deleted) {
-        (None, _) => Eviction::NotFound,
-        (Some(status), n) if n > 0 => Eviction::Evicted(status),
-        (Some(RecordStatus::Processing), _) => Eviction::InProgress,
+pub fn eviction(
+    force: Force,
+    found: Option<RecordStatus>,
+    deleted: Option<RecordStatus>,
+) -> Eviction {
+    match (found, deleted, force) {
+        (_, Some(status), _) => Eviction::Evicted(status),
+        (None, None, _) => Eviction::NotFound,
+        (Some(status), None, Force::Claim(_)) => Eviction::Changed(status),
+        (Some(RecordStatus::Processing), None, Force::No) => Eviction::InProgress,
         // Deleted by someone else (cleanup) between the read and the delete.
-        (Some(_), _) => Eviction::NotFound,
+        (Some(_), None, Force::No) => Eviction::NotFound,
     }
 }

@@ -1,7 +1,8 @@
 //! `keys show | evict | stats`.
 
 use idempotency::core::admin::{Eviction, Force};
-use idempotency::core::{IdempotencyKey, Operation, RecordId, Scope};
+use idempotency::core::lease::FencingToken;
+use idempotency::core::{IdempotencyKey, Operation, RecordId, RecordStatus, Scope};
 use idempotency::ops::{AdminDatabase, KeyJson, Operations, rfc3339};
 use serde_json::json;
 
@@ -35,7 +36,10 @@ pub(super) async fn run<D: AdminDatabase>(
 ) -> Result<(), CliError> {
     match command {
         KeysCommand::Show(args) => show(ops, out, args).await,
-        KeysCommand::Evict { key, force } => evict(ops, global, out, key, *force).await,
+        KeysCommand::Evict { key, force, claim } => {
+            let claim = claim.map(FencingToken);
+            evict(ops, global, out, key, *force, claim).await
+        }
         KeysCommand::Stats => stats(ops, out).await,
     }
 }
@@ -102,34 +106,43 @@ async fn evict<D: AdminDatabase>(
     out: Out,
     args: &KeyArgs,
     force: bool,
+    claim: Option<FencingToken>,
 ) -> Result<(), CliError> {
     let id = record_id(args)?;
     let Some(view) = ops.key_show(&id).await? else {
         return evict_entry(ops, global, out, args, &id).await;
     };
-    let in_progress = view.status == idempotency::core::RecordStatus::Processing;
-    if in_progress && !force {
+    let in_progress = view.status == RecordStatus::Processing;
+    // `--force` only for the claim named (`--claim`) or read now (its lease token): one
+    // written or taken over since is not the operator's to end, nor an outcome stored since.
+    let forced = match (force, claim) {
+        (true, Some(claim)) => Force::Claim(Some(claim)),
+        (true, None) if in_progress => Force::Claim(view.lease_token),
+        _ => Force::No,
+    };
+    if in_progress && forced == Force::No {
         return Err(CliError::Refused(format!(
             "{} is PROCESSING (its holder may still be running); pass --force to evict it anyway \
              (nothing changed)",
             name(args)
         )));
     }
+    let token = view.lease_token.map(|token| token.0);
+    let shown = match token {
+        Some(token) => format!("{}, lease token {token}", view.status),
+        None => view.status.to_string(),
+    };
     if global.dry_run {
         out.emit(
-            || format!("dry run: would evict {} ({})", name(args), view.status),
-            || json!({ "dry_run": true, "would_evict": true, "status": view.status.as_str() }),
+            || format!("dry run: would evict {} ({shown})", name(args)),
+            || {
+                json!({ "dry_run": true, "would_evict": true, "status": view.status.as_str(),
+                        "lease_token": token })
+            },
         );
         return Ok(());
     }
-    confirm(global, &format!("Evict {} ({})?", name(args), view.status))?;
-    // `--force` only for the claim shown (its lease token): one written or taken over since
-    // is not the operator's to end.
-    let forced = if force && in_progress {
-        Force::Claim(view.lease_token)
-    } else {
-        Force::No
-    };
+    confirm(global, &format!("Evict {} ({shown})?", name(args)))?;
     let eviction = ops.key_evict(&id, forced).await?;
     match eviction.record {
         Eviction::Evicted(status) => {
@@ -139,16 +152,35 @@ async fn evict<D: AdminDatabase>(
         Eviction::NotFound => {
             entry_evicted(out, args, eviction.cache_entry, " (deleted meanwhile)")
         }
-        Eviction::InProgress if forced == Force::No => Err(CliError::Refused(format!(
+        Eviction::InProgress => Err(CliError::Refused(format!(
             "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
             name(args)
         ))),
-        Eviction::InProgress => Err(CliError::Refused(format!(
-            "{} is PROCESSING under another claim than the one shown (taken over meanwhile: \
-             its holder may be running); look at the key again (nothing changed)",
-            name(args)
-        ))),
+        Eviction::Changed(status) => Err(changed(args, status)),
+        other => Err(unknown(args, other)),
     }
+}
+
+/// The refusal of a forced eviction whose claim is gone: taken over, or settled since.
+fn changed(args: &KeyArgs, status: RecordStatus) -> CliError {
+    let since = match status {
+        RecordStatus::Processing => "another holder took the key over since",
+        _ => "the claim settled since, and its outcome is kept",
+    };
+    CliError::Refused(format!(
+        "{} is no longer the claim --force named: it is {status} ({since}); look at the key \
+         again (nothing changed)",
+        name(args)
+    ))
+}
+
+/// An eviction result this version of the command line does not know.
+fn unknown(args: &KeyArgs, eviction: Eviction) -> CliError {
+    CliError::Refused(format!(
+        "{}: an eviction result this version does not know ({eviction:?}); look at the key \
+         again",
+        name(args)
+    ))
 }
 
 /// `keys evict` of a key without a record: its Redis (L2) entry, if one was left (by an
@@ -190,16 +222,12 @@ async fn evict_entry<D: AdminDatabase>(
             "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
             name(args)
         ))),
+        other => Err(unknown(args, other)),
     }
 }
 
 /// What an eviction of a record prints.
-fn evicted(
-    out: Out,
-    args: &KeyArgs,
-    status: idempotency::core::RecordStatus,
-    cache_entry: Option<bool>,
-) {
+fn evicted(out: Out, args: &KeyArgs, status: RecordStatus, cache_entry: Option<bool>) {
     out.emit(
         || {
             let cache = match cache_entry {

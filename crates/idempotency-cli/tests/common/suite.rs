@@ -119,6 +119,25 @@ macro_rules! suite {
                 .code(4)
                 .stderr(predicate::str::contains("--force"));
             assert_eq!(db.records_where("k-busy").await, 1);
+            // Forced for another claim than the one there: refused, nothing changed; a claim
+            // without --force is bad usage.
+            db.cli()
+                .args([
+                    "keys", "evict", "PAY", "k-busy", "--scope", "tenant-a", "--force", "--claim",
+                    "999", "--yes",
+                ])
+                .assert()
+                .code(4)
+                .stderr(predicate::str::contains("no longer the claim"));
+            assert_eq!(db.records_where("k-busy").await, 1);
+            db.cli()
+                .args([
+                    "keys", "evict", "PAY", "k-busy", "--scope", "tenant-a", "--claim", "999",
+                    "--yes",
+                ])
+                .assert()
+                .code(2);
+            assert_eq!(db.records_where("k-busy").await, 1);
             // Not confirmed (stdin is no terminal): refused, nothing changed.
             db.cli()
                 .args(["keys", "evict", "PAY", "k-done", "--scope", "tenant-a"])

@@ -299,12 +299,12 @@ pub async fn leased_a_forced_eviction_ends_only_the_claim_it_names<S: LeasedClai
             .evict(&id, Force::Claim(Some(shown)))
             .await
             .expect("evict"),
-        Eviction::InProgress,
+        Eviction::Changed(RecordStatus::Processing),
         "the claim shown was taken over: the new holder's claim stays"
     );
     assert_eq!(
         store.evict(&id, Force::Claim(None)).await.expect("evict"),
-        Eviction::InProgress,
+        Eviction::Changed(RecordStatus::Processing),
         "a claim with a token is not a claim without one"
     );
     assert_eq!(
@@ -327,7 +327,9 @@ pub async fn leased_a_forced_eviction_ends_only_the_claim_it_names<S: LeasedClai
         None,
         "the evicted holder cannot complete"
     );
-    // A settled record is evicted whatever `force` names.
+    // A claim that settled since it was shown keeps its outcome: forcing it deletes nothing
+    // (the next request would run a finished action again); an eviction without force
+    // deletes it.
     let token = acquire(&store, &claim(&id, &f), LONG).await;
     store
         .complete_leased(&id, token, &done("\"done\""), None)
@@ -336,9 +338,14 @@ pub async fn leased_a_forced_eviction_ends_only_the_claim_it_names<S: LeasedClai
         .expect("completed");
     assert_eq!(
         store
-            .evict(&id, Force::Claim(Some(shown)))
+            .evict(&id, Force::Claim(Some(token)))
             .await
             .expect("evict"),
+        Eviction::Changed(RecordStatus::Completed)
+    );
+    assert!(store.lookup(&id).await.expect("lookup").is_some());
+    assert_eq!(
+        store.evict(&id, Force::No).await.expect("evict"),
         Eviction::Evicted(RecordStatus::Completed)
     );
 }

@@ -58,7 +58,7 @@ impl MysqlStore {
 
 impl KeyAdmin for MysqlStore {
     /// One transaction: the row is locked by the read (`FOR UPDATE`), then deleted unless it
-    /// is `PROCESSING` and `force` does not name its token.
+    /// is one `force` does not allow.
     async fn evict(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
         let t = self.table().quoted();
         let key = "operation = ? AND scope = ? AND idempotency_key = ?";
@@ -66,19 +66,21 @@ impl KeyAdmin for MysqlStore {
         let claim = self.claim_of(&mut tx, id, " FOR UPDATE").await?;
         let found = claim.map(|(status, _)| status);
         let deleted = match claim {
-            Some((status, token)) if !force.allows(status, token) => 0,
-            Some(_) => sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE {key}")))
-                .bind(id.operation.as_str())
-                .bind(id.scope.as_str())
-                .bind(id.key.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(store_error)?
-                .rows_affected(),
-            None => 0,
+            Some((status, token)) if force.allows(status, token) => {
+                let rows = sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE {key}")))
+                    .bind(id.operation.as_str())
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error)?
+                    .rows_affected();
+                (rows > 0).then_some(status)
+            }
+            _ => None,
         };
         tx.commit().await.map_err(store_error)?;
-        Ok(eviction(found, deleted))
+        Ok(eviction(force, found, deleted))
     }
 
     async fn lease_token(&self, id: &RecordId) -> Result<Option<FencingToken>, StoreError> {

@@ -24,32 +24,38 @@ fn status(text: &str) -> Result<RecordStatus, StoreError> {
 const TOKEN: &str = "(to_jsonb(r) ->> 'lease_token')::bigint";
 
 impl KeyAdmin for PgStore {
-    /// One statement: the status read and the conditional delete see one snapshot. The token
-    /// is read from the row as JSON, so a table without the lease columns is evicted from too.
+    /// One statement. The delete's condition is checked again on the row's newest version
+    /// when a concurrent write changed it (PostgreSQL's re-check under `READ COMMITTED`), so a
+    /// takeover or a completion that commits meanwhile is seen; the status reported is the
+    /// deleted row's. The token is read from the row as JSON, so a table without the lease
+    /// columns is evicted from too.
     async fn evict(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
         let t = self.table().quoted();
         let mut own = self.own().await?;
         let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
         let (forced, token) = force.claim();
-        let (found, deleted): (Option<String>, i64) = sqlx::query_as(AssertSqlSafe(format!(
-            "WITH target AS (SELECT status::text AS status FROM {t} WHERE {key}), \
-                  gone AS (DELETE FROM {t} AS r WHERE {key} AND (status <> 'PROCESSING' \
-                             OR ($4 AND {TOKEN} IS NOT DISTINCT FROM $5)) \
-                           RETURNING 1) \
-             SELECT (SELECT status FROM target), (SELECT count(*) FROM gone)"
-        )))
-        .persistent(persistent(self.pooler()))
-        .bind(id.operation.as_str())
-        .bind(id.scope.as_str())
-        .bind(id.key.as_str())
-        .bind(forced)
-        .bind(token)
-        .fetch_one(&mut *own)
-        .await
-        .map_err(store_error)?;
+        let (found, deleted): (Option<String>, Option<String>) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "WITH target AS (SELECT status::text AS status FROM {t} WHERE {key}), \
+                      gone AS (DELETE FROM {t} AS r WHERE {key} AND CASE WHEN $4 \
+                                 THEN status = 'PROCESSING' AND {TOKEN} IS NOT DISTINCT FROM $5 \
+                                 ELSE status <> 'PROCESSING' END \
+                               RETURNING status::text AS status) \
+                 SELECT (SELECT status FROM target), (SELECT status FROM gone)"
+            )))
+            .persistent(persistent(self.pooler()))
+            .bind(id.operation.as_str())
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(forced)
+            .bind(token)
+            .fetch_one(&mut *own)
+            .await
+            .map_err(store_error)?;
         own.finish().await.map_err(store_error)?;
         let found = found.as_deref().map(status).transpose()?;
-        Ok(eviction(found, u64::try_from(deleted).unwrap_or_default()))
+        let deleted = deleted.as_deref().map(status).transpose()?;
+        Ok(eviction(force, found, deleted))
     }
 
     async fn lease_token(&self, id: &RecordId) -> Result<Option<FencingToken>, StoreError> {

@@ -67,19 +67,20 @@ impl KeyAdmin for SqliteStore {
         let found = claim.map(|(status, _)| status);
         let deleted = match claim {
             Some((status, token)) if force.allows(status, token) => {
-                sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE {key}")))
+                let rows = sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE {key}")))
                     .bind(id.operation.as_str())
                     .bind(id.scope.as_str())
                     .bind(id.key.as_str())
                     .execute(&mut *tx)
                     .await
                     .map_err(store_error)?
-                    .rows_affected()
+                    .rows_affected();
+                (rows > 0).then_some(status)
             }
-            _ => 0,
+            _ => None,
         };
         tx.commit().await.map_err(store_error)?;
-        Ok(eviction(found, deleted))
+        Ok(eviction(force, found, deleted))
     }
 
     async fn lease_token(&self, id: &RecordId) -> Result<Option<FencingToken>, StoreError> {

@@ -426,10 +426,18 @@ pub(super) struct EvictRequest {
     #[serde(default)]
     pub(super) force: bool,
     /// With `force`, the lease token of the `PROCESSING` claim the operator was shown (`keys
-    /// show`'s `lease_token`): a claim taken over since is left alone. Without it, the claim
-    /// read when the request arrives is the one forced.
-    #[serde(default)]
-    pub(super) claim: Option<i64>,
+    /// show`'s `lease_token`; `null`: a claim without one): only that claim is evicted, not one
+    /// taken over since, nor the outcome of one that settled since. Absent, the claim read
+    /// when the request arrives is the one forced.
+    #[serde(default, deserialize_with = "present")]
+    pub(super) claim: Option<Option<i64>>,
+}
+
+/// A field that may be `null`: `Some(None)` for `null`, `None` (by `default`) when absent.
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<i64>>, D::Error> {
+    Option::<i64>::deserialize(deserializer).map(Some)
 }
 
 /// What the command line notes after an eviction.
@@ -437,8 +445,9 @@ pub(super) const L1_NOTE: &str = "other instances' in-process (L1) entries of th
      until their TTL (idempotency.local-cache.ttl): until then they may still replay the old \
      outcome";
 
-/// Evicts a key as `keys evict` does: 409 for a `PROCESSING` one unless `force` (and, with
-/// `claim`, unless it is still the claim with that lease token); for no
+/// Evicts a key as `keys evict` does: 409 for a `PROCESSING` one unless `force`, and 409
+/// `admin-key-changed` when the record is no longer the claim forced (`claim`, else the one
+/// read here); for no
 /// record, its stale Redis entry is deleted when one is left (an earlier eviction whose Redis
 /// deletion failed), 404 when none is. Returns the evicted record's status (`None`: there was
 /// none, a stale entry was deleted) and whether its Redis entry was deleted.
@@ -460,35 +469,43 @@ pub(super) async fn evict_key<D: AdminDatabase>(
             ),
         )
     };
-    let taken_over = || {
+    let changed = |status: RecordStatus| {
+        let since = match status {
+            RecordStatus::Processing => "another holder took the key over since",
+            _ => "the claim settled since, and its outcome is kept",
+        };
         Problem::new(
             StatusCode::CONFLICT,
-            "admin-key-in-progress",
-            "Key in progress",
+            "admin-key-changed",
+            "Key changed",
             format!(
-                "{name} is PROCESSING under another claim than the one shown (taken over \
-                 since: its holder may be running); look at the key again (nothing changed)"
+                "{name} is no longer the claim forced: it is {status} ({since}); look at the \
+                 key again (nothing changed)"
             ),
         )
     };
+    if request.claim.is_some() && !request.force {
+        return Err(Problem::bad_request(
+            "claim names the claim a forced eviction ends; set force too (nothing changed)",
+        ));
+    }
     let view = ops.key_show(&id).await?;
-    let shown = view
+    let read_in_progress = view
         .as_ref()
         .filter(|view| view.status == RecordStatus::Processing);
-    if shown.is_some() && !request.force {
+    // `force` only for the claim the operator was shown (`claim`, else the one read here):
+    // one written or taken over since is not theirs to end, nor an outcome stored since.
+    let force = match (request.force, request.claim) {
+        (true, Some(claim)) => Force::Claim(claim.map(FencingToken)),
+        (true, None) => read_in_progress.map_or(Force::No, |view| Force::Claim(view.lease_token)),
+        (false, _) => Force::No,
+    };
+    if read_in_progress.is_some() && force == Force::No {
         return Err(in_progress());
     }
     if view.is_none() && !ops.has_cache() {
         return Err(Problem::not_found(format!("no record for {name}")));
     }
-    // `force` only for the claim the operator was shown (`claim`, else the one read here):
-    // one written or taken over since is not theirs to end.
-    let force = match shown {
-        Some(view) if request.force => {
-            Force::Claim(request.claim.map(FencingToken).or(view.lease_token))
-        }
-        _ => Force::No,
-    };
     let eviction = ops.key_evict(&id, force).await?;
     match eviction.record {
         Eviction::Evicted(status) => Ok((Some(status), eviction.cache_entry)),
@@ -501,8 +518,14 @@ pub(super) async fn evict_key<D: AdminDatabase>(
                 (false, _) => "",
             }
         ))),
-        Eviction::InProgress if force == Force::No => Err(in_progress()),
-        Eviction::InProgress => Err(taken_over()),
+        Eviction::InProgress => Err(in_progress()),
+        Eviction::Changed(status) => Err(changed(status)),
+        other => Err(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "admin-operation-failed",
+            "Operation failed",
+            format!("{name}: an eviction this version does not know ({other:?})"),
+        )),
     }
 }
 

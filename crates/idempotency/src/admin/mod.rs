@@ -74,7 +74,7 @@
 //! | `POST /api/outbox/partitions/create` | `outbox partitions create` (change) |
 //! | `POST /api/outbox/partitions/drop-expired` | `outbox partitions drop-expired` (change) |
 //! | `GET /api/keys?operation=&key=&scope=` | `keys show` |
-//! | `POST /api/keys/evict` `{"operation": .., "key": .., "scope": .., "force": false}` | `keys evict` (change; a key without a record: its stale Redis entry, `"evicted": false`) |
+//! | `POST /api/keys/evict` `{"operation": .., "key": .., "scope": .., "force": false, "claim": ..}` | `keys evict` (change; a key without a record: its stale Redis entry, `"evicted": false`; `claim`, with `force` only: the lease token shown, `null` for none: 409 `admin-key-changed` when another claim holds the key or it settled since) |
 //! | `GET /api/keys/stats` | `keys stats` |
 //! | `GET /api/cleanup` | `cleanup run --dry-run` |
 //! | `POST /api/cleanup` | `cleanup run` (change) |

@@ -8,6 +8,7 @@ use axum::extract::rejection::{FormRejection, QueryRejection};
 use axum::extract::{OriginalUri, Path, Query};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse, Response};
+use idempotency_core::RecordStatus;
 use idempotency_outbox::admin::DeadLetterFilter;
 use idempotency_outbox::uuid::Uuid;
 use serde::Deserialize;
@@ -333,17 +334,22 @@ async fn key_section<D: AdminDatabase>(
             if state.mutations && state.ops.evictions_refused() {
                 shut_down_notice(body);
             } else if state.mutations {
-                // `force` ends only the claim shown here: its token goes with the form.
-                let claim = view.lease_token.map_or_else(String::new, |token| {
+                // A `PROCESSING` record is forced, and only the claim shown here: its token
+                // (empty for none) goes with the form. A settled one is evicted without force,
+                // so that a claim written since is never ended from here.
+                let force = if view.status == RecordStatus::Processing {
                     format!(
-                        "<input type=\"hidden\" name=\"claim\" value=\"{}\">",
-                        token.0
+                        "<input type=\"hidden\" name=\"claim\" value=\"{}\"><label>\
+                         <input type=\"checkbox\" name=\"force\" value=\"true\"> even though \
+                         PROCESSING (its holder may still be running)</label>",
+                        view.lease_token
+                            .map_or_else(String::new, |token| token.0.to_string())
                     )
-                });
+                } else {
+                    String::new()
+                };
                 let controls = format!(
-                    "{claim}<label><input type=\"checkbox\" name=\"force\" value=\"true\"> \
-                     even if PROCESSING</label><button type=\"submit\">Evict (the next request \
-                     runs again)</button>"
+                    "{force}<button type=\"submit\">Evict (the next request runs again)</button>"
                 );
                 evict_form(body, base, [&operation, &scope, &key], &controls);
             }
@@ -434,7 +440,7 @@ pub(super) async fn dead_action<D: AdminDatabase>(
 }
 
 /// The evict form's fields (`force` is a checkbox; `claim` the lease token of the
-/// `PROCESSING` claim the page showed).
+/// `PROCESSING` claim the page showed, empty for a claim without one).
 #[derive(Debug, Deserialize)]
 pub(super) struct EvictForm {
     operation: String,
@@ -442,7 +448,7 @@ pub(super) struct EvictForm {
     #[serde(default)]
     scope: String,
     force: Option<String>,
-    claim: Option<i64>,
+    claim: Option<String>,
 }
 
 /// `POST /keys/evict` from the page: 303 back to the page.
@@ -458,12 +464,19 @@ pub(super) async fn evict<D: AdminDatabase>(
     let result = async {
         allowed?;
         let Form(form) = form.map_err(|e| Problem::bad_request(e.body_text()))?;
+        let claim = match form.claim.as_deref() {
+            None => None,
+            Some("") => Some(None),
+            Some(token) => Some(Some(token.parse::<i64>().map_err(|_| {
+                Problem::bad_request(format!("claim {token:?} is not a lease token"))
+            })?)),
+        };
         let request = EvictRequest {
             operation: form.operation,
             key: form.key,
             scope: form.scope,
             force: form.force.is_some(),
-            claim: form.claim,
+            claim,
         };
         api::evict_key(&state.ops(principal), &request).await
     }

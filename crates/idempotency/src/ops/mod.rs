@@ -62,8 +62,8 @@ pub struct KeyEviction {
     /// What happened to the record.
     pub record: Eviction,
     /// `Some(deleted)` when the L2 cache (Redis) is configured and the record was evicted or
-    /// was not there: whether an entry was there. `None`: no L2 configured, or the record is
-    /// `PROCESSING` and was kept.
+    /// was not there: whether an entry was there. `None`: no L2 configured, or the record was
+    /// kept ([`Eviction::InProgress`], [`Eviction::Changed`]).
     pub cache_entry: Option<bool>,
 }
 
@@ -289,15 +289,32 @@ impl<D: AdminDatabase> Operations<D> {
 
     /// One key's committed record, `None` when there is none; a `PROCESSING` one with its
     /// lease token ([`KeyView::lease_token`]).
+    ///
+    /// The record and its token are two reads: the token is read before and after the
+    /// record, and taken only when both reads agree (a token is never issued twice, so the
+    /// record read between them is that claim's). A key whose claim changes on every try
+    /// shows no token, which a forced eviction then names as no claim at all: it deletes
+    /// nothing ([`Eviction::Changed`]).
     pub async fn key_show(&self, id: &RecordId) -> Result<Option<KeyView>, OpsError> {
-        let Some(record) = self.store.lookup(id).await? else {
-            return Ok(None);
-        };
-        let mut view = KeyView::of(&record);
-        if view.status == RecordStatus::Processing {
-            view.lease_token = self.store.lease_token(id).await?;
+        const TRIES: usize = 3;
+        let mut view = None;
+        for _ in 0..TRIES {
+            let before = self.store.lease_token(id).await?;
+            let Some(record) = self.store.lookup(id).await? else {
+                return Ok(None);
+            };
+            let mut shown = KeyView::of(&record);
+            if shown.status != RecordStatus::Processing {
+                return Ok(Some(shown));
+            }
+            let after = self.store.lease_token(id).await?;
+            if before == after {
+                shown.lease_token = after;
+                return Ok(Some(shown));
+            }
+            view = Some(shown);
         }
-        Ok(Some(view))
+        Ok(view)
     }
 
     /// Deletes one key's record so that its next request runs again (a `PROCESSING` one only
@@ -360,7 +377,7 @@ impl<D: AdminDatabase> Operations<D> {
                 return Err(error);
             }
         };
-        if record == Eviction::InProgress {
+        if matches!(record, Eviction::InProgress | Eviction::Changed(_)) {
             return Ok(KeyEviction {
                 record,
                 cache_entry: None,
@@ -435,11 +452,12 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     /// Whether evictions are refused before anything is deleted
-    /// ([`OpsError::ShuttingDown`]): the service these operations serve has shut down and
-    /// quit the Redis client they share.
+    /// ([`OpsError::ShuttingDown`]): the L2 cache is configured, and the service these
+    /// operations serve has shut down and quit the Redis client they share.
+    #[cfg(feature = "admin")]
     pub(crate) fn evictions_refused(&self) -> bool {
         #[cfg(feature = "redis")]
-        return self.l2.closed();
+        return self.l2.prefix().is_some() && self.l2.closed();
         #[cfg(not(feature = "redis"))]
         false
     }
