@@ -1,10 +1,10 @@
-//! Reading an answer: the [`Delivery`] of a returned one, the [`Error::Refused`] of a `400` or
-//! `422`, the `Retry-After` of a retried one.
+//! Reading an answer: the [`Delivery`] of a returned one, whether a `400` or `422` refuses the
+//! request itself ([`Error::Refused`]) or is its outcome, the `Retry-After` of a retried one.
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::Response;
-use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use reqwest::{Response, ResponseBuilderExt};
 
 use crate::{Delivery, Error};
 
@@ -26,29 +26,100 @@ pub(crate) fn delivered(
     response
 }
 
-/// A `400` or `422` as an error, with the start of its body.
-pub(crate) async fn refused(
+/// The last segments of the problem `type`s that refuse the request itself, before anything
+/// ran, in the server contract of `idempotency-axum` and the IETF draft: a server stores none
+/// of them, so the request must change, and a changed request needs a new key. Every other
+/// `400` or `422` may be the request's stored outcome (a business rejection), replayed to a
+/// retry: it is returned as a response, first time and replay alike.
+const REFUSING_TYPES: &[&str] = &[
+    "idempotency-key-missing",
+    "idempotency-key-invalid",
+    "idempotency-key-reused",
+    "invalid-request-body",
+    "invalid-request-query",
+    "invalid-request-path",
+    "body-unreadable",
+    "scope-invalid",
+];
+
+/// Whether `body`, an answer's, is a problem document (`application/problem+json`) whose
+/// `type` ends in one of [`REFUSING_TYPES`].
+fn refuses(headers: &HeaderMap, body: &[u8]) -> bool {
+    let problem = headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| {
+            essence
+                .trim()
+                .eq_ignore_ascii_case("application/problem+json")
+        });
+    if !problem {
+        return false;
+    }
+    #[derive(serde::Deserialize)]
+    struct Problem {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+    }
+    serde_json::from_slice::<Problem>(body)
+        .ok()
+        .and_then(|problem| problem.kind)
+        .is_some_and(|kind| {
+            let slug = kind
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or_default();
+            REFUSING_TYPES.contains(&slug)
+        })
+}
+
+/// A `400` or `422` that is not a replay: [`Error::Refused`] when it refuses the request
+/// itself ([`REFUSING_TYPES`]), otherwise the response (its body read and put back) with its
+/// [`Delivery`], as its replay would be returned. A problem document longer than 64 KiB is
+/// no refusal of this contract's and is taken as one all the same, its body cut there.
+pub(crate) async fn judged(
     mut response: Response,
     key: String,
     attempt: u32,
-) -> reqwest_middleware::Error {
+) -> Result<Response, reqwest_middleware::Error> {
     let status = response.status();
     let headers = response.headers().clone();
     let mut body = Vec::new();
-    while body.len() < REFUSED_BODY_LIMIT {
+    let mut whole = false;
+    while body.len() <= REFUSED_BODY_LIMIT {
         match response.chunk().await {
             Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
+            Ok(None) => {
+                whole = true;
+                break;
+            }
+            Err(_) => break,
         }
     }
+    if whole && !refuses(&headers, &body) {
+        let version = response.version();
+        let url = response.url().clone();
+        let extensions = std::mem::take(response.extensions_mut());
+        let mut rebuilt = http::Response::builder()
+            .url(url)
+            .body(body)
+            .map_err(reqwest_middleware::Error::middleware)?;
+        *rebuilt.status_mut() = status;
+        *rebuilt.version_mut() = version;
+        *rebuilt.headers_mut() = headers;
+        rebuilt.extensions_mut().extend(extensions);
+        return Ok(delivered(Response::from(rebuilt), key, attempt, false));
+    }
     body.truncate(REFUSED_BODY_LIMIT);
-    reqwest_middleware::Error::middleware(Error::Refused {
+    Err(reqwest_middleware::Error::middleware(Error::Refused {
         key,
         status,
         attempt,
         headers,
         body,
-    })
+    }))
 }
 
 /// `Retry-After` as delta-seconds (beyond `u64` seconds: [`Duration::MAX`], longer than any

@@ -1,17 +1,20 @@
 //! The client side of the idempotency crates: a [`reqwest_middleware`] middleware that makes
 //! retries safe.
 //!
-//! [`IdempotencyMiddleware`] gives each request of the configured methods (POST and PATCH by
-//! default) one `Idempotency-Key` (a UUID v7, the caller's generator, or the caller's own
+//! [`IdempotencyMiddleware`] gives each request of the configured methods (POST, PUT, PATCH
+//! and DELETE by default) one `Idempotency-Key` (a UUID v7, the caller's generator, or the caller's own
 //! header) and sends that same key on every retry, so a server that implements the IETF
 //! draft (such as [`idempotency-axum`](https://docs.rs/idempotency-axum)'s `IdempotencyLayer`)
 //! runs the request at most once and replays its answer to the retries.
 //!
-//! - Retried: connection errors, timeouts, `5xx`, `409` (honouring `Retry-After` up to a bound)
-//!   and `429`, with exponential backoff and jitter, within a number of attempts and a time
-//!   budget ([`RetryPolicy`]).
-//! - Never retried: `400` and `422` ([`Error::Refused`]): the request must change, and the key
-//!   with it. A streamed body is sent once ([`Error::NotReplayable`] when it fails).
+//! - Retried: connection errors, timeouts, `5xx`, `409` with `Retry-After` (a key in flight, a
+//!   transaction conflict) and `429`, with exponential backoff and jitter or the answer's
+//!   `Retry-After` up to a bound, within a number of attempts and a time budget
+//!   ([`RetryPolicy`]).
+//! - Never retried: `400` and `422`. A refusal of the request itself (a reused key, a body the
+//!   server could not take) is [`Error::Refused`]: the request must change, and the key with
+//!   it; any other (a business rejection) is returned as the response, as its replay would
+//!   be. A streamed body is sent once ([`Error::NotReplayable`] when it fails).
 //! - The response carries a [`Delivery`]: the key, the attempts, whether the server replayed a
 //!   stored answer (`Idempotent-Replayed: true`). A budget that runs out is
 //!   [`Error::Exhausted`], with every attempt and its cause.

@@ -10,7 +10,7 @@ use reqwest::{Method, Request, Response, StatusCode};
 use reqwest_middleware::{Next, Result};
 use tracing::Instrument;
 
-use crate::answer::{delivered, refused, retry_after};
+use crate::answer::{delivered, judged, retry_after};
 use crate::durable::DynKeyStore;
 use crate::{
     Cause, Error, Failure, GiveUp, KeyFormat, KeyGenerator, KeyStore, Operation, RetryPolicy,
@@ -56,6 +56,10 @@ pub struct IdempotencyMiddleware {
     replay_headers: Vec<HeaderName>,
     store: Option<SharedKeyStore>,
 }
+
+/// The key generated for a send, in its extensions (see [`IdempotencyMiddleware::key`]).
+#[derive(Debug, Clone)]
+struct Generated(HeaderValue);
 
 /// The configured [`KeyStore`], shared by the clones of the middleware.
 #[derive(Clone)]
@@ -155,19 +159,31 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// The request's key header value: the caller's, the one stored for its operation, or a
-    /// new one.
+    /// The request's key header value: the caller's, the one stored for its operation, the
+    /// one generated for this send before, or a new one.
+    ///
+    /// A generated key is kept in the send's extensions: a retrying middleware placed before
+    /// this one (reqwest-retry's) runs it again with the same extensions, and its retries get
+    /// the same key, not one each.
     async fn key(
         &self,
         request: &mut Request,
-        extensions: &Extensions,
+        extensions: &mut Extensions,
     ) -> std::result::Result<String, Error> {
         if let Some(own) = request.headers().get(&IDEMPOTENCY_KEY) {
             return Ok(String::from_utf8_lossy(own.as_bytes()).into_owned());
         }
+        if extensions.get::<Operation>().is_none()
+            && let Some(Generated(value)) = extensions.get::<Generated>()
+        {
+            let key = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            request.headers_mut().insert(IDEMPOTENCY_KEY, value.clone());
+            return Ok(key);
+        }
         let value = self.format.header_value(&self.keys.generate())?;
         let fresh = String::from_utf8_lossy(value.as_bytes()).into_owned();
         let Some(operation) = extensions.get::<Operation>() else {
+            extensions.insert(Generated(value.clone()));
             request.headers_mut().insert(IDEMPOTENCY_KEY, value);
             return Ok(fresh);
         };
@@ -274,9 +290,16 @@ impl IdempotencyMiddleware {
                         status,
                         StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY
                     ) {
-                        return Err(refused(response, key, attempt).await);
+                        return judged(response, key, attempt).await;
                     }
-                    if !self.policy.retries(status) {
+                    // A 409 without `Retry-After` is no key in flight nor a transaction
+                    // conflict of this contract (both say when to come back): another
+                    // conflict, which the same request meets again.
+                    let unretried_conflict = status == StatusCode::CONFLICT
+                        && !response
+                            .headers()
+                            .contains_key(reqwest::header::RETRY_AFTER);
+                    if !self.policy.retries(status) || unretried_conflict {
                         return Ok(delivered(response, key, attempt, false));
                     }
                     Cause::Status {

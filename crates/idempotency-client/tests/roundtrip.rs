@@ -176,6 +176,101 @@ async fn a_bad_body_is_refused_with_400_and_not_retried() {
     assert_eq!(server.payments().await, 0);
 }
 
+/// A business rejection (`422 request-rejected`, stored by the server) is the request's
+/// outcome: returned as a response the first time, as its replay is, never as
+/// `Error::Refused` (whose advice, a new key, would run the request again).
+#[tokio::test]
+async fn a_business_rejection_is_a_response_the_first_time_as_on_its_replay() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let client = client(
+        IdempotencyMiddleware::new()
+            .key_generator(KeyGenerator::new(|| "k-rejected".to_owned()))
+            .retry_policy(fast()),
+    );
+    let send = || {
+        client
+            .post(server.url("/payments"))
+            .header("content-type", "application/json")
+            .body(r#"{"amount":5000}"#)
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let delivery = first.delivery().unwrap().clone();
+    assert_eq!((delivery.attempts, delivery.replayed), (1, false));
+    assert_eq!(delivery.key, "\"k-rejected\"");
+    assert_eq!(
+        first.headers()["content-type"],
+        "application/problem+json",
+        "the answer as sent"
+    );
+    let first_body = first.text().await.unwrap();
+    assert!(first_body.contains("LIMIT_EXCEEDED"), "{first_body}");
+    let replay = send().await.unwrap();
+    assert_eq!(replay.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(replay.delivery().unwrap().replayed);
+    assert_eq!(replay.text().await.unwrap(), first_body);
+    assert_eq!(server.rejections(), 1, "the handler ran once");
+}
+
+/// A `409` without `Retry-After` is no key in flight (the server says when to come back for
+/// that): another conflict, returned at once, not retried into `Exhausted`.
+#[tokio::test]
+async fn a_conflict_without_retry_after_is_returned_not_retried() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let response = client(IdempotencyMiddleware::new().retry_policy(fast()))
+        .post(server.url("/conflict"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(response.delivery().unwrap().attempts, 1);
+}
+
+/// A retrying middleware placed before this one (reqwest-retry's way: the request again,
+/// with the same extensions) sends the key this one generated, not a new one per retry.
+#[tokio::test]
+async fn an_outer_retry_sends_the_key_generated_for_its_request() {
+    struct Twice;
+
+    #[async_trait::async_trait]
+    impl reqwest_middleware::Middleware for Twice {
+        async fn handle(
+            &self,
+            request: reqwest::Request,
+            extensions: &mut http::Extensions,
+            next: reqwest_middleware::Next<'_>,
+        ) -> reqwest_middleware::Result<reqwest::Response> {
+            let again = request.try_clone().unwrap();
+            let _ = next.clone().run(request, extensions).await;
+            next.run(again, extensions).await
+        }
+    }
+
+    let server = support::start(InFlightPolicy::Reject).await;
+    let inner = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(inner)
+        .with(Twice)
+        .with(IdempotencyMiddleware::new().retry_policy(fast().max_attempts(1)))
+        .build();
+    let _ = client
+        .post(server.url("/unavailable"))
+        .body("x")
+        .send()
+        .await;
+    let keys = server.keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys[0].is_some());
+    assert_eq!(
+        keys[0], keys[1],
+        "one key for the request and its outer retry"
+    );
+}
+
 #[tokio::test]
 async fn an_exhausted_budget_lists_every_attempt_and_its_cause() {
     let server = support::start(InFlightPolicy::Reject).await;

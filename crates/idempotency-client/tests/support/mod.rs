@@ -15,7 +15,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope};
+use idempotency_axum::{
+    IdempotencyLayer, IdempotentTx, Problem, ProblemJson, ProblemKind, SharedScope,
+};
 use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceOptions};
 use idempotency_pg::PgStore;
 use idempotency_sqlite::{SqliteStore, sqlx};
@@ -37,6 +39,8 @@ pub(crate) struct Hooks {
     pub(crate) entered: Notify,
     /// The `Idempotency-Key` of every request to `/unavailable`, in order.
     pub(crate) keys: Mutex<Vec<Option<String>>>,
+    /// How often the payment handler rejected a payment.
+    pub(crate) rejections: std::sync::atomic::AtomicUsize,
 }
 
 /// A store the server runs on, with the one business statement it needs.
@@ -131,16 +135,32 @@ impl<B: Backend> Server<B> {
         self.store.payments().await
     }
 
+    pub(crate) fn rejections(&self) -> usize {
+        self.hooks
+            .rejections
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub(crate) fn keys(&self) -> Vec<Option<String>> {
         self.hooks.keys.lock().unwrap().clone()
     }
 }
 
+/// A payment: `201`, or above 1,000 a business rejection (`422 request-rejected`, stored and
+/// replayed like a success).
 async fn create_payment<B: Backend>(
     State(hooks): State<Arc<Hooks>>,
     mut tx: IdempotentTx<B>,
-    Json(body): Json<CreatePayment>,
-) -> impl IntoResponse {
+    ProblemJson(body): ProblemJson<CreatePayment>,
+) -> axum::response::Response {
+    if body.amount > 1000 {
+        hooks
+            .rejections
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        return Problem::new(ProblemKind::Rejected)
+            .with_extension("code", "LIMIT_EXCEEDED")
+            .into_response();
+    }
     let id = B::insert(&mut tx, body.amount).await;
     if body.slow {
         hooks.entered.notify_one();
@@ -150,6 +170,12 @@ async fn create_payment<B: Backend>(
         StatusCode::CREATED,
         Json(serde_json::json!({ "id": id, "amount": body.amount })),
     )
+        .into_response()
+}
+
+/// Always `409` without `Retry-After`: a conflict the same request meets again.
+async fn conflict() -> impl IntoResponse {
+    (StatusCode::CONFLICT, "the order is closed")
 }
 
 /// Always `503`, recording the key it was sent with.
@@ -190,6 +216,7 @@ pub(crate) async fn start_on<B: Backend>(in_flight: InFlightPolicy) -> Server<B>
             post(unavailable).put(unavailable).delete(unavailable),
         )
         .route("/busy", post(busy))
+        .route("/conflict", post(conflict))
         .with_state(Arc::clone(&hooks));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
