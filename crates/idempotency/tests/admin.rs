@@ -516,6 +516,22 @@ async fn a_forced_eviction_ends_only_the_claim_shown(db: &Db) {
     .await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert_eq!(db.records_where("k-busy").await, 1);
+    // The page's form unticked (its hidden claim sent all the same): the PROCESSING record's
+    // 409 asking for force, not a 400 about the claim.
+    let response = call(
+        &app,
+        Request::post("/keys/evict")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(
+                "operation=PAY&scope=tenant-a&key=k-busy&claim=42",
+            ))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let html = body_text(response).await;
+    assert!(html.contains("evict with force"), "{html}");
+    assert_eq!(db.records_where("k-busy").await, 1);
     // Through the operations, as the command line forces: the token shown.
     match &db.pool {
         Pool::Pg(pool) => force_the_token_shown(pool.clone(), db, &token(43)).await,

@@ -464,7 +464,9 @@ pub(super) async fn evict<D: AdminDatabase>(
     let result = async {
         allowed?;
         let Form(form) = form.map_err(|e| Problem::bad_request(e.body_text()))?;
-        let claim = match form.claim.as_deref() {
+        // The form carries the claim shown whether or not force is ticked; unticked, there
+        // is nothing to name (the API refuses a claim without force).
+        let claim = match form.claim.as_deref().filter(|_| form.force.is_some()) {
             None => None,
             Some("") => Some(None),
             Some(token) => Some(Some(token.parse::<i64>().map_err(|_| {
