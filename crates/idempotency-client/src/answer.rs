@@ -27,10 +27,10 @@ pub(crate) fn delivered(
 }
 
 /// The last segments of the problem `type`s that refuse the request itself, before anything
-/// ran, in the server contract of `idempotency-axum` and the IETF draft: a server stores none
-/// of them, so the request must change, and a changed request needs a new key. Every other
-/// `400` or `422` may be the request's stored outcome (a business rejection), replayed to a
-/// retry: it is returned as a response, first time and replay alike.
+/// ran, in the server contract of `idempotency-axum`: a server stores none of them, so the
+/// request must change, and a changed request needs a new key. Every other `400` or `422` may
+/// be the request's stored outcome (a business rejection), replayed to a retry: it is returned
+/// as a response, first time and replay alike.
 const REFUSING_TYPES: &[&str] = &[
     "idempotency-key-missing",
     "idempotency-key-invalid",
@@ -42,10 +42,9 @@ const REFUSING_TYPES: &[&str] = &[
     "scope-invalid",
 ];
 
-/// Whether `body`, an answer's, is a problem document (`application/problem+json`) whose
-/// `type` ends in one of [`REFUSING_TYPES`].
-fn refuses(headers: &HeaderMap, body: &[u8]) -> bool {
-    let problem = headers
+/// Whether `headers` say the body is a problem document (`application/problem+json`).
+fn is_problem(headers: &HeaderMap) -> bool {
+    headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
@@ -53,10 +52,12 @@ fn refuses(headers: &HeaderMap, body: &[u8]) -> bool {
             essence
                 .trim()
                 .eq_ignore_ascii_case("application/problem+json")
-        });
-    if !problem {
-        return false;
-    }
+        })
+}
+
+/// Whether the problem document `body`'s `type` ends in one of [`REFUSING_TYPES`] (its last
+/// path or URN segment, without a query or fragment).
+fn refuses(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Problem {
         #[serde(rename = "type")]
@@ -66,60 +67,68 @@ fn refuses(headers: &HeaderMap, body: &[u8]) -> bool {
         .ok()
         .and_then(|problem| problem.kind)
         .is_some_and(|kind| {
-            let slug = kind
+            let path = kind.split(['?', '#']).next().unwrap_or_default();
+            let slug = path
                 .trim_end_matches('/')
-                .rsplit('/')
+                .rsplit(['/', ':'])
                 .next()
                 .unwrap_or_default();
             REFUSING_TYPES.contains(&slug)
         })
 }
 
-/// A `400` or `422` that is not a replay: [`Error::Refused`] when it refuses the request
-/// itself ([`REFUSING_TYPES`]), otherwise the response (its body read and put back) with its
-/// [`Delivery`], as its replay would be returned. A problem document longer than 64 KiB is
-/// no refusal of this contract's and is taken as one all the same, its body cut there.
-pub(crate) async fn judged(
-    mut response: Response,
-    key: String,
-    attempt: u32,
-) -> Result<Response, reqwest_middleware::Error> {
+/// What a `400` or `422` that is not a replay is.
+pub(crate) enum Judged {
+    /// The request's outcome, returned with its [`Delivery`] as its replay would be.
+    Outcome(Response),
+    /// A refusal of the request itself ([`REFUSING_TYPES`]).
+    Refused(Error),
+    /// The problem document could not be read to its end (the connection failed): whether it
+    /// refuses is unknown, and a retry with the same key meets it again, or its replay.
+    Unread(reqwest::Error),
+}
+
+/// Judges a `400` or `422` that is not a replay. A problem document is read whole for its
+/// `type` (as the caller would read it) and put back when it is no refusal; any other body is
+/// left unread and returned as it comes.
+pub(crate) async fn judged(mut response: Response, key: String, attempt: u32) -> Judged {
+    if !is_problem(response.headers()) {
+        return Judged::Outcome(delivered(response, key, attempt, false));
+    }
     let status = response.status();
     let headers = response.headers().clone();
     let mut body = Vec::new();
-    let mut whole = false;
-    while body.len() <= REFUSED_BODY_LIMIT {
+    loop {
         match response.chunk().await {
             Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) => {
-                whole = true;
-                break;
-            }
-            Err(_) => break,
+            Ok(None) => break,
+            Err(error) => return Judged::Unread(error),
         }
     }
-    if whole && !refuses(&headers, &body) {
-        let version = response.version();
-        let url = response.url().clone();
-        let extensions = std::mem::take(response.extensions_mut());
-        let mut rebuilt = http::Response::builder()
-            .url(url)
-            .body(body)
-            .map_err(reqwest_middleware::Error::middleware)?;
-        *rebuilt.status_mut() = status;
-        *rebuilt.version_mut() = version;
-        *rebuilt.headers_mut() = headers;
-        rebuilt.extensions_mut().extend(extensions);
-        return Ok(delivered(Response::from(rebuilt), key, attempt, false));
+    if refuses(&body) {
+        body.truncate(REFUSED_BODY_LIMIT);
+        return Judged::Refused(Error::Refused {
+            key,
+            status,
+            attempt,
+            headers,
+            body,
+        });
     }
-    body.truncate(REFUSED_BODY_LIMIT);
-    Err(reqwest_middleware::Error::middleware(Error::Refused {
-        key,
-        status,
-        attempt,
-        headers,
-        body,
-    }))
+    let version = response.version();
+    let url = response.url().clone();
+    let extensions = std::mem::take(response.extensions_mut());
+    let (mut parts, ()) = http::Response::builder()
+        .url(url)
+        .body(())
+        .unwrap_or_default()
+        .into_parts();
+    parts.status = status;
+    parts.version = version;
+    parts.headers = headers;
+    parts.extensions.extend(extensions);
+    let rebuilt = Response::from(http::Response::from_parts(parts, body));
+    Judged::Outcome(delivered(rebuilt, key, attempt, false))
 }
 
 /// `Retry-After` as delta-seconds (beyond `u64` seconds: [`Duration::MAX`], longer than any
@@ -144,6 +153,29 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+
+    #[test]
+    fn refusing_types_are_known_by_their_last_segment() {
+        let body = |kind: &str| format!(r#"{{"type": "{kind}", "status": 422}}"#).into_bytes();
+        for refusing in [
+            "https://idempotency-rs.github.io/problems/idempotency-key-reused",
+            "https://api.example.com/problems/invalid-request-body/",
+            "https://api.example.com/problems/idempotency-key-missing?lang=en",
+            "https://api.example.com/problems/scope-invalid#why",
+            "urn:problem:invalid-request-path",
+        ] {
+            assert!(refuses(&body(refusing)), "{refusing}");
+        }
+        for outcome in [
+            "https://idempotency-rs.github.io/problems/request-rejected",
+            "https://api.example.com/problems/insufficient-funds",
+            "about:blank",
+        ] {
+            assert!(!refuses(&body(outcome)), "{outcome}");
+        }
+        assert!(!refuses(b"not json"));
+        assert!(!refuses(br#"{"title": "no type"}"#));
+    }
 
     #[test]
     fn retry_after_reads_seconds_and_dates() {

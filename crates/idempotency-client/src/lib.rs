@@ -7,10 +7,9 @@
 //! draft (such as [`idempotency-axum`](https://docs.rs/idempotency-axum)'s `IdempotencyLayer`)
 //! runs the request at most once and replays its answer to the retries.
 //!
-//! - Retried: connection errors, timeouts, `5xx`, `409` with `Retry-After` (a key in flight, a
-//!   transaction conflict) and `429`, with exponential backoff and jitter or the answer's
-//!   `Retry-After` up to a bound, within a number of attempts and a time budget
-//!   ([`RetryPolicy`]).
+//! - Retried: connection errors, timeouts, `5xx`, `409` and `429`, with exponential backoff
+//!   and jitter or the answer's `Retry-After` (any retried status) up to a bound, within a
+//!   number of attempts and a time budget ([`RetryPolicy`]).
 //! - Never retried: `400` and `422`. A refusal of the request itself (a reused key, a body the
 //!   server could not take) is [`Error::Refused`]: the request must change, and the key with
 //!   it; any other (a business rejection) is returned as the response, as its replay would

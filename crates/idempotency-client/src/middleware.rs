@@ -10,7 +10,7 @@ use reqwest::{Method, Request, Response, StatusCode};
 use reqwest_middleware::{Next, Result};
 use tracing::Instrument;
 
-use crate::answer::{delivered, judged, retry_after};
+use crate::answer::{Judged, delivered, judged, retry_after};
 use crate::durable::DynKeyStore;
 use crate::{
     Cause, Error, Failure, GiveUp, KeyFormat, KeyGenerator, KeyStore, Operation, RetryPolicy,
@@ -57,9 +57,34 @@ pub struct IdempotencyMiddleware {
     store: Option<SharedKeyStore>,
 }
 
-/// The key generated for a send, in its extensions (see [`IdempotencyMiddleware::key`]).
+/// The key generated for a send, in its extensions (see [`IdempotencyMiddleware::key`]), with
+/// the digest of the request it was made for: extensions a caller passes to two different
+/// requests never give the second the first's key.
 #[derive(Debug, Clone)]
-struct Generated(HeaderValue);
+struct Generated {
+    value: HeaderValue,
+    request: [u8; 32],
+}
+
+/// The SHA-256 of a request's method, URL and body bytes; `None` for a streamed body (sent
+/// once, never again).
+fn request_digest(request: &Request) -> Option<[u8; 32]> {
+    use sha2::Digest;
+    let body = match request.body() {
+        None => &[][..],
+        Some(body) => body.as_bytes()?,
+    };
+    let mut digest = sha2::Sha256::new();
+    for part in [
+        request.method().as_str().as_bytes(),
+        request.url().as_str().as_bytes(),
+        body,
+    ] {
+        digest.update(u64::try_from(part.len()).unwrap_or(u64::MAX).to_be_bytes());
+        digest.update(part);
+    }
+    Some(digest.finalize().into())
+}
 
 /// The configured [`KeyStore`], shared by the clones of the middleware.
 #[derive(Clone)]
@@ -173,17 +198,25 @@ impl IdempotencyMiddleware {
         if let Some(own) = request.headers().get(&IDEMPOTENCY_KEY) {
             return Ok(String::from_utf8_lossy(own.as_bytes()).into_owned());
         }
+        let digest = request_digest(request);
         if extensions.get::<Operation>().is_none()
-            && let Some(Generated(value)) = extensions.get::<Generated>()
+            && let Some(generated) = extensions.get::<Generated>()
+            && digest == Some(generated.request)
         {
+            let value = generated.value.clone();
             let key = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            request.headers_mut().insert(IDEMPOTENCY_KEY, value.clone());
+            request.headers_mut().insert(IDEMPOTENCY_KEY, value);
             return Ok(key);
         }
         let value = self.format.header_value(&self.keys.generate())?;
         let fresh = String::from_utf8_lossy(value.as_bytes()).into_owned();
         let Some(operation) = extensions.get::<Operation>() else {
-            extensions.insert(Generated(value.clone()));
+            if let Some(request) = digest {
+                extensions.insert(Generated {
+                    value: value.clone(),
+                    request,
+                });
+            }
             request.headers_mut().insert(IDEMPOTENCY_KEY, value);
             return Ok(fresh);
         };
@@ -290,21 +323,20 @@ impl IdempotencyMiddleware {
                         status,
                         StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY
                     ) {
-                        return judged(response, key, attempt).await;
-                    }
-                    // A 409 without `Retry-After` is no key in flight nor a transaction
-                    // conflict of this contract (both say when to come back): another
-                    // conflict, which the same request meets again.
-                    let unretried_conflict = status == StatusCode::CONFLICT
-                        && !response
-                            .headers()
-                            .contains_key(reqwest::header::RETRY_AFTER);
-                    if !self.policy.retries(status) || unretried_conflict {
+                        match judged(response, key.clone(), attempt).await {
+                            Judged::Outcome(response) => return Ok(response),
+                            Judged::Refused(error) => {
+                                return Err(reqwest_middleware::Error::middleware(error));
+                            }
+                            Judged::Unread(e) => Cause::Connection(without_query(e)),
+                        }
+                    } else if !self.policy.retries(status) {
                         return Ok(delivered(response, key, attempt, false));
-                    }
-                    Cause::Status {
-                        status,
-                        retry_after: retry_after(response.headers()),
+                    } else {
+                        Cause::Status {
+                            status,
+                            retry_after: retry_after(response.headers()),
+                        }
                     }
                 }
                 Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout() => {

@@ -213,26 +213,15 @@ async fn a_business_rejection_is_a_response_the_first_time_as_on_its_replay() {
     assert_eq!(server.rejections(), 1, "the handler ran once");
 }
 
-/// A `409` without `Retry-After` is no key in flight (the server says when to come back for
-/// that): another conflict, returned at once, not retried into `Exhausted`.
-#[tokio::test]
-async fn a_conflict_without_retry_after_is_returned_not_retried() {
-    let server = support::start(InFlightPolicy::Reject).await;
-    let response = client(IdempotencyMiddleware::new().retry_policy(fast()))
-        .post(server.url("/conflict"))
-        .body("x")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::CONFLICT);
-    assert_eq!(response.delivery().unwrap().attempts, 1);
-}
-
 /// A retrying middleware placed before this one (reqwest-retry's way: the request again,
-/// with the same extensions) sends the key this one generated, not a new one per retry.
+/// with the same extensions) sends the key this one generated, not a new one per retry; a
+/// different request given the same extensions gets a key of its own.
 #[tokio::test]
 async fn an_outer_retry_sends_the_key_generated_for_its_request() {
-    struct Twice;
+    /// Sends the request, then (with the same extensions) again, or another one.
+    struct Twice {
+        another: bool,
+    }
 
     #[async_trait::async_trait]
     impl reqwest_middleware::Middleware for Twice {
@@ -242,33 +231,42 @@ async fn an_outer_retry_sends_the_key_generated_for_its_request() {
             extensions: &mut http::Extensions,
             next: reqwest_middleware::Next<'_>,
         ) -> reqwest_middleware::Result<reqwest::Response> {
-            let again = request.try_clone().unwrap();
+            let mut again = request.try_clone().unwrap();
+            if self.another {
+                *again.body_mut() = Some("y".into());
+            }
             let _ = next.clone().run(request, extensions).await;
             next.run(again, extensions).await
         }
     }
 
-    let server = support::start(InFlightPolicy::Reject).await;
-    let inner = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let client = reqwest_middleware::ClientBuilder::new(inner)
-        .with(Twice)
-        .with(IdempotencyMiddleware::new().retry_policy(fast().max_attempts(1)))
-        .build();
-    let _ = client
-        .post(server.url("/unavailable"))
-        .body("x")
-        .send()
-        .await;
-    let keys = server.keys();
-    assert_eq!(keys.len(), 2, "{keys:?}");
-    assert!(keys[0].is_some());
-    assert_eq!(
-        keys[0], keys[1],
-        "one key for the request and its outer retry"
-    );
+    for another in [false, true] {
+        let server = support::start(InFlightPolicy::Reject).await;
+        let inner = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let client = reqwest_middleware::ClientBuilder::new(inner)
+            .with(Twice { another })
+            .with(IdempotencyMiddleware::new().retry_policy(fast().max_attempts(1)))
+            .build();
+        let _ = client
+            .post(server.url("/unavailable"))
+            .body("x")
+            .send()
+            .await;
+        let keys = server.keys();
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        assert!(keys[0].is_some() && keys[1].is_some());
+        if another {
+            assert_ne!(keys[0], keys[1], "another request, another key");
+        } else {
+            assert_eq!(
+                keys[0], keys[1],
+                "one key for the request and its outer retry"
+            );
+        }
+    }
 }
 
 #[tokio::test]

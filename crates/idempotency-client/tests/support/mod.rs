@@ -173,11 +173,6 @@ async fn create_payment<B: Backend>(
         .into_response()
 }
 
-/// Always `409` without `Retry-After`: a conflict the same request meets again.
-async fn conflict() -> impl IntoResponse {
-    (StatusCode::CONFLICT, "the order is closed")
-}
-
 /// Always `503`, recording the key it was sent with.
 async fn unavailable(State(hooks): State<Arc<Hooks>>, headers: HeaderMap) -> StatusCode {
     let key = headers
@@ -216,7 +211,6 @@ pub(crate) async fn start_on<B: Backend>(in_flight: InFlightPolicy) -> Server<B>
             post(unavailable).put(unavailable).delete(unavailable),
         )
         .route("/busy", post(busy))
-        .route("/conflict", post(conflict))
         .with_state(Arc::clone(&hooks));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
