@@ -127,6 +127,10 @@ async fn evict<D: AdminDatabase>(
             name(args)
         )));
     }
+    // The claim named is not the record read: refused before any question or dry run.
+    if matches!(forced, Force::Claim(_)) && !forced.allows(view.status, view.lease_token) {
+        return Err(changed(args, view.status));
+    }
     let token = view.lease_token.map(|token| token.0);
     let shown = match token {
         Some(token) => format!("{}, lease token {token}", view.status),
@@ -163,13 +167,10 @@ async fn evict<D: AdminDatabase>(
 
 /// The refusal of a forced eviction whose claim is gone: taken over, or settled since.
 fn changed(args: &KeyArgs, status: RecordStatus) -> CliError {
-    let since = match status {
-        RecordStatus::Processing => "another holder took the key over since",
-        _ => "the claim settled since, and its outcome is kept",
-    };
     CliError::Refused(format!(
-        "{} is no longer the claim --force named: it is {status} ({since}); look at the key \
-         again (nothing changed)",
+        "{} is no longer the claim --force named (read as {status}: another holder took the \
+         key over, or the claim settled and its outcome is kept); look at the key again \
+         (nothing changed)",
         name(args)
     ))
 }

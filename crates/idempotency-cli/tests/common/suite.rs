@@ -130,6 +130,23 @@ macro_rules! suite {
                 .code(4)
                 .stderr(predicate::str::contains("no longer the claim"));
             assert_eq!(db.records_where("k-busy").await, 1);
+            // A dry run says the same, not "would evict".
+            db.cli()
+                .args([
+                    "keys",
+                    "evict",
+                    "PAY",
+                    "k-busy",
+                    "--scope",
+                    "tenant-a",
+                    "--force",
+                    "--claim",
+                    "999",
+                    "--dry-run",
+                ])
+                .assert()
+                .code(4)
+                .stderr(predicate::str::contains("no longer the claim"));
             db.cli()
                 .args([
                     "keys", "evict", "PAY", "k-busy", "--scope", "tenant-a", "--claim", "999",

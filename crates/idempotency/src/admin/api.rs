@@ -470,17 +470,14 @@ pub(super) async fn evict_key<D: AdminDatabase>(
         )
     };
     let changed = |status: RecordStatus| {
-        let since = match status {
-            RecordStatus::Processing => "another holder took the key over since",
-            _ => "the claim settled since, and its outcome is kept",
-        };
         Problem::new(
             StatusCode::CONFLICT,
             "admin-key-changed",
             "Key changed",
             format!(
-                "{name} is no longer the claim forced: it is {status} ({since}); look at the \
-                 key again (nothing changed)"
+                "{name} is no longer the claim forced (read as {status}: another holder took \
+                 the key over, or the claim settled and its outcome is kept); look at the key \
+                 again (nothing changed)"
             ),
         )
     };
