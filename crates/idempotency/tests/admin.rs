@@ -358,16 +358,7 @@ async fn page(db: &Db) {
     .await;
     assert!(html.contains("No record for"), "{html}");
     assert!(!html.contains("<b>x</b>"), "{html}");
-    let html = body_text(
-        call(
-            &app,
-            Request::get("/?operation=PAY&scope=tenant-a&key=k-done")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await,
-    )
-    .await;
+    let html = key_page(&app, "k-done").await;
     assert!(html.contains("COMPLETED"), "{html}");
     assert!(html.contains("id=\"evict\""), "{html}");
     assert!(
@@ -468,16 +459,7 @@ async fn a_forced_eviction_ends_only_the_claim_shown(db: &Db) {
     let (status, body) = get_json(&app, "/api/keys?operation=PAY&scope=tenant-a&key=k-busy").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["lease_token"], 41, "{body}");
-    let html = body_text(
-        call(
-            &app,
-            Request::get("/?operation=PAY&scope=tenant-a&key=k-busy")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await,
-    )
-    .await;
+    let html = key_page(&app, "k-busy").await;
     assert!(
         html.contains("<input type=\"hidden\" name=\"claim\" value=\"41\">"),
         "the form names the claim shown: {html}"
@@ -504,30 +486,16 @@ async fn a_forced_eviction_ends_only_the_claim_shown(db: &Db) {
         "{body}"
     );
     assert_eq!(db.records_where("k-busy").await, 1);
-    let response = call(
+    let response = post_form(
         &app,
-        Request::post("/keys/evict")
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(Body::from(
-                "operation=PAY&scope=tenant-a&key=k-busy&force=true&claim=41",
-            ))
-            .unwrap(),
+        "operation=PAY&scope=tenant-a&key=k-busy&force=true&claim=41",
     )
     .await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert_eq!(db.records_where("k-busy").await, 1);
     // The page's form unticked (its hidden claim sent all the same): the PROCESSING record's
     // 409 asking for force, not a 400 about the claim.
-    let response = call(
-        &app,
-        Request::post("/keys/evict")
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(Body::from(
-                "operation=PAY&scope=tenant-a&key=k-busy&claim=42",
-            ))
-            .unwrap(),
-    )
-    .await;
+    let response = post_form(&app, "operation=PAY&scope=tenant-a&key=k-busy&claim=42").await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     let html = body_text(response).await;
     assert!(html.contains("evict with force"), "{html}");
@@ -553,16 +521,7 @@ async fn a_forced_eviction_ends_only_the_claim_shown(db: &Db) {
         "{body}"
     );
     assert_eq!(db.records_where("k-done").await, 1);
-    let html = body_text(
-        call(
-            &app,
-            Request::get("/?operation=PAY&scope=tenant-a&key=k-done")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await,
-    )
-    .await;
+    let html = key_page(&app, "k-done").await;
     assert!(html.contains("id=\"evict\""), "{html}");
     assert!(!html.contains("name=\"force\""), "{html}");
     // Forced without a token: the claim read when the request arrives.
@@ -719,12 +678,7 @@ async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
         unreachable!()
     };
     let (idempotency, app) = served(&settings, pool.clone()).await;
-    let page = |key: &str| {
-        let app = app.clone();
-        let uri = format!("/?operation=PAY&scope=tenant-a&key={key}");
-        async move { body_text(call(&app, Request::get(uri).body(Body::empty()).unwrap()).await).await }
-    };
-    let html = page("k-done").await;
+    let html = key_page(&app, "k-done").await;
     assert!(
         html.contains("id=\"evict\""),
         "a running service's page evicts: {html}"
@@ -732,7 +686,7 @@ async fn an_eviction_after_the_services_shutdown_refuses_before_deleting() {
     idempotency.shutdown().await;
     // The page offers no eviction it would refuse, for a record or a key without one.
     for key in ["k-done", "k-none"] {
-        let html = page(key).await;
+        let html = key_page(&app, key).await;
         assert!(!html.contains("id=\"evict\""), "{key}: {html}");
         assert!(html.contains("id=\"evict-refused\""), "{key}: {html}");
     }
@@ -915,6 +869,24 @@ fn with_redis(url: &str) -> idempotency::Settings {
 /// The Redis the tests use: `REDIS_URL`, else the local server.
 fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The admin page showing `key` of operation `PAY` in scope `tenant-a`.
+async fn key_page(app: &axum::Router, key: &str) -> String {
+    let uri = format!("/?operation=PAY&scope=tenant-a&key={key}");
+    body_text(call(app, Request::get(uri).body(Body::empty()).unwrap()).await).await
+}
+
+/// The page's evict form posted with `form` (urlencoded).
+async fn post_form(app: &axum::Router, form: &'static str) -> axum::response::Response {
+    call(
+        app,
+        Request::post("/keys/evict")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(form))
+            .unwrap(),
+    )
+    .await
 }
 
 /// The body of an eviction of `key` of operation `PAY` in scope `tenant-a`.
@@ -1117,16 +1089,7 @@ async fn a_second_eviction_deletes_the_entry_the_first_left() {
     let () = client.set(&key, "entry", None, None, false).await.unwrap();
 
     // The page offers it for a key without a record.
-    let html = body_text(
-        call(
-            &app,
-            Request::get("/?operation=PAY&scope=tenant-a&key=k-left")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await,
-    )
-    .await;
+    let html = key_page(&app, "k-left").await;
     assert!(html.contains("id=\"key-missing\""), "{html}");
     assert!(html.contains("Delete its Redis (L2) entry"), "{html}");
     let evict = evict_pay("k-left");
