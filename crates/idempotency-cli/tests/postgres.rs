@@ -247,6 +247,39 @@ async fn an_eviction_audit_line_names_operation_scope_and_key_apart() {
         .success();
 }
 
+/// A forced eviction's audit line names the lease token of the claim it ended, the one its
+/// question showed (before: nothing told which claim was ended).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forced_eviction_audit_line_names_the_claim_it_ended() {
+    let db = Db::postgres().await;
+    db.seed().await;
+    db.exec(&format!(
+        "UPDATE {} SET lease_token = 77 WHERE idempotency_key = 'k-busy'",
+        db.records
+    ))
+    .await;
+    db.cli()
+        .args(["keys", "show", "PAY", "k-busy", "--scope", "tenant-a"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("77"));
+    let evicted = db
+        .cli()
+        .args([
+            "keys", "evict", "PAY", "k-busy", "--scope", "tenant-a", "--force", "--claim", "77",
+            "--yes",
+        ])
+        .assert()
+        .success();
+    let stderr = String::from_utf8_lossy(&evicted.get_output().stderr).into_owned();
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("key.evict.forced"))
+        .unwrap_or_else(|| panic!("no audit line: {stderr}"));
+    assert!(line.contains("lease_token=77"), "{line}");
+    assert_eq!(db.records_where("k-busy").await, 0);
+}
+
 /// The audit trail is written whatever `RUST_LOG` says (before: `RUST_LOG=off`, or
 /// `idempotency::audit=off`, silenced the record of an eviction), and a schema apply that
 /// fails midway is audited too (before: no line, though some tables may have been created).

@@ -38,8 +38,15 @@ impl Actor {
 /// Logs one change of a key's record or cache entries: [`record`]'s line, whose `target` is
 /// `operation/scope/key`, with the three also as fields of their own (`operation`, `scope`,
 /// `key`): operations and scopes may contain `/`, so only the fields tell `POST:/a` + `b/c`
-/// from `POST:/a/b` + `c`.
-pub(crate) fn record_key(actor: &Actor, action: &'static str, id: &RecordId, count: u64) {
+/// from `POST:/a/b` + `c`. A forced eviction names the lease token of the claim it ended
+/// (`lease_token`, absent for a claim without one).
+pub(crate) fn record_key(
+    actor: &Actor,
+    action: &'static str,
+    id: &RecordId,
+    count: u64,
+    lease_token: Option<i64>,
+) {
     let target = format!("{}/{}/{}", id.operation, id.scope, id.key);
     tracing::info!(
         target: AUDIT_TARGET,
@@ -49,6 +56,7 @@ pub(crate) fn record_key(actor: &Actor, action: &'static str, id: &RecordId, cou
         operation = id.operation.as_str(),
         scope = id.scope.as_str(),
         key = id.key.as_str(),
+        lease_token,
         count,
         at = %humantime::format_rfc3339_millis(SystemTime::now()),
         "operator change"

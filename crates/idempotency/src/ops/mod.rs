@@ -230,7 +230,7 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     fn audit_key(&self, action: &'static str, id: &RecordId, count: u64) {
-        audit::record_key(&self.actor, action, id, count);
+        audit::record_key(&self.actor, action, id, count, None);
     }
 
     // ---- schema ----
@@ -384,15 +384,13 @@ impl<D: AdminDatabase> Operations<D> {
             });
         }
         if let Eviction::Evicted(status) = record {
-            self.audit_key(
-                if status == RecordStatus::Processing {
-                    "key.evict.forced"
-                } else {
-                    "key.evict"
-                },
-                id,
-                1,
-            );
+            match force {
+                Force::Claim(token) if status == RecordStatus::Processing => {
+                    let token = token.map(|token| token.0);
+                    audit::record_key(&self.actor, "key.evict.forced", id, 1, token);
+                }
+                _ => self.audit_key("key.evict", id, 1),
+            }
         }
         let cache_entry = self
             .evict_cache_entries(&l2, id, record != Eviction::NotFound)
