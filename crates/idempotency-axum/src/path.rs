@@ -21,8 +21,9 @@ use crate::problem::{Problem, ProblemKind};
 /// from the handler's, so it is stored, and the corrected retry is `422
 /// idempotency-key-reused`). A route whose parameters cannot make `T` whatever the request
 /// (a mistake of the application: a field `T` names that the route does not capture, a
-/// wrong number of parameters, a type a path cannot hold) is a `500 internal-error`, logged
-/// at `error`.
+/// parameter the route captures that a `deny_unknown_fields` `T` does not name, a wrong
+/// number of parameters, a type a path cannot hold) is a `500 internal-error`, logged at
+/// `error`.
 ///
 /// ```
 /// use axum::body::Body;
@@ -68,12 +69,15 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Problem
 }
 
 /// Whether axum's 400 is the route's fault, not the request's: serde's "missing field" (a
-/// field of `T` the route does not capture), which every request to the route meets.
+/// field of `T` the route does not capture) or "unknown field" (a parameter the route
+/// captures that a `deny_unknown_fields` `T` does not name), which every request to the route
+/// meets. (A `Deserialize` of your own whose error message starts so is taken for one.)
 fn routes_fault(rejection: &PathRejection) -> bool {
     match rejection {
         PathRejection::FailedToDeserializePathParams(failed) => matches!(
             failed.kind(),
-            ErrorKind::Message(message) if message.starts_with("missing field")
+            ErrorKind::Message(message)
+                if message.starts_with("missing field") || message.starts_with("unknown field")
         ),
         _ => false,
     }
@@ -98,6 +102,16 @@ mod tests {
         path.account
     }
 
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Strict {
+        account: String,
+    }
+
+    async fn strict(ProblemPath(path): ProblemPath<Strict>) -> impl IntoResponse {
+        path.account
+    }
+
     async fn status(app: Router, uri: &str) -> StatusCode {
         let request = Request::get(uri).body(Body::empty()).unwrap_or_default();
         match app.oneshot(request).await {
@@ -107,7 +121,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_field_the_route_does_not_capture_is_the_applications_fault() {
+    async fn a_field_the_route_does_not_capture_or_name_is_the_applications_fault() {
         let wrong = Router::new().route("/accounts/{account_id}", get(named));
         assert_eq!(
             status(wrong, "/accounts/A").await,
@@ -118,6 +132,12 @@ mod tests {
         assert_eq!(
             status(right, "/accounts/%FF").await,
             StatusCode::BAD_REQUEST
+        );
+        // A parameter the route captures that a strict type does not name.
+        let extra = Router::new().route("/tenants/{tenant}/accounts/{account}", get(strict));
+        assert_eq!(
+            status(extra, "/tenants/t/accounts/A").await,
+            StatusCode::INTERNAL_SERVER_ERROR
         );
     }
 }

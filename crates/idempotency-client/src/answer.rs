@@ -83,13 +83,18 @@ pub(crate) enum Judged {
     Outcome(Response),
     /// A refusal of the request itself ([`REFUSING_TYPES`]).
     Refused(Error),
-    /// The problem document could not be read to its end (the connection failed): whether it
-    /// refuses is unknown, and a retry with the same key meets it again, or its replay.
+    /// The problem document could not be read to its end (the connection failed or timed out,
+    /// or the body cannot be decoded): whether it refuses is unknown.
     Unread(reqwest::Error),
 }
 
-/// Judges a `400` or `422` that is not a replay. A problem document is read whole for its
-/// `type` (as the caller would read it) and put back when it is no refusal; any other body is
+/// The most of a problem document read for its `type`: the contract's refusals are a few
+/// hundred bytes, so a longer one is an outcome, handed back whole (the part read, then the
+/// rest as it comes).
+const PROBLEM_LIMIT: usize = 1024 * 1024;
+
+/// Judges a `400` or `422` that is not a replay. A problem document is read (at most
+/// [`PROBLEM_LIMIT`]) for its `type` and put back when it is no refusal; any other body is
 /// left unread and returned as it comes.
 pub(crate) async fn judged(mut response: Response, key: String, attempt: u32) -> Judged {
     if !is_problem(response.headers()) {
@@ -98,14 +103,18 @@ pub(crate) async fn judged(mut response: Response, key: String, attempt: u32) ->
     let status = response.status();
     let headers = response.headers().clone();
     let mut body = Vec::new();
-    loop {
+    let mut whole = false;
+    while body.len() <= PROBLEM_LIMIT {
         match response.chunk().await {
             Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) => break,
+            Ok(None) => {
+                whole = true;
+                break;
+            }
             Err(error) => return Judged::Unread(error),
         }
     }
-    if refuses(&body) {
+    if whole && refuses(&body) {
         body.truncate(REFUSED_BODY_LIMIT);
         return Judged::Refused(Error::Refused {
             key,
@@ -127,6 +136,18 @@ pub(crate) async fn judged(mut response: Response, key: String, attempt: u32) ->
     parts.version = version;
     parts.headers = headers;
     parts.extensions.extend(extensions);
+    let body = if whole {
+        reqwest::Body::from(body)
+    } else {
+        let read =
+            futures_util::stream::once(
+                async move { Ok::<_, reqwest::Error>(bytes::Bytes::from(body)) },
+            );
+        reqwest::Body::wrap_stream(futures_util::StreamExt::chain(
+            read,
+            response.bytes_stream(),
+        ))
+    };
     let rebuilt = Response::from(http::Response::from_parts(parts, body));
     Judged::Outcome(delivered(rebuilt, key, attempt, false))
 }

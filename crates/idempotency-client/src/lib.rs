@@ -10,7 +10,8 @@
 //! - Retried: connection errors, timeouts, `5xx`, `409` and `429`, with exponential backoff
 //!   and jitter or the answer's `Retry-After` (any retried status) up to a bound, within a
 //!   number of attempts and a time budget ([`RetryPolicy`]).
-//! - Never retried: `400` and `422`. A refusal of the request itself (a reused key, a body the
+//! - Never retried: `400` and `422` (but one whose problem document is cut off by a lost
+//!   connection is sent again with the same key). A refusal of the request itself (a reused key, a body the
 //!   server could not take) is [`Error::Refused`]: the request must change, and the key with
 //!   it; any other (a business rejection) is returned as the response, as its replay would
 //!   be. A streamed body is sent once ([`Error::NotReplayable`] when it fails).

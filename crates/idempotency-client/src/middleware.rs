@@ -328,6 +328,12 @@ impl IdempotencyMiddleware {
                             Judged::Refused(error) => {
                                 return Err(reqwest_middleware::Error::middleware(error));
                             }
+                            // Cut off: retried with the same key, which meets it again or its
+                            // replay. A body that cannot be decoded is reqwest's error.
+                            Judged::Unread(e) if e.is_timeout() => Cause::Timeout(without_query(e)),
+                            Judged::Unread(e) if e.is_decode() => {
+                                return Err(reqwest_middleware::Error::Reqwest(e));
+                            }
                             Judged::Unread(e) => Cause::Connection(without_query(e)),
                         }
                     } else if !self.policy.retries(status) {

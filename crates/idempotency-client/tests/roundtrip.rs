@@ -213,6 +213,23 @@ async fn a_business_rejection_is_a_response_the_first_time_as_on_its_replay() {
     assert_eq!(server.rejections(), 1, "the handler ran once");
 }
 
+/// A problem document longer than the middleware reads for its `type` (1 MiB) is an outcome,
+/// handed back whole: the part read, then the rest.
+#[tokio::test]
+async fn a_long_problem_document_is_handed_back_whole() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let response = client(IdempotencyMiddleware::new().retry_policy(fast()))
+        .post(server.url("/long-rejection"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(response.delivery().unwrap().attempts, 1);
+    let body: serde_json::Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["errors"].as_str().unwrap().len(), 2 * 1024 * 1024);
+}
+
 /// A retrying middleware placed before this one (reqwest-retry's way: the request again,
 /// with the same extensions) sends the key this one generated, not a new one per retry; a
 /// different request given the same extensions gets a key of its own.

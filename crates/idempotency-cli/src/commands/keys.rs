@@ -156,6 +156,11 @@ async fn evict<D: AdminDatabase>(
         Eviction::NotFound => {
             entry_evicted(out, args, eviction.cache_entry, " (deleted meanwhile)")
         }
+        Eviction::InProgress if force => Err(CliError::Refused(format!(
+            "{} became PROCESSING since it was read (a new claim: --force ends only a claim it \
+             read); look at the key again (nothing changed)",
+            name(args)
+        ))),
         Eviction::InProgress => Err(CliError::Refused(format!(
             "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
             name(args)

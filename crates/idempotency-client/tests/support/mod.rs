@@ -182,6 +182,21 @@ async fn unavailable(State(hooks): State<Arc<Hooks>>, headers: HeaderMap) -> Sta
     StatusCode::SERVICE_UNAVAILABLE
 }
 
+/// A business rejection whose problem document is 2 MiB long (a long `errors` list).
+async fn long_rejection() -> impl IntoResponse {
+    let errors = "x".repeat(2 * 1024 * 1024);
+    let body = serde_json::json!({
+        "type": "https://idempotency-rs.github.io/problems/request-rejected",
+        "status": 422,
+        "errors": errors,
+    });
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        [("content-type", "application/problem+json")],
+        body.to_string(),
+    )
+}
+
 /// Always `409` with a `Retry-After` of a minute.
 async fn busy() -> impl IntoResponse {
     (StatusCode::CONFLICT, [("retry-after", "60")], "busy")
@@ -211,6 +226,7 @@ pub(crate) async fn start_on<B: Backend>(in_flight: InFlightPolicy) -> Server<B>
             post(unavailable).put(unavailable).delete(unavailable),
         )
         .route("/busy", post(busy))
+        .route("/long-rejection", post(long_rejection))
         .with_state(Arc::clone(&hooks));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

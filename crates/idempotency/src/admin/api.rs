@@ -515,6 +515,15 @@ pub(super) async fn evict_key<D: AdminDatabase>(
                 (false, _) => "",
             }
         ))),
+        Eviction::InProgress if request.force => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "admin-key-changed",
+            "Key changed",
+            format!(
+                "{name} became PROCESSING since it was read (a new claim: force ends only a \
+                 claim it read or names); look at the key again (nothing changed)"
+            ),
+        )),
         Eviction::InProgress => Err(in_progress()),
         Eviction::Changed(status) => Err(changed(status)),
         other => Err(Problem::new(
