@@ -198,9 +198,13 @@ impl IdempotencyMiddleware {
         if let Some(own) = request.headers().get(&IDEMPOTENCY_KEY) {
             return Ok(String::from_utf8_lossy(own.as_bytes()).into_owned());
         }
-        let digest = request_digest(request);
-        if extensions.get::<Operation>().is_none()
-            && let Some(generated) = extensions.get::<Generated>()
+        // Only a key of no operation's is kept in the extensions: an operation's is the store's.
+        let digest = extensions
+            .get::<Operation>()
+            .is_none()
+            .then(|| request_digest(request))
+            .flatten();
+        if let Some(generated) = extensions.get::<Generated>()
             && digest == Some(generated.request)
         {
             let value = generated.value.clone();

@@ -290,39 +290,42 @@ impl<D: AdminDatabase> Operations<D> {
     /// One key's committed record, `None` when there is none; a `PROCESSING` one with its
     /// lease token ([`KeyView::lease_token`]).
     ///
-    /// The record and its token are two reads: the token is read before and after the
-    /// record, and taken only when both reads agree (a token is never issued twice, so the
-    /// record read between them is that claim's). A key whose claim changes on every try
-    /// shows no token, which a forced eviction then names as no claim at all: it deletes
+    /// A settled record is one read. For a `PROCESSING` one the token is read before and
+    /// after the record, and taken only when both reads agree (a token is never issued twice,
+    /// so the record read between them is that claim's). A key whose claim changes on every
+    /// try shows no token, which a forced eviction then names as no claim at all: it deletes
     /// nothing ([`Eviction::Changed`]).
     pub async fn key_show(&self, id: &RecordId) -> Result<Option<KeyView>, OpsError> {
         const TRIES: usize = 3;
-        let mut view = None;
+        let Some(record) = self.store.lookup(id).await? else {
+            return Ok(None);
+        };
+        let mut view = KeyView::of(&record);
         for _ in 0..TRIES {
+            if view.status != RecordStatus::Processing {
+                return Ok(Some(view));
+            }
             let before = self.store.lease_token(id).await?;
             let Some(record) = self.store.lookup(id).await? else {
                 return Ok(None);
             };
-            let mut shown = KeyView::of(&record);
-            if shown.status != RecordStatus::Processing {
-                return Ok(Some(shown));
-            }
+            view = KeyView::of(&record);
             let after = self.store.lease_token(id).await?;
-            if before == after {
-                shown.lease_token = after;
-                return Ok(Some(shown));
+            if view.status == RecordStatus::Processing && before == after {
+                view.lease_token = after;
+                return Ok(Some(view));
             }
-            view = Some(shown);
         }
-        Ok(view)
+        Ok(Some(view))
     }
 
     /// Deletes one key's record so that its next request runs again (a `PROCESSING` one only
     /// when `force` names it: [`Force::Claim`] with the [`KeyView::lease_token`] the operator
-    /// was shown, so that a claim taken over since is left alone), then its L2 entry when Redis is configured, whether or not there was a
-    /// record: an entry whose record is gone (an earlier eviction whose Redis deletion failed,
-    /// a record past its retention) is stale, and a second eviction is how it is deleted. The
-    /// L1 entry of the process these operations serve goes too (an admin router's, or
+    /// was shown, so that a claim taken over since is left alone), then its L2 entry when
+    /// Redis is configured, whether or not there was a record: an entry whose record is gone
+    /// (an earlier eviction whose Redis deletion failed, a record past its retention) is
+    /// stale, and a second eviction is how it is deleted. The L1 entry of the process these
+    /// operations serve goes too (an admin router's, or
     /// [`with_local_cache`](Self::with_local_cache)); other instances' L1 entries live until
     /// their TTL (`idempotency.local-cache.ttl`). A replay that read the record before the
     /// deletion may still fill the caches after it (its write comes after its commit): evict
