@@ -42,6 +42,9 @@ impl MysqlStore {
         let row = sqlx::query(AssertSqlSafe(format!(
             "SELECT * FROM {t} WHERE operation = ? AND scope = ? AND idempotency_key = ?{suffix}"
         )))
+        // Not kept prepared: `*`'s columns are those of when it was prepared, and the lease
+        // columns may be added to the table meanwhile (`prepare_leases`, a migration).
+        .persistent(false)
         .bind(id.operation.as_str())
         .bind(id.scope.as_str())
         .bind(id.key.as_str())

@@ -20,16 +20,17 @@ fn status(text: &str) -> Result<RecordStatus, StoreError> {
 }
 
 /// The lease token of row `r`, `NULL` when the table has no `lease_token` column (leased
-/// claims never prepared on it).
-const TOKEN: &str = "(to_jsonb(r) ->> 'lease_token')::bigint";
+/// claims never prepared on it). `to_json`, not `to_jsonb`: the row's `json` outcome is
+/// copied as written, and one `jsonb` refuses (a `\u0000` escape) cannot fail the read.
+const TOKEN: &str = "(to_json(r) ->> 'lease_token')::bigint";
 
-impl KeyAdmin for PgStore {
-    /// One statement. The delete's condition is checked again on the row's newest version
-    /// when a concurrent write changed it (PostgreSQL's re-check under `READ COMMITTED`), so a
-    /// takeover or a completion that commits meanwhile is seen; the status reported is the
-    /// deleted row's. The token is read from the row as JSON, so a table without the lease
-    /// columns is evicted from too.
-    async fn evict(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
+/// How often an eviction runs its statement when a concurrent write makes it fail with a
+/// serialization error (nothing was deleted then).
+const EVICTION_TRIES: usize = 3;
+
+impl PgStore {
+    /// [`KeyAdmin::evict`]'s statement, once.
+    async fn evict_once(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
         let t = self.table().quoted();
         let mut own = self.own().await?;
         let key = "operation = $1 AND scope = $2 AND idempotency_key = $3";
@@ -56,6 +57,25 @@ impl KeyAdmin for PgStore {
         let found = found.as_deref().map(status).transpose()?;
         let deleted = deleted.as_deref().map(status).transpose()?;
         Ok(eviction(force, found, deleted))
+    }
+}
+
+impl KeyAdmin for PgStore {
+    /// One statement. Under READ COMMITTED the delete's condition is checked again on the
+    /// row's newest version when a concurrent write changed it; under REPEATABLE READ or
+    /// SERIALIZABLE (`default_transaction_isolation`) that write fails the statement with a
+    /// serialization error, having deleted nothing, and the statement runs again on a new
+    /// snapshot. Either way a takeover or a completion that commits meanwhile is seen; the
+    /// status reported is the deleted row's. The token is read from the row as JSON, so a
+    /// table without the lease columns is evicted from too.
+    async fn evict(&self, id: &RecordId, force: Force) -> Result<Eviction, StoreError> {
+        let mut tries = 1;
+        loop {
+            match self.evict_once(id, force).await {
+                Err(StoreError::Conflict(_)) if tries < EVICTION_TRIES => tries += 1,
+                other => return other,
+            }
+        }
     }
 
     async fn lease_token(&self, id: &RecordId) -> Result<Option<FencingToken>, StoreError> {

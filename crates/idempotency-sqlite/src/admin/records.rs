@@ -38,6 +38,9 @@ impl SqliteStore {
         let row = sqlx::query(AssertSqlSafe(format!(
             "SELECT * FROM {t} WHERE operation = ?1 AND scope = ?2 AND idempotency_key = ?3"
         )))
+        // Not kept prepared: `*`'s columns are those of when it was prepared, and the lease
+        // columns may be added to the table meanwhile (`prepare_leases`, a migration).
+        .persistent(false)
         .bind(id.operation.as_str())
         .bind(id.scope.as_str())
         .bind(id.key.as_str())
