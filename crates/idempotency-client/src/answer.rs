@@ -38,9 +38,13 @@ const REFUSING_TYPES: &[&str] = &[
     "invalid-request-body",
     "invalid-request-query",
     "invalid-request-path",
-    "body-unreadable",
     "scope-invalid",
 ];
+
+/// The problem `type`s of a `400` that says nothing of the request: the server could not read
+/// its body to the end (the connection slowed or broke), so nothing ran and nothing was
+/// stored. Sent again with the same key, like a connection failure.
+const TRANSIENT_TYPES: &[&str] = &["body-unreadable"];
 
 /// Whether `headers` say the body is a problem document (`application/problem+json`).
 fn is_problem(headers: &HeaderMap) -> bool {
@@ -55,9 +59,9 @@ fn is_problem(headers: &HeaderMap) -> bool {
         })
 }
 
-/// Whether the problem document `body`'s `type` ends in one of [`REFUSING_TYPES`] (its last
-/// path or URN segment, without a query or fragment).
-fn refuses(body: &[u8]) -> bool {
+/// The problem document `body`'s `type`, by its last path or URN segment without a query or
+/// fragment: in [`REFUSING_TYPES`] or [`TRANSIENT_TYPES`], or neither.
+fn slug_in(body: &[u8], types: &[&str]) -> bool {
     #[derive(serde::Deserialize)]
     struct Problem {
         #[serde(rename = "type")]
@@ -73,8 +77,13 @@ fn refuses(body: &[u8]) -> bool {
                 .rsplit(['/', ':'])
                 .next()
                 .unwrap_or_default();
-            REFUSING_TYPES.contains(&slug)
+            types.contains(&slug)
         })
+}
+
+/// Whether the problem document `body` refuses the request itself ([`REFUSING_TYPES`]).
+fn refuses(body: &[u8]) -> bool {
+    slug_in(body, REFUSING_TYPES)
 }
 
 /// What a `400` or `422` that is not a replay is.
@@ -83,6 +92,8 @@ pub(crate) enum Judged {
     Outcome(Response),
     /// A refusal of the request itself ([`REFUSING_TYPES`]).
     Refused(Error),
+    /// A `400` that says nothing of the request ([`TRANSIENT_TYPES`]): to send again.
+    Transient,
     /// The problem document could not be read to its end (the connection failed or timed out,
     /// or the body cannot be decoded): whether it refuses is unknown.
     Unread(reqwest::Error),
@@ -113,6 +124,9 @@ pub(crate) async fn judged(mut response: Response, key: String, attempt: u32) ->
             }
             Err(error) => return Judged::Unread(error),
         }
+    }
+    if whole && slug_in(&body, TRANSIENT_TYPES) {
+        return Judged::Transient;
     }
     if whole && refuses(&body) {
         body.truncate(REFUSED_BODY_LIMIT);

@@ -38,7 +38,7 @@ pub enum Error {
     /// The server refused the request itself, before anything ran: a `400` or `422` problem
     /// document whose `type` is a refusal of the server contract (`idempotency-key-missing`,
     /// `idempotency-key-invalid`, `idempotency-key-reused`, `invalid-request-body`,
-    /// `invalid-request-query`, `invalid-request-path`, `body-unreadable`, `scope-invalid`).
+    /// `invalid-request-query`, `invalid-request-path`, `scope-invalid`).
     /// Not retried: change the request, and send it with a new key. Any other `400` or `422`
     /// (a business rejection the server stored) is the request's outcome, returned as a
     /// response like its replay.

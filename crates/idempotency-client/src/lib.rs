@@ -11,7 +11,7 @@
 //!   and jitter or the answer's `Retry-After` (any retried status) up to a bound, within a
 //!   number of attempts and a time budget ([`RetryPolicy`]).
 //! - Never retried: `400` and `422` (but one whose problem document is cut off by a lost
-//!   connection is sent again with the same key). A refusal of the request itself (a reused key, a body the
+//!   connection, and a `400 body-unreadable`, are sent again with the same key). A refusal of the request itself (a reused key, a body the
 //!   server could not take) is [`Error::Refused`]: the request must change, and the key with
 //!   it; any other (a business rejection) is returned as the response, as its replay would
 //!   be. A streamed body is sent once ([`Error::NotReplayable`] when it fails).

@@ -329,6 +329,10 @@ impl IdempotencyMiddleware {
                     ) {
                         match judged(response, key.clone(), attempt).await {
                             Judged::Outcome(response) => return Ok(response),
+                            Judged::Transient => Cause::Status {
+                                status,
+                                retry_after: None,
+                            },
                             Judged::Refused(error) => {
                                 return Err(reqwest_middleware::Error::middleware(error));
                             }

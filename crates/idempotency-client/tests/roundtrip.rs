@@ -213,6 +213,30 @@ async fn a_business_rejection_is_a_response_the_first_time_as_on_its_replay() {
     assert_eq!(server.rejections(), 1, "the handler ran once");
 }
 
+/// A `400 body-unreadable` (the server could not read the body; nothing ran) is sent again
+/// with the same key, never `Refused` with the advice of a new one.
+#[tokio::test]
+async fn a_body_the_server_could_not_read_is_sent_again_with_the_same_key() {
+    let server = support::start(InFlightPolicy::Reject).await;
+    let exhausted = error(
+        client(IdempotencyMiddleware::new().retry_policy(fast().max_attempts(3)))
+            .post(server.url("/unreadable"))
+            .body("x")
+            .send()
+            .await,
+    );
+    assert!(
+        matches!(exhausted, Error::Exhausted { ref attempts, .. } if attempts.len() == 3),
+        "{exhausted:?}"
+    );
+    let keys = server.keys();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert!(
+        keys.iter().all(|key| key.is_some() && *key == keys[0]),
+        "{keys:?}"
+    );
+}
+
 /// A problem document longer than the middleware reads for its `type` (1 MiB) is an outcome,
 /// handed back whole: the part read, then the rest.
 #[tokio::test]

@@ -197,6 +197,16 @@ async fn long_rejection() -> impl IntoResponse {
     )
 }
 
+/// Always `400 body-unreadable`, recording the key it was sent with (as `/unavailable`): the
+/// server could not read the body.
+async fn unreadable(State(hooks): State<Arc<Hooks>>, headers: HeaderMap) -> impl IntoResponse {
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap().to_owned());
+    hooks.keys.lock().unwrap().push(key);
+    Problem::new(ProblemKind::BodyUnreadable).into_response()
+}
+
 /// Always `409` with a `Retry-After` of a minute.
 async fn busy() -> impl IntoResponse {
     (StatusCode::CONFLICT, [("retry-after", "60")], "busy")
@@ -226,6 +236,7 @@ pub(crate) async fn start_on<B: Backend>(in_flight: InFlightPolicy) -> Server<B>
             post(unavailable).put(unavailable).delete(unavailable),
         )
         .route("/busy", post(busy))
+        .route("/unreadable", post(unreadable))
         .route("/long-rejection", post(long_rejection))
         .with_state(Arc::clone(&hooks));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
