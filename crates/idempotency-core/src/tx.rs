@@ -32,9 +32,10 @@ pub struct TxMark {
 /// and are dropped on rollback or when the `Tx` is dropped uncommitted (which rolls back).
 ///
 /// A `Tx` also remembers the keys [`execute_in`](crate::IdempotencyService::execute_in) acquired
-/// and has not completed yet (the action returned an error after the acquire): committing then
-/// would leave a `PROCESSING` record that answers every retry with "in flight" until its TTL,
-/// so [`commit`](Self::commit) rolls back instead and returns [`StoreError::UnfinishedClaim`].
+/// and has not completed yet (the action returned an error after the acquire, or the
+/// `execute_in` future was dropped after sending its claim): committing then would leave a
+/// `PROCESSING` record that answers every retry with "in flight" until its TTL, so
+/// [`commit`](Self::commit) rolls back instead and returns [`StoreError::UnfinishedClaim`].
 ///
 /// A store statement that failed inside `execute_in` (a lock timeout, a lost connection, a
 /// constraint) *poisons* the `Tx`: PostgreSQL has aborted the transaction and would answer a
@@ -234,7 +235,8 @@ impl<S: IdempotencyStore> Tx<S> {
         Ok(back)
     }
 
-    /// Number of keys acquired in this transaction whose outcome is not stored yet.
+    /// Number of keys acquired in this transaction whose outcome is not stored yet, counting
+    /// a claim whose insert was sent by an `execute_in` dropped before the store answered.
     pub fn unfinished_claims(&self) -> usize {
         self.unfinished
     }
@@ -258,7 +260,8 @@ impl<S: IdempotencyStore> Tx<S> {
         result
     }
 
-    /// A key was acquired: it holds a `PROCESSING` record until its outcome is stored.
+    /// A key was acquired, or its insert is about to be sent (the store's answer is not known
+    /// yet): it holds a `PROCESSING` record until its outcome is stored.
     pub(crate) fn claim_acquired(&mut self) {
         self.unfinished += 1;
     }

@@ -228,3 +228,99 @@ async fn a_dropped_bounded_acquire_leaves_no_lock_timeout_on_the_connection() {
     tx.rollback().await.unwrap();
     assert_eq!(setting().await, before);
 }
+
+/// A caller's `execute_in` dropped while its claim's answer is on the wire (a timeout around
+/// the call, a `select!`): the insert ran on the server, so a commit of the caller's
+/// transaction would store a `PROCESSING` record that answers every retry "in flight" until
+/// its TTL, and the action never ran. The commit refuses the unfinished claim and rolls back.
+#[tokio::test]
+async fn an_execute_in_dropped_during_its_claim_cannot_commit_the_claim() {
+    let (_direct, proxied, proxy) = pools().await;
+    let store = PgStore::new(proxied.clone());
+    store.create_schema().await.unwrap();
+    let service = IdempotencyService::new(store);
+    // The claim's statement is prepared on the one pooled connection first, so that the
+    // answer held below is the insert's own, not its preparation's.
+    let mut tx = service.begin().await.unwrap();
+    let warm: Outcome<i32> = service
+        .execute_in(
+            &mut tx,
+            Call::new("PAY", IdempotencyKey::new("warm").unwrap(), &"{}"),
+            async |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(0))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(warm.is_executed());
+    tx.commit().await.unwrap();
+    until_idle(&proxied).await;
+
+    let key = IdempotencyKey::new("dropped-during-claim").unwrap();
+    let mut tx = service.begin().await.unwrap();
+    proxy
+        .drop_while_held(service.execute_in(
+            &mut tx,
+            Call::new("PAY", key.clone(), &"{}"),
+            async |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
+            },
+        ))
+        .await;
+    assert_eq!(tx.unfinished_claims(), 1);
+    let committed = tx.commit().await;
+    assert!(
+        matches!(
+            committed,
+            Err(idempotency_core::StoreError::UnfinishedClaim { count: 1 })
+        ),
+        "the claim of a dropped execute_in was committed: {committed:?}"
+    );
+    until_idle(&proxied).await;
+    // Nothing of it was stored: the same request runs now.
+    let outcome: Outcome<i32> = service
+        .execute(
+            Call::new("PAY", key, &"{}"),
+            async |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(2))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(outcome.is_executed());
+}
+
+/// The count of a claim that the store answered with "taken already" (or an error) is undone:
+/// an `execute_in` that replays leaves a transaction that commits.
+#[tokio::test]
+async fn an_execute_in_that_replays_leaves_a_transaction_that_commits() {
+    let (_direct, proxied, _proxy) = pools().await;
+    let store = PgStore::new(proxied.clone());
+    store.create_schema().await.unwrap();
+    let service = IdempotencyService::new(store);
+    let key = IdempotencyKey::new("stored-before").unwrap();
+    let first: Outcome<i32> = service
+        .execute(
+            Call::new("PAY", key.clone(), &"{}"),
+            async |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(first.is_executed());
+    let mut tx = service.begin().await.unwrap();
+    let again: Outcome<i32> = service
+        .execute_in(
+            &mut tx,
+            Call::new("PAY", key, &"{}"),
+            async |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(2))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(again.is_replayed());
+    assert_eq!(tx.unfinished_claims(), 0);
+    tx.commit().await.unwrap();
+}

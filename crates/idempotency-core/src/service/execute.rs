@@ -246,6 +246,10 @@ where
         let attempts = inner.config.max_acquire_attempts.max(1);
         for _ in 0..attempts {
             let started = Instant::now();
+            // Counted before the insert is sent, undone when the store answers that it took
+            // nothing: a caller's future dropped while the insert is on the wire leaves a claim
+            // this `Tx` cannot see, and its commit must refuse it as any unfinished claim.
+            tx.claim_acquired();
             let acquired = inner
                 .store
                 .acquire(tx.connection(), &claim)
@@ -254,10 +258,13 @@ where
             let waited = started.elapsed();
             inner.metrics.acquire_wait(op, waited);
             tracing::Span::current().record("idempotency.wait_ms", waited.as_secs_f64() * 1e3);
-            match tx.watch(acquired) {
+            let acquired = tx.watch(acquired);
+            if !matches!(acquired, Ok(Acquire::Acquired)) {
+                tx.claim_completed();
+            }
+            match acquired {
                 Ok(Acquire::Acquired) => {
                     inner.metrics.acquired(op);
-                    tx.claim_acquired();
                     return self.run(tx, id, fingerprint, action).await;
                 }
                 Ok(Acquire::Exists) => {
