@@ -197,9 +197,19 @@ async fn leased_duplicate_in_flight_is_409_with_retry_after<B: Backend>() {
 
 /// Under the wait policy, a duplicate waits for the holder's outcome and replays it.
 async fn leased_duplicate_waits_under_the_wait_policy<B: Backend>() {
+    duplicate_waits::<B>(Duration::from_secs(10)).await;
+}
+
+/// A wait too long for the clock (`Duration::MAX`) is a wait without end, not a panic of the
+/// connection's task.
+async fn leased_a_wait_without_end_waits<B: Backend>() {
+    duplicate_waits::<B>(Duration::MAX).await;
+}
+
+async fn duplicate_waits<B: Backend>(timeout: Duration) {
     let (store, _cleanup) = B::fresh().await;
     let wait = InFlightPolicy::Wait {
-        timeout: Some(Duration::from_secs(10)),
+        timeout: Some(timeout),
     };
     let (app, provider) = app(store, wait, LONG);
     provider.hold_next.store(true, Ordering::SeqCst);
@@ -207,7 +217,9 @@ async fn leased_duplicate_waits_under_the_wait_policy<B: Backend>() {
         let app = app.clone();
         async move { send(&app, "k").await }
     });
-    provider.entered.notified().await;
+    tokio::time::timeout(Duration::from_secs(10), provider.entered.notified())
+        .await
+        .expect("the holder's handler was entered");
     let duplicate = tokio::spawn({
         let app = app.clone();
         async move { send(&app, "k").await }
@@ -322,6 +334,7 @@ macro_rules! every_case {
             leased_first_run_then_byte_identical_replay,
             leased_duplicate_in_flight_is_409_with_retry_after,
             leased_duplicate_waits_under_the_wait_policy,
+            leased_a_wait_without_end_waits,
             leased_a_killed_holders_lease_expires_and_the_next_request_runs_once,
             leased_a_stale_holders_late_completion_is_refused,
             leased_a_5xx_releases_the_claim_and_the_retry_runs,

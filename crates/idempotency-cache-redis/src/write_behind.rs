@@ -82,9 +82,14 @@ pub(crate) async fn next_batch(
         return false;
     };
     batch.push(first);
-    let deadline = tokio::time::Instant::now() + config.linger;
+    // A linger too long for the clock has no end: the batch waits until it is full.
+    let deadline = tokio::time::Instant::now().checked_add(config.linger);
     while batch.len() < config.max_batch.get() {
-        match tokio::time::timeout_at(deadline, receiver.recv()).await {
+        let next = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, receiver.recv()).await,
+            None => Ok(receiver.recv().await),
+        };
+        match next {
             Ok(Some(entry)) => batch.push(entry),
             Ok(None) | Err(_) => break,
         }
@@ -142,6 +147,32 @@ mod tests {
         batch.clear();
         assert!(!next_batch(&mut receiver, &config, &mut batch).await);
         assert!(batch.is_empty());
+    }
+
+    /// A linger too long for the clock is no deadline (not a panic of the writer): the batch
+    /// is taken when it is full, or when the queue closes.
+    #[tokio::test]
+    async fn a_linger_too_long_for_the_clock_waits_for_a_full_batch() {
+        let (sender, mut receiver) = channel(16);
+        let config = config(16, 2, Duration::MAX);
+        let mut batch = Vec::new();
+        sender.send(entry(0)).await.unwrap();
+        let taking = next_batch(&mut receiver, &config, &mut batch);
+        let late = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            sender.send(entry(1)).await.unwrap();
+        };
+        let (taken, ()) = tokio::join!(taking, late);
+        assert!(taken);
+        assert_eq!(
+            batch.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
+            ["k0", "k1"]
+        );
+        batch.clear();
+        sender.send(entry(2)).await.unwrap();
+        drop(sender);
+        assert!(next_batch(&mut receiver, &config, &mut batch).await);
+        assert_eq!(batch.len(), 1, "the close ends the wait");
     }
 
     #[tokio::test]

@@ -385,3 +385,26 @@ async fn dropping_the_handle_stops_workers_whose_batches_are_full() {
     );
     assert!(pending(&pool).await > 2000, "the backlog stays pending");
 }
+
+/// Durations too long for the clock (`Duration::MAX`) are waits without end, not a panic: a
+/// retention interval (the housekeeping task purges once, then never again) and a shutdown
+/// deadline (every worker is waited for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_too_long_for_the_clock_are_waits_without_end() {
+    let mut config = config(Ordering::Ordered);
+    config.retention.enabled = true;
+    config.retention.interval = Duration::MAX;
+    let (pool, outbox) = outbox(&config).await;
+    commit(&pool, &outbox, &[event("far", 1), event("far", 2)]).await;
+    let publisher = CollectingPublisher::default();
+    let handle = Relay::new(outbox.clone(), publisher.clone(), &config)
+        .unwrap()
+        .spawn();
+    assert_eq!(publisher.wait_for(2).await.len(), 2);
+    eventually("marked", || async { published(&pool).await == 2 }).await;
+    // The housekeeping task is still there (its stats refresh), not ended by a panic.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = handle.shutdown_within(Duration::MAX).await;
+    assert!(report.graceful, "{report:?}");
+    assert_eq!(report.totals.published, 2);
+}

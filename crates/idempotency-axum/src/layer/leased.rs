@@ -229,7 +229,8 @@ where
         };
         let deadline = match config.in_flight {
             InFlightPolicy::Reject => Some(Instant::now()),
-            InFlightPolicy::Wait { timeout } => timeout.map(|t| Instant::now() + t),
+            // A wait too long to have an end on this clock has none.
+            InFlightPolicy::Wait { timeout } => timeout.and_then(|t| Instant::now().checked_add(t)),
         };
         let mut pause = FIRST_PAUSE;
         loop {

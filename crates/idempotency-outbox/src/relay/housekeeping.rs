@@ -77,7 +77,10 @@ pub(super) async fn run<S: Housekeeping, P>(
     shared: Arc<Shared<S, P>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut next_purge = Instant::now();
+    // `None`: never again (an interval too long for the clock).
+    let mut next_purge = Some(Instant::now());
+    let due = |next: Option<Instant>| next.is_some_and(|next| Instant::now() >= next);
+    let after = |interval| Instant::now().checked_add(interval);
     loop {
         if let Err(error) = refresh_gauges(&shared).await {
             tracing::warn!(
@@ -85,9 +88,9 @@ pub(super) async fn run<S: Housekeeping, P>(
                 "outbox stats query failed"
             );
         }
-        if !shared.retention.enabled && Instant::now() >= next_purge {
+        if !shared.retention.enabled && due(next_purge) {
             // Partitions are still needed ahead of the inserts when nothing is deleted.
-            next_purge = Instant::now() + shared.retention.interval;
+            next_purge = after(shared.retention.interval);
             if let Err(error) = shared.store.prepare_storage().await {
                 tracing::warn!(
                     error = &error as &dyn std::error::Error,
@@ -95,8 +98,8 @@ pub(super) async fn run<S: Housekeeping, P>(
                 );
             }
         }
-        if shared.retention.enabled && Instant::now() >= next_purge {
-            next_purge = Instant::now() + shared.retention.interval;
+        if shared.retention.enabled && due(next_purge) {
+            next_purge = after(shared.retention.interval);
             match purge(&shared).await {
                 Ok(report)
                     if report.published + report.dead_lettered > 0

@@ -322,10 +322,19 @@ impl RelayHandle {
         for task in &self.background {
             task.abort();
         }
-        let until = tokio::time::Instant::now() + deadline;
+        // A deadline too far for the clock has no end: every worker is waited for.
+        let until = tokio::time::Instant::now().checked_add(deadline);
         let mut aborted = 0;
         for mut worker in self.workers {
-            if tokio::time::timeout_at(until, &mut worker).await.is_err() {
+            let finished = match until {
+                Some(until) => tokio::time::timeout_at(until, &mut worker).await.is_ok(),
+                None => {
+                    // A worker's panic is counted by the monitor, below.
+                    let _ = (&mut worker).await;
+                    true
+                }
+            };
+            if !finished {
                 worker.abort();
                 aborted += 1;
             }
