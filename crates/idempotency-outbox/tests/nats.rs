@@ -557,3 +557,75 @@ async fn health_follows_the_connection_and_jetstream() {
     .await;
     handle.shutdown().await;
 }
+
+/// A stream that has no room (its `max_messages` reached with `discard: new`: JetStream
+/// answers 503 "maximum messages exceeded") is the broker's condition, not the messages':
+/// the relay retries without counting attempts, dead-letters nothing, and delivers every row
+/// in its aggregate's order once the stream has room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_room_dead_letters_nothing_and_keeps_the_order() {
+    use async_nats::jetstream::stream;
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 2;
+    let (pool, outbox) = outbox(&config).await;
+    let test = TestStream::named().await;
+    let full = stream::Config {
+        name: test.name.clone(),
+        subjects: vec![format!("{}.>", test.prefix)],
+        duplicate_window: Duration::from_secs(120),
+        max_messages: 1,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    test.js.create_stream(full.clone()).await.unwrap();
+    test.js
+        .publish(format!("{}.filler", test.prefix), "filler".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let events: Vec<NewEvent> = (1..=3).map(|n| event("x", n)).collect();
+    commit(&pool, &outbox, &events).await;
+
+    let relay = Relay::new(outbox.clone(), test.publisher().await, &config).unwrap();
+    let handle = relay.spawn();
+    eventually("6 attempts failed", || async {
+        handle.totals().failed >= 6
+    })
+    .await;
+    assert_eq!(
+        outbox.dead_letters(10).await.unwrap().len(),
+        0,
+        "nothing is dead-lettered while the stream has no room"
+    );
+    let counted = scalar_i64(&pool, "SELECT count(*) FROM outbox WHERE attempts > 1").await;
+    assert_eq!(counted, 0, "no attempt was counted");
+    let errors: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT last_error::text FROM outbox WHERE last_error IS NOT NULL",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        errors.iter().all(|e| e.starts_with("broker unavailable")),
+        "{errors:?}"
+    );
+
+    test.js
+        .update_stream(stream::Config {
+            max_messages: -1,
+            ..full
+        })
+        .await
+        .unwrap();
+    eventually("all delivered", || async { published(&pool).await == 3 }).await;
+    let report = handle.shutdown().await;
+    assert!(report.graceful, "{report:?}");
+    let messages = test.read(4).await;
+    let order: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| header(m, "x-test"))
+        .collect();
+    assert_eq!(order, ["x-1", "x-2", "x-3"]);
+    test.delete().await;
+}
