@@ -83,7 +83,9 @@ impl NewEvent {
     /// Adds a header, forwarded to the broker with the message (trace context, tenant...).
     ///
     /// Names are visible ASCII without `:`; values have no line breaks. Both are checked at
-    /// enqueue.
+    /// enqueue. A header named as one of the outbox's own
+    /// ([`publisher::headers`](crate::publisher::headers), in any case) is stored but not
+    /// forwarded: the outbox's value goes out instead.
     #[must_use]
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());

@@ -331,7 +331,12 @@ fn headers_of(message: &OutboxMessage) -> OwnedHeaders {
     let id = message.id.hyphenated().to_string();
     let sequence = message.sequence.map(|s| s.to_string());
     let mut map = OwnedHeaders::new_with_capacity(message.headers.len() + 5);
+    // Kafka keeps every header given (librdkafka appends): an event's own header of an
+    // outbox name would be sent beside the outbox's, and first.
     for (name, value) in &message.headers {
+        if headers::is_outbox_name(name) {
+            continue;
+        }
         map = map.insert(Header {
             key: name,
             value: Some(value.as_bytes()),
@@ -473,6 +478,51 @@ mod tests {
         for bad in ["", ".", "..", "has space", "slash/y", "ü", &"t".repeat(250)] {
             assert!(!valid_topic(bad), "{bad}");
         }
+    }
+
+    /// librdkafka appends every header it is given: an event's own header of an outbox name
+    /// (any case) would go out beside the outbox's, and before it.
+    #[test]
+    fn the_outbox_names_are_sent_once_with_the_outboxs_values() {
+        use rdkafka::message::Headers as _;
+        let own = [
+            (headers::ID, "upstream"),
+            ("outbox-sequence", "99"),
+            ("OUTBOX-EVENT-TYPE", "forged"),
+            ("x-keep", "1"),
+        ];
+        let message = OutboxMessage::new(
+            uuid::Uuid::now_v7(),
+            "order",
+            "o-1",
+            None,
+            "OrderPlaced",
+            "{}",
+            own.iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            chrono::Utc::now(),
+            1,
+        );
+        let sent = headers_of(&message);
+        let pairs: Vec<(String, String)> = sent
+            .iter()
+            .map(|h| {
+                let value = String::from_utf8(h.value.unwrap_or_default().to_vec()).unwrap();
+                (h.key.to_owned(), value)
+            })
+            .collect();
+        let named = |name: &str| -> Vec<&str> {
+            pairs
+                .iter()
+                .filter(|(key, _)| key.eq_ignore_ascii_case(name))
+                .map(|(_, value)| value.as_str())
+                .collect()
+        };
+        assert_eq!(named(headers::ID), [message.id.to_string()]);
+        assert_eq!(named(headers::EVENT_TYPE), ["OrderPlaced"]);
+        assert!(named(headers::SEQUENCE).is_empty(), "{pairs:?}");
+        assert_eq!(named("x-keep"), ["1"]);
     }
 
     #[test]

@@ -47,6 +47,14 @@ pub mod headers {
     /// The outbox id, where the broker has no message-id field of its own (Kafka). NATS carries
     /// it as `Nats-Msg-Id`, RabbitMQ as `message_id`.
     pub const ID: &str = "Outbox-Id";
+
+    /// Whether `name` is one of the names above, in any case: an event's own header of such a
+    /// name is not sent beside the outbox's, which a consumer could read first.
+    pub(crate) fn is_outbox_name(name: &str) -> bool {
+        [AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, SEQUENCE, ID]
+            .iter()
+            .any(|outbox| outbox.eq_ignore_ascii_case(name))
+    }
 }
 
 /// What the broker said about a confirmed message.

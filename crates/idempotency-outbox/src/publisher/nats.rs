@@ -285,6 +285,11 @@ fn value(value: &str) -> Result<HeaderValue, PublishError> {
 fn headers_of(message: &OutboxMessage) -> Result<HeaderMap, PublishError> {
     let mut map = HeaderMap::new();
     for (name, text) in &message.headers {
+        // The outbox's names are its own, in any case (an unordered event's `Outbox-Sequence`
+        // would otherwise go out as it came).
+        if headers::is_outbox_name(name) {
+            continue;
+        }
         map.insert(HeaderName::from_str(name).map_err(invalid)?, value(text)?);
     }
     map.insert(AGGREGATE_TYPE, value(&message.aggregate_type)?);
@@ -511,11 +516,19 @@ mod tests {
     #[test]
     fn no_sequence_header_when_unordered_and_the_outbox_names_win() {
         let message = message(
-            &[(headers::EVENT_TYPE, "forged"), ("Nats-Msg-Id", "x")],
+            &[
+                (headers::EVENT_TYPE, "forged"),
+                ("Nats-Msg-Id", "x"),
+                (headers::SEQUENCE, "99"),
+                ("outbox-sequence", "98"),
+                ("OUTBOX-AGGREGATE-ID", "other"),
+            ],
             None,
         );
         let map = headers_of(&message).unwrap();
         assert_eq!(text(&map, headers::SEQUENCE), None);
+        assert_eq!(text(&map, "outbox-sequence"), None);
+        assert_eq!(text(&map, "OUTBOX-AGGREGATE-ID"), None);
         assert_eq!(text(&map, headers::EVENT_TYPE), Some("OrderPlaced"));
         let id = message.id.to_string();
         assert_eq!(text(&map, "Nats-Msg-Id"), Some(id.as_str()));

@@ -308,7 +308,10 @@ fn properties(message: &OutboxMessage) -> Result<BasicProperties, PublishError> 
         Ok(())
     };
     for (name, value) in &message.headers {
-        put(name, value)?;
+        // The outbox's names are its own, in any case (AMQP tables tell cases apart).
+        if !headers::is_outbox_name(name) {
+            put(name, value)?;
+        }
     }
     put(headers::AGGREGATE_TYPE, &message.aggregate_type)?;
     put(headers::AGGREGATE_ID, &message.aggregate_id)?;
@@ -444,4 +447,53 @@ fn is_for(returned: &lapin::message::BasicReturnMessage, message: &OutboxMessage
         .as_ref()
         .map(ShortString::as_str)
         == Some(message.id.hyphenated().encode_lower(&mut id))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// AMQP header tables tell cases apart: an event's own header of an outbox name in
+    /// another case would go out beside the outbox's, and an unordered event's own
+    /// `Outbox-Sequence` as it came.
+    #[test]
+    fn the_outbox_names_are_sent_once_with_the_outboxs_values() {
+        let own = [
+            (headers::SEQUENCE, "99"),
+            ("outbox-aggregate-id", "other"),
+            ("OUTBOX-EVENT-TYPE", "forged"),
+            ("x-keep", "1"),
+        ];
+        let message = OutboxMessage::new(
+            uuid::Uuid::now_v7(),
+            "order",
+            "o-1",
+            None,
+            "OrderPlaced",
+            "{}",
+            own.iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            Utc::now(),
+            1,
+        );
+        let properties = properties(&message).unwrap();
+        let table = properties.headers().as_ref().unwrap().inner();
+        let named = |name: &str| -> Vec<String> {
+            table
+                .iter()
+                .filter(|(key, _)| key.as_str().eq_ignore_ascii_case(name))
+                .map(|(_, value)| match value {
+                    AMQPValue::LongString(text) => text.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
+        assert!(named(headers::SEQUENCE).is_empty(), "{table:?}");
+        assert_eq!(named(headers::AGGREGATE_ID), ["o-1"]);
+        assert_eq!(named(headers::EVENT_TYPE), ["OrderPlaced"]);
+        assert_eq!(named("x-keep"), ["1"]);
+    }
 }
