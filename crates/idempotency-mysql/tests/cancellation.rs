@@ -542,3 +542,44 @@ async fn a_nested_begin_in_the_public_begin_is_a_savepoint() {
         "the savepoint's row was rolled back, the outer one committed"
     );
 }
+
+/// A caller's `execute_in` dropped during its claim's prepare, the caller's transaction kept:
+/// its commit refuses the unfinished claim and rolls back, and neither the rollback nor the
+/// connection hangs (sqlx would read the prepare's answer as the `ROLLBACK`'s).
+#[tokio::test]
+async fn an_execute_in_dropped_during_its_claim_neither_commits_nor_hangs() {
+    let (direct, proxied, proxy) = pools().await;
+    let mut config = PersistenceConfig::default();
+    config.schema.mode = SchemaMode::Create;
+    let store = MysqlStore::from_config(proxied.clone(), &config)
+        .await
+        .unwrap();
+    until_idle(&proxied).await;
+    let service = idempotency_core::IdempotencyService::new(store);
+    let key = idempotency_core::IdempotencyKey::new("dropped-during-claim").unwrap();
+    let mut tx = service.begin().await.unwrap();
+    proxy
+        .drop_while_held(service.execute_in(
+            &mut tx,
+            idempotency_core::Call::new("PAY", key.clone(), &"{}"),
+            async |_conn: &mut sqlx::MySqlConnection| {
+                Ok::<_, idempotency_core::Error>(idempotency_core::ExecutionResult::success(1))
+            },
+        ))
+        .await;
+    let committed = tokio::time::timeout(Duration::from_secs(30), tx.commit())
+        .await
+        .expect("the refused commit's rollback hung");
+    assert!(
+        matches!(
+            committed,
+            Err(idempotency_core::StoreError::UnfinishedClaim { count: 1 })
+        ),
+        "{committed:?}"
+    );
+    assert!(
+        comes_back(&proxied).await,
+        "the connection did not come back"
+    );
+    assert_pool_is_clean(&direct, &proxied).await;
+}

@@ -588,3 +588,56 @@ async fn a_write_outside_a_transaction_is_refused() {
     drop(conn);
     assert_eq!(count(store.pool(), "idempotency_records").await, 0);
 }
+
+/// A caller's `execute_in` dropped while its claim is on its way to sqlx's worker, then the
+/// caller's transaction committed: the worker runs the queued insert, so a commit would store
+/// a `PROCESSING` record that answers every retry "in flight" until its TTL, the action never
+/// run. The commit refuses the unfinished claim. The future is dropped after each number of
+/// polls in turn (no pause between them), so that drops land between sending the insert and
+/// reading its answer.
+#[tokio::test]
+async fn an_execute_in_dropped_mid_claim_cannot_commit_the_claim() {
+    let store = fresh_store().await;
+    let service = IdempotencyService::new(store.clone());
+    for polls in 1..=40 {
+        let mut tx = service.begin().await.unwrap();
+        {
+            let call = Call::new("OP", key(&format!("dropped-{polls}")), &"{}");
+            let mut execute = std::pin::pin!(service.execute_in(
+                &mut tx,
+                call,
+                async |_conn: &mut sqlx::SqliteConnection| {
+                    Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
+                },
+            ));
+            for _ in 0..polls {
+                let ready = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(execute.as_mut().poll(cx).is_ready())
+                })
+                .await;
+                if ready {
+                    break;
+                }
+            }
+        }
+        // Time for the worker to run whatever was queued, then the caller commits.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let unfinished = tx.unfinished_claims();
+        let committed = tx.commit().await;
+        match (unfinished, committed) {
+            // The call finished within its polls: its outcome is stored, nothing unfinished.
+            (0, Ok(())) => {}
+            (1, Err(StoreError::UnfinishedClaim { count: 1 })) => {}
+            other => panic!("after {polls} polls: {other:?}"),
+        }
+    }
+    let processing: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE status = 'PROCESSING'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        processing, 0,
+        "a claim of a dropped execute_in was committed"
+    );
+}
