@@ -50,6 +50,7 @@ pub mod headers {
 
     /// Whether `name` is one of the names above, in any case: an event's own header of such a
     /// name is not sent beside the outbox's, which a consumer could read first.
+    #[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
     pub(crate) fn is_outbox_name(name: &str) -> bool {
         [AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, SEQUENCE, ID]
             .iter()
