@@ -81,9 +81,7 @@ pub enum Error {
     Database(#[source] BoxError),
     /// A requeue was refused: these dead letters' aggregates already published a later event
     /// (their successors went out while they were dead-lettered), so requeuing them would
-    /// publish them out of order. A later event that retention deleted counts as published
-    /// (retention deletes only published and dead-lettered rows, and the aggregate's counter
-    /// still numbers it). Nothing was requeued.
+    /// publish them out of order. Nothing was requeued.
     #[error(
         "{} dead letter(s) have a later event of their aggregate already published: requeuing \
          them would publish them out of order; nothing was requeued",

@@ -20,7 +20,6 @@ pub(crate) const CHUNK: usize = 1000;
 #[derive(Debug)]
 pub(crate) struct Statements {
     table: String,
-    sequences: String,
     pub(crate) bump_sequence: SqlStr,
     pub(crate) read_sequence: SqlStr,
     pub(crate) claim_ordered: SqlStr,
@@ -61,21 +60,6 @@ fn claim(t: &str, ordered: bool) -> String {
     )
 }
 
-/// Whether a later event of the aggregate of the row aliased `o` is gone: fewer rows after it
-/// than its aggregate's counter numbered. Retention deletes only published and dead-lettered
-/// rows, so a row after it that is gone may have been published (its requeue would go out
-/// after it).
-fn later_event_gone(t: &str, s: &str) -> String {
-    format!(
-        "(SELECT count(*) FROM {t} AS p \
-          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-            AND p.sequence > o.sequence) \
-         < (SELECT c.last_sequence FROM {s} AS c \
-            WHERE c.aggregate_type = o.aggregate_type AND c.aggregate_id = o.aggregate_id) \
-           - o.sequence"
-    )
-}
-
 fn list(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
@@ -86,7 +70,6 @@ impl Statements {
         let s = names.sequences.quoted();
         Self {
             table: t.to_owned(),
-            sequences: s.to_owned(),
             // Locks the counter row until the caller's transaction ends: a second writer of
             // the aggregate waits here, then numbers its events after the first one's.
             bump_sequence: sql(format!(
@@ -183,15 +166,13 @@ impl Statements {
     /// Of `n` dead letters, those whose aggregate already published a later event.
     pub(crate) fn published_after(&self, n: usize) -> SqlStr {
         let t = &self.table;
-        let gone = later_event_gone(t, &self.sequences);
         sql(format!(
             "SELECT o.id FROM {t} AS o \
              WHERE o.id IN ({}) AND o.dead_lettered_at IS NOT NULL AND o.sequence IS NOT NULL \
-               AND (EXISTS (SELECT 1 FROM {t} AS p \
+               AND EXISTS (SELECT 1 FROM {t} AS p \
                    WHERE p.aggregate_type = o.aggregate_type \
                      AND p.aggregate_id = o.aggregate_id \
-                     AND p.sequence > o.sequence AND p.published_at IS NOT NULL) \
-                 OR {gone})",
+                     AND p.sequence > o.sequence AND p.published_at IS NOT NULL)",
             list(n)
         ))
     }

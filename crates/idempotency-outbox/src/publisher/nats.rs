@@ -315,19 +315,8 @@ fn kind(error: &async_nats::jetstream::context::PublishError) -> PublishErrorKin
         // Payload and headers over the server's `max_payload`: this message never fits.
         JsKind::MaxPayloadExceeded => PublishErrorKind::InvalidMessage,
         JsKind::WrongLastMessageId | JsKind::WrongLastSequence => PublishErrorKind::Rejected,
-        // The server's refusal for want of room or of a working store (code 503: a stream at
-        // its limits with `discard: new`, storage or memory exhausted, a store that failed):
-        // it passes when room comes back, as an outage does, whatever the message.
-        JsKind::Other if answered_unavailable(error) => PublishErrorKind::Unavailable,
         _ => PublishErrorKind::Other,
     }
-}
-
-/// The server answered the publish with an API error of code 503.
-fn answered_unavailable(error: &async_nats::jetstream::context::PublishError) -> bool {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
-        .is_some_and(|answer| answer.code() == 503)
 }
 
 /// A subject NATS cannot carry: empty, or with whitespace (which would break the protocol

@@ -266,7 +266,6 @@ fn claim(t: &str, ctes: &str) -> String {
 impl Statements {
     pub(crate) fn new(table: &TableName, ordering: Ordering, notify: bool) -> Self {
         let t = table.quoted();
-        let gone = later_event_gone(t, table.sibling("sequences").quoted());
         Self {
             enqueue: sql(enqueue(table, ordering, notify)),
             enqueue_quiet: sql(enqueue(table, ordering, false)),
@@ -322,28 +321,12 @@ impl Statements {
             published_after: sql(format!(
                 "SELECT o.id FROM {t} o \
                  WHERE o.id = ANY($1) AND o.dead_lettered_at IS NOT NULL \
-                   AND o.sequence IS NOT NULL AND (EXISTS ( \
+                   AND o.sequence IS NOT NULL AND EXISTS ( \
                      SELECT 1 FROM {t} p \
                      WHERE p.aggregate_type = o.aggregate_type \
                        AND p.aggregate_id = o.aggregate_id \
-                       AND p.sequence > o.sequence AND p.published_at IS NOT NULL) \
-                   OR {gone})"
+                       AND p.sequence > o.sequence AND p.published_at IS NOT NULL)"
             )),
         }
     }
-}
-
-/// Whether a later event of the aggregate of the row aliased `o` is gone: fewer rows after it
-/// than its aggregate's counter numbered. Retention deletes only published and dead-lettered
-/// rows, so a row after it that is gone may have been published (its requeue would go out
-/// after it).
-fn later_event_gone(t: &str, s: &str) -> String {
-    format!(
-        "(SELECT count(*) FROM {t} p \
-          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-            AND p.sequence > o.sequence) \
-         < (SELECT c.last_sequence FROM {s} c \
-            WHERE c.aggregate_type = o.aggregate_type AND c.aggregate_id = o.aggregate_id) \
-           - o.sequence"
-    )
 }

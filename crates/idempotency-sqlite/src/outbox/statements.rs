@@ -54,21 +54,6 @@ pub(crate) struct Statements {
     pub(crate) published_after: SqlStr,
 }
 
-/// Whether a later event of the aggregate of the row aliased `o` is gone: fewer rows after it
-/// than its aggregate's counter numbered. Retention deletes only published and dead-lettered
-/// rows, so a row after it that is gone may have been published (its requeue would go out
-/// after it).
-fn later_event_gone(t: &str, s: &str) -> String {
-    format!(
-        "(SELECT count(*) FROM {t} AS p \
-          WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-            AND p.sequence > o.sequence) \
-         < (SELECT c.last_sequence FROM {s} AS c \
-            WHERE c.aggregate_type = o.aggregate_type AND c.aggregate_id = o.aggregate_id) \
-           - o.sequence"
-    )
-}
-
 /// Whether the row aliased `o` is the first pending row of its aggregate (or takes no part in
 /// the order: unordered rows have no sequence). While that row is leased (in flight) or
 /// backing off after a failure, the aggregate's later rows wait. `IS NOT NULL`: SQLite sorts
@@ -184,7 +169,6 @@ impl Statements {
     pub(crate) fn new(names: &Names) -> Self {
         let t = names.table.quoted();
         let s = names.sequences.quoted();
-        let gone = later_event_gone(t, s);
         let columns = "id, aggregate_type, aggregate_id, sequence, event_type, payload, headers, \
                        created_at, next_attempt_at";
         Self {
@@ -292,11 +276,10 @@ impl Statements {
                 "SELECT o.id FROM {t} AS o \
                  WHERE o.id IN (SELECT value FROM json_each(?1)) \
                    AND o.dead_lettered_at IS NOT NULL AND o.sequence IS NOT NULL \
-                   AND (EXISTS (SELECT 1 FROM {t} AS p \
+                   AND EXISTS (SELECT 1 FROM {t} AS p \
                        WHERE p.aggregate_type = o.aggregate_type \
                          AND p.aggregate_id = o.aggregate_id \
-                         AND p.sequence > o.sequence AND p.published_at IS NOT NULL) \
-                     OR {gone})"
+                         AND p.sequence > o.sequence AND p.published_at IS NOT NULL)"
             )),
         }
     }
