@@ -236,7 +236,8 @@ impl<S: IdempotencyStore> Tx<S> {
     }
 
     /// Number of keys acquired in this transaction whose outcome is not stored yet, counting
-    /// a claim whose insert was sent by an `execute_in` dropped before the store answered.
+    /// the claim of an `execute_in` dropped while its insert was on its way (sent, or about to
+    /// be) before the store answered.
     pub fn unfinished_claims(&self) -> usize {
         self.unfinished
     }

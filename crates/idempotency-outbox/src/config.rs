@@ -32,6 +32,11 @@ const DAY: u64 = 24 * 60 * 60;
 /// first lets another worker publish the batch again while it is being marked.
 pub const MIN_LEASE_MARGIN: Duration = Duration::from_secs(1);
 
+/// The longest any of the relay's durations may be (365 days): the lease, the republish
+/// window and the retry horizon add and multiply them, and a value near `Duration::MAX`
+/// would overflow (or give a lease no database interval can hold).
+pub const MAX_RELAY_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// The `outbox` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
@@ -493,7 +498,8 @@ impl Default for RelayConfig {
 
 impl RelayConfig {
     /// Checks ranges: at least one worker, batch size 1..=10000, non-zero timeouts (the
-    /// shutdown timeout included), a lease margin of at least [`MIN_LEASE_MARGIN`].
+    /// shutdown timeout included), a lease margin of at least [`MIN_LEASE_MARGIN`], no
+    /// duration over [`MAX_RELAY_DURATION`].
     pub fn validate(&self) -> Result<(), Error> {
         if self.workers == 0 {
             return Err(Error::invalid_config("relay.workers must be at least 1"));
@@ -535,12 +541,27 @@ impl RelayConfig {
                 "relay.backoff.max must be at least relay.backoff.base",
             ));
         }
+        for (name, value) in [
+            ("relay.poll-interval", self.poll_interval),
+            ("relay.publish-timeout", self.publish_timeout),
+            ("relay.lease-margin", self.lease_margin),
+            ("relay.backoff.base", self.backoff.base),
+            ("relay.backoff.max", self.backoff.max),
+            ("relay.stats-interval", self.stats_interval),
+            ("relay.shutdown-timeout", self.shutdown_timeout),
+        ] {
+            if value > MAX_RELAY_DURATION {
+                return Err(Error::invalid_config(format!(
+                    "{name} must be at most 365 days"
+                )));
+            }
+        }
         Ok(())
     }
 
     /// The claim lease: how long a claimed row stays invisible to other workers.
     pub fn lease(&self) -> Duration {
-        self.publish_timeout + self.lease_margin
+        self.publish_timeout.saturating_add(self.lease_margin)
     }
 
     /// The longest time between a publish the broker may have stored (its ack lost, or the
@@ -561,7 +582,7 @@ impl RelayConfig {
     /// # Ok::<(), idempotency_outbox::Error>(())
     /// ```
     pub fn republish_window(&self) -> Duration {
-        self.lease() + self.backoff.max
+        self.lease().saturating_add(self.backoff.max)
     }
 
     /// Fails when a broker's deduplication window (JetStream's `duplicate_window`) is shorter
@@ -589,9 +610,9 @@ impl RelayConfig {
     /// (plus the longest outage to ride out, any broker redelivery window, and any manual
     /// requeue of dead letters).
     pub fn retry_horizon(&self) -> Duration {
-        let mut total = self.lease() * self.max_attempts;
+        let mut total = self.lease().saturating_mul(self.max_attempts);
         for attempt in 1..self.max_attempts {
-            total += self.backoff.ceiling(attempt);
+            total = total.saturating_add(self.backoff.ceiling(attempt));
         }
         total
     }
@@ -772,6 +793,71 @@ mod tests {
             ..RelayConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    /// Durations near `Duration::MAX` are refused by name, and the sums and products of the
+    /// lease, the republish window and the retry horizon saturate instead of panicking.
+    #[test]
+    fn durations_too_long_are_refused_and_their_sums_do_not_overflow() {
+        let huge = RelayConfig {
+            publish_timeout: Duration::MAX,
+            lease_margin: Duration::MAX,
+            backoff: BackoffConfig {
+                base: Duration::MAX,
+                max: Duration::MAX,
+            },
+            max_attempts: u32::MAX,
+            ..RelayConfig::default()
+        };
+        assert_eq!(huge.lease(), Duration::MAX);
+        assert_eq!(huge.republish_window(), Duration::MAX);
+        assert_eq!(
+            RelayConfig {
+                max_attempts: 40,
+                ..huge.clone()
+            }
+            .retry_horizon(),
+            Duration::MAX
+        );
+        let error = huge.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("relay.publish-timeout must be at most 365 days"),
+            "{error}"
+        );
+        for (name, config) in [
+            (
+                "relay.backoff.max",
+                RelayConfig {
+                    backoff: BackoffConfig {
+                        base: Duration::from_secs(1),
+                        max: MAX_RELAY_DURATION + Duration::from_secs(1),
+                    },
+                    ..RelayConfig::default()
+                },
+            ),
+            (
+                "relay.shutdown-timeout",
+                RelayConfig {
+                    shutdown_timeout: Duration::MAX,
+                    ..RelayConfig::default()
+                },
+            ),
+        ] {
+            let error = config.validate().unwrap_err().to_string();
+            assert!(error.contains(name), "{error}");
+        }
+        let longest = RelayConfig {
+            publish_timeout: MAX_RELAY_DURATION,
+            lease_margin: MAX_RELAY_DURATION,
+            backoff: BackoffConfig {
+                base: MAX_RELAY_DURATION,
+                max: MAX_RELAY_DURATION,
+            },
+            max_attempts: u32::MAX,
+            ..RelayConfig::default()
+        };
+        longest.validate().unwrap();
+        assert!(longest.republish_window() < Duration::MAX);
     }
 
     #[test]
