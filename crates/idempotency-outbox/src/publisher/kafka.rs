@@ -491,19 +491,7 @@ mod tests {
             ("OUTBOX-EVENT-TYPE", "forged"),
             ("x-keep", "1"),
         ];
-        let message = OutboxMessage::new(
-            uuid::Uuid::now_v7(),
-            "order",
-            "o-1",
-            None,
-            "OrderPlaced",
-            "{}",
-            own.iter()
-                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-                .collect(),
-            chrono::Utc::now(),
-            1,
-        );
+        let message = crate::publisher::test_message(&own, None);
         let sent = headers_of(&message);
         let pairs: Vec<(String, String)> = sent
             .iter()

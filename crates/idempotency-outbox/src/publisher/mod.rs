@@ -33,6 +33,26 @@ pub use health::BrokerHealth;
 pub use logging::LoggingPublisher;
 pub use template::Template;
 
+/// A message of aggregate `order`/`o-1`, event `OrderPlaced`, payload `{}`, with `headers` and
+/// `sequence`: what the publishers' unit tests send.
+#[cfg(all(test, any(feature = "nats", feature = "rabbitmq", feature = "kafka")))]
+pub(crate) fn test_message(headers: &[(&str, &str)], sequence: Option<i64>) -> OutboxMessage {
+    OutboxMessage::new(
+        uuid::Uuid::now_v7(),
+        "order",
+        "o-1",
+        sequence,
+        "OrderPlaced",
+        "{}",
+        headers
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect(),
+        chrono::Utc::now(),
+        1,
+    )
+}
+
 /// Header names every publisher adds, so consumers can route and check order without parsing
 /// the payload.
 pub mod headers {

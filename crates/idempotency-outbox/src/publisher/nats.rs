@@ -432,8 +432,6 @@ fn overlaps(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     #[test]
@@ -466,23 +464,7 @@ mod tests {
         }
     }
 
-    fn message(headers: &[(&str, &str)], sequence: Option<i64>) -> OutboxMessage {
-        let headers = headers
-            .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect::<BTreeMap<_, _>>();
-        OutboxMessage::new(
-            uuid::Uuid::now_v7(),
-            "order",
-            "o-1",
-            sequence,
-            "OrderPlaced",
-            "{}",
-            headers,
-            chrono::Utc::now(),
-            1,
-        )
-    }
+    use crate::publisher::test_message as message;
 
     fn text<'m>(map: &'m HeaderMap, name: &str) -> Option<&'m str> {
         map.get(name).map(HeaderValue::as_str)

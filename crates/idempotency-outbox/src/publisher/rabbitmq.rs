@@ -466,19 +466,7 @@ mod tests {
             ("OUTBOX-EVENT-TYPE", "forged"),
             ("x-keep", "1"),
         ];
-        let message = OutboxMessage::new(
-            uuid::Uuid::now_v7(),
-            "order",
-            "o-1",
-            None,
-            "OrderPlaced",
-            "{}",
-            own.iter()
-                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-                .collect(),
-            Utc::now(),
-            1,
-        );
+        let message = crate::publisher::test_message(&own, None);
         let properties = properties(&message).unwrap();
         let table = properties.headers().as_ref().unwrap().inner();
         let named = |name: &str| -> Vec<String> {
