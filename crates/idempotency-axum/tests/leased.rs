@@ -228,7 +228,10 @@ async fn duplicate_waits<B: Backend>(timeout: Duration) {
     assert!(!duplicate.is_finished(), "the duplicate waits");
     provider.release.notify_one();
     let first = holder.await.unwrap();
-    let duplicate = duplicate.await.unwrap();
+    let duplicate = tokio::time::timeout(Duration::from_secs(30), duplicate)
+        .await
+        .expect("the duplicate was answered")
+        .unwrap();
     assert!(duplicate.is_replay());
     assert_eq!(duplicate.body, first.body);
     assert_eq!(provider.calls.load(Ordering::SeqCst), 1);

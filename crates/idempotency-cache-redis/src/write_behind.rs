@@ -162,7 +162,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             sender.send(entry(1)).await.unwrap();
         };
-        let (taken, ()) = tokio::join!(taking, late);
+        let (taken, ()) = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::join!(taking, late)
+        })
+        .await
+        .unwrap();
         assert!(taken);
         assert_eq!(
             batch.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
@@ -171,7 +175,11 @@ mod tests {
         batch.clear();
         sender.send(entry(2)).await.unwrap();
         drop(sender);
-        assert!(next_batch(&mut receiver, &config, &mut batch).await);
+        let closed = tokio::time::timeout(
+            Duration::from_secs(30),
+            next_batch(&mut receiver, &config, &mut batch),
+        );
+        assert!(closed.await.unwrap());
         assert_eq!(batch.len(), 1, "the close ends the wait");
     }
 

@@ -46,7 +46,8 @@ pub enum StoreError {
     #[error("database error")]
     Database(#[source] BoxError),
     /// [`Tx::commit`](crate::Tx::commit) was called on a transaction holding a `PROCESSING`
-    /// record whose outcome was never stored (the action or `complete` failed). Committing it
+    /// record whose outcome was never stored (the action or `complete` failed, or the
+    /// `execute_in` that claimed it was dropped once its claim was under way). Committing it
     /// would leave the key in flight until its TTL, so the transaction was rolled back instead.
     #[error(
         "{count} key(s) acquired in this transaction have no stored outcome; rolled back instead of committing"

@@ -33,7 +33,8 @@ pub struct TxMark {
 ///
 /// A `Tx` also remembers the keys [`execute_in`](crate::IdempotencyService::execute_in) acquired
 /// and has not completed yet (the action returned an error after the acquire, or the
-/// `execute_in` future was dropped after sending its claim): committing then would leave a
+/// `execute_in` future was dropped once its claim was under way, sent or about to be):
+/// committing then would leave a
 /// `PROCESSING` record that answers every retry with "in flight" until its TTL, so
 /// [`commit`](Self::commit) rolls back instead and returns [`StoreError::UnfinishedClaim`].
 ///

@@ -543,6 +543,8 @@ impl RelayConfig {
         }
         for (name, value) in [
             ("relay.poll-interval", self.poll_interval),
+            ("relay.notify-debounce", self.notify_debounce),
+            ("relay.linger", self.linger),
             ("relay.publish-timeout", self.publish_timeout),
             ("relay.lease-margin", self.lease_margin),
             ("relay.backoff.base", self.backoff.base),

@@ -164,3 +164,37 @@ fn an_outage_within_one_batch_changes_the_broker_state_once_each_way() {
     };
     assert_eq!((state("lost"), state("back")), (1, 1));
 }
+
+/// The housekeeping task goes on after a retention pass whose next one is too far for the
+/// clock (`retention.interval = Duration::MAX`): the pending gauge, which only it refreshes,
+/// still follows the table (before: its `Instant + Duration` panicked after the first pass,
+/// and the gauge stayed where that pass left it).
+#[test]
+fn housekeeping_goes_on_after_a_retention_interval_too_long_for_the_clock() {
+    let pending = with_recorder(async |snapshotter| {
+        let mut config = config(Ordering::Ordered);
+        config.retention.enabled = true;
+        config.retention.interval = Duration::MAX;
+        config.relay.stats_interval = Duration::from_millis(50);
+        let (pool, outbox) = outbox(&config).await;
+        let publisher = idempotency_outbox::testing::CollectingPublisher::default();
+        let handle = Relay::new(outbox.clone(), publisher.clone(), &config)
+            .unwrap()
+            .spawn();
+        // The first pass (gauges, then retention) runs before anything is committed.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Refused by the broker: they stay pending.
+        let events: Vec<NewEvent> = (1..=3).map(|n| event("kept", n)).collect();
+        for event in &events {
+            publisher.refuse(event.id());
+        }
+        commit(&pool, &outbox, &events).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let recorded = Recorded::take(&snapshotter);
+        tokio::time::timeout(Duration::from_secs(30), handle.shutdown())
+            .await
+            .expect("the shutdown finished");
+        recorded.gauge(names::PENDING, &[])
+    });
+    assert_eq!(pending, 3.0, "the gauges are still refreshed");
+}

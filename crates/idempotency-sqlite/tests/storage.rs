@@ -599,6 +599,7 @@ async fn a_write_outside_a_transaction_is_refused() {
 async fn an_execute_in_dropped_mid_claim_cannot_commit_the_claim() {
     let store = fresh_store().await;
     let service = IdempotencyService::new(store.clone());
+    let mut refused = 0;
     for polls in 1..=40 {
         let mut tx = service.begin().await.unwrap();
         {
@@ -627,10 +628,11 @@ async fn an_execute_in_dropped_mid_claim_cannot_commit_the_claim() {
         match (unfinished, committed) {
             // The call finished within its polls: its outcome is stored, nothing unfinished.
             (0, Ok(())) => {}
-            (1, Err(StoreError::UnfinishedClaim { count: 1 })) => {}
+            (1, Err(StoreError::UnfinishedClaim { count: 1 })) => refused += 1,
             other => panic!("after {polls} polls: {other:?}"),
         }
     }
+    assert!(refused > 0, "no drop landed while a claim was under way");
     let processing: i64 =
         sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE status = 'PROCESSING'")
             .fetch_one(store.pool())
