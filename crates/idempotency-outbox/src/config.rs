@@ -612,11 +612,16 @@ impl RelayConfig {
     /// (plus the longest outage to ride out, any broker redelivery window, and any manual
     /// requeue of dead letters).
     pub fn retry_horizon(&self) -> Duration {
+        let backoffs = self.max_attempts.saturating_sub(1);
         let mut total = self.lease().saturating_mul(self.max_attempts);
-        for attempt in 1..self.max_attempts {
-            total = total.saturating_add(self.backoff.ceiling(attempt));
+        // The ceiling grows for the first `GROWING` failures at most (its exponent stops at
+        // 30), then stays: the rest is one product, not a step per attempt.
+        const GROWING: u32 = 31;
+        for failed in 1..=backoffs.min(GROWING) {
+            total = total.saturating_add(self.backoff.ceiling(failed));
         }
-        total
+        let rest = backoffs.saturating_sub(GROWING);
+        total.saturating_add(self.backoff.ceiling(GROWING + 1).saturating_mul(rest))
     }
 }
 
@@ -923,6 +928,53 @@ mod tests {
         let delays: Vec<_> = (1..=6).map(|n| backoff.ceiling(n).as_millis()).collect();
         assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
         assert_eq!(backoff.ceiling(200), Duration::from_secs(1));
+    }
+
+    /// `max-attempts` may be any `u32`: the horizon is computed without a step per attempt
+    /// (before: one loop turn per attempt, some 4e9 for `u32::MAX`, in the inbox check
+    /// at start-up), and equals the sum attempt by attempt for every count it can be
+    /// checked against.
+    #[test]
+    fn the_retry_horizon_of_any_attempt_count_is_computed_at_once() {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let relay = RelayConfig {
+                max_attempts: u32::MAX,
+                ..RelayConfig::default()
+            };
+            sender.send(relay.retry_horizon()).unwrap();
+        });
+        let horizon = receiver
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the retry horizon of u32::MAX attempts within 10s");
+        // Leases of 10s; backoffs 1s, 2s, ... 256s, then 300s (`backoff.max`) for the rest.
+        let n = u64::from(u32::MAX);
+        assert_eq!(
+            horizon,
+            Duration::from_secs(10 * n + 511 + 300 * (n - 1 - 9))
+        );
+        for (base, max) in [(1, 300_000), (7, 7), (3, u64::MAX / 4), (1, u64::MAX)] {
+            let backoff = BackoffConfig {
+                base: Duration::from_millis(base),
+                max: Duration::from_millis(max),
+            };
+            for max_attempts in 1..=80 {
+                let relay = RelayConfig {
+                    max_attempts,
+                    backoff: backoff.clone(),
+                    ..RelayConfig::default()
+                };
+                let by_attempt = (1..max_attempts).fold(
+                    relay.lease().saturating_mul(max_attempts),
+                    |total, failed| total.saturating_add(backoff.ceiling(failed)),
+                );
+                assert_eq!(
+                    relay.retry_horizon(),
+                    by_attempt,
+                    "{base} {max} {max_attempts}"
+                );
+            }
+        }
     }
 
     #[test]
