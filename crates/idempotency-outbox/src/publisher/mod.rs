@@ -146,11 +146,10 @@ impl<P: Publisher> Publisher for Arc<P> {
 #[non_exhaustive]
 pub enum PublishErrorKind {
     /// The broker cannot be reached, or has nothing to take the message (no stream for the
-    /// subject, a stream or queue full until room is made, a negative confirm). Retried with
-    /// backoff, without counting towards `max-attempts`
+    /// subject). Retried with backoff, without counting towards `max-attempts`
     /// ([`is_transient`](Self::is_transient)).
     Unavailable,
-    /// The broker refused the message (unroutable, too large for the stream).
+    /// The broker refused the message (negative confirm, unroutable, too large).
     Rejected,
     /// No confirmation within `publish-timeout`. Retried without counting towards
     /// `max-attempts` ([`is_transient`](Self::is_transient)).

@@ -14,12 +14,7 @@
 //! dead-letters it at once); the connection and the other messages are not affected.
 //!
 //! The connection is opened on first use and re-opened after it broke, so a broker outage
-//! only fails publishes (which the relay retries) until the broker is back. A negative confirm
-//! (a queue at its `x-max-length` with `x-overflow: reject-publish`, or the broker's internal
-//! error) is [`Unavailable`](PublishErrorKind::Unavailable) too: it refuses every message
-//! alike, so the relay retries without counting an attempt and the events wait, in order,
-//! until the queue has room. An unroutable message is
-//! [`Rejected`](PublishErrorKind::Rejected), a counted failure.
+//! only fails publishes (which the relay retries) until the broker is back.
 
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
@@ -410,19 +405,17 @@ impl Publisher for RabbitMqPublisher {
             .map_err(failed)?;
         *slot = Some(channel);
         drop(slot);
-        let refused = |kind, what, returned: Option<lapin::message::BasicReturnMessage>| {
+        let refused = |what, returned: Option<lapin::message::BasicReturnMessage>| {
             let (code, text) = returned
                 .map(|r| (r.reply_code, r.reply_text.to_string()))
                 .unwrap_or_default();
-            PublishError::new(kind, Refused { what, code, text })
+            PublishError::new(PublishErrorKind::Rejected, Refused { what, code, text })
         };
         match confirmation {
             Confirmation::Ack(None) => Ok(Ack::default()),
-            Confirmation::Ack(Some(returned)) if is_for(&returned, message) => Err(refused(
-                PublishErrorKind::Rejected,
-                "unroutable",
-                Some(returned),
-            )),
+            Confirmation::Ack(Some(returned)) if is_for(&returned, message) => {
+                Err(refused("unroutable", Some(returned)))
+            }
             // One publish in flight per channel, so this cannot be; should it be, the
             // return is not this message's, and retrying is the safe answer.
             Confirmation::Ack(Some(returned)) => Err(PublishError::new(
@@ -433,13 +426,7 @@ impl Publisher for RabbitMqPublisher {
                     text: returned.reply_text.to_string(),
                 },
             )),
-            // A queue full with `x-overflow: reject-publish`, or the broker's internal error:
-            // every publish to that queue is refused until room is made, whatever the message.
-            Confirmation::Nack(returned) => Err(refused(
-                PublishErrorKind::Unavailable,
-                "negative confirm",
-                returned,
-            )),
+            Confirmation::Nack(returned) => Err(refused("negative confirm", returned)),
             Confirmation::NotRequested => Err(PublishError::kind_only(PublishErrorKind::Other)),
         }
     }
