@@ -244,4 +244,17 @@ async fn kafka_publisher_settings_that_cannot_work_stop_start_up_naming_themselv
         let error = refusal(&yaml(&body)).await;
         assert!(error.starts_with(property), "{body}: {error}");
     }
+    // A relay.publish-timeout longer than librdkafka's `message.timeout.ms` takes (2^31 - 1
+    // ms, about 24.9 days) is refused as the message timeout it becomes, not blamed on the
+    // brokers (before: "outbox.publisher.kafka.brokers: ... message.timeout.ms ... out of
+    // range").
+    let long = yaml(&format!("      brokers: {url}\n")).replace(
+        "    poll-interval: 50ms\n",
+        "    poll-interval: 50ms\n    publish-timeout: 30d\n",
+    );
+    let error = refusal(&long).await;
+    assert!(
+        error.starts_with("outbox.publisher.kafka.message-timeout") && error.contains("24d"),
+        "{error}"
+    );
 }

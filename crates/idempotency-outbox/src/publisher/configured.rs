@@ -156,6 +156,23 @@ impl ConfiguredPublisher {
                 ),
             ));
         }
+        if timeout > super::kafka::MAX_MESSAGE_TIMEOUT {
+            let show = humantime_serde::re::humantime::format_duration;
+            return Err(property(
+                "outbox.publisher.kafka.message-timeout",
+                format!(
+                    "is {}{}; librdkafka's message.timeout.ms takes at most {}: set \
+                     message-timeout to at most that",
+                    show(timeout),
+                    if config.message_timeout.is_none() {
+                        " (relay.publish-timeout, as it is not set)"
+                    } else {
+                        ""
+                    },
+                    show(super::kafka::MAX_MESSAGE_TIMEOUT),
+                ),
+            ));
+        }
         let mut publisher = super::kafka::KafkaPublisher::new(&config.brokers)
             .with_topic(&config.topic)
             .map_err(|e| property("outbox.publisher.kafka.topic", e.to_string()))?

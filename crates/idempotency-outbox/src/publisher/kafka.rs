@@ -50,6 +50,20 @@ pub const DEFAULT_TOPIC: &str = "outbox.{aggregate_type}";
 /// [`with_message_timeout`](KafkaPublisher::with_message_timeout).
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The longest `message.timeout.ms` librdkafka takes (2^31 - 1 ms, about 24.9 days);
+/// [`connect`](KafkaPublisher::connect) refuses a longer
+/// [`with_message_timeout`](KafkaPublisher::with_message_timeout).
+///
+/// ```
+/// use idempotency_outbox::publisher::kafka::{KafkaPublisher, MAX_MESSAGE_TIMEOUT};
+/// use std::time::Duration;
+///
+/// let too_long = KafkaPublisher::new("127.0.0.1:9092")
+///     .with_message_timeout(MAX_MESSAGE_TIMEOUT + Duration::from_millis(1));
+/// assert!(too_long.connect().is_err());
+/// ```
+pub const MAX_MESSAGE_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// The longest topic name Kafka accepts.
 const MAX_TOPIC_LEN: usize = 249;
 
@@ -81,6 +95,19 @@ pub struct KafkaPublisher {
     destination: String,
     producer: Option<Arc<Producers>>,
     create: Option<Arc<TopicCreation>>,
+    /// A [`with_message_timeout`](KafkaPublisher::with_message_timeout) over
+    /// [`MAX_MESSAGE_TIMEOUT`], which `connect` refuses.
+    too_long: Option<Duration>,
+}
+
+/// A message timeout librdkafka cannot hold (it would read a wrapped 32-bit value).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the message timeout ({asked:?}) is longer than librdkafka's message.timeout.ms takes \
+     ({MAX_MESSAGE_TIMEOUT:?})"
+)]
+struct TimeoutTooLong {
+    asked: Duration,
 }
 
 /// [`KafkaPublisher::with_topic_creation`]: the partition count, and the topics made sure of.
@@ -178,6 +205,7 @@ impl KafkaPublisher {
             destination: "kafka".to_owned(),
             producer: None,
             create: None,
+            too_long: None,
         }
     }
 
@@ -192,11 +220,13 @@ impl KafkaPublisher {
     /// How long the producer tries to deliver one record (`message.timeout.ms`, librdkafka's
     /// retries included) before the publish fails with `Timeout`. Keep it at most the relay's
     /// `publish-timeout`, so a record the relay gave up on is not delivered later beside its
-    /// republished copy.
+    /// republished copy, and at most [`MAX_MESSAGE_TIMEOUT`]: [`connect`](Self::connect)
+    /// refuses a longer one.
     #[must_use]
     pub fn with_message_timeout(mut self, timeout: Duration) -> Self {
-        self.config
-            .set("message.timeout.ms", timeout.as_millis().max(1).to_string());
+        self.too_long = (timeout > MAX_MESSAGE_TIMEOUT).then_some(timeout);
+        let millis = timeout.min(MAX_MESSAGE_TIMEOUT).as_millis().max(1);
+        self.config.set("message.timeout.ms", millis.to_string());
         self
     }
 
@@ -204,6 +234,9 @@ impl KafkaPublisher {
     /// `enable.idempotence` and `acks` may be changed too: then the guarantees above are yours.
     #[must_use]
     pub fn with_property(mut self, key: &str, value: &str) -> Self {
+        if key == "message.timeout.ms" {
+            self.too_long = None; // librdkafka judges the value set here
+        }
         self.config.set(key, value);
         self
     }
@@ -232,6 +265,9 @@ impl KafkaPublisher {
     /// Creates the producer. Fails on a property librdkafka refuses, naming it; connects to
     /// the brokers in the background (a broker down shows as publishes that time out).
     pub fn connect(mut self) -> Result<Self, Error> {
+        if let Some(asked) = self.too_long {
+            return Err(setup_boxed(Box::new(TimeoutTooLong { asked })));
+        }
         let producer: FutureProducer = self.config.create().map_err(setup)?;
         self.producer = Some(Arc::new(Producers {
             config: self.config.clone(),
@@ -469,6 +505,30 @@ impl Publisher for KafkaPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// librdkafka reads `message.timeout.ms` into a 32-bit int: 50 days (4,320,000,000 ms)
+    /// wrapped to about 7 hours and was taken. A timeout over [`MAX_MESSAGE_TIMEOUT`] is
+    /// refused at `connect`, naming the property; the longest one it takes is taken.
+    #[test]
+    fn a_message_timeout_longer_than_librdkafka_takes_is_refused_at_connect() {
+        let day = Duration::from_secs(24 * 3600);
+        for too_long in [50 * day, MAX_MESSAGE_TIMEOUT + Duration::from_millis(1)] {
+            let error = KafkaPublisher::new("127.0.0.1:1")
+                .with_message_timeout(too_long)
+                .connect()
+                .map(|_| ())
+                .unwrap_err();
+            let Error::Publisher(error) = error else {
+                panic!("{too_long:?}: {error}");
+            };
+            let text = error.chain();
+            assert!(text.contains("message.timeout.ms"), "{too_long:?}: {text}");
+        }
+        KafkaPublisher::new("127.0.0.1:1")
+            .with_message_timeout(MAX_MESSAGE_TIMEOUT)
+            .connect()
+            .unwrap();
+    }
 
     #[test]
     fn topic_names_are_checked_as_kafka_does() {
