@@ -239,7 +239,8 @@ pub trait DeadLetters: Send + Sync + 'static {
     /// Requeuing one whose aggregate already published a later event would publish it after
     /// that event, so it is refused: [`Error::RequeueOutOfOrder`] names those ids, and nothing
     /// is requeued. (A later event in flight at the moment of the requeue can still go out
-    /// first.)
+    /// first.) The check sees the rows still stored: a later event that retention has already
+    /// purged (published longer ago than `retention.published`) does not refuse the requeue.
     fn requeue(&self, ids: &[Uuid]) -> impl Future<Output = Result<u64, Error>> + Send;
 }
 
