@@ -39,7 +39,9 @@ pub enum Error {
     /// document whose `type` is a refusal of the server contract (`idempotency-key-missing`,
     /// `idempotency-key-invalid`, `idempotency-key-reused`, `invalid-request-body`,
     /// `invalid-request-query`, `invalid-request-path`, `scope-invalid`).
-    /// Not retried: change the request, and send it with a new key. Any other `400` or `422`
+    /// Not retried: change the request, and send it with a new key (a request that names an
+    /// [`Operation`](crate::Operation) gets the key its [`KeyStore`](crate::KeyStore) keeps:
+    /// [`forget`](crate::KeyStore::forget) the operation first). Any other `400` or `422`
     /// (a business rejection the server stored) is the request's outcome, returned as a
     /// response like its replay.
     #[error("the server refused the request with {status} at attempt {attempt}, not retried: {}", hint(*.status))]

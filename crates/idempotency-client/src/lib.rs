@@ -11,8 +11,9 @@
 //!   and jitter or the answer's `Retry-After` (any retried status) up to a bound, within a
 //!   number of attempts and a time budget ([`RetryPolicy`]).
 //! - Never retried: `400` and `422` (but one whose problem document is cut off by a lost
-//!   connection, and a `400 body-unreadable`, are sent again with the same key). A refusal of the request itself (a reused key, a body the
-//!   server could not take) is [`Error::Refused`]: the request must change, and the key with
+//!   connection, and a `400 body-unreadable`, are sent again with the same key). A refusal of the request itself (a reused key, a body, query
+//!   or path the server could not take: the problem types [`Error::Refused`] lists; a `413`
+//!   or `415` is an ordinary response) is [`Error::Refused`]: the request must change, and the key with
 //!   it; any other (a business rejection) is returned as the response, as its replay would
 //!   be. A streamed body is sent once ([`Error::NotReplayable`] when it fails).
 //! - The response carries a [`Delivery`]: the key, the attempts, whether the server replayed a

@@ -337,11 +337,11 @@ impl IdempotencyMiddleware {
                                 return Err(reqwest_middleware::Error::middleware(error));
                             }
                             // Cut off: retried with the same key, which meets it again or its
-                            // replay. A body that cannot be decoded is reqwest's error.
+                            // replay. reqwest reports every failed body read as a decode
+                            // error, a lost connection's included, so none is told apart: a
+                            // body that truly cannot be decoded ends as `Exhausted`, its key
+                            // kept.
                             Judged::Unread(e) if e.is_timeout() => Cause::Timeout(without_query(e)),
-                            Judged::Unread(e) if e.is_decode() => {
-                                return Err(reqwest_middleware::Error::Reqwest(e));
-                            }
                             Judged::Unread(e) => Cause::Connection(without_query(e)),
                         }
                     } else if !self.policy.retries(status) {

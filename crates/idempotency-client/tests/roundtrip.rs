@@ -237,6 +237,82 @@ async fn a_body_the_server_could_not_read_is_sent_again_with_the_same_key() {
     );
 }
 
+/// A `422` problem document cut off by a lost connection (the status and headers arrived,
+/// then the connection closed before the body's end) says nothing of whether the request
+/// refuses: it is sent again with the same key, which meets the stored answer's replay
+/// (before: reqwest reports any failed body read as a decode error, and the middleware
+/// returned it bare after one attempt, without the key).
+#[tokio::test]
+async fn a_problem_document_cut_off_is_sent_again_with_the_same_key() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one request (headers, then `content-length` bytes of body); its key.
+    async fn request_key(socket: &mut tokio::net::TcpStream) -> Option<String> {
+        let mut buffer = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+                let header = |name: &str| {
+                    head.lines()
+                        .find_map(|line| line.strip_prefix(name).map(|v| v.trim().to_owned()))
+                };
+                let length: usize = header("content-length:").map_or(0, |v| v.parse().unwrap());
+                if buffer.len() >= end + 4 + length {
+                    return header("idempotency-key:");
+                }
+            }
+            let n = socket.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/payments", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let mut keys = Vec::new();
+        let (mut first, _) = listener.accept().await.unwrap();
+        keys.push(request_key(&mut first).await);
+        first
+            .write_all(
+                b"HTTP/1.1 422 Unprocessable Entity\r\n\
+                  content-type: application/problem+json\r\n\
+                  content-length: 200\r\n\r\n{\"type\":\"https://exa",
+            )
+            .await
+            .unwrap();
+        drop(first); // the rest of the body never comes
+        let (mut second, _) = listener.accept().await.unwrap();
+        keys.push(request_key(&mut second).await);
+        second
+            .write_all(
+                b"HTTP/1.1 201 Created\r\nidempotent-replayed: true\r\n\
+                  content-length: 2\r\nconnection: close\r\n\r\nok",
+            )
+            .await
+            .unwrap();
+        keys
+    });
+    let response = client(IdempotencyMiddleware::new().retry_policy(fast().max_attempts(3)))
+        .post(&url)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let delivery = response.delivery().unwrap().clone();
+    assert_eq!((delivery.attempts, delivery.replayed), (2, true));
+    let keys = server.await.unwrap();
+    assert_eq!(keys.len(), 2);
+    assert!(keys[0].is_some(), "{keys:?}");
+    assert_eq!(keys[0], keys[1], "the same key on the retry");
+    assert_eq!(
+        keys[0].as_deref(),
+        Some(delivery.key.to_lowercase().as_str())
+    );
+}
+
 /// A problem document longer than the middleware reads for its `type` (1 MiB) is an outcome,
 /// handed back whole: the part read, then the rest.
 #[tokio::test]
