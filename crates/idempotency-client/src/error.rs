@@ -277,7 +277,8 @@ pub enum Cause {
     },
     /// The attempt timed out (reqwest's timeouts).
     Timeout(reqwest::Error),
-    /// The connection failed or closed before a whole answer came back.
+    /// The connection failed or closed before a whole answer came back, or the body of a
+    /// `400`/`422` problem document could not be read or decoded to its end.
     Connection(reqwest::Error),
 }
 

@@ -10,8 +10,8 @@
 //! - Retried: connection errors, timeouts, `5xx`, `409` and `429`, with exponential backoff
 //!   and jitter or the answer's `Retry-After` (any retried status) up to a bound, within a
 //!   number of attempts and a time budget ([`RetryPolicy`]).
-//! - Never retried: `400` and `422` (but one whose problem document is cut off by a lost
-//!   connection, and a `400 body-unreadable`, are sent again with the same key). A refusal of the request itself (a reused key, a body, query
+//! - Never retried: `400` and `422` (but one whose problem document could not be read to
+//!   its end, a lost connection's or a timeout's, and a `400 body-unreadable`, are sent again with the same key). A refusal of the request itself (a reused key, a body, query
 //!   or path the server could not take: the problem types [`Error::Refused`] lists; a `413`
 //!   or `415` is an ordinary response) is [`Error::Refused`]: the request must change, and the key with
 //!   it; any other (a business rejection) is returned as the response, as its replay would

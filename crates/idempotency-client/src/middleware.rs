@@ -339,8 +339,8 @@ impl IdempotencyMiddleware {
                             // Cut off: retried with the same key, which meets it again or its
                             // replay. reqwest reports every failed body read as a decode
                             // error, a lost connection's included, so none is told apart: a
-                            // body that truly cannot be decoded ends as `Exhausted`, its key
-                            // kept.
+                            // body that truly cannot be decoded is retried the same way (its
+                            // replay, or `Exhausted` with the key).
                             Judged::Unread(e) if e.is_timeout() => Cause::Timeout(without_query(e)),
                             Judged::Unread(e) => Cause::Connection(without_query(e)),
                         }

@@ -100,16 +100,6 @@ pub struct KafkaPublisher {
     too_long: Option<Duration>,
 }
 
-/// A message timeout librdkafka cannot hold (it would read a wrapped 32-bit value).
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the message timeout ({asked:?}) is longer than librdkafka's message.timeout.ms takes \
-     ({MAX_MESSAGE_TIMEOUT:?})"
-)]
-struct TimeoutTooLong {
-    asked: Duration,
-}
-
 /// [`KafkaPublisher::with_topic_creation`]: the partition count, and the topics made sure of.
 #[derive(Debug)]
 struct TopicCreation {
@@ -181,6 +171,7 @@ impl std::fmt::Debug for KafkaPublisher {
                 "create_partitions",
                 &self.create.as_ref().map(|c| c.partitions),
             )
+            .field("message_timeout_refused", &self.too_long)
             .finish()
     }
 }
@@ -226,16 +217,24 @@ impl KafkaPublisher {
     pub fn with_message_timeout(mut self, timeout: Duration) -> Self {
         self.too_long = (timeout > MAX_MESSAGE_TIMEOUT).then_some(timeout);
         let millis = timeout.min(MAX_MESSAGE_TIMEOUT).as_millis().max(1);
+        self.config.remove("delivery.timeout.ms"); // its alias: one name holds it
         self.config.set("message.timeout.ms", millis.to_string());
         self
     }
 
     /// Sets any librdkafka property (`linger.ms`, `compression.type`, `security.protocol`...).
     /// `enable.idempotence` and `acks` may be changed too: then the guarantees above are yours.
+    /// The value goes to librdkafka as it is: it reads integers into 32 bits, so a
+    /// `message.timeout.ms` over 2^31 - 1 wraps instead of being refused (prefer
+    /// [`with_message_timeout`](Self::with_message_timeout), which checks it).
     #[must_use]
     pub fn with_property(mut self, key: &str, value: &str) -> Self {
-        if key == "message.timeout.ms" {
-            self.too_long = None; // librdkafka judges the value set here
+        if matches!(key, "message.timeout.ms" | "delivery.timeout.ms") {
+            // The caller's own value replaces the one `with_message_timeout` refused; the
+            // alias is dropped so that one name holds it.
+            self.too_long = None;
+            self.config.remove("message.timeout.ms");
+            self.config.remove("delivery.timeout.ms");
         }
         self.config.set(key, value);
         self
@@ -266,7 +265,11 @@ impl KafkaPublisher {
     /// the brokers in the background (a broker down shows as publishes that time out).
     pub fn connect(mut self) -> Result<Self, Error> {
         if let Some(asked) = self.too_long {
-            return Err(setup_boxed(Box::new(TimeoutTooLong { asked })));
+            // librdkafka would read a wrapped 32-bit value, not refuse it.
+            return Err(Error::invalid_config(format!(
+                "the message timeout ({asked:?}) is longer than librdkafka's \
+                 message.timeout.ms takes ({MAX_MESSAGE_TIMEOUT:?})"
+            )));
         }
         let producer: FutureProducer = self.config.create().map_err(setup)?;
         self.producer = Some(Arc::new(Producers {
@@ -304,8 +307,10 @@ impl KafkaPublisher {
         Ok(())
     }
 
-    /// Asks the brokers for the cluster's metadata within `timeout`: whether they answer.
+    /// Asks the brokers for the cluster's metadata within `timeout` (at most
+    /// [`MAX_MESSAGE_TIMEOUT`]: librdkafka takes 32-bit milliseconds): whether they answer.
     pub async fn check_connection(&self, timeout: Duration) -> Result<(), Error> {
+        let timeout = timeout.min(MAX_MESSAGE_TIMEOUT);
         let (_, producer) = self.producers()?.current();
         tokio::task::spawn_blocking(move || {
             producer
@@ -518,16 +523,23 @@ mod tests {
                 .connect()
                 .map(|_| ())
                 .unwrap_err();
-            let Error::Publisher(error) = error else {
+            let Error::InvalidConfig { reason: text } = error else {
                 panic!("{too_long:?}: {error}");
             };
-            let text = error.chain();
             assert!(text.contains("message.timeout.ms"), "{too_long:?}: {text}");
         }
         KafkaPublisher::new("127.0.0.1:1")
             .with_message_timeout(MAX_MESSAGE_TIMEOUT)
             .connect()
             .unwrap();
+        // The caller's own value, under either name, replaces the refused one.
+        for name in ["message.timeout.ms", "delivery.timeout.ms"] {
+            KafkaPublisher::new("127.0.0.1:1")
+                .with_message_timeout(50 * day)
+                .with_property(name, "60000")
+                .connect()
+                .unwrap();
+        }
     }
 
     #[test]
