@@ -82,6 +82,23 @@ async fn assert_pool_is_clean(direct: &PgPool, proxied: &PgPool) {
     );
 }
 
+/// `execute` of a payment of `amount` under `key`.
+async fn pay(
+    service: &IdempotencyService<PgStore>,
+    key: IdempotencyKey,
+    amount: i32,
+) -> Outcome<i32> {
+    service
+        .execute(
+            Call::new("PAY", key, &"{}"),
+            async move |_conn: &mut sqlx::PgConnection| {
+                Ok::<_, idempotency_core::Error>(ExecutionResult::success(amount))
+            },
+        )
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_begin_dropped_on_the_wire_leaves_no_transaction_open_in_the_pool() {
     let (direct, proxied, proxy) = pools().await;
@@ -141,16 +158,7 @@ async fn an_execute_dropped_during_its_begin_leaves_no_transaction_open_in_the_p
     proxy.drop_while_held(execute).await;
     assert_pool_is_clean(&direct, &proxied).await;
     // The key was never taken: the same request runs now.
-    let outcome: Outcome<i32> = service
-        .execute(
-            Call::new("PAY", key, &"{}"),
-            async |_conn: &mut sqlx::PgConnection| {
-                Ok::<_, idempotency_core::Error>(ExecutionResult::success(2))
-            },
-        )
-        .await
-        .unwrap();
-    assert!(outcome.is_executed());
+    assert!(pay(&service, key, 2).await.is_executed());
 }
 
 /// The bounded acquire sets `lock_timeout` for its insert only (`set_config(.., true)`, i.e.
@@ -278,16 +286,7 @@ async fn an_execute_in_dropped_during_its_claim_cannot_commit_the_claim() {
     );
     until_idle(&proxied).await;
     // Nothing of it was stored: the same request runs now.
-    let outcome: Outcome<i32> = service
-        .execute(
-            Call::new("PAY", key, &"{}"),
-            async |_conn: &mut sqlx::PgConnection| {
-                Ok::<_, idempotency_core::Error>(ExecutionResult::success(2))
-            },
-        )
-        .await
-        .unwrap();
-    assert!(outcome.is_executed());
+    assert!(pay(&service, key, 2).await.is_executed());
 }
 
 /// The count of a claim that the store answered with "taken already" (or an error) is undone:
@@ -299,16 +298,7 @@ async fn an_execute_in_that_replays_leaves_a_transaction_that_commits() {
     store.create_schema().await.unwrap();
     let service = IdempotencyService::new(store);
     let key = IdempotencyKey::new("stored-before").unwrap();
-    let first: Outcome<i32> = service
-        .execute(
-            Call::new("PAY", key.clone(), &"{}"),
-            async |_conn: &mut sqlx::PgConnection| {
-                Ok::<_, idempotency_core::Error>(ExecutionResult::success(1))
-            },
-        )
-        .await
-        .unwrap();
-    assert!(first.is_executed());
+    assert!(pay(&service, key.clone(), 1).await.is_executed());
     let mut tx = service.begin().await.unwrap();
     let again: Outcome<i32> = service
         .execute_in(
