@@ -264,11 +264,12 @@ impl<S: IdempotencyStore> Tx<S> {
 
     /// A key was acquired, or its insert is about to be sent (the store's answer is not known
     /// yet): it holds a `PROCESSING` record until its outcome is stored.
-    pub(crate) fn claim_acquired(&mut self) {
+    pub(crate) fn claim_started(&mut self) {
         self.unfinished += 1;
     }
 
-    /// The outcome of an acquired key is stored.
+    /// The outcome of an acquired key is stored, or the store answered that the insert
+    /// [`claim_started`](Self::claim_started) counted took nothing.
     pub(crate) fn claim_completed(&mut self) {
         self.unfinished = self.unfinished.saturating_sub(1);
     }

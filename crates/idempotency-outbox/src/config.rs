@@ -615,8 +615,8 @@ impl RelayConfig {
         let backoffs = self.max_attempts.saturating_sub(1);
         let mut total = self.lease().saturating_mul(self.max_attempts);
         // The ceiling grows for the first `GROWING` failures at most (its exponent stops at
-        // 30), then stays: the rest is one product, not a step per attempt.
-        const GROWING: u32 = 31;
+        // `MAX_BACKOFF_EXPONENT`), then stays: the rest is one product, not a step per attempt.
+        const GROWING: u32 = MAX_BACKOFF_EXPONENT + 1;
         for failed in 1..=backoffs.min(GROWING) {
             total = total.saturating_add(self.backoff.ceiling(failed));
         }
@@ -624,6 +624,9 @@ impl RelayConfig {
         total.saturating_add(self.backoff.ceiling(GROWING + 1).saturating_mul(rest))
     }
 }
+
+/// The largest power of two [`BackoffConfig::ceiling`] multiplies `base` by.
+const MAX_BACKOFF_EXPONENT: u32 = 30;
 
 /// `outbox.relay.backoff`: exponential, with jitter, computed on the database clock.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -649,7 +652,7 @@ impl Default for BackoffConfig {
 impl BackoffConfig {
     /// The delay before attempt `failed + 1`, before jitter: `min(max, base * 2^(failed-1))`.
     pub fn ceiling(&self, failed: u32) -> Duration {
-        let exponent = failed.saturating_sub(1).min(30);
+        let exponent = failed.saturating_sub(1).min(MAX_BACKOFF_EXPONENT);
         self.base
             .checked_mul(1 << exponent)
             .unwrap_or(self.max)

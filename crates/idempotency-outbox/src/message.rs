@@ -85,7 +85,8 @@ impl NewEvent {
     /// Names are visible ASCII without `:`; values have no line breaks. Both are checked at
     /// enqueue. A header named as one of the outbox's own
     /// ([`publisher::headers`](crate::publisher::headers), in any case) is stored but not
-    /// forwarded: the outbox sends its own header of that name where the broker carries one
+    /// forwarded by the built-in publishers (NATS, RabbitMQ, Kafka; a `Publisher` of your own
+    /// gets the message's headers as stored): they send their own header of that name where the broker carries one
     /// (NATS and RabbitMQ carry the outbox id in their own message-id field, not as
     /// `Outbox-Id`).
     #[must_use]

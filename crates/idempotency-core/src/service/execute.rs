@@ -249,7 +249,7 @@ where
             // Counted before the insert is sent, undone when the store answers that it took
             // nothing: a caller's future dropped while the insert is on the wire leaves a claim
             // this `Tx` cannot see, and its commit must refuse it as any unfinished claim.
-            tx.claim_acquired();
+            tx.claim_started();
             let acquired = inner
                 .store
                 .acquire(tx.connection(), &claim)
