@@ -54,8 +54,8 @@ pub enum Error {
 /// succeeds once the entry is queued.
 pub const WRITE_BEHIND_METRIC: &str = "idempotency_cache_write_behind_entries_total";
 
-/// The counter of circuit-breaker changes of state, labels `breaker` (`requests`: reads and the
-/// `put`s that write themselves; `write_behind`: the background writer's own) and `state` (the
+/// The counter of circuit-breaker changes of state, labels `breaker` (`requests`: reads;
+/// `writes`: the `put`s that write themselves and the write-behind writer) and `state` (the
 /// state entered: `open`, `half_open`, `closed`). Each change is also logged once (see the crate
 /// docs, "Logs during an outage").
 pub const BREAKER_METRIC: &str = "idempotency_cache_breaker_transitions_total";
@@ -152,10 +152,11 @@ pub struct RedisCache<C = Client> {
     /// Every command's options: fred's own timeout, equal to `timeout` (see [`GRACE`]).
     options: Options,
     policy: FailurePolicy,
-    /// The breaker of the request path: reads, and `put`s that write their entry themselves.
+    /// The breaker of reads.
     breaker: Arc<Breaker>,
-    /// The write-behind writer's own breaker: a write-path problem (a slow batch, `OOM` or
-    /// `READONLY` replies) never opens the breaker that guards reads.
+    /// The breaker of writes (the `put`s that write their entry themselves, the write-behind
+    /// writer's batches): a write-path problem (a slow write, `OOM` or `READONLY` replies)
+    /// never opens the breaker that guards reads.
     write_breaker: Arc<Breaker>,
     counters: Arc<Counters>,
     /// Tags entries with `secret` (see [`DistributedCacheConfig::secret`]).
@@ -233,7 +234,7 @@ where
             },
             policy: config.failure_policy,
             breaker: breaker("requests", config),
-            write_breaker: breaker("write_behind", config),
+            write_breaker: breaker("writes", config),
             counters: Arc::new(Counters::default()),
             write_behind: config
                 .write_behind
@@ -276,16 +277,22 @@ where
         redis_key(&self.prefix, id)
     }
 
-    /// The state of the circuit breaker of the request path (reads, and the `put`s that write
-    /// their entry themselves).
+    /// The state of the circuit breaker of reads, which guards the request path.
     pub fn breaker_state(&self) -> BreakerState {
         self.breaker.state()
     }
 
-    /// The state of the write-behind writer's own circuit breaker (`Closed` while write-behind
-    /// is off or idle).
-    pub fn write_behind_breaker_state(&self) -> BreakerState {
+    /// The state of the circuit breaker of writes: the `put`s that write their entry
+    /// themselves and the write-behind writer's batches (`Closed` while no write failed).
+    pub fn write_breaker_state(&self) -> BreakerState {
         self.write_breaker.state()
+    }
+
+    /// The state of the circuit breaker of writes, which the write-behind writer shares with
+    /// the `put`s that write themselves.
+    #[deprecated(note = "the breaker guards every write: use `write_breaker_state`")]
+    pub fn write_behind_breaker_state(&self) -> BreakerState {
+        self.write_breaker_state()
     }
 
     /// Whether L2 serves: the request path's breaker is closed, and Redis answers a `PING`
@@ -573,7 +580,10 @@ where
                 }
             }
         };
-        self.call(&self.breaker, |commands| async move {
+        // Writes have their own breaker: `OOM` or `READONLY` replies to `SET`s, while `GET`s
+        // are answered, must not open the breaker of reads (under fail-fast, every request
+        // would be refused).
+        self.call(&self.write_breaker, |commands| async move {
             self.write(&commands, entry).await
         })
         .await

@@ -195,14 +195,14 @@ async fn failover(seeds: Seeds, write_behind: bool) {
             cache.put(&after, &record(0)).await.unwrap();
             tokio::time::sleep(Duration::from_millis(100)).await;
             if matches!(cache.get(&after).await, Ok(Some(_)))
-                && cache.write_behind_breaker_state() == (BreakerState::Closed { failures: 0 })
+                && cache.write_breaker_state() == (BreakerState::Closed { failures: 0 })
             {
                 break;
             }
             assert!(
                 started.elapsed() < RECOVERY,
                 "no record put after the failover reached Redis; write breaker {:?}, stats {:?}",
-                cache.write_behind_breaker_state(),
+                cache.write_breaker_state(),
                 cache.stats()
             );
         }

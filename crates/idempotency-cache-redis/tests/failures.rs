@@ -168,10 +168,11 @@ async fn redis_hanging_fail_open_is_bounded_and_the_breaker_opens() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 100);
     assert_eq!(cache.breaker_state(), BreakerState::Open);
+    assert_eq!(cache.write_breaker_state(), BreakerState::Open);
     let stats = cache.stats();
     assert_eq!(
-        stats.timeouts, 5,
-        "the breaker opened after five timeouts: {stats:?}"
+        stats.timeouts, 10,
+        "each breaker (reads, the writes after commit) opened after five timeouts: {stats:?}"
     );
     assert!(
         stats.short_circuited >= 190,

@@ -1,4 +1,5 @@
-//! Write-behind on real Redis and on the Redis Cluster: `put` answers before the write, the
+//! Write-behind on real Redis and on the Redis Cluster (and the breaker of writes it shares
+//! with the `put`s that write themselves): `put` answers before the write, the
 //! queue is bounded (a `put` that finds it full writes its entry itself, nothing is dropped), a
 //! batch closes at `max-batch`, and what is queued is written when the cache is dropped.
 
@@ -224,7 +225,7 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
     let ids = ids(2);
     cache.put(&ids[0], &record(0)).await.unwrap();
     until_stats(&cache, |s| s.unwritten == 1).await;
-    assert_eq!(cache.write_behind_breaker_state(), BreakerState::Open);
+    assert_eq!(cache.write_breaker_state(), BreakerState::Open);
     tokio::time::sleep(cool_down + Duration::from_millis(20)).await;
     let short_lived = IdempotencyRecord {
         expires_at: Some(std::time::SystemTime::now() + Duration::from_millis(50)),
@@ -235,7 +236,7 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
     // The writer takes it, lingers 200 ms for more, and finds it expired.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        cache.write_behind_breaker_state(),
+        cache.write_breaker_state(),
         BreakerState::HalfOpen,
         "a batch that never reached Redis changed the breaker; {:?}",
         cache.stats()
@@ -286,10 +287,55 @@ async fn failing_write_behind_batches_do_not_open_the_breaker_of_reads() {
         cache.put(id, &record(n)).await.unwrap();
     }
     until_stats(&cache, |s| s.unwritten + s.short_circuited >= 3).await;
-    assert_eq!(cache.write_behind_breaker_state(), BreakerState::Open);
+    assert_eq!(cache.write_breaker_state(), BreakerState::Open);
     assert!(cache.stats().errors >= 2, "{:?}", cache.stats());
     for id in &ids {
         assert_eq!(cache.get(id).await.unwrap(), None, "reads are refused");
+    }
+    assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
+    assert!(cache.is_healthy().await);
+}
+
+/// The same with write-behind off: the `put`s that write their entry themselves fail, and
+/// open the breaker of writes, never the one of reads, so under fail-fast requests are still
+/// served (before: those `put`s went through the breaker of reads, which two failed `SET`s
+/// opened: every read was then `CircuitOpen`, and every request a 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_puts_do_not_open_the_breaker_of_reads() {
+    let server = OwnRedis::start(
+        "put-oom",
+        &["--maxmemory", "1", "--maxmemory-policy", "noeviction"],
+    )
+    .await;
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("put-oom")),
+        failure_policy: FailurePolicy::FailFast,
+        timeout: Duration::from_millis(500),
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: 2,
+            cool_down: Duration::from_secs(60),
+        },
+        secret: Some(support::secret()),
+        ..Default::default()
+    };
+    let cache = RedisCache::connect(&server.url(), &config).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
+        .await
+        .unwrap()
+        .unwrap();
+    let ids = ids(3);
+    for (n, id) in ids.iter().enumerate().take(2) {
+        let error = cache.put(id, &record(n)).await.unwrap_err();
+        assert!(format!("{error:?}").contains("OOM"), "{error:?}");
+    }
+    assert_eq!(cache.write_breaker_state(), BreakerState::Open);
+    let refused = cache.put(&ids[2], &record(2)).await.unwrap_err();
+    assert!(
+        matches!(refused, idempotency_core::CacheError::CircuitOpen),
+        "{refused:?}"
+    );
+    for id in &ids {
+        assert_eq!(cache.get(id).await.unwrap(), None, "reads are served");
     }
     assert_eq!(cache.breaker_state(), BreakerState::Closed { failures: 0 });
     assert!(cache.is_healthy().await);

@@ -43,7 +43,7 @@ pub mod names {
     pub const LOCAL_CACHE_EVICTIONS: &str = "idempotency_local_cache_evictions_total";
     /// Counter: L1 entries removed because their TTL or the record's `expires_at` passed.
     pub const LOCAL_CACHE_EXPIRATIONS: &str = "idempotency_local_cache_expirations_total";
-    /// Counter, labels `breaker` (`requests`, `write_behind`), `state` (`open`, `half_open`,
+    /// Counter, labels `breaker` (`requests`, `writes`), `state` (`open`, `half_open`,
     /// `closed`): the L2 cache's circuit breaker changed state (recorded by
     /// `idempotency-cache-redis`, `BREAKER_METRIC`).
     pub const CACHE_BREAKER_TRANSITIONS: &str = "idempotency_cache_breaker_transitions_total";
