@@ -19,7 +19,7 @@ use crate::sign::CacheSecret;
 /// assert_eq!(config.key_prefix, "idempotency:");
 /// # Ok::<(), serde_json::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct DistributedCacheConfig {
     /// Whether the application wires the L2 cache. Default `true`.
@@ -48,6 +48,35 @@ pub struct DistributedCacheConfig {
     /// ([`Error::NoSecret`](crate::Error::NoSecret)), as the `idempotency` facade refuses an
     /// enabled cache without one.
     pub secret: Option<CacheSecret>,
+}
+
+/// The URL without its password ([`redact_url`](idempotency_core::redact_url)), the secret
+/// hidden: settings are printed with `{:?}` in logs and traces.
+impl std::fmt::Debug for DistributedCacheConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            enabled,
+            url,
+            ttl,
+            key_prefix,
+            failure_policy,
+            timeout,
+            circuit_breaker,
+            write_behind,
+            secret,
+        } = self;
+        f.debug_struct("DistributedCacheConfig")
+            .field("enabled", enabled)
+            .field("url", &url.as_deref().map(idempotency_core::redact_url))
+            .field("ttl", ttl)
+            .field("key_prefix", key_prefix)
+            .field("failure_policy", failure_policy)
+            .field("timeout", timeout)
+            .field("circuit_breaker", circuit_breaker)
+            .field("write_behind", write_behind)
+            .field("secret", secret)
+            .finish()
+    }
 }
 
 impl Default for DistributedCacheConfig {
@@ -140,5 +169,23 @@ impl Default for WriteBehindConfig {
             max_batch: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             linger: Duration::from_millis(1),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DistributedCacheConfig;
+
+    /// Settings are printed with `{:?}` (logs, `#[instrument]`): the Redis password is not
+    /// (before: derived `Debug`, `url: Some("redis://:hunter2@…")`), nor the secret.
+    #[test]
+    fn debug_output_hides_the_password() {
+        let config = DistributedCacheConfig {
+            url: Some("redis://:hunter2@cache:6379/0".to_owned()),
+            ..DistributedCacheConfig::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("redis://:***@cache:6379/0"), "{shown}");
     }
 }

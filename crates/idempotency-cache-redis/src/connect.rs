@@ -13,7 +13,8 @@ use fred::types::config::{Server, ServerConfig};
 use crate::cache::{Error, RedisCache};
 use crate::config::DistributedCacheConfig;
 use crate::refresh::Refresh;
-use crate::url::{client_config, redacted};
+use crate::url::client_config;
+use idempotency_core::redact_url;
 
 /// Bound on each TCP probe of a cluster seed at start-up.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -66,7 +67,9 @@ impl RedisCache<Client> {
         if let ServerConfig::Clustered { hosts, .. } = &fred_config.server
             && !hosts.iter().any(answers)
         {
-            return Err(Error::Unreachable { url: redacted(url) });
+            return Err(Error::Unreachable {
+                url: redact_url(url),
+            });
         }
         let client = Builder::from_config(fred_config)
             .with_connection_config(|c| {

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use idempotency::core::redact_url;
 use idempotency::outbox::config::OutboxConfig;
 use idempotency::{IdempotencyConfig, Loader, Settings};
 use serde::Deserialize;
@@ -62,53 +63,15 @@ impl Backend {
             _ => Err(CliError::Usage(format!(
                 "--database-url {}: unknown scheme {scheme:?}; expected postgres://, sqlite:, \
                  mysql:// or mariadb://",
-                redact(url)
+                redact_url(url)
             ))),
         }
     }
 }
 
-/// The URL to name in messages: without its password, nor its query (which may carry one,
-/// `?password=`, or another secret). Where the URL is ambiguous (an `@` in its query), more
-/// is hidden, never less.
-pub(crate) fn redact(url: &str) -> String {
-    let Some(scheme) = url.find("://") else {
-        // A SQLite path names no credentials; any other URL without `//` is malformed (a
-        // typo such as `postgres:u:secret@h/db`), and may still hold a password.
-        return match url.split_once(':') {
-            Some((scheme, _)) if !scheme.eq_ignore_ascii_case("sqlite") => format!("{scheme}:…"),
-            _ => url.to_owned(),
-        };
-    };
-    let (head, rest) = url.split_at(scheme + 3);
-    let (user, tail) = match rest.rfind('@') {
-        Some(at) => {
-            let user = rest[..at]
-                .split([':', '@', '/', '?'])
-                .next()
-                .unwrap_or_default();
-            (Some(user), &rest[at + 1..])
-        }
-        None => (None, rest),
-    };
-    let mut text = head.to_owned();
-    if let Some(user) = user {
-        text.push_str(user);
-        text.push_str(":***@");
-    }
-    match tail.split_once('?') {
-        Some((before, _)) => {
-            text.push_str(before);
-            text.push_str("?…");
-        }
-        None => text.push_str(tail),
-    }
-    text
-}
-
 fn unreachable(url: &str, error: &dyn std::error::Error) -> CliError {
     CliError::Unreachable {
-        url: redact(url),
+        url: redact_url(url),
         reason: crate::error::chain(error),
     }
 }
@@ -138,7 +101,7 @@ pub(crate) async fn sqlite(url: &str, create: bool) -> Result<sqlx::SqlitePool, 
         .map_err(|e| {
             CliError::Usage(format!(
                 "--database-url {}: {}",
-                redact(url),
+                redact_url(url),
                 crate::error::chain(&e)
             ))
         })?
@@ -149,34 +112,3 @@ pub(crate) async fn sqlite(url: &str, create: bool) -> Result<sqlx::SqlitePool, 
 }
 
 use idempotency::sqlx;
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn passwords_and_queries_are_hidden() {
-        for (url, shown) in [
-            ("postgres://u:p@h/db", "postgres://u:***@h/db"),
-            ("postgres://u@h/db", "postgres://u:***@h/db"),
-            ("postgres://h:5432/db", "postgres://h:5432/db"),
-            (
-                "postgres://u:p@h/db?password=x&sslmode=require",
-                "postgres://u:***@h/db?…",
-            ),
-            ("postgres://h/db?password=x", "postgres://h/db?…"),
-            ("mysql://u:p@h/db?opt=a@b", "mysql://u:***@b"),
-            ("postgres://u:p?w@h/db", "postgres://u:***@h/db"),
-            ("postgres://u@h/db?x=a@b", "postgres://u:***@b"),
-            ("sqlite:app.db", "sqlite:app.db"),
-            ("postgres:u:secret@h/db", "postgres:…"),
-            ("postgres:/u:secret@h/db", "postgres:…"),
-            (
-                "postgres://u:p@[::1]:5432/db",
-                "postgres://u:***@[::1]:5432/db",
-            ),
-        ] {
-            assert_eq!(redact(url), shown, "{url}");
-        }
-    }
-}

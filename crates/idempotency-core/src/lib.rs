@@ -12,6 +12,7 @@ mod key;
 pub mod lease;
 pub mod metrics;
 mod record;
+mod redact;
 mod result;
 mod serializer;
 mod service;
@@ -36,6 +37,7 @@ pub use key::{
 pub use lease::{FencingToken, LeaseClaim, LeasedClaims};
 pub use metrics::{IdempotencyMetrics, NoopMetrics};
 pub use record::{IdempotencyRecord, RecordStatus, StoredOutcome, UnknownStatus};
+pub use redact::redact_url;
 pub use result::{ExecutionResult, Level, Origin, Outcome, Rejection};
 pub use serializer::{
     JsonSerializer, MAX_REJECTION_CODE_LEN, ResultSerializer, SerializationError,

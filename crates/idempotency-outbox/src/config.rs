@@ -115,7 +115,7 @@ pub const DEFAULT_NATS_SUBJECT: &str = "outbox.{aggregate_type}.{event_type}";
 pub const DEFAULT_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
 
 /// `outbox.publisher.nats`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct NatsPublisherConfig {
     /// The server, `nats://host:4222`. Required.
@@ -125,6 +125,23 @@ pub struct NatsPublisherConfig {
     pub subject: String,
     /// The JetStream stream that stores the subjects.
     pub stream: NatsStreamConfig,
+}
+
+/// The URL without its password or token ([`redact_url`](idempotency_core::redact_url)):
+/// settings are printed with `{:?}` in logs and traces.
+impl std::fmt::Debug for NatsPublisherConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            url,
+            subject,
+            stream,
+        } = self;
+        f.debug_struct("NatsPublisherConfig")
+            .field("url", &idempotency_core::redact_url(url))
+            .field("subject", subject)
+            .field("stream", stream)
+            .finish()
+    }
 }
 
 impl Default for NatsPublisherConfig {
@@ -155,7 +172,7 @@ pub struct NatsStreamConfig {
 }
 
 /// `outbox.publisher.rabbitmq`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct RabbitMqPublisherConfig {
     /// The broker, `amqp://user:password@host:5672/%2f`. Required.
@@ -173,6 +190,27 @@ pub struct RabbitMqPublisherConfig {
     /// the broker confirms slowly. At least 1, and at most the broker's `channel_max`
     /// (checked at start-up).
     pub channels: Option<usize>,
+}
+
+/// The URL without its password or token ([`redact_url`](idempotency_core::redact_url)):
+/// settings are printed with `{:?}` in logs and traces.
+impl std::fmt::Debug for RabbitMqPublisherConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            url,
+            exchange,
+            routing_key,
+            create,
+            channels,
+        } = self;
+        f.debug_struct("RabbitMqPublisherConfig")
+            .field("url", &idempotency_core::redact_url(url))
+            .field("exchange", exchange)
+            .field("routing_key", routing_key)
+            .field("create", create)
+            .field("channels", channels)
+            .finish()
+    }
 }
 
 impl Default for RabbitMqPublisherConfig {
@@ -465,6 +503,15 @@ pub struct RelayConfig {
     pub lease_margin: Duration,
     /// Attempts before a message is dead-lettered. Default `10`.
     pub max_attempts: u32,
+    /// How long an event refused by a full destination
+    /// ([`PublishErrorKind::Full`](crate::PublishErrorKind::Full): a stream or queue at its
+    /// limit) is retried past `max-attempts`, counted from when it was written: its refusals
+    /// count as attempts and back off like any failure, but it is dead-lettered only once it
+    /// has waited this long too, so a consumer that falls behind for less does not turn the
+    /// backlog into dead letters. `0s` dead-letters it after `max-attempts`, like any other
+    /// failure. Default `24h`.
+    #[serde(with = "humantime_serde")]
+    pub full_patience: Duration,
     /// Delay between attempts.
     pub backoff: BackoffConfig,
     /// How long a graceful shutdown waits for in-flight batches. Default `30s`; `0s` is
@@ -489,6 +536,7 @@ impl Default for RelayConfig {
             publish_timeout: Duration::from_secs(5),
             lease_margin: Duration::from_secs(5),
             max_attempts: 10,
+            full_patience: Duration::from_secs(24 * 60 * 60),
             backoff: BackoffConfig::default(),
             shutdown_timeout: Duration::from_secs(30),
             stats_interval: Duration::from_secs(15),
@@ -551,6 +599,7 @@ impl RelayConfig {
             ("relay.backoff.max", self.backoff.max),
             ("relay.stats-interval", self.stats_interval),
             ("relay.shutdown-timeout", self.shutdown_timeout),
+            ("relay.full-patience", self.full_patience),
         ] {
             if value > MAX_RELAY_DURATION {
                 return Err(Error::invalid_config(format!(
@@ -607,11 +656,43 @@ impl RelayConfig {
 
     /// The longest time between a message's first and last publish attempt by this relay
     /// configuration, failures of the message's own counted: every lease plus every backoff at
-    /// its maximum (jitter only shortens them). A broker outage adds its length (its failures
-    /// do not count towards `max-attempts`). A consumer inbox must keep ids longer than this
-    /// (plus the longest outage to ride out, any broker redelivery window, and any manual
-    /// requeue of dead letters).
+    /// its maximum (jitter only shortens them), plus, with a non-zero `full-patience`, that
+    /// patience and one more `backoff.max` (a full destination's refusals go on until the
+    /// event has waited that long, then the attempts left). A broker outage adds its length
+    /// (its failures do not count towards `max-attempts`). A consumer inbox must keep ids
+    /// longer than this (plus the longest outage to ride out, any broker redelivery window,
+    /// and any manual requeue of dead letters).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_outbox::config::RelayConfig;
+    ///
+    /// let relay = RelayConfig {
+    ///     max_attempts: 2,
+    ///     full_patience: Duration::ZERO,
+    ///     ..RelayConfig::default()
+    /// };
+    /// // Two leases of 10s and the backoff of 1s between them.
+    /// assert_eq!(relay.retry_horizon(), Duration::from_secs(21));
+    /// let patient = RelayConfig {
+    ///     full_patience: Duration::from_secs(3600),
+    ///     ..relay
+    /// };
+    /// // And an hour of a full destination, then one more backoff at its maximum (5m).
+    /// assert_eq!(patient.retry_horizon(), Duration::from_secs(21 + 3600 + 300));
+    /// ```
     pub fn retry_horizon(&self) -> Duration {
+        let counted = self.counted_horizon();
+        if self.full_patience.is_zero() {
+            return counted;
+        }
+        counted
+            .saturating_add(self.full_patience)
+            .saturating_add(self.backoff.max)
+    }
+
+    /// [`retry_horizon`](Self::retry_horizon) without `full-patience`.
+    fn counted_horizon(&self) -> Duration {
         let backoffs = self.max_attempts.saturating_sub(1);
         let mut total = self.lease().saturating_mul(self.max_attempts);
         // The ceiling grows for the first `GROWING` failures at most (its exponent stops at
@@ -765,6 +846,31 @@ impl InboxConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Settings are printed with `{:?}` (logs, `#[instrument]`): the brokers' passwords and
+    /// tokens are not (before: derived `Debug`, the URL as written).
+    #[test]
+    fn debug_output_hides_the_brokers_passwords() {
+        let nats = NatsPublisherConfig {
+            url: "nats://s3cret-token@nats:4222".to_owned(),
+            ..NatsPublisherConfig::default()
+        };
+        let rabbitmq = RabbitMqPublisherConfig {
+            url: "amqp://guest:s3cret@mq:5672/%2f".to_owned(),
+            ..RabbitMqPublisherConfig::default()
+        };
+        let config = OutboxConfig {
+            publisher: Some(PublisherConfig::Rabbitmq(rabbitmq)),
+            ..OutboxConfig::default()
+        };
+        for shown in [format!("{nats:?}"), format!("{config:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(
+                shown.contains("@nats:4222") || shown.contains("guest:***@mq:5672"),
+                "{shown}"
+            );
+        }
+    }
 
     #[test]
     fn defaults_and_kebab_case() {
@@ -943,6 +1049,7 @@ mod tests {
         std::thread::spawn(move || {
             let relay = RelayConfig {
                 max_attempts: u32::MAX,
+                full_patience: Duration::ZERO,
                 ..RelayConfig::default()
             };
             sender.send(relay.retry_horizon()).unwrap();
@@ -965,6 +1072,7 @@ mod tests {
                 let relay = RelayConfig {
                     max_attempts,
                     backoff: backoff.clone(),
+                    full_patience: Duration::ZERO,
                     ..RelayConfig::default()
                 };
                 let by_attempt = (1..max_attempts).fold(
@@ -990,6 +1098,7 @@ mod tests {
                 base: Duration::from_secs(10),
                 max: Duration::from_secs(15),
             },
+            full_patience: Duration::ZERO,
             ..RelayConfig::default()
         };
         // 3 leases of 2s + backoffs 10s and 15s
@@ -1001,6 +1110,17 @@ mod tests {
         assert!(inbox.check_against(&relay).is_err());
         inbox.retention = Duration::from_secs(32);
         inbox.check_against(&relay).unwrap();
+        // A full destination's refusals go on for full-patience (100s), then one more
+        // backoff.max (15s) and the counted attempts.
+        let patient = RelayConfig {
+            full_patience: Duration::from_secs(100),
+            ..relay
+        };
+        assert_eq!(patient.retry_horizon(), Duration::from_secs(31 + 100 + 15));
+        inbox.retention = Duration::from_secs(146);
+        assert!(inbox.check_against(&patient).is_err());
+        inbox.retention = Duration::from_secs(147);
+        inbox.check_against(&patient).unwrap();
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest pending row; a rising value means a stuck relay |
 //! | `outbox_dead_lettered` | gauge | | dead-lettered rows |
 //! | `outbox_published_total` | counter | `destination` | messages the broker confirmed |
-//! | `outbox_publish_failures_total` | counter | `destination`, `kind` | failed publish attempts (`kind`: `unavailable`, `rejected`, `timeout`, `invalid`, `panicked`, `other`) |
+//! | `outbox_publish_failures_total` | counter | `destination`, `kind` | failed publish attempts (`kind`: `unavailable`, `rejected`, `full`, `timeout`, `invalid`, `panicked`, `other`) |
 //! | `outbox_publish_attempts_total` | counter | `destination` | publish attempts, successful or not |
 //! | `outbox_dead_lettered_total` | counter | `destination` | messages moved to the dead letters (after their last failed publish, or by the claim after `max-attempts` claims that never completed) |
 //! | `outbox_relay_worker_panics_total` | counter | | relay worker tasks that panicked outside a publish (each is restarted) |
@@ -102,6 +102,7 @@ fn kind_label(kind: PublishErrorKind) -> &'static str {
     match kind {
         PublishErrorKind::Unavailable => "unavailable",
         PublishErrorKind::Rejected => "rejected",
+        PublishErrorKind::Full => "full",
         PublishErrorKind::Timeout => "timeout",
         PublishErrorKind::InvalidMessage => "invalid",
         PublishErrorKind::Panicked => "panicked",

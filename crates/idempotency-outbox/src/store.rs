@@ -96,9 +96,9 @@ pub struct Failure {
     /// Move the row to the dead letters instead of retrying.
     pub dead_letter: bool,
     /// The failure was the broker's, not the message's (unavailable, timed out, no stream
-    /// for the subject): the store gives back the attempt the claim counted
-    /// (`attempts - 1`), so that an outage, however long, never leads to a dead letter.
-    /// Never set together with `dead_letter`.
+    /// for the subject, a full destination within `full-patience`): the store gives back the
+    /// attempt the claim counted (`attempts - 1`), so that an outage, however long, never
+    /// leads to a dead letter. Never set together with `dead_letter`.
     pub transient: bool,
 }
 

@@ -309,6 +309,147 @@ async fn a_poison_message_is_dead_lettered_without_holding_up_other_aggregates()
     stream.delete().await;
 }
 
+/// A stream at its limit with `discard: new` refuses every publish until room is made. The
+/// refused events wait in the outbox without spending attempts (within `full-patience`), and once
+/// the stream takes messages again they go out in their aggregate's order (before: each was
+/// dead-lettered after `max-attempts`, and the aggregate's later events were left to pass it
+/// once the stream had room).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_holds_events_back_without_dead_lettering_them() {
+    use async_nats::jetstream::stream;
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 2;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::named().await;
+    stream
+        .js
+        .create_stream(stream::Config {
+            name: stream.name.clone(),
+            subjects: vec![format!("{}.>", stream.prefix)],
+            duplicate_window: Duration::from_secs(120),
+            max_messages: 2,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let events: Vec<NewEvent> = (0..4).map(|n| event("o-1", n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
+        .unwrap()
+        .spawn();
+    let refused = || async {
+        sqlx::query_scalar::<_, Option<String>>("SELECT last_error FROM outbox WHERE id = $1")
+            .bind(events[2].id())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    eventually("the third event refused by the full stream", || async {
+        refused().await.is_some()
+    })
+    .await;
+    // Counted failures (max-attempts 2, backoff at most 300ms) would have dead-lettered it
+    // several times over by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (dead, attempts): (i64, i32) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE dead_lettered_at IS NOT NULL), max(attempts) \
+         FROM outbox WHERE published_at IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let error = refused().await.unwrap_or_default();
+    assert_eq!(dead, 0, "dead-lettered by a full stream: {error}");
+    assert!(attempts <= 1, "attempts spent on a full stream: {attempts}");
+    assert!(error.contains("maximum messages exceeded"), "{error}");
+    assert_eq!(published(&pool).await, 2);
+
+    let mut info = stream
+        .js
+        .get_stream(&stream.name)
+        .await
+        .unwrap()
+        .get_info()
+        .await
+        .unwrap()
+        .config;
+    info.max_messages = -1;
+    stream.js.update_stream(info).await.unwrap();
+    eventually("all four published once the stream has room", || async {
+        published(&pool).await == 4
+    })
+    .await;
+    handle.shutdown().await;
+    let sent: Vec<String> = stream
+        .read(4)
+        .await
+        .iter()
+        .map(|m| header(m, "Nats-Msg-Id").unwrap().to_owned())
+        .collect();
+    let committed: Vec<String> = events.iter().map(|e| e.id().to_string()).collect();
+    assert_eq!(sent, committed, "the aggregate's events in commit order");
+    stream.delete().await;
+}
+
+/// `full-patience` bounds a full destination's hold: a stream that stays full (as for a
+/// message larger than its `max_bytes`, refused for good under the same answer) counts the
+/// event's refusals once it has waited that long, and dead-letters it after `max-attempts`
+/// of them, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_full_for_longer_than_the_patience_dead_letters_the_event() {
+    use async_nats::jetstream::stream;
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 2;
+    config.relay.full_patience = Duration::from_secs(2);
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::named().await;
+    stream
+        .js
+        .create_stream(stream::Config {
+            name: stream.name.clone(),
+            subjects: vec![format!("{}.>", stream.prefix)],
+            duplicate_window: Duration::from_secs(120),
+            max_messages: 1,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let events: Vec<NewEvent> = (0..2).map(|n| event("o-1", n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
+        .unwrap()
+        .spawn();
+    eventually("the second event dead-lettered", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT dead_lettered_at IS NOT NULL FROM outbox WHERE id = $1",
+        )
+        .bind(events[1].id())
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    handle.shutdown().await;
+    let (waited, attempts, error): (f64, i32, String) = sqlx::query_as(
+        "SELECT extract(epoch FROM dead_lettered_at - created_at)::float8, attempts, last_error \
+         FROM outbox WHERE id = $1",
+    )
+    .bind(events[1].id())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        waited >= 2.0,
+        "dead-lettered before the patience: {waited}s"
+    );
+    assert!(attempts >= 2, "{attempts}");
+    assert!(error.contains("maximum messages exceeded"), "{error}");
+    assert_eq!(published(&pool).await, 1);
+    stream.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listen_wakes_an_idle_relay_long_before_its_poll_interval() {
     let mut config = config(Ordering::Ordered);

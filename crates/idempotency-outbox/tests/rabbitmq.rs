@@ -543,6 +543,70 @@ async fn an_outage_longer_than_every_attempt_dead_letters_nothing_and_keeps_orde
     queue.delete().await;
 }
 
+/// A queue at its `x-max-length` with `x-overflow: reject-publish` answers every publish with
+/// a negative confirm until a consumer makes room. The refused events wait in the outbox
+/// without spending attempts (within `full-patience`), then go out in their aggregate's order (before:
+/// each was dead-lettered after `max-attempts`, and the aggregate's later events were left to
+/// pass it once the queue had room).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_holds_events_back_without_dead_lettering_them() {
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 2;
+    let (pool, outbox) = outbox(&config).await;
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(2));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString(LongString::from("reject-publish")),
+    );
+    let queue = TestQueue::with_arguments(arguments).await;
+    let events: Vec<NewEvent> = (1..=4).map(|n| event("o-1", n)).collect();
+    commit(&pool, &outbox, &events).await;
+    let url = idempotency_testing::amqp_url();
+    let handle = Relay::new(outbox.clone(), publisher(&url, &queue), &config)
+        .unwrap()
+        .spawn();
+    let refused = || async {
+        sqlx::query_scalar::<_, Option<String>>("SELECT last_error FROM outbox WHERE id = $1")
+            .bind(events[2].id())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    eventually("the third event refused by the full queue", || async {
+        refused().await.is_some()
+    })
+    .await;
+    // Counted failures (max-attempts 2, backoff at most 300ms) would have dead-lettered it
+    // several times over by now.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let dead = scalar_i64(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
+    )
+    .await;
+    let error = refused().await.unwrap_or_default();
+    assert_eq!(dead, 0, "dead-lettered by a full queue: {error}");
+    let attempts = scalar_i64(&pool, "SELECT max(attempts)::int8 FROM outbox").await;
+    assert!(attempts <= 1, "attempts spent on a full queue: {attempts}");
+    assert!(error.contains("negative confirm"), "{error}");
+    assert_eq!(published(&pool).await, 2);
+
+    let mut consumer = queue.consumer().await;
+    let deliveries = TestQueue::receive(&mut consumer, events.len()).await;
+    eventually("all four marked", || async { published(&pool).await == 4 }).await;
+    let report = handle.shutdown().await;
+    assert_eq!(report.totals.dead_lettered, 0);
+    let sent: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    let committed: Vec<String> = events.iter().map(|e| e.id().to_string()).collect();
+    assert_eq!(sent, committed, "the aggregate's events in commit order");
+    queue.delete().await;
+}
+
 /// A body over the publisher's `max-message-size` (set to the broker's `max_message_size`) is
 /// refused before anything is sent and dead-lettered at its first attempt; the broker would
 /// close the channel with reply 406 instead. The other messages go out.

@@ -806,7 +806,7 @@ pub(crate) async fn redis_cache(
         Err(_) => connect(),
     };
     connected.map(Some).map_err(|source| Error::Redis {
-        url: redact(&url),
+        url: idempotency_core::redact_url(&url),
         source,
     })
 }
@@ -833,26 +833,6 @@ async fn disconnect(cache: &DistributedTier) {
     }
     #[cfg(not(feature = "redis"))]
     let _ = cache;
-}
-
-/// `url` without its password.
-#[cfg(feature = "redis")]
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &credentials[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 impl<P> Builder<'_, P>

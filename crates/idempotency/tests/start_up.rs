@@ -217,6 +217,28 @@ async fn degenerate_values_are_refused_naming_their_key() {
     }
 }
 
+/// A Redis URL the client cannot use is refused naming it without its password or token, in
+/// every form (before: `redis-cluster://hunter2@…`, a user name alone, was shown as written,
+/// beside the cache crate's redacted copy), and the settings' `Debug` hides it too.
+#[tokio::test]
+async fn a_redis_url_that_cannot_work_is_refused_without_its_secret() {
+    for url in [
+        "redis-cluster://hunter2@127.0.0.1:notaport",
+        "redis://:hunter2@127.0.0.1:notaport",
+    ] {
+        let yaml = format!(
+            "idempotency:\n  persistence:\n    schema:\n      mode: create\n  distributed-cache:\n    url: {url}\n    secret: tests-only-secret-0123456789abcdef\n"
+        );
+        let message = refusal(&yaml).await;
+        assert!(!message.contains("hunter2"), "{url}: {message}");
+        assert!(message.contains("***@127.0.0.1"), "{url}: {message}");
+        let settings = try_settings(&yaml).unwrap();
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("tests-only-secret"), "{shown}");
+    }
+}
+
 // ---- item 8: SQLite has no per-key in-flight wait ----
 
 #[tokio::test]

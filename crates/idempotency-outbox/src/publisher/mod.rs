@@ -149,8 +149,17 @@ pub enum PublishErrorKind {
     /// subject). Retried with backoff, without counting towards `max-attempts`
     /// ([`is_transient`](Self::is_transient)).
     Unavailable,
-    /// The broker refused the message (negative confirm, unroutable, too large).
+    /// The broker refused the message (unroutable, too large).
     Rejected,
+    /// The destination has no room now: a JetStream stream with `discard: new` at one of its
+    /// limits (or JetStream out of resources), a RabbitMQ negative confirm (a queue at its
+    /// `x-max-length` with `x-overflow: reject-publish`). Counted and retried with the
+    /// message's growing backoff like `Rejected`, but not dead-lettered after `max-attempts`
+    /// until the event has waited `relay.full-patience` since it was written: a consumer that
+    /// falls behind for a while does not turn a backlog into dead letters, and the aggregate's
+    /// later events wait behind it, in order. The patience bounds what the broker refuses for
+    /// good under the same answer (a message larger than the stream's `max_bytes`).
+    Full,
     /// No confirmation within `publish-timeout`. Retried without counting towards
     /// `max-attempts` ([`is_transient`](Self::is_transient)).
     Timeout,
@@ -185,6 +194,7 @@ impl fmt::Display for PublishErrorKind {
         f.write_str(match self {
             Self::Unavailable => "broker unavailable",
             Self::Rejected => "rejected by the broker",
+            Self::Full => "destination full",
             Self::Timeout => "publish timed out",
             Self::InvalidMessage => "message invalid for the broker",
             Self::Panicked => "publisher panicked",

@@ -11,6 +11,11 @@
 //! [`InvalidMessage`](PublishErrorKind::InvalidMessage), which the relay dead-letters at its
 //! first attempt: a header it cannot carry, a subject a placeholder rendered with whitespace,
 //! payload and headers over the server's `max_payload`.
+//!
+//! A stream that takes no message now (`discard: new` at its `max-msgs`, `max-bytes` or
+//! per-subject limit, or JetStream out of resources) is [`Full`](PublishErrorKind::Full):
+//! the events wait in the outbox, in order, until the stream has room, and are dead-lettered
+//! only once they have also waited `relay.full-patience`.
 
 use std::str::FromStr;
 
@@ -315,7 +320,45 @@ fn kind(error: &async_nats::jetstream::context::PublishError) -> PublishErrorKin
         // Payload and headers over the server's `max_payload`: this message never fits.
         JsKind::MaxPayloadExceeded => PublishErrorKind::InvalidMessage,
         JsKind::WrongLastMessageId | JsKind::WrongLastSequence => PublishErrorKind::Rejected,
+        JsKind::Other if takes_nothing(error) => PublishErrorKind::Full,
         _ => PublishErrorKind::Other,
+    }
+}
+
+/// The texts JetStream answers (error code 10077, "store failed") when a stream with
+/// `discard: new` is at one of its limits, or its storage is out of resources: every publish to
+/// the stream (or, for the per-subject limit, to the subject) is refused until room is made.
+/// The same code also carries refusals of one message ("message too large"), which stay the
+/// message's failure.
+const STREAM_FULL: [&str; 4] = [
+    "maximum messages exceeded",
+    "maximum bytes exceeded",
+    "maximum messages per subject exceeded",
+    "insufficient resources",
+];
+
+/// Whether JetStream refused the publish because the stream, the account or the server has no
+/// room for it now: the relay dead-letters it only after `relay.full-patience` (dead-lettered
+/// after `max-attempts`, the events of a stream full for a few minutes would be lost to their
+/// consumers, and an aggregate's later events would pass them once there is room).
+fn takes_nothing(error: &async_nats::jetstream::context::PublishError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    let Some(api) = std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+    else {
+        return false;
+    };
+    match api.error_code() {
+        ErrorCode::ACCOUNT_RESOURCES_EXCEEDED
+        | ErrorCode::INSUFFICIENT_RESOURCES
+        | ErrorCode::MEMORY_RESOURCES_EXCEEDED
+        | ErrorCode::STORAGE_RESOURCES_EXCEEDED => true,
+        // The description has no accessor of its own; `Display` starts with it.
+        ErrorCode::STREAM_STORE_FAILED => {
+            let text = api.to_string();
+            STREAM_FULL.iter().any(|full| text.starts_with(full))
+        }
+        _ => false,
     }
 }
 
@@ -461,6 +504,42 @@ mod tests {
             (SEQUENCE, headers::SEQUENCE),
         ] {
             assert_eq!(Some(made), HeaderName::from_str(text).ok(), "{text}");
+        }
+    }
+
+    /// JetStream's answer to a publish, as the server sends it.
+    fn refusal(json: &str) -> async_nats::jetstream::context::PublishError {
+        let api: async_nats::jetstream::Error = serde_json::from_str(json).unwrap();
+        async_nats::jetstream::context::PublishError::with_source(JsKind::Other, api)
+    }
+
+    /// A stream at one of its limits with `discard: new`, or JetStream out of resources,
+    /// refuses every publish until room is made: `Full`. A refusal of the message itself
+    /// stays an ordinary failure.
+    #[test]
+    fn a_full_stream_is_full_and_a_refused_message_is_not() {
+        for full in [
+            r#"{"code":503,"err_code":10077,"description":"maximum messages exceeded"}"#,
+            r#"{"code":503,"err_code":10077,"description":"maximum bytes exceeded"}"#,
+            r#"{"code":503,"err_code":10077,"description":"maximum messages per subject exceeded"}"#,
+            r#"{"code":503,"err_code":10077,"description":"insufficient resources"}"#,
+            r#"{"code":400,"err_code":10002,"description":"resource limits exceeded for account"}"#,
+            r#"{"code":503,"err_code":10023,"description":"insufficient resources"}"#,
+            r#"{"code":500,"err_code":10028,"description":"insufficient memory resources available"}"#,
+            r#"{"code":500,"err_code":10047,"description":"insufficient storage resources available"}"#,
+        ] {
+            assert_eq!(kind(&refusal(full)), PublishErrorKind::Full, "{full}");
+        }
+        for refused in [
+            r#"{"code":503,"err_code":10077,"description":"message too large"}"#,
+            r#"{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}"#,
+            r#"{"code":503}"#,
+        ] {
+            assert_eq!(
+                kind(&refusal(refused)),
+                PublishErrorKind::Other,
+                "{refused}"
+            );
         }
     }
 

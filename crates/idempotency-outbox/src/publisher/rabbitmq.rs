@@ -14,7 +14,13 @@
 //! dead-letters it at once); the connection and the other messages are not affected.
 //!
 //! The connection is opened on first use and re-opened after it broke, so a broker outage
-//! only fails publishes (which the relay retries) until the broker is back.
+//! only fails publishes (which the relay retries) until the broker is back. A negative confirm
+//! (a queue at its `x-max-length` with `x-overflow: reject-publish`, or the broker's internal
+//! error) is [`Full`](PublishErrorKind::Full): it refuses every message alike, so the events
+//! wait in the outbox, in order, until the queue has room, and are dead-lettered only once
+//! they have also waited `relay.full-patience`. (A message routed to several queues and
+//! refused by one of them was taken by the others: each retry adds a copy there.) An
+//! unroutable message is [`Rejected`](PublishErrorKind::Rejected).
 
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
@@ -105,7 +111,6 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 /// publisher.connect().await?; // optional: fail fast at startup; otherwise on first publish
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 pub struct RabbitMqPublisher {
     uri: String,
     exchange: String,
@@ -118,6 +123,21 @@ pub struct RabbitMqPublisher {
     /// its publish was dropped mid-flight, whose channel is then closed).
     channels: Box<[Mutex<Option<Channel>>]>,
     next: AtomicUsize,
+}
+
+/// The URI without its password ([`redact_url`](idempotency_core::redact_url)).
+impl std::fmt::Debug for RabbitMqPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqPublisher")
+            .field("uri", &idempotency_core::redact_url(&self.uri))
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .field("mandatory", &self.mandatory)
+            .field("destination", &self.destination)
+            .field("max_message_size", &self.max_message_size)
+            .field("channels", &self.channels.len())
+            .finish_non_exhaustive()
+    }
 }
 
 fn slots(n: usize) -> Box<[Mutex<Option<Channel>>]> {
@@ -405,17 +425,19 @@ impl Publisher for RabbitMqPublisher {
             .map_err(failed)?;
         *slot = Some(channel);
         drop(slot);
-        let refused = |what, returned: Option<lapin::message::BasicReturnMessage>| {
+        let refused = |kind, what, returned: Option<lapin::message::BasicReturnMessage>| {
             let (code, text) = returned
                 .map(|r| (r.reply_code, r.reply_text.to_string()))
                 .unwrap_or_default();
-            PublishError::new(PublishErrorKind::Rejected, Refused { what, code, text })
+            PublishError::new(kind, Refused { what, code, text })
         };
         match confirmation {
             Confirmation::Ack(None) => Ok(Ack::default()),
-            Confirmation::Ack(Some(returned)) if is_for(&returned, message) => {
-                Err(refused("unroutable", Some(returned)))
-            }
+            Confirmation::Ack(Some(returned)) if is_for(&returned, message) => Err(refused(
+                PublishErrorKind::Rejected,
+                "unroutable",
+                Some(returned),
+            )),
             // One publish in flight per channel, so this cannot be; should it be, the
             // return is not this message's, and retrying is the safe answer.
             Confirmation::Ack(Some(returned)) => Err(PublishError::new(
@@ -426,7 +448,13 @@ impl Publisher for RabbitMqPublisher {
                     text: returned.reply_text.to_string(),
                 },
             )),
-            Confirmation::Nack(returned) => Err(refused("negative confirm", returned)),
+            // A queue full with `x-overflow: reject-publish`, or the broker's internal error:
+            // every publish to that queue is refused until room is made, whatever the message.
+            Confirmation::Nack(returned) => Err(refused(
+                PublishErrorKind::Full,
+                "negative confirm",
+                returned,
+            )),
             Confirmation::NotRequested => Err(PublishError::kind_only(PublishErrorKind::Other)),
         }
     }
@@ -454,6 +482,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// The publisher's `Debug` shows its broker without the password.
+    #[test]
+    fn debug_output_hides_the_password() {
+        let publisher = RabbitMqPublisher::new("amqp://guest:s3cret@mq:5672/%2f");
+        let shown = format!("{publisher:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("amqp://guest:***@mq:5672/%2f"), "{shown}");
+    }
 
     /// AMQP header tables tell cases apart: an event's own header of an outbox name in
     /// another case would go out beside the outbox's, and an unordered event's own

@@ -22,6 +22,17 @@ pub(crate) fn delay(config: &BackoffConfig, id: Uuid, attempt: u32) -> Duration 
     config.ceiling(attempt).mul_f64(jitter(id, attempt))
 }
 
+/// The delay before the next attempt of `id`, refused by a full destination after its event
+/// waited `waited`: about as long as it has waited (within `base..=max`, with jitter), so the
+/// retries of a destination that stays full thin out as an exponential backoff's do.
+pub(crate) fn after_wait(config: &BackoffConfig, id: Uuid, waited: Duration) -> Duration {
+    let secs = waited.as_secs();
+    waited
+        .max(config.base)
+        .min(config.max)
+        .mul_f64(jitter(id, u32::try_from(secs).unwrap_or(u32::MAX)))
+}
+
 /// A broker outage as one relay sees it: since when its publishes fail transiently
 /// (unavailable, timed out) with none confirmed. A transient failure does not count towards
 /// `max-attempts`, so its backoff cannot grow with the message's attempts; it grows with the
@@ -135,6 +146,25 @@ impl Outage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A full destination's retry comes after about as long as the event has waited, within
+    /// `base..=max`, jitter halving it at most.
+    #[test]
+    fn the_delay_after_a_full_destination_follows_the_wait() {
+        let config = BackoffConfig {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        };
+        let id = Uuid::now_v7();
+        for (waited, ceiling) in [(0, 1), (10, 10), (59, 59), (600, 60), (u64::MAX, 60)] {
+            let delay = after_wait(&config, id, Duration::from_secs(waited));
+            let ceiling = Duration::from_secs(ceiling);
+            assert!(
+                delay >= ceiling / 2 && delay < ceiling,
+                "{waited}: {delay:?}"
+            );
+        }
+    }
 
     #[test]
     fn delays_stay_within_half_and_full_ceiling_and_vary() {

@@ -24,6 +24,7 @@ use crate::store::{Housekeeping, RelayStore};
 mod backoff;
 mod housekeeping;
 mod supervisor;
+mod throttle;
 mod wake;
 mod worker;
 
@@ -85,6 +86,8 @@ struct Shared<S, P> {
     wake: Notify,
     totals: Totals,
     outage: backoff::Outage,
+    /// The warning that the destination is full.
+    full_warned: throttle::Throttle,
 }
 
 /// A relay over store `S` and publisher `P`. Cheap to clone.
@@ -124,6 +127,7 @@ where
                 wake: Notify::new(),
                 totals: Totals::default(),
                 outage: backoff::Outage::default(),
+                full_warned: throttle::Throttle::default(),
             }),
         })
     }

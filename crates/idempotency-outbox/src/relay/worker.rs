@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use super::Shared;
 use super::backoff::{self, Sent};
+use crate::config::RelayConfig;
 use crate::error::Error;
 use crate::message::OutboxMessage;
 use crate::metrics;
@@ -140,7 +141,7 @@ fn stopping(stop: &watch::Receiver<bool>) -> bool {
 /// How long a worker waits for a notification before it claims again: `linger` after a claim
 /// that found rows (an enqueue that did not notify may have committed just after it; see
 /// `outbox.notify-interval`), `poll-interval` after an empty one.
-fn idle_wait(config: &crate::config::RelayConfig, found: bool) -> Duration {
+fn idle_wait(config: &RelayConfig, found: bool) -> Duration {
     if found && !config.linger.is_zero() {
         config.linger.min(config.poll_interval)
     } else {
@@ -390,6 +391,21 @@ where
                 metrics::failed(destination, error.kind(), failure.dead_letter);
                 if failure.dead_letter {
                     tracing::error!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox message dead-lettered");
+                } else if error.kind() == PublishErrorKind::Full {
+                    // Every event of a backlog is refused alike: one warning a minute at most.
+                    tracing::debug!(id = %message.id, attempts = message.attempts, error = %failure.error, "outbox destination full; will retry");
+                    if shared.full_warned.due(Instant::now(), FULL_WARNING_EVERY) {
+                        tracing::warn!(
+                            destination,
+                            error = %failure.error,
+                            "outbox destination full: it refuses publishes until room is made; \
+                             events wait in the outbox, in their aggregates' order, retried \
+                             without counting an attempt until they have waited \
+                             relay.full-patience, then dead-lettered after max-attempts \
+                             (outbox_publish_failures_total{{kind=\"full\"}} counts each refusal; \
+                             logged once a minute at most)"
+                        );
+                    }
                 } else if failure.transient {
                     // Counted; the outage is logged once, when it starts and when it ends.
                     tracing::debug!(id = %message.id, error = %failure.error, "outbox publish failed on the broker's side; will retry, not counted towards max-attempts");
@@ -448,44 +464,100 @@ fn failure<S, P: Publisher>(
         text.truncate(cut);
     }
     let config = &shared.config;
-    // The broker's failure, not the message's: retried without counting the attempt, after
-    // a delay that grows with the outage.
-    if error.kind().is_transient() {
-        let (retry_in, started) =
-            shared
-                .outage
-                .delay(&config.backoff, message.id, message.attempts, sent);
-        if started {
-            let destination = shared.publisher.destination();
-            metrics::broker_state(destination, "lost");
-            tracing::warn!(
-                destination,
-                error = %text,
-                "outbox broker lost: publishes fail on the broker's side; events wait in the \
-                 outbox and are retried (not counted towards max-attempts); further failures \
-                 are counted (outbox_publish_failures_total), not logged, until one is confirmed"
-            );
-        }
-        return Failure {
-            id: message.id,
-            error: text,
-            retry_in,
-            dead_letter: false,
-            transient: true,
+    let (retry_in, dead_letter, transient) =
+        match judge(config, error.kind(), message.attempts, waited(message)) {
+            // The broker's failure, not the message's: retried without counting the attempt,
+            // after a delay that grows with the outage.
+            Judged::Outage => {
+                let (retry_in, started) =
+                    shared
+                        .outage
+                        .delay(&config.backoff, message.id, message.attempts, sent);
+                if started {
+                    let destination = shared.publisher.destination();
+                    metrics::broker_state(destination, "lost");
+                    tracing::warn!(
+                        destination,
+                        error = %text,
+                        "outbox broker lost: publishes fail on the broker's side; events wait in \
+                         the outbox and are retried (not counted towards max-attempts); further \
+                         failures are counted (outbox_publish_failures_total), not logged, until \
+                         one is confirmed"
+                    );
+                }
+                (retry_in, false, true)
+            }
+            // No room at the destination, for this event's wait so far: not counted, retried
+            // after about as long as it has waited. Not the relay's outage state: other
+            // destinations (subjects, queues) may take messages meanwhile.
+            Judged::Full => (
+                backoff::after_wait(&config.backoff, message.id, waited(message)),
+                false,
+                true,
+            ),
+            Judged::Counted { dead_letter } => (
+                backoff::delay(&config.backoff, message.id, message.attempts),
+                dead_letter,
+                false,
+            ),
         };
-    }
-    // A message the broker can never take as it is (a name too long for it...) is not
-    // retried: it would only hold back its aggregate.
-    let dead_letter =
-        message.attempts >= config.max_attempts || error.kind() == PublishErrorKind::InvalidMessage;
     Failure {
         id: message.id,
         error: text,
-        retry_in: backoff::delay(&config.backoff, message.id, message.attempts),
+        retry_in,
         dead_letter,
-        transient: false,
+        transient,
     }
 }
+
+/// What a failed publish leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    /// The broker's failure ([`PublishErrorKind::is_transient`]): not counted, the delay
+    /// grows with the outage.
+    Outage,
+    /// The destination is full and the event has waited less than `full-patience`: not
+    /// counted, the delay grows with the event's wait.
+    Full,
+    /// Counted towards `max-attempts`.
+    Counted {
+        /// The message goes to the dead letters.
+        dead_letter: bool,
+    },
+}
+
+/// How a failure of kind `kind`, at attempt `attempts`, of an event written `waited` ago, is
+/// handled.
+fn judge(config: &RelayConfig, kind: PublishErrorKind, attempts: u32, waited: Duration) -> Judged {
+    match kind {
+        kind if kind.is_transient() => Judged::Outage,
+        // A destination with no room now: the event waits (and its aggregate behind it) until
+        // it has waited `full-patience`; then its refusals count, which bounds a refusal that
+        // is for good (a message larger than the stream's `max_bytes`).
+        PublishErrorKind::Full if waited < config.full_patience => Judged::Full,
+        // A message the broker can never take as it is (a name too long for it...) is not
+        // retried: it would only hold back its aggregate.
+        PublishErrorKind::InvalidMessage => Judged::Counted { dead_letter: true },
+        _ => Judged::Counted {
+            dead_letter: attempts >= config.max_attempts,
+        },
+    }
+}
+
+/// How long ago the event was written: its age at the claim, on the database clock (the
+/// relay's clock may run ahead of it, which would cut the patience short); the relay's clock
+/// only for a store that leaves `age_at_claim` at zero (the built-in stores set it).
+fn waited(message: &OutboxMessage) -> Duration {
+    match Duration::try_from_secs_f64(message.age_at_claim) {
+        Ok(at_claim) if !at_claim.is_zero() => at_claim,
+        _ => (chrono::Utc::now() - message.created_at)
+            .to_std()
+            .unwrap_or(Duration::ZERO),
+    }
+}
+
+/// Least time between two warnings that the destination is full.
+const FULL_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 async fn retry<F, Fut>(mut call: F)
 where
@@ -517,8 +589,88 @@ where
 mod tests {
     use std::time::Duration;
 
-    use super::idle_wait;
+    use super::{Judged, idle_wait, judge, waited};
     use crate::config::RelayConfig;
+    use crate::publisher::PublishErrorKind;
+
+    /// A full destination's refusals are not counted while the event has waited less than
+    /// `full-patience`, then count like any failure (before: counted from the first, so ten
+    /// refusals over some eight minutes by default dead-lettered it). An outage is never
+    /// counted; an invalid message is dead-lettered at once; `0s` of patience counts every
+    /// refusal.
+    #[test]
+    fn a_full_destination_is_not_counted_within_the_patience() {
+        let hour = Duration::from_secs(3600);
+        let config = RelayConfig {
+            max_attempts: 3,
+            full_patience: hour,
+            ..RelayConfig::default()
+        };
+        let full = PublishErrorKind::Full;
+        let counted = |dead_letter| Judged::Counted { dead_letter };
+        assert_eq!(
+            judge(&config, full, 3, hour - Duration::from_secs(1)),
+            Judged::Full
+        );
+        assert_eq!(judge(&config, full, 9, Duration::ZERO), Judged::Full);
+        assert_eq!(
+            judge(&config, full, 2, hour),
+            counted(false),
+            "attempts left"
+        );
+        assert_eq!(judge(&config, full, 3, hour), counted(true));
+        for other in [PublishErrorKind::Rejected, PublishErrorKind::Other] {
+            assert_eq!(judge(&config, other, 2, Duration::ZERO), counted(false));
+            assert_eq!(judge(&config, other, 3, Duration::ZERO), counted(true));
+        }
+        for outage in [PublishErrorKind::Unavailable, PublishErrorKind::Timeout] {
+            assert_eq!(judge(&config, outage, 3, hour * 2), Judged::Outage);
+        }
+        assert_eq!(
+            judge(&config, PublishErrorKind::InvalidMessage, 1, Duration::ZERO),
+            counted(true)
+        );
+        let impatient = RelayConfig {
+            full_patience: Duration::ZERO,
+            ..config
+        };
+        assert_eq!(judge(&impatient, full, 3, Duration::ZERO), counted(true));
+        assert_eq!(judge(&impatient, full, 2, Duration::ZERO), counted(false));
+    }
+
+    /// The wait is the age at the claim (database clock), whatever the relay's clock says; the
+    /// relay's clock only when a store leaves the age at zero.
+    #[test]
+    fn the_wait_is_the_age_at_claim_or_the_relays_clocks() {
+        let written = chrono::Utc::now() - chrono::Duration::seconds(100);
+        let message = crate::OutboxMessage::new(
+            uuid::Uuid::now_v7(),
+            "order",
+            "o-1",
+            None,
+            "OrderPlaced",
+            "{}",
+            Default::default(),
+            written,
+            1,
+        )
+        .with_age_at_claim(5.0);
+        let at_claim = waited(&message);
+        assert_eq!(
+            at_claim,
+            Duration::from_secs(5),
+            "the database clock, though the relay's says 100s"
+        );
+        let mut message = message.with_age_at_claim(0.0);
+        let now = waited(&message);
+        assert!(
+            now >= Duration::from_secs(100) && now < Duration::from_secs(200),
+            "{now:?}"
+        );
+        message.created_at = chrono::Utc::now() + chrono::Duration::seconds(100);
+        let message = message.with_age_at_claim(-3.0);
+        assert_eq!(waited(&message), Duration::ZERO, "a clock behind, no panic");
+    }
 
     #[test]
     fn a_worker_that_found_rows_looks_again_after_linger_and_otherwise_after_the_poll() {

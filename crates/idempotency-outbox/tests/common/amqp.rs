@@ -27,6 +27,11 @@ pub struct TestQueue {
 
 impl TestQueue {
     pub async fn new() -> Self {
+        Self::with_arguments(FieldTable::default()).await
+    }
+
+    /// A queue declared with `arguments` (`x-max-length`, `x-overflow`...).
+    pub async fn with_arguments(arguments: FieldTable) -> Self {
         let connection = connect(&idempotency_testing::amqp_url()).await;
         let channel = connection.create_channel().await.unwrap();
         let name = idempotency_testing::unique_name("outbox_q");
@@ -37,7 +42,7 @@ impl TestQueue {
                     durable: true,
                     ..Default::default()
                 },
-                FieldTable::default(),
+                arguments,
             )
             .await
             .unwrap();
