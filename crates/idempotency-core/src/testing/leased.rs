@@ -6,7 +6,7 @@ use super::Capabilities;
 use super::support::{key, op};
 use crate::admin::{Eviction, Force, KeyAdmin};
 use crate::lease::{FencingToken, LeaseClaim, LeasedClaims};
-use crate::store::{Claim, LockWait};
+use crate::store::{Claim, ExpiredCleanup, LockWait};
 use crate::{Fingerprint, RecordId, RecordStatus, Scope, StoredOutcome};
 
 fn id() -> RecordId {
@@ -350,8 +350,59 @@ pub async fn leased_a_forced_eviction_ends_only_the_claim_it_names<S: LeasedClai
     );
 }
 
+/// A leased record expires no earlier than its lease: cleanup never deletes a claim whose
+/// lease is live, however short the operation's TTL (before: with a TTL shorter than the
+/// lease, cleanup deleted the claim mid-run; the next duplicate claimed the key afresh and ran
+/// the effect a second time, and the holder's completion found nothing to complete). A claim
+/// without a TTL stays without expiry.
+pub async fn leased_cleanup_never_deletes_a_live_lease<S: LeasedClaims + ExpiredCleanup>(
+    store: S,
+    _caps: Capabilities,
+) {
+    prepared(&store).await;
+    let (id, f) = (id(), fp("e"));
+    let short = Claim {
+        ttl: Some(Duration::from_secs(1)),
+        ..claim(&id, &f)
+    };
+    let token = acquire(&store, &short, LONG).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(
+        store.delete_expired_batch(100).await.expect("cleanup"),
+        0,
+        "cleanup deleted a claim whose lease is live"
+    );
+    match store.claim_leased(&short, LONG).await.expect("claim") {
+        LeaseClaim::Exists {
+            lease_left: Some(left),
+            ..
+        } => assert!(left > Duration::from_secs(30), "{left:?}"),
+        other => panic!("a live lease was claimed again: {other:?}"),
+    }
+    assert!(
+        store
+            .complete_leased(&id, token, &done("{}"), None)
+            .await
+            .expect("complete")
+            .is_some(),
+        "the holder's completion found nothing"
+    );
+    let forever = RecordId::new(op("LEASED"), Scope::default(), key("forever"));
+    let never = Claim {
+        ttl: None,
+        ..claim(&forever, &f)
+    };
+    acquire(&store, &never, SHORT).await;
+    let record = store
+        .lookup(&forever)
+        .await
+        .expect("lookup")
+        .expect("claimed");
+    assert_eq!(record.expires_at, None, "a claim without a TTL got one");
+}
+
 /// Generates the leased-claim conformance cases, for stores that implement
-/// [`LeasedClaims`](crate::lease::LeasedClaims) and [`KeyAdmin`].
+/// [`LeasedClaims`](crate::lease::LeasedClaims), [`KeyAdmin`] and [`ExpiredCleanup`].
 #[macro_export]
 macro_rules! leased_conformance_tests {
     ($factory:path, $caps:expr) => {
@@ -364,6 +415,7 @@ macro_rules! leased_conformance_tests {
             leased_a_stale_release_never_frees_a_later_claim,
             leased_completion_keeps_the_execution_span,
             leased_a_forced_eviction_ends_only_the_claim_it_names,
+            leased_cleanup_never_deletes_a_live_lease,
         );
     };
 }

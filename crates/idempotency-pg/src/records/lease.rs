@@ -113,18 +113,22 @@ impl LeasedClaims for PgStore {
         // Insert with a new token from the sequence, or take over an expired lease of the same
         // request (same fingerprint) with a new token. A live lease, a terminal record or
         // another fingerprint leave the row as it is and return nothing. `prior` tells a
-        // takeover from an insert.
+        // takeover from an insert. The record expires no earlier than its lease ends, so
+        // cleanup never deletes a live claim; without a TTL it never expires (`GREATEST`
+        // would skip the NULL).
         let upsert = self.lease_sql(|t, seq| {
+            let expires = "CASE WHEN $5::interval IS NULL THEN NULL \
+                           ELSE GREATEST(now() + $5, clock_timestamp() + $6) END";
             format!(
                 "WITH prior AS (SELECT 1 FROM {t} WHERE {KEY}) \
                  INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
                                   created_at, expires_at, lease_token, lease_expires_at) \
-                 VALUES ($1, $2, $3, $4, 'PROCESSING', now(), now() + $5, nextval('{seq}'), \
+                 VALUES ($1, $2, $3, $4, 'PROCESSING', now(), {expires}, nextval('{seq}'), \
                          clock_timestamp() + $6) \
                  ON CONFLICT (operation, scope, idempotency_key) DO UPDATE \
                  SET lease_token = nextval('{seq}'), \
                      lease_expires_at = clock_timestamp() + $6, \
-                     expires_at = now() + $5 \
+                     expires_at = {expires} \
                  WHERE {t}.status = 'PROCESSING' AND {t}.lease_token IS NOT NULL \
                    AND {t}.lease_expires_at <= clock_timestamp() AND {t}.request_hash = $4 \
                  RETURNING lease_token, EXISTS (SELECT 1 FROM prior)"

@@ -100,14 +100,17 @@ impl LeasedClaims for SqliteStore {
             format!("UPDATE {seq} SET last = last + 1 WHERE id = 1 RETURNING last")
         });
         let prior = self.lease_sql(|t, _| format!("SELECT count(*) FROM {t} WHERE {KEY}"));
+        // The record expires no earlier than its lease ends, so cleanup never deletes a live
+        // claim; without a TTL (`?5` NULL) `max` is NULL: it never expires.
         let upsert = self.lease_sql(|t, _| {
             format!(
                 "INSERT INTO {t} (operation, scope, idempotency_key, request_hash, status, \
                                   created_at, expires_at, lease_token, lease_expires_at) \
-                 VALUES (?1, ?2, ?3, ?4, 'PROCESSING', {NOW_MS}, {NOW_MS} + ?5, ?7, {NOW_MS} + ?6) \
+                 VALUES (?1, ?2, ?3, ?4, 'PROCESSING', {NOW_MS}, \
+                         max({NOW_MS} + ?5, {NOW_MS} + ?6), ?7, {NOW_MS} + ?6) \
                  ON CONFLICT (operation, scope, idempotency_key) DO UPDATE \
                  SET lease_token = ?7, lease_expires_at = {NOW_MS} + ?6, \
-                     expires_at = {NOW_MS} + ?5 \
+                     expires_at = max({NOW_MS} + ?5, {NOW_MS} + ?6) \
                  WHERE status = 'PROCESSING' AND lease_token IS NOT NULL \
                    AND lease_expires_at <= {NOW_MS} AND request_hash = ?4 \
                  RETURNING lease_token"
