@@ -493,3 +493,61 @@ async fn a_backlog_in_a_never_analysed_outbox_drains_at_a_normal_rate() {
          (None: not within 20 s)"
     );
 }
+
+/// A pool whose sessions default to `repeatable read` (`default_transaction_isolation`, as a
+/// database or role may set it).
+async fn repeatable_read_pool() -> PgPool {
+    use sqlx::Executor;
+    idempotency_testing::pg_pool_with_options(8, |options| {
+        options.after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET default_transaction_isolation = 'repeatable read'")
+                    .await?;
+                Ok(())
+            })
+        })
+    })
+    .await
+}
+
+/// Concurrent claims on a database whose default isolation is `repeatable read`: each claim
+/// runs under READ COMMITTED whatever the default, so a row another worker leased after the
+/// claim's snapshot is skipped, not a serialization failure (before: `could not serialize
+/// access due to concurrent update`, and the worker waited a poll interval after each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_do_not_fail_when_the_default_isolation_is_repeatable_read() {
+    for ordering in [Ordering::Ordered, Ordering::Unordered] {
+        let pool = repeatable_read_pool().await;
+        let table = TableName::parse("outbox").unwrap();
+        let outbox = PgOutbox::with_options(pool.clone(), table, ordering, None);
+        outbox.create_schema().await.unwrap();
+        backlog(&pool, &outbox, "rr", 1000, 1).await;
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let outbox = outbox.clone();
+                tokio::spawn(async move {
+                    let mut claimed = 0;
+                    loop {
+                        let request = ClaimRequest {
+                            ordering,
+                            ..request(10)
+                        };
+                        let batch = outbox.claim(&request).await?;
+                        if batch.messages.is_empty() {
+                            return Ok::<usize, idempotency_outbox::Error>(claimed);
+                        }
+                        claimed += batch.messages.len();
+                    }
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for worker in workers {
+            total += worker
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{ordering:?}: {e}"));
+        }
+        assert_eq!(total, 1000, "{ordering:?}: each row claimed once");
+    }
+}

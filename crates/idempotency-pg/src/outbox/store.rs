@@ -80,7 +80,18 @@ fn limit(n: u32) -> i64 {
 /// statement; half a millisecond, several on a partitioned outbox, which plans every
 /// partition). Both settings end with the transaction; the `BEGIN` carries them, so the
 /// claim costs two round trips more than a bare statement: `BEGIN`, the claim, `COMMIT`.
-const INDEX_BOUNDED: &str = "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_seqscan = off";
+///
+/// READ COMMITTED whatever `default_transaction_isolation` says ([`READ_COMMITTED`]).
+const INDEX_BOUNDED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                             SET LOCAL enable_sort = off; SET LOCAL enable_seqscan = off";
+
+/// The unordered claim's transaction. A claim must run under READ COMMITTED: `FOR UPDATE SKIP
+/// LOCKED` re-reads a row another worker leased (and committed) after the claim's snapshot
+/// and skips it; under REPEATABLE READ or SERIALIZABLE (a database's or role's
+/// `default_transaction_isolation`, which a bare statement would take) the same row is a
+/// serialization failure, and the worker waits a poll interval after each. The claim costs
+/// the `BEGIN` and `COMMIT` round trips: per batch, not per message.
+const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// A claimed row: the message, then where the ordered claim's walk over the aggregates found
 /// it (its lap and its place in that lap; `NULL` for a row from the window, and in the
@@ -189,13 +200,15 @@ impl RelayStore for PgOutbox {
                 rows
             }
             Ordering::Unordered => {
-                let mut own = self.own().await?;
+                let mut tx = crate::begin::begin_with(&self.pool, READ_COMMITTED)
+                    .await
+                    .map_err(outbox_error)?;
                 let rows =
                     claim_query(self.sql.claim_unordered.clone(), self.persistent(), request)
-                        .fetch_all(&mut *own)
+                        .fetch_all(&mut *tx)
                         .await
                         .map_err(outbox_error)?;
-                own.finish().await.map_err(outbox_error)?;
+                tx.commit().await.map_err(outbox_error)?;
                 rows
             }
         };
