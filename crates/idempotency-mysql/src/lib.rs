@@ -9,6 +9,10 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// The most rows one list statement carries: MySQL allows 65,535 placeholders, and a statement
+/// must stay well under `max_allowed_packet` (16 MiB by default) with keys of 255 bytes.
+pub(crate) const CHUNK: usize = 1000;
+
 mod admin;
 mod clock;
 mod connect;

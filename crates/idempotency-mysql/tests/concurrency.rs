@@ -409,3 +409,30 @@ async fn outcomes_nested_deeper_than_the_limit_are_refused_before_the_statement(
     assert!(stored.is_terminal());
     idempotency_mysql::MysqlStore::commit(tx).await.unwrap();
 }
+
+/// A cleanup batch larger than one statement can carry: 22,000 expired keys, three
+/// placeholders each, are deleted in statements of 1,000 keys (before: one `DELETE` with
+/// 66,000 placeholders, refused by the server, error 1390, every run the same: retention
+/// stopped for good once that many had expired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_batch_over_the_placeholder_limit_deletes_every_key() {
+    let store = fresh_store().await;
+    // Numbers 0..22000 from five tables of digits (no recursion, whose limits differ between
+    // MySQL and MariaDB).
+    sqlx::query(
+        "INSERT INTO idempotency_records (operation, scope, idempotency_key, request_hash, \
+             status, result_payload, created_at, completed_at, expires_at) \
+         WITH d (d) AS (SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                        UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 \
+                        UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9), \
+              n (i) AS (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d \
+                        FROM d a, d b, d c, d e, d f) \
+         SELECT 'OP', '', CONCAT('k-', i), 'h', 'COMPLETED', '1', UTC_TIMESTAMP(6), \
+                UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 DAY FROM n WHERE i < 22000",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(store.delete_expired_batch(30_000).await.unwrap(), 22_000);
+    assert_eq!(count(store.pool(), "idempotency_records").await, 0);
+}

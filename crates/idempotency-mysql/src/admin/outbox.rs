@@ -7,11 +7,12 @@ use idempotency_outbox::{DeadLetter, Error};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use crate::CHUNK;
 use crate::MysqlOutbox;
 use crate::clock::{NOW, micros};
 use crate::outbox::outbox_error;
 use crate::outbox::row::{DeadLetterRow, dead_letter};
-use crate::outbox::statements::{CHUNK, MESSAGE_COLUMNS};
+use crate::outbox::statements::MESSAGE_COLUMNS;
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 

@@ -274,7 +274,7 @@ impl Inbox for MysqlInbox {
             .await
             .map_err(outbox_error)?;
         let mut deleted = 0;
-        for chunk in keys.chunks(1000) {
+        for chunk in keys.chunks(crate::CHUNK) {
             let rows = vec!["(?, ?)"; chunk.len()].join(", ");
             let mut delete = sqlx::query(sql(format!(
                 "DELETE FROM {} WHERE (consumer, message_id) IN ({rows})",

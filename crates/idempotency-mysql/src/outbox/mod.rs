@@ -19,11 +19,12 @@ use uuid::Uuid;
 pub(crate) use error::{from_crate_error, in_transaction_error, outbox_error};
 pub use schema::{OUTBOX_DDL_TEMPLATE, outbox_ddl};
 
+use crate::CHUNK;
 use crate::connect::{self, in_transaction};
 use crate::error::{InTransaction, TransactionRolledBack};
 use crate::table::TableName;
 use schema::Names;
-use statements::{CHUNK, Statements};
+use statements::Statements;
 
 /// Wraps an ordered enqueue: a failure undoes the counters it bumped, and the caller's
 /// transaction goes on as if the call had not happened (MySQL undoes only the failed statement

@@ -14,9 +14,6 @@ pub(crate) const MESSAGE_COLUMNS: &str = "o.id, o.aggregate_type, o.aggregate_id
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
-/// The most rows one list statement carries (MySQL allows 65,535 placeholders).
-pub(crate) const CHUNK: usize = 1000;
-
 #[derive(Debug)]
 pub(crate) struct Statements {
     table: String,

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::MysqlOutbox;
 use super::error::outbox_error;
 use super::row::{self, ClaimRow, DeadLetterRow, MessageRow};
-use super::statements::CHUNK;
+use crate::CHUNK;
 use crate::MysqlTransaction;
 use crate::clock::micros;
 use crate::connect::{self, BEGIN_READ_COMMITTED, begin_read_committed};

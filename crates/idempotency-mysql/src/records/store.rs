@@ -529,7 +529,8 @@ impl InsertCompleted for MysqlStore {
 impl ExpiredCleanup for MysqlStore {
     /// One short READ COMMITTED transaction: the oldest expired keys through the expiry index,
     /// `FOR UPDATE SKIP LOCKED` (a row a request holds is left for the next batch, and no gap
-    /// lock blocks inserts), then one `DELETE` of those keys by primary key.
+    /// lock blocks inserts), then `DELETE`s of those keys by primary key, [`CHUNK`](crate::CHUNK)
+    /// keys each (a batch of 21,846 keys or more would pass MySQL's 65,535 placeholders).
     async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
         let mut tx = begin_read_committed(&self.pool)
             .await
@@ -543,16 +544,19 @@ impl ExpiredCleanup for MysqlStore {
             tx.rollback().await.map_err(store_error)?;
             return Ok(0);
         }
-        let sql: SqlStr = self.sql.delete_keys(keys.len());
-        let mut delete = sqlx::query(sql);
-        for (operation, scope, key) in &keys {
-            delete = delete.bind(operation).bind(scope).bind(key);
+        let mut deleted = 0;
+        for chunk in keys.chunks(crate::CHUNK) {
+            let sql: SqlStr = self.sql.delete_keys(chunk.len());
+            let mut delete = sqlx::query(sql);
+            for (operation, scope, key) in chunk {
+                delete = delete.bind(operation).bind(scope).bind(key);
+            }
+            deleted += delete
+                .execute(&mut *tx)
+                .await
+                .map_err(store_error)?
+                .rows_affected();
         }
-        let deleted = delete
-            .execute(&mut *tx)
-            .await
-            .map_err(store_error)?
-            .rows_affected();
         tx.commit().await.map_err(store_error)?;
         Ok(deleted)
     }
