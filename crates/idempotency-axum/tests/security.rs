@@ -17,8 +17,8 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use idempotency_axum::{IdempotencyLayer, SharedScope};
 use idempotency_core::{
-    CacheError, IdempotencyMetrics, IdempotencyRecord, IdempotencyService, LeasedClaims, Level,
-    LocalCache, RecordId, RecordStatus, StoredOutcome,
+    CacheError, IdempotencyMetrics, IdempotencyRecord, IdempotencyService, InFlightPolicy,
+    LeasedClaims, Level, LocalCache, RecordId, RecordStatus, ServiceOptions, StoredOutcome,
 };
 use idempotency_pg::PgStore;
 use idempotency_sqlite::SqliteStore;
@@ -371,6 +371,71 @@ async fn duplicates_beyond_the_waiters_of_a_key_answer_409_without_a_connection(
     .await
     .expect("another key's request gets the spare connection");
     assert_eq!(other.status, StatusCode::CREATED, "{}", other.text());
+    assert!(!holder.is_finished(), "the holder still runs");
+    release.notify_one();
+    assert_eq!(holder.await.unwrap().status, StatusCode::CREATED);
+    let mut statuses = Vec::new();
+    for duplicate in duplicates {
+        let reply = duplicate.await.unwrap();
+        if reply.status == StatusCode::CONFLICT {
+            assert!(reply.header("retry-after").is_some());
+        } else {
+            assert!(reply.is_replay(), "{}", reply.text());
+        }
+        statuses.push(reply.status.as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 201, 409, 409, 409, 409]);
+}
+
+/// The same bound in leased mode, where a duplicate waits by polling the store (a statement
+/// per poll): beyond the holder and its two waiters, copies answer `409` with `Retry-After`
+/// at once (before: every copy polled until the in-flight timeout, 5 s here, each poll on the
+/// shared pool), and the waiters replay the holder's response.
+#[tokio::test]
+async fn leased_duplicates_beyond_the_waiters_of_a_key_answer_409_at_once() {
+    let fresh = fresh().await;
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let handler = {
+        let (entered, release) = (Arc::clone(&entered), Arc::clone(&release));
+        move || async move {
+            entered.notify_one();
+            release.notified().await;
+            (StatusCode::CREATED, "done")
+        }
+    };
+    let service = IdempotencyService::builder(fresh.store.clone())
+        .config(ServiceOptions {
+            in_flight: InFlightPolicy::Wait {
+                timeout: Some(Duration::from_secs(5)),
+            },
+            ..ServiceOptions::default()
+        })
+        .build();
+    let app = Router::new().route("/payments", post(handler)).route_layer(
+        IdempotencyLayer::new(service)
+            .scope::<SharedScope>()
+            .max_waiters_per_key(2)
+            .leased(Duration::from_secs(30)),
+    );
+    let spawn = || {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, Method::POST, "slow-leased").await })
+    };
+    let holder = spawn();
+    entered.notified().await;
+    let mut duplicates: Vec<_> = (0..2).map(|_| spawn()).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the two waiters are polling
+    duplicates.extend((0..4).map(|_| spawn()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while duplicates.iter().filter(|d| d.is_finished()).count() < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "four duplicates refused at once"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(!holder.is_finished(), "the holder still runs");
     release.notify_one();
     assert_eq!(holder.await.unwrap().status, StatusCode::CREATED);

@@ -185,6 +185,18 @@ where
             Ok(None) => {}
             Err(error) => return (Answer::Failed, error.into_response()),
         }
+        // Counted before the claim, released when the answer is ready: a duplicate beyond the
+        // holder and `max_waiters_per_key` waiters answers at once, instead of polling the
+        // store until the holder is done (each poll a statement on the shared pool).
+        let Some(_entered) = self.waiters.enter(&keyed.id, self.settings.max_waiters) else {
+            self.service
+                .metrics()
+                .in_flight(keyed.id.operation.as_str());
+            let problem = Problem::new(ProblemKind::InFlight)
+                .with_detail("A request with this Idempotency-Key is still being processed; retry later with the same key.")
+                .with_retry_after(Duration::from_secs(RETRY_AFTER_IN_FLIGHT));
+            return (Answer::InFlight, problem.into_response());
+        };
         let token = match self.claim(&keyed, lease).await {
             Ok(token) => token,
             Err(answer) => return answer,

@@ -262,8 +262,9 @@ impl<S, L, D, M, Z, Src, Mo> IdempotencyLayer<S, L, D, M, Z, Src, Mo> {
     }
 
     /// How many duplicates of a key in flight may wait for it at once in this process
-    /// (transactional mode; [`DEFAULT_MAX_WAITERS_PER_KEY`] unless set). Each waits on the
-    /// holder's row lock with a pooled connection; a duplicate beyond them answers `409
+    /// ([`DEFAULT_MAX_WAITERS_PER_KEY`] unless set). In transactional mode each waits on the
+    /// holder's row lock with a pooled connection; in leased mode each polls the store until
+    /// the holder's outcome (a statement per poll). A duplicate beyond them answers `409
     /// request-in-flight` with `Retry-After` at once, without a connection, so copies of one
     /// slow request cannot take the pool. `0`: no duplicate waits.
     pub fn max_waiters_per_key(self, waiters: usize) -> Self {
