@@ -31,6 +31,7 @@ const SENSITIVE_PARTS: &[&str] = &[
 /// safe to show any client holding the key.
 pub const DEFAULT_STORED_HEADERS: &[&str] = &[
     "content-type",
+    "content-encoding",
     "content-language",
     "content-disposition",
     "content-location",

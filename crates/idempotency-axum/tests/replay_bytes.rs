@@ -29,21 +29,7 @@ use idempotency_pg::PgStore;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgPool;
-use support::{Reply, send};
-
-/// An in-process L1: a map.
-#[derive(Clone, Default)]
-struct MapL1(Arc<Mutex<HashMap<RecordId, Arc<IdempotencyRecord>>>>);
-
-impl LocalCache for MapL1 {
-    fn get(&self, id: &RecordId) -> Option<Arc<IdempotencyRecord>> {
-        self.0.lock().unwrap().get(id).cloned()
-    }
-    fn put(&self, id: &RecordId, record: Arc<IdempotencyRecord>) {
-        assert!(record.is_terminal(), "a PROCESSING record reached L1");
-        self.0.lock().unwrap().insert(id.clone(), record);
-    }
-}
+use support::{MapL1, Reply, send};
 
 /// A shared L2 standing in for Redis: a map of whole records.
 #[derive(Clone, Default)]
@@ -306,4 +292,51 @@ async fn layer_replays_from_l1_are_the_first_responses_bytes_each_time() {
     );
     assert_eq!(*calls.lock().unwrap(), 2);
     assert_eq!(l1.0.lock().unwrap().len(), 2);
+}
+
+/// A response whose body is encoded (`Content-Encoding: gzip`, as a handler that relays an
+/// upstream answer or serves a compressed file sends it) replays with its encoding: the stored
+/// bytes are the encoded ones, and without the header a client would read them as the
+/// `Content-Type` says (before: `Content-Encoding` was not on the default allow-list, and the
+/// replay was gzip bytes labelled `application/json`).
+#[tokio::test]
+async fn an_encoded_body_replays_with_its_content_encoding() {
+    const GZIP: &[u8] = &[
+        0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0xab, 0xae, 0x05, 0x00, 0x43,
+        0xbf, 0xa6, 0xa3, 0x02, 0x00, 0x00, 0x00,
+    ];
+    let (_pool, store) = database().await;
+    let layer = IdempotencyLayer::new(IdempotencyService::new(store)).scope::<SharedScope>();
+    let app = Router::new()
+        .route(
+            "/exports",
+            post(|| async {
+                (
+                    StatusCode::CREATED,
+                    [
+                        (header::CONTENT_TYPE, "application/json"),
+                        (header::CONTENT_ENCODING, "gzip"),
+                    ],
+                    GZIP,
+                )
+            }),
+        )
+        .route_layer(layer);
+    let body = json!({});
+    let export = || {
+        send(
+            &app,
+            Method::POST,
+            "/exports",
+            &[("idempotency-key", b"k-gzip")],
+            Some(&body),
+        )
+    };
+    let first = export().await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let replay = export().await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.header("content-encoding"), Some("gzip"));
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+    assert_eq!(&replay.body[..], GZIP);
 }

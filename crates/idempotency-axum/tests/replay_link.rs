@@ -212,6 +212,41 @@ async fn layer_replay_links<S: Backend>(leased: bool) {
     }
 }
 
+/// Replays from L1 link too, every one of them: the first reads the stored response and keeps
+/// it prepared, the later ones answer from what was prepared (before: those had no link).
+async fn l1_replays_link<S: Backend>() {
+    let traces = Traces::install();
+    let (store, _cleanup) = S::fresh().await;
+    let service = IdempotencyService::builder(store.clone())
+        .local_cache(support::MapL1::default())
+        .build();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(|body: Bytes| async move { (StatusCode::CREATED, body) }),
+        )
+        .route_layer(IdempotencyLayer::new(service).scope::<SharedScope>());
+    let key = idempotency_testing::unique_name("l1-link");
+    let mut replayed = Vec::new();
+    for _ in 0..3 {
+        replayed.push(post_to(&app, "/charges", &key).await);
+    }
+    assert_eq!(
+        replayed,
+        [
+            (StatusCode::CREATED, false),
+            (StatusCode::CREATED, true),
+            (StatusCode::CREATED, true)
+        ]
+    );
+    store.close().await;
+    let spans = traces.spans("idempotency", 3).await;
+    let layers = named(&spans, "idempotency");
+    assert_eq!(layers.len(), 3, "the request and two replays");
+    assert_replay_links_to_the_execution(layers[0], layers[1], "outcome", "executed");
+    assert_replay_links_to_the_execution(layers[0], layers[2], "outcome", "executed");
+}
+
 /// `POST /explicit`: the handler calls `execute` (an `idempotency.execute` span per call).
 async fn explicit<S: Backend>(
     State(service): State<IdempotencyService<S>>,
@@ -310,6 +345,11 @@ macro_rules! on_every_backend {
             #[tokio::test(flavor = "current_thread")]
             async fn a_leased_replay_links_to_the_request_that_stored_it() {
                 layer_replay_links::<$store>(true).await;
+            }
+
+            #[tokio::test(flavor = "current_thread")]
+            async fn every_replay_from_l1_links_to_the_request_that_stored_it() {
+                l1_replays_link::<$store>().await;
             }
 
             #[tokio::test(flavor = "current_thread")]

@@ -174,6 +174,7 @@ where
             let metrics = self.service.metrics();
             metrics.lookup_hit(op, Level::Local);
             metrics.replayed(op, record.status());
+            link_to_execution(record);
             return (Answer::Replayed(Level::Local), replayed(stored));
         }
         self.replay_with(keyed, record, Level::Local, |stored| {
@@ -227,10 +228,7 @@ where
         match stored {
             Ok(stored) => {
                 metrics.replayed(op, record.status());
-                // The replay's (the layer's) span links to the span that stored the response.
-                if let Some(execution) = &record.execution_span {
-                    trace::link_to_execution(&tracing::Span::current(), execution);
-                }
+                link_to_execution(record);
                 // The allow-list again: a record from a cache or a store someone else can
                 // write replays only the headers this layer would have stored.
                 let stored = stored.retain_headers(&self.settings.headers);
@@ -271,6 +269,14 @@ where
         });
         let (service, id) = (self.service.clone(), id.clone());
         tx.after_commit(async move { fill_caches(&service, &id, Arc::new(record)).await });
+    }
+}
+
+/// Links the replay's (the layer's) span to the span that stored the response, on every
+/// replay, from whichever tier.
+fn link_to_execution(record: &IdempotencyRecord) {
+    if let Some(execution) = &record.execution_span {
+        trace::link_to_execution(&tracing::Span::current(), execution);
     }
 }
 

@@ -104,3 +104,33 @@ pub(crate) async fn send(
 pub(crate) async fn send_post(app: &Router, uri: &str, headers: &[(&str, &[u8])]) -> Reply {
     send(app, Method::POST, uri, headers, None).await
 }
+
+/// An in-process L1: a map.
+#[derive(Clone, Default)]
+pub(crate) struct MapL1(
+    pub(crate)  std::sync::Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<
+                idempotency_core::RecordId,
+                std::sync::Arc<idempotency_core::IdempotencyRecord>,
+            >,
+        >,
+    >,
+);
+
+impl idempotency_core::LocalCache for MapL1 {
+    fn get(
+        &self,
+        id: &idempotency_core::RecordId,
+    ) -> Option<std::sync::Arc<idempotency_core::IdempotencyRecord>> {
+        self.0.lock().unwrap().get(id).cloned()
+    }
+    fn put(
+        &self,
+        id: &idempotency_core::RecordId,
+        record: std::sync::Arc<idempotency_core::IdempotencyRecord>,
+    ) {
+        assert!(record.is_terminal(), "a PROCESSING record reached L1");
+        self.0.lock().unwrap().insert(id.clone(), record);
+    }
+}
