@@ -63,7 +63,7 @@ l2_hits() { metric idempotency_lookup_hits_total 'level="distributed"'; }
 poll() {
   while :; do
     printf '%s %s %s %s\n' "$(now_ms)" "$(redis_cluster_state "$2" || echo none)" \
-      "$(curl -s -m 1 "$DEMO_URL/health" | jq -r .cache 2>/dev/null || echo none)" "$(cache_errors)"
+      "$(curl -s -m 1 "$DEMO_URL/health" | jq -r .cache.status 2>/dev/null || echo none)" "$(cache_errors)"
     sleep 0.1
   done >"$1"
 }
@@ -88,7 +88,7 @@ fresh() { phase "$1" "$2" --fresh --key-prefix "cluster-$1-$RUN_ID"; }
 p99() { j "$1" .latency_ms.p99; }
 wait_cache_up() {
   for _ in $(seq 1 100); do
-    [ "$(curl -s "$DEMO_URL/health" | jq -r .cache)" = UP ] && return 0
+    [ "$(curl -s "$DEMO_URL/health" | jq -r .cache.status)" = UP ] && return 0
     sleep 0.2
   done
   violation "the demo did not report the cache UP within 20 s"

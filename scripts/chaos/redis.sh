@@ -32,7 +32,7 @@ cache_env=(REDIS_URL="redis://127.0.0.1:$CHAOS_REDIS_PORT"
 # Waits until the demo reports its Redis connection UP again.
 wait_cache_up() {
   for _ in $(seq 1 100); do
-    [ "$(curl -s "$DEMO_URL/health" | jq -r .cache)" = UP ] && return 0
+    [ "$(curl -s "$DEMO_URL/health" | jq -r .cache.status)" = UP ] && return 0
     sleep 0.2
   done
   violation "the demo did not reconnect to Redis within 20 s"

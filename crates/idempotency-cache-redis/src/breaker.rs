@@ -126,7 +126,7 @@ impl Inner {
 
 #[derive(Debug)]
 pub(crate) struct Breaker {
-    /// Which breaker, in logs and meters: `requests` or `write_behind`.
+    /// Which breaker, in logs and meters: `requests` (reads) or `writes`.
     name: &'static str,
     threshold: u32,
     cool_down: Duration,

@@ -7,6 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::{DistributedCacheConfig, WriteBehindConfig};
+use crate::error::Error;
 use fred::clients::Client;
 use fred::clients::WithOptions;
 use fred::error::ErrorKind;
@@ -22,29 +23,6 @@ use crate::key::redis_key;
 use crate::refresh::Refresh;
 use crate::sign::Signer;
 use crate::write_behind::{self, Entry, Queue};
-
-/// Setting up the cache failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The Redis URL or client configuration is invalid.
-    #[error("invalid Redis configuration")]
-    Config(#[source] fred::error::Error),
-    /// No node of a Redis Cluster URL accepted a connection at start-up.
-    #[error("no node of the Redis Cluster {url} accepts a connection")]
-    Unreachable {
-        /// The URL, its password replaced by `***`.
-        url: String,
-    },
-    /// The configuration has no [`secret`](DistributedCacheConfig::secret): without one,
-    /// whoever can write to the Redis could make the service replay a response of their
-    /// choosing.
-    #[error(
-        "the distributed cache has no secret: set idempotency.distributed-cache.secret \
-         (at least 32 bytes, the same in every instance sharing the Redis)"
-    )]
-    NoSecret,
-}
 
 /// The counter of write-behind entries, label `outcome`: `queued` (by `put`, for the writer),
 /// `not_queued` (the queue was full: `put` wrote the entry itself), `unwritten` (in a batch that
@@ -222,6 +200,7 @@ where
     /// ```
     pub fn new(client: C, config: &DistributedCacheConfig) -> Result<Self, Error> {
         let secret = config.secret.as_ref().ok_or(Error::NoSecret)?;
+        config.write_behind.validate()?;
         Ok(Self {
             signer: Signer::new(secret),
             client: Arc::new(RwLock::new(client)),
@@ -355,22 +334,33 @@ where
             return Err(CacheError::CircuitOpen);
         };
         let call = Box::pin(make(self.commands()));
+        // Reads alone tell whether Redis is lost or back (logged once each, `CONNECTION_METRIC`):
+        // a Redis that refuses writes (`OOM`, `READONLY`) but answers reads would otherwise be
+        // lost at every failed write and back at the next read. Failed writes open the breaker
+        // of writes, which logs its own changes of state.
+        let reads = std::ptr::eq(breaker, &*self.breaker);
         // Cancelled at this `.await`, the permit is dropped unreported: a failure.
         match tokio::time::timeout(self.timeout + GRACE, call).await {
             Ok(Ok(value)) => {
                 permit.success();
-                self.answered();
+                if reads {
+                    self.answered();
+                }
                 Ok(value)
             }
             Ok(Err(error)) if *error.kind() != ErrorKind::Timeout => {
                 permit.failure();
-                self.failed(&error);
+                if reads {
+                    self.failed(&error);
+                }
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 Err(CacheError::Backend(Box::new(error)))
             }
             Ok(Err(_)) | Err(_) => {
                 permit.failure();
-                self.failed(&format_args!("no answer within {:?}", self.timeout));
+                if reads {
+                    self.failed(&format_args!("no answer within {:?}", self.timeout));
+                }
                 self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
                 if let Some(refresh) = &self.refresh {
                     refresh.after_timeout();
@@ -470,7 +460,7 @@ where
     }
 
     /// Writes (and empties) a batch with one call: its `SET`s are sent together, under one
-    /// timeout and one permit of the writer's own breaker. Entries whose record expired while
+    /// timeout and one permit of the breaker of writes. Entries whose record expired while
     /// queued are dropped first: a batch left empty makes no call, so it can neither take nor
     /// close the breaker's trial. A failure (the first error ends the call) counts the whole
     /// batch as unwritten.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use idempotency_core::FailurePolicy;
 use serde::{Deserialize, Serialize};
 
+use crate::error::Error;
 use crate::sign::CacheSecret;
 
 /// `idempotency.distributed-cache`: the settings of [`RedisCache`](crate::RedisCache).
@@ -122,8 +123,9 @@ impl Default for CircuitBreakerConfig {
 /// Redis before the first execution answers. On, `put` queues the entry and returns; one
 /// background task per cache (started by the first `put`, in its runtime) writes the queue in
 /// batches, the `SET`s of a batch sent together (pipelined; on a cluster, per node) as one call
-/// under the cache's `timeout` and a circuit breaker of the writer's own (with the
-/// `circuit-breaker` settings), so that failing writes never open the breaker of reads. Only
+/// under the cache's `timeout` and the breaker of writes (with the `circuit-breaker`
+/// settings; the `put`s that write themselves share it), so that failing writes never open
+/// the breaker of reads. Only
 /// the writes move: reads and the failure policy are unchanged, and only committed records are
 /// ever written (the service calls `put` after the commit). A queue that is full is not a loss:
 /// `put` then writes that entry itself and waits for it (within `timeout`), as when
@@ -169,6 +171,45 @@ impl Default for WriteBehindConfig {
             max_batch: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             linger: Duration::from_millis(1),
         }
+    }
+}
+
+/// The largest write-behind queue: a million entries (each up to a stored response).
+pub const MAX_WRITE_BEHIND_CAPACITY: usize = 1 << 20;
+
+/// The largest write-behind batch, the `SET`s sent together.
+pub const MAX_WRITE_BEHIND_BATCH: usize = 10_000;
+
+impl WriteBehindConfig {
+    /// Refuses a `capacity` over [`MAX_WRITE_BEHIND_CAPACITY`] or a `max-batch` over
+    /// [`MAX_WRITE_BEHIND_BATCH`].
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    /// use idempotency_cache_redis::WriteBehindConfig;
+    ///
+    /// WriteBehindConfig::default().validate()?;
+    /// let unbounded = WriteBehindConfig {
+    ///     capacity: NonZeroUsize::MAX,
+    ///     ..WriteBehindConfig::default()
+    /// };
+    /// assert!(unbounded.validate().unwrap_err().to_string().contains("write-behind.capacity"));
+    /// # Ok::<(), idempotency_cache_redis::Error>(())
+    /// ```
+    pub fn validate(&self) -> Result<(), Error> {
+        for (property, value, max) in [
+            ("capacity", self.capacity.get(), MAX_WRITE_BEHIND_CAPACITY),
+            ("max-batch", self.max_batch.get(), MAX_WRITE_BEHIND_BATCH),
+        ] {
+            if value > max {
+                return Err(Error::WriteBehindTooLarge {
+                    property,
+                    value,
+                    max,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -10,8 +10,9 @@ use fred::prelude::{Builder, ReconnectPolicy};
 use fred::types::ConnectHandle;
 use fred::types::config::{Server, ServerConfig};
 
-use crate::cache::{Error, RedisCache};
+use crate::cache::RedisCache;
 use crate::config::DistributedCacheConfig;
+use crate::error::Error;
 use crate::refresh::Refresh;
 use crate::url::client_config;
 use idempotency_core::redact_url;

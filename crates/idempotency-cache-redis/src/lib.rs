@@ -6,6 +6,7 @@ mod cache;
 mod codec;
 mod config;
 mod connect;
+mod error;
 mod key;
 mod refresh;
 mod sign;
@@ -14,10 +15,14 @@ mod write_behind;
 
 pub use breaker::BreakerState;
 pub use cache::{
-    BREAKER_METRIC, CONNECTION_METRIC, Error, RedisCache, RedisCacheStats, WRITE_BEHIND_METRIC,
+    BREAKER_METRIC, CONNECTION_METRIC, RedisCache, RedisCacheStats, WRITE_BEHIND_METRIC,
     is_connected,
 };
-pub use config::{CircuitBreakerConfig, DistributedCacheConfig, WriteBehindConfig};
+pub use config::{
+    CircuitBreakerConfig, DistributedCacheConfig, MAX_WRITE_BEHIND_BATCH,
+    MAX_WRITE_BEHIND_CAPACITY, WriteBehindConfig,
+};
+pub use error::Error;
 pub use key::redis_key;
 pub use sign::{CacheSecret, MIN_SECRET_LEN, SecretTooShort};
 pub use url::client_config;

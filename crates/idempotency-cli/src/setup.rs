@@ -60,9 +60,11 @@ impl Backend {
             "postgres" | "postgresql" => Ok(Self::Postgres),
             "sqlite" => Ok(Self::Sqlite),
             "mysql" | "mariadb" => Ok(Self::Mysql),
+            // The URL as `redact_url` shows it, and no scheme of our own: text before a `:` that
+            // is not a scheme may be a secret (`secret@host:5432`).
             _ => Err(CliError::Usage(format!(
-                "--database-url {}: unknown scheme {scheme:?}; expected postgres://, sqlite:, \
-                 mysql:// or mariadb://",
+                "--database-url {}: unknown scheme; expected postgres://, sqlite:, mysql:// or \
+                 mariadb://",
                 redact_url(url)
             ))),
         }

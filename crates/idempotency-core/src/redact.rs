@@ -5,7 +5,8 @@
 /// one (`?password=`): `?…`. Where the URL is ambiguous (an `@` after the host, as an
 /// unencoded `/`, `?` or `#` in a password makes it), more is hidden, never less. A URL
 /// without `//` that holds an `@` (a typo such as `postgres:u:secret@h/db`) keeps only its
-/// scheme.
+/// scheme; text without a scheme at all (`token@host:4222`, which some clients take, or
+/// `host=db password=…`) is hidden whole when it holds an `@` or an `=`.
 ///
 /// ```
 /// use idempotency_core::redact_url;
@@ -17,9 +18,14 @@
 /// assert_eq!(redact_url("redis-cluster://a:7000,b:7001"), "redis-cluster://a:7000,b:7001");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some((scheme, rest)) = url
+        .split_once("://")
+        .filter(|(scheme, _)| is_scheme(scheme))
+    else {
         return match url.split_once(':') {
-            Some((scheme, _)) if url.contains('@') => format!("{scheme}:…"),
+            Some((scheme, _)) if is_scheme(scheme) && url.contains('@') => format!("{scheme}:…"),
+            Some((scheme, _)) if is_scheme(scheme) => url.to_owned(),
+            _ if url.contains(['@', '=']) => "…".to_owned(),
             _ => url.to_owned(),
         };
     };
@@ -39,6 +45,15 @@ pub fn redact_url(url: &str) -> String {
         None => hosts.to_owned(),
     };
     format!("{scheme}://{user}{hosts}")
+}
+
+/// Whether `text` is a URL scheme: a letter, then letters, digits, `+`, `-` or `.` (RFC 3986).
+fn is_scheme(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 #[cfg(test)]
@@ -79,8 +94,18 @@ mod tests {
             ("redis-cluster://a:1,b:2", "redis-cluster://a:1,b:2"),
             ("redis://a:1/x@y", "redis://a:***@y"),
             ("nats://token@n:4222", "nats://***@n:4222"),
+            ("s3cret@nats:4222", "…"),
+            ("s3cret@nats", "…"),
+            ("tok@a:4222,nats://b:4222", "…"),
+            ("host=db user=u password=s3cret", "…"),
+            ("nats:4222", "nats:4222"),
+            ("127.0.0.1:9092", "127.0.0.1:9092"),
+            (
+                "redis+unix:///tmp/r.sock?db=0",
+                "redis+unix:///tmp/r.sock?…",
+            ),
             ("", ""),
-            ("@", "@"),
+            ("@", "…"),
             ("x://@", "x://***@"),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");

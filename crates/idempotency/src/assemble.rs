@@ -675,8 +675,9 @@ fn ttl_refusal(ttl: Option<Duration>) -> Option<&'static str> {
     }
 }
 
-/// Refuses cache settings that would make the cache do nothing: zero lifetimes, a zero
-/// timeout, a breaker that could never stay closed.
+/// Refuses cache settings that would make the cache do nothing (zero lifetimes or sizes, a zero
+/// timeout, a breaker that could never stay closed) or that cannot be allocated (a write-behind
+/// queue or batch over its bound).
 fn check_caches(properties: &crate::IdempotencyConfig) -> Result<(), Error> {
     let zero = |property: &'static str, what: &str| {
         Error::property(
@@ -685,11 +686,26 @@ fn check_caches(properties: &crate::IdempotencyConfig) -> Result<(), Error> {
         )
     };
     #[cfg(feature = "moka")]
-    if properties.local_cache.ttl.is_zero() {
-        return Err(zero(
-            "idempotency.local-cache.ttl",
-            "every entry would expire as it is written",
-        ));
+    {
+        let local = &properties.local_cache;
+        if local.ttl.is_zero() {
+            return Err(zero(
+                "idempotency.local-cache.ttl",
+                "every entry would expire as it is written",
+            ));
+        }
+        if local.max_size == 0 {
+            return Err(zero(
+                "idempotency.local-cache.max-size",
+                "no entry would be kept",
+            ));
+        }
+        if local.max_bytes == 0 {
+            return Err(zero(
+                "idempotency.local-cache.max-bytes",
+                "no entry would be kept",
+            ));
+        }
     }
     #[cfg(feature = "redis")]
     {
@@ -711,6 +727,26 @@ fn check_caches(properties: &crate::IdempotencyConfig) -> Result<(), Error> {
                 "idempotency.distributed-cache.circuit-breaker.failure-threshold",
                 "must be at least 1 (the number of consecutive failures that open the breaker)",
             ));
+        }
+        let write_behind = &redis.write_behind;
+        for (property, value, max) in [
+            (
+                "idempotency.distributed-cache.write-behind.capacity",
+                write_behind.capacity.get(),
+                idempotency_cache_redis::MAX_WRITE_BEHIND_CAPACITY,
+            ),
+            (
+                "idempotency.distributed-cache.write-behind.max-batch",
+                write_behind.max_batch.get(),
+                idempotency_cache_redis::MAX_WRITE_BEHIND_BATCH,
+            ),
+        ] {
+            if value > max {
+                return Err(Error::property(
+                    property,
+                    format!("is {value}, more than the {max} it may be (allocated up front)"),
+                ));
+            }
         }
     }
     #[cfg(not(any(feature = "moka", feature = "redis")))]

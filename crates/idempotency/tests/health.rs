@@ -316,6 +316,7 @@ async fn an_open_redis_breaker_is_reported_and_the_service_stays_ready() {
     assert_eq!(report.cache.status, Status::Up, "{report:?}");
     assert_eq!(report.cache.breaker, Some(Breaker::Closed));
     assert_eq!(report.cache.consecutive_failures, Some(0));
+    assert_eq!(report.cache.write_breaker, Some(Breaker::Closed));
 
     proxy.cut();
     let request = json!({"n": 1});
@@ -334,7 +335,82 @@ async fn an_open_redis_breaker_is_reported_and_the_service_stays_ready() {
     let app: Router = idempotency.health_router();
     let (status, ready) = get(&app, "/health/ready").await;
     assert_eq!(status, StatusCode::OK, "{ready}");
-    assert_eq!(ready["cache"], json!({"status": "DOWN", "breaker": "OPEN"}));
+    assert_eq!(
+        ready["cache"],
+        json!({"status": "DOWN", "breaker": "OPEN", "write_breaker": "OPEN"})
+    );
+}
+
+/// A `redis-server` of this test's own on a free port, with `extra` arguments; killed when
+/// dropped.
+struct OwnRedis(std::process::Child, u16);
+
+impl OwnRedis {
+    async fn start(extra: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is not installed (scripts/services.sh installs it)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server does not answer"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self(child, port)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Redis refuses writes (`maxmemory` reached, `noeviction`: `OOM` to every `SET`) and answers
+/// reads: the report shows the breaker of writes `OPEN` beside a cache `UP` with its breaker of
+/// reads `CLOSED`, and the service stays ready (before: no breaker of writes in the report, so
+/// a cache that stored nothing looked healthy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_writes_shows_its_open_breaker_of_writes() {
+    let redis = OwnRedis::start(&["--maxmemory", "1", "--maxmemory-policy", "noeviction"]).await;
+    let idempotency = Idempotency::from_config(
+        &settings(&redis_yaml(&format!("redis://127.0.0.1:{}", redis.1))),
+        sqlite().await,
+    )
+    .await
+    .unwrap();
+    let request = json!({"n": 1});
+    let outcome = idempotency
+        .service()
+        .execute(
+            Call::new("HEALTH", IdempotencyKey::new(unique()).unwrap(), &request),
+            async |_conn| Ok::<_, idempotency::core::Error>(ExecutionResult::success(1)),
+        )
+        .await;
+    assert!(
+        outcome.is_ok(),
+        "a failed write after the commit fails nothing"
+    );
+    let report = idempotency.health().await;
+    assert_eq!(report.cache.status, Status::Up, "{report:?}");
+    assert_eq!(report.cache.breaker, Some(Breaker::Closed));
+    assert_eq!(report.cache.write_breaker, Some(Breaker::Open));
+    assert!(report.is_ready(), "{report:?}");
 }
 
 /// The relay's publisher answers for the broker: NATS `UP` while connected, `DOWN` once the

@@ -208,9 +208,30 @@ async fn degenerate_values_are_refused_naming_their_key() {
             "    circuit-breaker:\n      failure-threshold: 0\n",
             "idempotency.distributed-cache.circuit-breaker.failure-threshold",
         ),
+        // "Unbounded": before, accepted, and every put after a commit panicked in tokio's
+        // channel; a batch of a billion was allocated up front.
+        (
+            "    write-behind:\n      enabled: true\n      capacity: 18446744073709551615\n",
+            "idempotency.distributed-cache.write-behind.capacity",
+        ),
+        (
+            "    write-behind:\n      max-batch: 1000000000\n",
+            "idempotency.distributed-cache.write-behind.max-batch",
+        ),
     ] {
         let yaml = format!(
             "idempotency:\n  persistence:\n    schema:\n      mode: create\n  distributed-cache:\n    url: redis://127.0.0.1:1\n{extra}"
+        );
+        let message = refusal(&yaml).await;
+        assert!(message.contains(named), "{extra}: {message}");
+    }
+    // An L1 that keeps nothing (before: accepted, a cache enabled in name only).
+    for (extra, named) in [
+        ("    max-size: 0\n", "idempotency.local-cache.max-size"),
+        ("    max-bytes: 0\n", "idempotency.local-cache.max-bytes"),
+    ] {
+        let yaml = format!(
+            "idempotency:\n  persistence:\n    schema:\n      mode: create\n  distributed-cache:\n    enabled: false\n  local-cache:\n{extra}"
         );
         let message = refusal(&yaml).await;
         assert!(message.contains(named), "{extra}: {message}");

@@ -125,6 +125,11 @@ pub struct RabbitMqPublisher {
     next: AtomicUsize,
 }
 
+/// A connection to the broker failed: lapin's error and its causes, the URI in them redacted.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ConnectFailed(String);
+
 /// The URI without its password ([`redact_url`](idempotency_core::redact_url)).
 impl std::fmt::Debug for RabbitMqPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -282,7 +287,7 @@ impl RabbitMqPublisher {
         {
             return BrokerHealth::Up;
         }
-        match Connection::connect(&self.uri, ConnectionProperties::default()).await {
+        match self.open_connection().await {
             Ok(connection) => {
                 *held = Some(connection);
                 BrokerHealth::Up
@@ -296,6 +301,24 @@ impl RabbitMqPublisher {
         self.routing_key.render(message)
     }
 
+    /// A new connection to the broker. Its error names the URI without its password: lapin
+    /// repeats an invalid URI whole (`Invalid URL: 'amqp:user:password@host'`), and the text
+    /// goes to the relay's `last_error`, the health report and start-up errors.
+    async fn open_connection(&self) -> Result<Connection, ConnectFailed> {
+        Connection::connect(&self.uri, ConnectionProperties::default())
+            .await
+            .map_err(|error| {
+                let mut text = error.to_string();
+                let mut source = std::error::Error::source(&error);
+                while let Some(cause) = source {
+                    text.push_str(": ");
+                    text.push_str(&cause.to_string());
+                    source = cause.source();
+                }
+                ConnectFailed(text.replace(&self.uri, &idempotency_core::redact_url(&self.uri)))
+            })
+    }
+
     /// A new channel in confirm mode, on the connection (re-opened when it broke).
     async fn open_channel(&self) -> Result<Channel, PublishError> {
         let unavailable = |e| PublishError::new(PublishErrorKind::Unavailable, e);
@@ -303,9 +326,10 @@ impl RabbitMqPublisher {
             let mut held = self.connection.lock().await;
             let connection = match held.take() {
                 Some(connection) if connection.status().connected() => connection,
-                _ => Connection::connect(&self.uri, ConnectionProperties::default())
+                _ => self
+                    .open_connection()
                     .await
-                    .map_err(unavailable)?,
+                    .map_err(|e| PublishError::new(PublishErrorKind::Unavailable, e))?,
             };
             held.insert(connection).create_channel().await
         }
@@ -490,6 +514,30 @@ mod tests {
         let shown = format!("{publisher:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("amqp://guest:***@mq:5672/%2f"), "{shown}");
+    }
+
+    /// lapin repeats a URI it cannot parse whole in its error; the publisher's errors (the
+    /// health report, a publish's `last_error`, `connect`) show it without the password
+    /// (before: `Invalid URL: 'amqp:guest:s3cret@mq:5672/%2f'`).
+    #[tokio::test]
+    async fn connection_errors_hide_the_password() {
+        let publisher = RabbitMqPublisher::new("amqp:guest:s3cret@mq:5672/%2f");
+        let BrokerHealth::Down(down) = publisher.health().await else {
+            panic!("an invalid URI connected")
+        };
+        assert!(!down.contains("s3cret"), "{down}");
+        assert!(down.contains("amqp:…"), "{down}");
+        let error = publisher.connect().await.unwrap_err();
+        let Error::Publisher(publish) = &error else {
+            panic!("{error:?}")
+        };
+        let text = format!("{error} {error:?} {}", publish.chain());
+        assert!(!text.contains("s3cret"), "{text}");
+        let failed = publisher
+            .publish(&crate::publisher::test_message(&[], None))
+            .await
+            .unwrap_err();
+        assert!(!failed.chain().contains("s3cret"), "{}", failed.chain());
     }
 
     /// AMQP header tables tell cases apart: an event's own header of an outbox name in

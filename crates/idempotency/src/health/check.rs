@@ -144,15 +144,18 @@ impl<D: Database> HealthCheck<D> {
         if let Some(cache) = &self.cache {
             use idempotency_cache_redis::BreakerState;
             let up = self.bounded(cache.is_healthy()).await.unwrap_or(false);
-            let (breaker, failures) = match cache.breaker_state() {
+            let shown = |state| match state {
                 BreakerState::Closed { failures } => (super::Breaker::Closed, Some(failures)),
                 BreakerState::Open => (super::Breaker::Open, None),
                 BreakerState::HalfOpen => (super::Breaker::HalfOpen, None),
             };
+            let (breaker, failures) = shown(cache.breaker_state());
+            let (write_breaker, _) = shown(cache.write_breaker_state());
             return CacheHealth {
                 status: if up { Status::Up } else { Status::Down },
                 breaker: Some(breaker),
                 consecutive_failures: failures,
+                write_breaker: Some(write_breaker),
             };
         }
         #[cfg(not(feature = "redis"))]
@@ -161,6 +164,7 @@ impl<D: Database> HealthCheck<D> {
             status: Status::Disabled,
             breaker: None,
             consecutive_failures: None,
+            write_breaker: None,
         }
     }
 

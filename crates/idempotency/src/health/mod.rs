@@ -23,7 +23,8 @@
 //! {
 //!   "status": "UP",
 //!   "database": { "status": "UP" },
-//!   "cache": { "status": "UP", "breaker": "CLOSED", "consecutive_failures": 0 },
+//!   "cache": { "status": "UP", "breaker": "CLOSED", "consecutive_failures": 0,
+//!              "write_breaker": "CLOSED" },
 //!   "relay": { "status": "UP", "configured": 2, "running": 2, "panics": 0 },
 //!   "outbox": { "status": "UP", "pending": 3, "oldest_pending_age_seconds": 0.4,
 //!               "max_pending_age_seconds": 300.0, "dead_lettered": 0 },
@@ -134,6 +135,11 @@ pub struct CacheHealth {
     /// `circuit-breaker.failure-threshold`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consecutive_failures: Option<u32>,
+    /// The breaker of writes (the after-commit `put`s, the write-behind writer), when there is
+    /// a cache. Open while Redis refuses writes (`OOM`, `READONLY`) though it answers reads:
+    /// replays then read the database. Shown, not part of `status` (reads are served).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_breaker: Option<Breaker>,
 }
 
 /// A circuit breaker's state.
