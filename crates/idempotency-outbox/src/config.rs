@@ -323,7 +323,8 @@ impl Default for OutboxConfig {
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct HealthConfig {
     /// The readiness check fails (503) while the oldest pending event is older than this: a
-    /// relay that stopped publishing, or a broker outage that outlasted it. `null` reports
+    /// relay that stopped publishing, a broker outage that outlasted it, or an event a full
+    /// destination holds back (see `relay.full-patience`). `null` reports
     /// the backlog without failing on it. Default `5m`, the threshold of the `OutboxRelayStuck`
     /// alert in `deploy/prometheus`.
     #[serde(with = "humantime_serde")]
@@ -503,13 +504,16 @@ pub struct RelayConfig {
     pub lease_margin: Duration,
     /// Attempts before a message is dead-lettered. Default `10`.
     pub max_attempts: u32,
-    /// How long an event refused by a full destination
+    /// How long a full destination
     /// ([`PublishErrorKind::Full`](crate::PublishErrorKind::Full): a stream or queue at its
-    /// limit) is retried past `max-attempts`, counted from when it was written: its refusals
-    /// count as attempts and back off like any failure, but it is dead-lettered only once it
-    /// has waited this long too, so a consumer that falls behind for less does not turn the
-    /// backlog into dead letters. `0s` dead-letters it after `max-attempts`, like any other
-    /// failure. Default `24h`.
+    /// limit) may refuse an event before its refusals count towards `max-attempts`, from the
+    /// first refusal this relay saw (a relay that restarts starts it again; past 100,000 held
+    /// events, from when the event was written). Until then each refusal gives its attempt
+    /// back and the next comes after about as long as the event has been refused (within
+    /// `backoff.base..=backoff.max`), so a consumer that falls behind for less does not turn
+    /// the backlog into dead letters; the event, and its aggregate's later events, wait in the
+    /// outbox (and count towards `health.max-pending-age`). `0s` counts every refusal, like
+    /// any other failure. Default `24h`.
     #[serde(with = "humantime_serde")]
     pub full_patience: Duration,
     /// Delay between attempts.
@@ -657,8 +661,8 @@ impl RelayConfig {
     /// The longest time between a message's first and last publish attempt by this relay
     /// configuration, failures of the message's own counted: every lease plus every backoff at
     /// its maximum (jitter only shortens them), plus, with a non-zero `full-patience`, that
-    /// patience and one more `backoff.max` (a full destination's refusals go on until the
-    /// event has waited that long, then the attempts left). A broker outage adds its length
+    /// patience and one more `backoff.max` (a full destination's refusals go on for that
+    /// long, then the attempts left). A broker outage adds its length
     /// (its failures do not count towards `max-attempts`). A consumer inbox must keep ids
     /// longer than this (plus the longest outage to ride out, any broker redelivery window,
     /// and any manual requeue of dead letters).

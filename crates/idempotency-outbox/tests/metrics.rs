@@ -165,6 +165,76 @@ fn an_outage_within_one_batch_changes_the_broker_state_once_each_way() {
     assert_eq!((state("lost"), state("back")), (1, 1));
 }
 
+/// The broker goes away (the first publish: unavailable), then comes back with no room (every
+/// later publish: the destination is full). A `full` answer is the broker answering: the
+/// outage ends ("back" once), though nothing is confirmed; the refusals are not an outage of
+/// their own (no second "lost") and dead-letter nothing within the patience (before: the
+/// relay reported the broker lost until the first confirm, which a full stream may not give
+/// for hours).
+#[test]
+fn a_full_answer_ends_an_outage_and_starts_none() {
+    let recorded = with_recorder(async |snapshotter| {
+        let mut config = config(Ordering::Ordered);
+        config.relay.workers = 1;
+        config.relay.max_attempts = 1;
+        let (pool, outbox) = outbox(&config).await;
+        let events: Vec<NewEvent> = (0..2).map(|n| event(&format!("f{n}"), n)).collect();
+        commit(&pool, &outbox, &events).await;
+        let publisher = FullAfterAnOutage::default();
+        let relay = Relay::new(outbox.clone(), publisher, &config).unwrap();
+        let handle = relay.spawn();
+        let refused = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM outbox WHERE last_error LIKE '%destination full%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+        eventually("both refused as full", || async { refused().await == 2 }).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        handle.shutdown().await;
+        let dead: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(dead, 0, "max-attempts 1, within the patience");
+        Recorded::take(&snapshotter)
+    });
+    let state = |state| {
+        recorded.counter(
+            names::BROKER_STATE_CHANGES,
+            &[("destination", "full-after-outage"), ("state", state)],
+        )
+    };
+    assert_eq!((state("lost"), state("back")), (1, 1));
+}
+
+/// The first publish: the broker unavailable; every later one: the destination full.
+#[derive(Default)]
+struct FullAfterAnOutage {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl idempotency_outbox::Publisher for FullAfterAnOutage {
+    fn destination(&self) -> &str {
+        "full-after-outage"
+    }
+
+    async fn publish(
+        &self,
+        _message: &idempotency_outbox::OutboxMessage,
+    ) -> Result<idempotency_outbox::Ack, idempotency_outbox::PublishError> {
+        use idempotency_outbox::{PublishError, PublishErrorKind};
+        let kind = match self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => PublishErrorKind::Unavailable,
+            _ => PublishErrorKind::Full,
+        };
+        Err(PublishError::kind_only(kind))
+    }
+}
+
 /// The housekeeping task goes on after a retention pass whose next one is too far for the
 /// clock (`retention.interval = Duration::MAX`): the pending gauge, which only it refreshes,
 /// still follows the table (before: its `Instant + Duration` panicked after the first pass,

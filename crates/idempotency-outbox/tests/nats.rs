@@ -392,6 +392,62 @@ async fn a_full_stream_holds_events_back_without_dead_lettering_them() {
     stream.delete().await;
 }
 
+/// The patience counts from the first refusal, not from when the event was written: events
+/// that waited out an outage in the outbox (here: written 25 hours ago, past the default 24 h
+/// patience) reach a full stream and still wait, not counted (before: counted from the first
+/// refusal on, dead-lettered within a second with `max-attempts: 2`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_older_than_the_patience_gets_it_all_when_its_stream_is_full() {
+    use async_nats::jetstream::stream;
+    let mut config = config(Ordering::Ordered);
+    config.relay.max_attempts = 2;
+    let (pool, outbox) = outbox(&config).await;
+    let stream = TestStream::named().await;
+    stream
+        .js
+        .create_stream(stream::Config {
+            name: stream.name.clone(),
+            subjects: vec![format!("{}.>", stream.prefix)],
+            duplicate_window: Duration::from_secs(120),
+            max_messages: 1,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let events: Vec<NewEvent> = (0..3).map(|n| event("o-1", n)).collect();
+    commit(&pool, &outbox, &events).await;
+    sqlx::query("UPDATE outbox SET created_at = created_at - interval '25 hours'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
+        .unwrap()
+        .spawn();
+    eventually("the second event refused by the full stream", || async {
+        sqlx::query_scalar::<_, Option<String>>("SELECT last_error FROM outbox WHERE id = $1")
+            .bind(events[1].id())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (dead, attempts): (i64, i32) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE dead_lettered_at IS NOT NULL), max(attempts) \
+         FROM outbox WHERE published_at IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    handle.shutdown().await;
+    assert_eq!(dead, 0, "an event older than the patience dead-lettered");
+    assert!(attempts <= 1, "attempts spent on a full stream: {attempts}");
+    assert_eq!(published(&pool).await, 1);
+    stream.delete().await;
+}
+
 /// `full-patience` bounds a full destination's hold: a stream that stays full (as for a
 /// message larger than its `max_bytes`, refused for good under the same answer) counts the
 /// event's refusals once it has waited that long, and dead-letters it after `max-attempts`

@@ -153,12 +153,15 @@ pub enum PublishErrorKind {
     Rejected,
     /// The destination has no room now: a JetStream stream with `discard: new` at one of its
     /// limits (or JetStream out of resources), a RabbitMQ negative confirm (a queue at its
-    /// `x-max-length` with `x-overflow: reject-publish`). Counted and retried with the
-    /// message's growing backoff like `Rejected`, but not dead-lettered after `max-attempts`
-    /// until the event has waited `relay.full-patience` since it was written: a consumer that
-    /// falls behind for a while does not turn a backlog into dead letters, and the aggregate's
-    /// later events wait behind it, in order. The patience bounds what the broker refuses for
-    /// good under the same answer (a message larger than the stream's `max_bytes`).
+    /// `x-max-length` with `x-overflow: reject-publish`, or a queue that went down). Not
+    /// counted towards `max-attempts` while the destination has refused the event for less
+    /// than `relay.full-patience` (from its first refusal the relay saw): the attempt is given
+    /// back and the next one comes after about as long as it has been refused, so a consumer
+    /// that falls behind for a while does not turn a backlog into dead letters, and the
+    /// aggregate's later events wait behind it, in order. Past the patience the refusals
+    /// count, `max-attempts` of them dead-letter it: that bounds what the broker refuses for
+    /// good under the same answer (a message larger than the stream's `max_bytes`). Not the
+    /// relay's outage state: the broker answers, and ends an outage by it.
     Full,
     /// No confirmation within `publish-timeout`. Retried without counting towards
     /// `max-attempts` ([`is_transient`](Self::is_transient)).

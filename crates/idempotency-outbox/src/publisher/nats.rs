@@ -14,8 +14,8 @@
 //!
 //! A stream that takes no message now (`discard: new` at its `max-msgs`, `max-bytes` or
 //! per-subject limit, or JetStream out of resources) is [`Full`](PublishErrorKind::Full):
-//! the events wait in the outbox, in order, until the stream has room, and are dead-lettered
-//! only once they have also waited `relay.full-patience`.
+//! the events wait in the outbox, in order, until the stream has room; their refusals count
+//! towards `max-attempts` only after `relay.full-patience`.
 
 use std::str::FromStr;
 
@@ -338,7 +338,7 @@ const STREAM_FULL: [&str; 4] = [
 ];
 
 /// Whether JetStream refused the publish because the stream, the account or the server has no
-/// room for it now: the relay dead-letters it only after `relay.full-patience` (dead-lettered
+/// room for it now: the relay counts its refusals only after `relay.full-patience` (dead-lettered
 /// after `max-attempts`, the events of a stream full for a few minutes would be lost to their
 /// consumers, and an aggregate's later events would pass them once there is room).
 fn takes_nothing(error: &async_nats::jetstream::context::PublishError) -> bool {

@@ -15,12 +15,13 @@
 //!
 //! The connection is opened on first use and re-opened after it broke, so a broker outage
 //! only fails publishes (which the relay retries) until the broker is back. A negative confirm
-//! (a queue at its `x-max-length` with `x-overflow: reject-publish`, or the broker's internal
-//! error) is [`Full`](PublishErrorKind::Full): it refuses every message alike, so the events
-//! wait in the outbox, in order, until the queue has room, and are dead-lettered only once
-//! they have also waited `relay.full-patience`. (A message routed to several queues and
-//! refused by one of them was taken by the others: each retry adds a copy there.) An
-//! unroutable message is [`Rejected`](PublishErrorKind::Rejected).
+//! (a queue at its `x-max-length` with `x-overflow: reject-publish` or `reject-publish-dlx`, or
+//! a queue process that went down) is [`Full`](PublishErrorKind::Full): it refuses every
+//! message alike, so the events wait in the outbox, in order, until the queue takes them
+//! again; their refusals count towards `max-attempts` only after `relay.full-patience`. (A
+//! message routed to several queues and refused by one of them was taken by the others: each
+//! retry adds a copy there.) An unroutable message is
+//! [`Rejected`](PublishErrorKind::Rejected).
 
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 

@@ -22,12 +22,12 @@ pub(crate) fn delay(config: &BackoffConfig, id: Uuid, attempt: u32) -> Duration 
     config.ceiling(attempt).mul_f64(jitter(id, attempt))
 }
 
-/// The delay before the next attempt of `id`, refused by a full destination after its event
-/// waited `waited`: about as long as it has waited (within `base..=max`, with jitter), so the
-/// retries of a destination that stays full thin out as an exponential backoff's do.
-pub(crate) fn after_wait(config: &BackoffConfig, id: Uuid, waited: Duration) -> Duration {
-    let secs = waited.as_secs();
-    waited
+/// The delay before the next attempt of `id`, which a full destination has refused for
+/// `refused`: about as long (within `base..=max`, with jitter), so the retries of a
+/// destination that stays full thin out as an exponential backoff's do.
+pub(crate) fn after_wait(config: &BackoffConfig, id: Uuid, refused: Duration) -> Duration {
+    let secs = refused.as_secs();
+    refused
         .max(config.base)
         .min(config.max)
         .mul_f64(jitter(id, u32::try_from(secs).unwrap_or(u32::MAX)))
@@ -147,7 +147,7 @@ impl Outage {
 mod tests {
     use super::*;
 
-    /// A full destination's retry comes after about as long as the event has waited, within
+    /// A full destination's retry comes after about as long as it has refused the event, within
     /// `base..=max`, jitter halving it at most.
     #[test]
     fn the_delay_after_a_full_destination_follows_the_wait() {

@@ -22,6 +22,7 @@ use crate::publisher::Publisher;
 use crate::store::{Housekeeping, RelayStore};
 
 mod backoff;
+mod held;
 mod housekeeping;
 mod supervisor;
 mod throttle;
@@ -88,6 +89,8 @@ struct Shared<S, P> {
     outage: backoff::Outage,
     /// The warning that the destination is full.
     full_warned: throttle::Throttle,
+    /// The events a full destination holds back, since when.
+    held: held::Held,
 }
 
 /// A relay over store `S` and publisher `P`. Cheap to clone.
@@ -128,6 +131,7 @@ where
                 totals: Totals::default(),
                 outage: backoff::Outage::default(),
                 full_warned: throttle::Throttle::default(),
+                held: held::Held::default(),
             }),
         })
     }

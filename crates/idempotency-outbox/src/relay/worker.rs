@@ -370,14 +370,8 @@ where
     for (message, (result, elapsed)) in batch.iter().zip(results) {
         match result {
             Ok(Ack { duplicate }) => {
-                if let Some(lasted) = shared.outage.ended(sent) {
-                    metrics::broker_state(destination, "back");
-                    tracing::info!(
-                        destination,
-                        outage = ?lasted,
-                        "outbox broker back: a publish was confirmed"
-                    );
-                }
+                broker_answered(shared, sent, "a publish was confirmed");
+                shared.held.forget(message.id);
                 published.ids.push(message.id);
                 report.published += 1;
                 report.duplicates += u64::from(duplicate);
@@ -385,6 +379,10 @@ where
                 confirmed.record(latency, duplicate);
             }
             Err(error) => {
+                if error.kind() == PublishErrorKind::Full {
+                    // The broker answered (no room): whatever outage there was has ended.
+                    broker_answered(shared, sent, "it answered that the destination is full");
+                }
                 let failure = failure(shared, message, sent, &error);
                 report.failed += 1;
                 report.dead_lettered += u64::from(failure.dead_letter);
@@ -400,7 +398,7 @@ where
                             error = %failure.error,
                             "outbox destination full: it refuses publishes until room is made; \
                              events wait in the outbox, in their aggregates' order, retried \
-                             without counting an attempt until they have waited \
+                             without counting an attempt until it has refused them for \
                              relay.full-patience, then dead-lettered after max-attempts \
                              (outbox_publish_failures_total{{kind=\"full\"}} counts each refusal; \
                              logged once a minute at most)"
@@ -464,43 +462,64 @@ fn failure<S, P: Publisher>(
         text.truncate(cut);
     }
     let config = &shared.config;
-    let (retry_in, dead_letter, transient) =
-        match judge(config, error.kind(), message.attempts, waited(message)) {
-            // The broker's failure, not the message's: retried without counting the attempt,
-            // after a delay that grows with the outage.
-            Judged::Outage => {
-                let (retry_in, started) =
-                    shared
-                        .outage
-                        .delay(&config.backoff, message.id, message.attempts, sent);
-                if started {
-                    let destination = shared.publisher.destination();
-                    metrics::broker_state(destination, "lost");
-                    tracing::warn!(
-                        destination,
-                        error = %text,
-                        "outbox broker lost: publishes fail on the broker's side; events wait in \
-                         the outbox and are retried (not counted towards max-attempts); further \
-                         failures are counted (outbox_publish_failures_total), not logged, until \
-                         one is confirmed"
-                    );
-                }
-                (retry_in, false, true)
+    let kind = error.kind();
+    // How long a full destination has refused the event: since its first refusal this relay
+    // saw (its age when too many are held to remember).
+    let refused_for = if kind == PublishErrorKind::Full {
+        let stale = config
+            .backoff
+            .max
+            .saturating_add(config.lease())
+            .saturating_mul(2)
+            .saturating_add(config.poll_interval);
+        shared
+            .held
+            .refused(message.id, Instant::now(), stale)
+            .unwrap_or_else(|| age(message))
+    } else {
+        shared.held.forget(message.id);
+        Duration::ZERO
+    };
+    let judged = judge(config, kind, message.attempts, refused_for);
+    if judged == (Judged::Counted { dead_letter: true }) {
+        shared.held.forget(message.id);
+    }
+    let (retry_in, dead_letter, transient) = match judged {
+        // The broker's failure, not the message's: retried without counting the attempt,
+        // after a delay that grows with the outage.
+        Judged::Outage => {
+            let (retry_in, started) =
+                shared
+                    .outage
+                    .delay(&config.backoff, message.id, message.attempts, sent);
+            if started {
+                let destination = shared.publisher.destination();
+                metrics::broker_state(destination, "lost");
+                tracing::warn!(
+                    destination,
+                    error = %text,
+                    "outbox broker lost: publishes fail on the broker's side; events wait in \
+                     the outbox and are retried (not counted towards max-attempts); further \
+                     failures are counted (outbox_publish_failures_total), not logged, until \
+                     one is confirmed"
+                );
             }
-            // No room at the destination, for this event's wait so far: not counted, retried
-            // after about as long as it has waited. Not the relay's outage state: other
-            // destinations (subjects, queues) may take messages meanwhile.
-            Judged::Full => (
-                backoff::after_wait(&config.backoff, message.id, waited(message)),
-                false,
-                true,
-            ),
-            Judged::Counted { dead_letter } => (
-                backoff::delay(&config.backoff, message.id, message.attempts),
-                dead_letter,
-                false,
-            ),
-        };
+            (retry_in, false, true)
+        }
+        // No room at the destination, within the patience: not counted, retried after about
+        // as long as it has been refused. Not the relay's outage state: other destinations
+        // (subjects, queues) may take messages meanwhile.
+        Judged::Full => (
+            backoff::after_wait(&config.backoff, message.id, refused_for),
+            false,
+            true,
+        ),
+        Judged::Counted { dead_letter } => (
+            backoff::delay(&config.backoff, message.id, message.attempts),
+            dead_letter,
+            false,
+        ),
+    };
     Failure {
         id: message.id,
         error: text,
@@ -516,8 +535,8 @@ enum Judged {
     /// The broker's failure ([`PublishErrorKind::is_transient`]): not counted, the delay
     /// grows with the outage.
     Outage,
-    /// The destination is full and the event has waited less than `full-patience`: not
-    /// counted, the delay grows with the event's wait.
+    /// The destination is full and has refused the event for less than `full-patience`: not
+    /// counted, the delay grows with the time it has been refused.
     Full,
     /// Counted towards `max-attempts`.
     Counted {
@@ -526,15 +545,20 @@ enum Judged {
     },
 }
 
-/// How a failure of kind `kind`, at attempt `attempts`, of an event written `waited` ago, is
-/// handled.
-fn judge(config: &RelayConfig, kind: PublishErrorKind, attempts: u32, waited: Duration) -> Judged {
+/// How a failure of kind `kind`, at attempt `attempts`, is handled; `refused_for`: how long a
+/// full destination has refused the event (for [`PublishErrorKind::Full`]).
+fn judge(
+    config: &RelayConfig,
+    kind: PublishErrorKind,
+    attempts: u32,
+    refused_for: Duration,
+) -> Judged {
     match kind {
         kind if kind.is_transient() => Judged::Outage,
         // A destination with no room now: the event waits (and its aggregate behind it) until
-        // it has waited `full-patience`; then its refusals count, which bounds a refusal that
-        // is for good (a message larger than the stream's `max_bytes`).
-        PublishErrorKind::Full if waited < config.full_patience => Judged::Full,
+        // it has been refused for `full-patience`; then its refusals count, which bounds a
+        // refusal that is for good (a message larger than the stream's `max_bytes`).
+        PublishErrorKind::Full if refused_for < config.full_patience => Judged::Full,
         // A message the broker can never take as it is (a name too long for it...) is not
         // retried: it would only hold back its aggregate.
         PublishErrorKind::InvalidMessage => Judged::Counted { dead_letter: true },
@@ -545,14 +569,24 @@ fn judge(config: &RelayConfig, kind: PublishErrorKind, attempts: u32, waited: Du
 }
 
 /// How long ago the event was written: its age at the claim, on the database clock (the
-/// relay's clock may run ahead of it, which would cut the patience short); the relay's clock
-/// only for a store that leaves `age_at_claim` at zero (the built-in stores set it).
-fn waited(message: &OutboxMessage) -> Duration {
+/// relay's clock may run ahead of it); the relay's clock only for a store that leaves
+/// `age_at_claim` at zero (the built-in stores set it).
+fn age(message: &OutboxMessage) -> Duration {
     match Duration::try_from_secs_f64(message.age_at_claim) {
         Ok(at_claim) if !at_claim.is_zero() => at_claim,
         _ => (chrono::Utc::now() - message.created_at)
             .to_std()
             .unwrap_or(Duration::ZERO),
+    }
+}
+
+/// The broker answered a publish sent in state `sent`: an outage it was in has ended, logged
+/// once.
+fn broker_answered<S, P: Publisher>(shared: &Shared<S, P>, sent: Sent, how: &str) {
+    if let Some(lasted) = shared.outage.ended(sent) {
+        let destination = shared.publisher.destination();
+        metrics::broker_state(destination, "back");
+        tracing::info!(destination, outage = ?lasted, "outbox broker back: {how}");
     }
 }
 
@@ -589,12 +623,12 @@ where
 mod tests {
     use std::time::Duration;
 
-    use super::{Judged, idle_wait, judge, waited};
+    use super::{Judged, age, idle_wait, judge};
     use crate::config::RelayConfig;
     use crate::publisher::PublishErrorKind;
 
-    /// A full destination's refusals are not counted while the event has waited less than
-    /// `full-patience`, then count like any failure (before: counted from the first, so ten
+    /// A full destination's refusals are not counted while it has refused the event for less
+    /// than `full-patience`, then count like any failure (before: counted from the first, so ten
     /// refusals over some eight minutes by default dead-lettered it). An outage is never
     /// counted; an invalid message is dead-lettered at once; `0s` of patience counts every
     /// refusal.
@@ -638,10 +672,10 @@ mod tests {
         assert_eq!(judge(&impatient, full, 2, Duration::ZERO), counted(false));
     }
 
-    /// The wait is the age at the claim (database clock), whatever the relay's clock says; the
+    /// The age is the age at the claim (database clock), whatever the relay's clock says; the
     /// relay's clock only when a store leaves the age at zero.
     #[test]
-    fn the_wait_is_the_age_at_claim_or_the_relays_clocks() {
+    fn the_age_is_the_age_at_claim_or_the_relays_clocks() {
         let written = chrono::Utc::now() - chrono::Duration::seconds(100);
         let message = crate::OutboxMessage::new(
             uuid::Uuid::now_v7(),
@@ -655,21 +689,21 @@ mod tests {
             1,
         )
         .with_age_at_claim(5.0);
-        let at_claim = waited(&message);
+        let at_claim = age(&message);
         assert_eq!(
             at_claim,
             Duration::from_secs(5),
             "the database clock, though the relay's says 100s"
         );
         let mut message = message.with_age_at_claim(0.0);
-        let now = waited(&message);
+        let now = age(&message);
         assert!(
             now >= Duration::from_secs(100) && now < Duration::from_secs(200),
             "{now:?}"
         );
         message.created_at = chrono::Utc::now() + chrono::Duration::seconds(100);
         let message = message.with_age_at_claim(-3.0);
-        assert_eq!(waited(&message), Duration::ZERO, "a clock behind, no panic");
+        assert_eq!(age(&message), Duration::ZERO, "a clock behind, no panic");
     }
 
     #[test]
