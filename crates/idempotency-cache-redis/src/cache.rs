@@ -202,7 +202,7 @@ where
         let secret = config.secret.as_ref().ok_or(Error::NoSecret)?;
         config.write_behind.validate()?;
         Ok(Self {
-            signer: Signer::new(secret),
+            signer: Signer::new(secret, &config.key_prefix),
             client: Arc::new(RwLock::new(client)),
             prefix: Arc::from(config.key_prefix.as_str()),
             ttl: config.ttl,

@@ -1,14 +1,14 @@
 //! The cached value: a version tag, the entry's HMAC tag, then a compact JSON object.
 //!
-//! `v2:<64 hex digits>:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires],"x":["<trace id>","<span id>"]}`
+//! `v3:<64 hex digits>:{"f":"<fingerprint>","s":"C"|"R","p":<payload or details>,"c":"<code>","t":[created,completed,expires],"x":["<trace id>","<span id>"]}`
 //! The stored payload is already JSON, so it is embedded as is (no escaping, and decoding borrows
 //! it); times are milliseconds since the Unix epoch. `p` is absent only for a rejection without
 //! details: a rejection whose details are JSON `null` has `"p":null`. `x` (the span of the
 //! execution that stored the record) is absent when there is none, and in entries written
 //! before it existed: they still decode. The hex digits are the
-//! HMAC-SHA-256 of the record's identity and the JSON ([`Signer`]); an entry whose tag does not
-//! verify is [`Decoded::Forged`]. `v1:` entries (the same JSON without a tag) are read as
-//! another version: a miss, since nothing says who wrote them.
+//! HMAC-SHA-256 of the key prefix, the record's identity and the JSON ([`Signer`]); an entry
+//! whose tag does not verify is [`Decoded::Forged`]. `v1:` entries (the same JSON without a
+//! tag) and `v2:` entries (tagged without the key prefix) are read as another version: a miss.
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,7 +22,7 @@ use crate::sign::{Signer, TAG_HEX_LEN};
 
 /// The current format tag. Entries with another tag read as a miss (written by a newer or older
 /// release), never as an error.
-const TAG: &str = "v2:";
+const TAG: &str = "v3:";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum Status {
@@ -202,7 +202,7 @@ mod tests {
     }
 
     fn signer() -> Signer {
-        Signer::new(&CacheSecret::new("c".repeat(32)).unwrap())
+        Signer::new(&CacheSecret::new("c".repeat(32)).unwrap(), "idempotency:")
     }
 
     fn enc(record: &IdempotencyRecord) -> Result<Option<String>, serde_json::Error> {
@@ -320,7 +320,7 @@ mod tests {
     #[test]
     fn other_versions_are_misses_and_garbage_is_corrupt() {
         assert!(matches!(
-            dec("v3:{\"whatever\":true}"),
+            dec("v4:{\"whatever\":true}"),
             Decoded::OtherVersion
         ));
         assert!(matches!(dec(&tagged("{not json")), Decoded::Corrupt(_)));
@@ -344,11 +344,19 @@ mod tests {
         let json = r#"{"f":"x","s":"C","p":{"a":1},"t":[1,null,null]}"#;
         assert!(matches!(dec(&tagged(json)), Decoded::Record(_)));
         assert!(matches!(dec(&format!("v1:{json}")), Decoded::OtherVersion));
+        let v2 = format!("v2:{}:{json}", signer().tag(&id(), json));
+        assert!(
+            matches!(dec(&v2), Decoded::OtherVersion),
+            "tagged without the prefix"
+        );
         assert!(matches!(dec(&format!("{TAG}{json}")), Decoded::Forged));
-        let other_secret = Signer::new(&CacheSecret::new("d".repeat(32)).unwrap());
+        let other_secret = Signer::new(&CacheSecret::new("d".repeat(32)).unwrap(), "idempotency:");
         let forged = format!("{TAG}{}:{json}", other_secret.tag(&id(), json));
         assert!(matches!(dec(&forged), Decoded::Forged));
-        let unkeyed = format!("{TAG}{}:{json}", Signer::unkeyed().tag(&id(), json));
+        let unkeyed = format!(
+            "{TAG}{}:{json}",
+            Signer::unkeyed("idempotency:").tag(&id(), json)
+        );
         assert!(matches!(dec(&unkeyed), Decoded::Forged));
         let changed = tagged(json).replace(r#"{"a":1}"#, r#"{"a":2}"#);
         assert!(matches!(dec(&changed), Decoded::Forged));

@@ -79,23 +79,27 @@ pub(crate) struct Signer {
 }
 
 impl Signer {
-    /// A signer keyed with `secret`.
-    pub(crate) fn new(secret: &CacheSecret) -> Self {
-        Self::keyed_with(secret.0.as_bytes())
+    /// A signer keyed with `secret`, for the entries under the key prefix `prefix`: the
+    /// prefix is part of every tag, so an entry copied from one deployment's prefix to
+    /// another's (two deployments sharing a Redis and a secret) does not verify.
+    pub(crate) fn new(secret: &CacheSecret, prefix: &str) -> Self {
+        Self::keyed_with(secret.0.as_bytes(), prefix)
     }
 
-    fn keyed_with(key: &[u8]) -> Self {
+    fn keyed_with(key: &[u8], prefix: &str) -> Self {
         // HMAC takes keys of any length; the error cannot happen.
-        let mac = Hmac::<Sha256>::new_from_slice(key)
+        let mut mac = Hmac::<Sha256>::new_from_slice(key)
             .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        mac.update(&(prefix.len() as u64).to_be_bytes());
+        mac.update(prefix.as_bytes());
         Self { mac }
     }
 
     /// A signer with the empty key, as a forger who knows the format but not the secret
     /// would tag an entry.
     #[cfg(test)]
-    pub(crate) fn unkeyed() -> Self {
-        Self::keyed_with(&[])
+    pub(crate) fn unkeyed(prefix: &str) -> Self {
+        Self::keyed_with(&[], prefix)
     }
 
     fn keyed(&self, id: &RecordId, value: &str) -> Hmac<Sha256> {
@@ -166,7 +170,27 @@ mod tests {
     }
 
     fn signer(secret: &str) -> Signer {
-        Signer::new(&CacheSecret::new(secret).unwrap())
+        Signer::new(&CacheSecret::new(secret).unwrap(), "idempotency:")
+    }
+
+    /// The key prefix is part of the tag: two deployments sharing a Redis and a secret, each
+    /// with a prefix of its own, cannot replay each other's entries copied across (before: the
+    /// tag covered the record's identity and value only, and the copy verified).
+    #[test]
+    fn a_tag_verifies_only_under_its_key_prefix() {
+        let secret = CacheSecret::new("a".repeat(32)).unwrap();
+        let (billing, shipping) = (
+            Signer::new(&secret, "billing:"),
+            Signer::new(&secret, "shipping:"),
+        );
+        let me = id("POST:/p", "", "k-1");
+        let tag = billing.tag(&me, "{}");
+        assert!(billing.verify(&me, "{}", &tag));
+        assert!(!shipping.verify(&me, "{}", &tag), "another prefix");
+        assert!(
+            !Signer::new(&secret, "billing").verify(&me, ":{}", &tag),
+            "the prefix's end is not movable into the value"
+        );
     }
 
     #[test]

@@ -133,7 +133,7 @@ async fn an_untagged_v1_entry_is_a_miss_never_replayed_and_overwritten_by_the_ou
     );
     let rewritten = in_redis(&l2, &untagged).await.unwrap();
     assert!(
-        rewritten.starts_with("v2:"),
+        rewritten.starts_with("v3:"),
         "the outcome overwrote it: {rewritten}"
     );
     let stats = l2.stats();
@@ -323,7 +323,7 @@ async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss(target: Target) {
     let key = l2.key_for(&id("PAY", "", "corrupt"));
     let _: () = l2
         .client()
-        .set(key.as_str(), "v2:{not json", None, None, false)
+        .set(key.as_str(), "v3:{not json", None, None, false)
         .await
         .unwrap();
 
@@ -341,7 +341,7 @@ async fn a_corrupt_entry_is_deleted_counted_and_read_as_a_miss(target: Target) {
     assert_eq!(l2.stats().corrupt, 1);
     let refilled = in_redis(&l2, &id("PAY", "", "corrupt")).await.unwrap();
     assert!(
-        refilled.starts_with("v2:"),
+        refilled.starts_with("v3:"),
         "the corrupt entry was replaced: {refilled}"
     );
 }
@@ -385,7 +385,7 @@ async fn a_foreign_value_is_a_corrupt_miss<F: Future<Output = ()>>(
     assert_eq!((stats.corrupt, stats.errors), (1, 0), "{stats:?}");
     assert_eq!(l2.breaker_state(), BreakerState::Closed { failures: 0 });
     let refilled = in_redis(&l2, &id("PAY", "", key)).await.unwrap();
-    assert!(refilled.starts_with("v2:"), "not replaced: {refilled}");
+    assert!(refilled.starts_with("v3:"), "not replaced: {refilled}");
     assert_eq!(
         pay(&cached, key, 7).await.origin(),
         Origin::Replayed {

@@ -58,7 +58,7 @@ async fn a_fresh_outcome_fills_both_caches_after_commit_and_not_before(target: T
         })
         .await
         .unwrap();
-    assert!(in_redis(&l2, &record).await.unwrap().starts_with("v2:"));
+    assert!(in_redis(&l2, &record).await.unwrap().starts_with("v3:"));
     assert!(l1.get(&record).is_some());
 }
 
