@@ -117,6 +117,51 @@ async fn a_caller_whose_snapshot_predates_the_holders_commit_replays_it() {
     assert_eq!(outcome.result().value(), Some(&json!("holder")));
 }
 
+/// Two transactions whose snapshots predate the holder's commit are both told `Exists` for the
+/// key: each one's `find` sees the record (a locking read, as the snapshot cannot), not only
+/// the first one's (before: one remembered `Exists` per key, which the first `find` took; the
+/// second read its snapshot and answered `None`, an acquire round lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_caller_told_exists_finds_the_record_whatever_its_snapshot() {
+    use idempotency_core::{Claim, Fingerprint, LockWait, Operation, RecordId, Scope};
+    let store = fresh_store().await;
+    let service = IdempotencyService::new(store.clone());
+    let k = key("two-snapshots");
+    let (started, release, holder) = hold_key(&service, &k);
+    started.await.unwrap();
+    let mut late = Vec::new();
+    for _ in 0..2 {
+        let mut tx = service.begin().await.unwrap();
+        let before: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+            .fetch_one(&mut *tx.connection())
+            .await
+            .unwrap();
+        assert_eq!(before, 0, "the holder's record is not committed yet");
+        late.push(tx);
+    }
+    release.send(()).unwrap();
+    holder.await.unwrap().unwrap();
+    let id = RecordId::new(Operation::new("OP").unwrap(), Scope::default(), k);
+    let fingerprint = Fingerprint::new("f".repeat(64));
+    let claim = Claim {
+        id: &id,
+        fingerprint: &fingerprint,
+        ttl: None,
+        wait: LockWait::Unbounded,
+    };
+    for tx in &mut late {
+        let acquired = store.acquire(tx.connection(), &claim).await.unwrap();
+        assert_eq!(acquired, idempotency_core::Acquire::Exists);
+    }
+    for (n, tx) in late.iter_mut().enumerate() {
+        let found = store.find(tx.connection(), &id).await.unwrap();
+        assert!(found.is_some(), "transaction {n} told Exists found nothing");
+    }
+    for tx in late {
+        tx.rollback().await.unwrap();
+    }
+}
+
 /// The server kills the request's connection (as an operator's `KILL` or a crash would) after
 /// the action wrote: nothing of the transaction stays, and the retry runs from scratch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

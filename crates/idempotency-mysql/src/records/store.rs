@@ -1,6 +1,6 @@
 //! [`MysqlStore`]: the `IdempotencyStore` on MySQL and MariaDB.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -60,28 +60,41 @@ pub struct MysqlStore {
     existing: Arc<Existing>,
 }
 
-/// The keys `acquire` just reported `Exists` for, in any of the store's transactions: `find`
-/// may read those with a locking read (see `find`). A key another transaction's `find` takes
-/// first only costs this one more acquire round; entries of requests dropped in between are
-/// dropped once there are [`Existing::MAX`].
+/// The keys `acquire` just reported `Exists` for, in any of the store's transactions, each
+/// with how many such reports wait for their `find`: `find` may read those with a locking read
+/// (see `find`). Counted, so that each of several transactions told `Exists` for one key gets
+/// its locking read (before: one entry per key, which the first `find` took, and the others'
+/// `find` answered `None`, an acquire round lost each, `AcquireExhausted` for some once they
+/// were `max-acquire-attempts` or more). Entries of requests dropped in between are dropped
+/// once there are [`Existing::MAX`] keys.
 #[derive(Debug, Default)]
-struct Existing(Mutex<HashSet<RecordId>>);
+struct Existing(Mutex<HashMap<RecordId, usize>>);
 
 impl Existing {
     const MAX: usize = 4096;
 
     fn remember(&self, id: &RecordId) {
         let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if ids.len() >= Self::MAX {
+        if ids.len() >= Self::MAX && !ids.contains_key(id) {
             ids.clear();
         }
-        ids.insert(id.clone());
+        *ids.entry(id.clone()).or_default() += 1;
     }
 
-    /// Whether `id` was remembered; forgets it.
+    /// Whether `id` was remembered; forgets one report of it.
     fn forget(&self, id: &RecordId) -> bool {
         let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        !ids.is_empty() && ids.remove(id)
+        if ids.is_empty() {
+            return false;
+        }
+        match ids.get_mut(id) {
+            Some(1) => ids.remove(id).is_some(),
+            Some(count) => {
+                *count -= 1;
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -529,7 +542,7 @@ impl InsertCompleted for MysqlStore {
 impl ExpiredCleanup for MysqlStore {
     /// One short READ COMMITTED transaction: the oldest expired keys through the expiry index,
     /// `FOR UPDATE SKIP LOCKED` (a row a request holds is left for the next batch, and no gap
-    /// lock blocks inserts), then `DELETE`s of those keys by primary key, [`CHUNK`](crate::CHUNK)
+    /// lock blocks inserts), then `DELETE`s of those keys by primary key, 1,000
     /// keys each (a batch of 21,846 keys or more would pass MySQL's 65,535 placeholders).
     async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
         let mut tx = begin_read_committed(&self.pool)
