@@ -16,6 +16,9 @@ pub use idempotency_core::config::Pooler;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
+/// The `BEGIN` of [`Own::read_committed`].
+pub(crate) const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
 /// Whether statements may be named and cached on the connection (sqlx's `persistent`).
 pub(crate) fn persistent(pooler: Pooler) -> bool {
     !matches!(pooler, Pooler::Transaction)
@@ -36,6 +39,18 @@ impl Own {
             Pooler::Transaction => Self::Tx(crate::begin(pool).await?),
             _ => Self::Pooled(pool.acquire().await?),
         })
+    }
+
+    /// A READ COMMITTED transaction of `pool` (`BEGIN ISOLATION LEVEL READ COMMITTED`), whatever
+    /// the pooler and `default_transaction_isolation` say: for a statement that locks rows
+    /// with `FOR UPDATE SKIP LOCKED` (a claim, a cleanup or retention batch). Under REPEATABLE
+    /// READ or SERIALIZABLE a row another session changed after the statement's snapshot fails
+    /// it (a serialization error) instead of being skipped. Two round trips more than a
+    /// pooled connection: `BEGIN`, `COMMIT`.
+    pub(crate) async fn read_committed(pool: &PgPool) -> Result<Self, sqlx::Error> {
+        crate::begin::begin_with(pool, READ_COMMITTED)
+            .await
+            .map(Self::Tx)
     }
 
     /// Commits the transaction, if there is one.

@@ -271,7 +271,8 @@ impl Inbox for PgInbox {
     }
 
     async fn purge(&self, older_than: Duration, limit: u32) -> Result<u64, Error> {
-        let mut own = Own::open(&self.pool, self.pooler)
+        // READ COMMITTED, as every `SKIP LOCKED` batch (see `Own::read_committed`).
+        let mut own = Own::read_committed(&self.pool)
             .await
             .map_err(outbox_error)?;
         let deleted = sqlx::query(self.sql.purge.clone())

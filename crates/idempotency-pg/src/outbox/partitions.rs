@@ -315,7 +315,7 @@ pub(crate) async fn delete_expired_rows(
              DELETE FROM {p} AS o USING doomed \
              WHERE o.id = doomed.id AND o.created_at = doomed.created_at"
         );
-        let mut own = Own::open(pool, pooler).await.map_err(outbox_error)?;
+        let mut own = Own::read_committed(pool).await.map_err(outbox_error)?;
         let done = sqlx::query(AssertSqlSafe(statement))
             .persistent(false)
             .bind(older_than)

@@ -81,17 +81,10 @@ fn limit(n: u32) -> i64 {
 /// partition). Both settings end with the transaction; the `BEGIN` carries them, so the
 /// claim costs two round trips more than a bare statement: `BEGIN`, the claim, `COMMIT`.
 ///
-/// READ COMMITTED whatever `default_transaction_isolation` says ([`READ_COMMITTED`]).
+/// READ COMMITTED whatever `default_transaction_isolation` says (see
+/// [`Own::read_committed`](crate::pooler::Own::read_committed)).
 const INDEX_BOUNDED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
                              SET LOCAL enable_sort = off; SET LOCAL enable_seqscan = off";
-
-/// The unordered claim's transaction. A claim must run under READ COMMITTED: `FOR UPDATE SKIP
-/// LOCKED` re-reads a row another worker leased (and committed) after the claim's snapshot
-/// and skips it; under REPEATABLE READ or SERIALIZABLE (a database's or role's
-/// `default_transaction_isolation`, which a bare statement would take) the same row is a
-/// serialization failure, and the worker waits a poll interval after each. The claim costs
-/// the `BEGIN` and `COMMIT` round trips: per batch, not per message.
-const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// A claimed row: the message, then where the ordered claim's walk over the aggregates found
 /// it (its lap and its place in that lap; `NULL` for a row from the window, and in the
@@ -200,15 +193,18 @@ impl RelayStore for PgOutbox {
                 rows
             }
             Ordering::Unordered => {
-                let mut tx = crate::begin::begin_with(&self.pool, READ_COMMITTED)
+                // READ COMMITTED: a row another worker leased after the claim's snapshot is
+                // skipped, not a serialization failure (the `BEGIN` and `COMMIT` round trips
+                // are per batch, not per message).
+                let mut own = Own::read_committed(&self.pool)
                     .await
                     .map_err(outbox_error)?;
                 let rows =
                     claim_query(self.sql.claim_unordered.clone(), self.persistent(), request)
-                        .fetch_all(&mut *tx)
+                        .fetch_all(&mut *own)
                         .await
                         .map_err(outbox_error)?;
-                tx.commit().await.map_err(outbox_error)?;
+                own.finish().await.map_err(outbox_error)?;
                 rows
             }
         };
@@ -310,7 +306,9 @@ impl Housekeeping for PgOutbox {
             )
             .await;
         }
-        let mut own = self.own().await?;
+        let mut own = Own::read_committed(&self.pool)
+            .await
+            .map_err(outbox_error)?;
         let deleted = sqlx::query(self.sql.delete_published.clone())
             .persistent(self.persistent())
             .bind(older_than)
@@ -335,7 +333,9 @@ impl Housekeeping for PgOutbox {
             )
             .await;
         }
-        let mut own = self.own().await?;
+        let mut own = Own::read_committed(&self.pool)
+            .await
+            .map_err(outbox_error)?;
         let deleted = sqlx::query(self.sql.delete_dead_lettered.clone())
             .persistent(self.persistent())
             .bind(older_than)

@@ -435,8 +435,9 @@ impl InsertCompleted for PgStore {
 
 impl ExpiredCleanup for PgStore {
     async fn delete_expired_batch(&self, batch_size: u32) -> Result<u64, StoreError> {
-        // One statement, so one short transaction; SKIP LOCKED never waits on request traffic.
-        let mut own = self.own().await?;
+        // One statement in a short READ COMMITTED transaction (see `Own::read_committed`): SKIP
+        // LOCKED never waits on request traffic, nor fails on a row a concurrent cleanup took.
+        let mut own = Own::read_committed(&self.pool).await.map_err(store_error)?;
         let deleted = sqlx::query(self.sql.delete_expired.clone())
             .persistent(self.persistent())
             .bind(i64::from(batch_size))
