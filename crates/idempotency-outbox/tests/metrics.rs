@@ -211,6 +211,67 @@ fn a_full_answer_ends_an_outage_and_starts_none() {
     assert_eq!((state("lost"), state("back")), (1, 1));
 }
 
+/// A blip between two refusals (a publish timed out) does not start the patience again: an
+/// event a full destination refuses for good is dead-lettered once its refusals have gone on
+/// for the patience and counted `max-attempts` times (before the review of this stop: every
+/// other failure forgot the event, so a blip a day held it, and its aggregate, for ever).
+#[test]
+fn a_blip_between_refusals_does_not_start_the_patience_again() {
+    with_recorder(async |_snapshotter| {
+        let mut config = config(Ordering::Ordered);
+        config.relay.workers = 1;
+        config.relay.max_attempts = 2;
+        config.relay.full_patience = Duration::from_secs(2);
+        let (pool, outbox) = outbox(&config).await;
+        commit(&pool, &outbox, &[event("blip", 0)]).await;
+        let relay = Relay::new(outbox.clone(), FullWithBlips::default(), &config).unwrap();
+        let handle = relay.spawn();
+        let started = std::time::Instant::now();
+        eventually("dead-lettered", || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 1
+        })
+        .await;
+        handle.shutdown().await;
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "before the patience: {:?}",
+            started.elapsed()
+        );
+    });
+}
+
+/// The destination full, except every third publish, which times out.
+#[derive(Default)]
+struct FullWithBlips {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl idempotency_outbox::Publisher for FullWithBlips {
+    fn destination(&self) -> &str {
+        "full-with-blips"
+    }
+
+    async fn publish(
+        &self,
+        _message: &idempotency_outbox::OutboxMessage,
+    ) -> Result<idempotency_outbox::Ack, idempotency_outbox::PublishError> {
+        use idempotency_outbox::{PublishError, PublishErrorKind};
+        let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let kind = if call % 3 == 2 {
+            PublishErrorKind::Timeout
+        } else {
+            PublishErrorKind::Full
+        };
+        Err(PublishError::kind_only(kind))
+    }
+}
+
 /// The first publish: the broker unavailable; every later one: the destination full.
 #[derive(Default)]
 struct FullAfterAnOutage {

@@ -152,6 +152,10 @@ where
     }
 
     /// Claims, publishes and marks one batch, as a worker does. Returns what happened.
+    ///
+    /// Keep the relay between batches (it is cheap to clone): it remembers since when a full
+    /// destination has refused each event, which `relay.full-patience` counts from; a relay
+    /// made for each batch would never reach the patience.
     pub async fn run_batch(&self) -> Result<BatchReport, Error> {
         worker::run_batch(&self.shared).await
     }

@@ -205,6 +205,7 @@ where
     let claimed_at = Instant::now();
     let spent = claimed.dead_lettered.len() as u64;
     for id in &claimed.dead_lettered {
+        shared.held.forget(*id);
         tracing::error!(%id, max_attempts = config.max_attempts, "outbox message dead-lettered: claimed max-attempts times without completing");
     }
     metrics::dead_lettered_at_claim(shared.publisher.destination(), spent);
@@ -465,19 +466,23 @@ fn failure<S, P: Publisher>(
     let kind = error.kind();
     // How long a full destination has refused the event: since its first refusal this relay
     // saw (its age when too many are held to remember).
+    // Another failure meanwhile (a timeout, the broker unavailable) does not start it again:
+    // a blip a day would otherwise hold a message the destination refuses for good for ever.
     let refused_for = if kind == PublishErrorKind::Full {
+        // Refused at least once per `stale` while held, by one relay of several too: the
+        // patience, or a few backoffs if longer.
         let stale = config
             .backoff
             .max
             .saturating_add(config.lease())
             .saturating_mul(2)
-            .saturating_add(config.poll_interval);
+            .saturating_add(config.poll_interval)
+            .max(config.full_patience);
         shared
             .held
-            .refused(message.id, Instant::now(), stale)
+            .refused(message.id, message.attempts, Instant::now(), stale)
             .unwrap_or_else(|| age(message))
     } else {
-        shared.held.forget(message.id);
         Duration::ZERO
     };
     let judged = judge(config, kind, message.attempts, refused_for);
