@@ -200,7 +200,9 @@ where
     /// ```
     pub fn new(client: C, config: &DistributedCacheConfig) -> Result<Self, Error> {
         let secret = config.secret.as_ref().ok_or(Error::NoSecret)?;
-        config.write_behind.validate()?;
+        if config.write_behind.enabled {
+            config.write_behind.validate()?;
+        }
         Ok(Self {
             signer: Signer::new(secret, &config.key_prefix),
             client: Arc::new(RwLock::new(client)),

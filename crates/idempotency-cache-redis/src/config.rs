@@ -182,7 +182,8 @@ pub const MAX_WRITE_BEHIND_BATCH: usize = 10_000;
 
 impl WriteBehindConfig {
     /// Refuses a `capacity` over [`MAX_WRITE_BEHIND_CAPACITY`] or a `max-batch` over
-    /// [`MAX_WRITE_BEHIND_BATCH`].
+    /// [`MAX_WRITE_BEHIND_BATCH`]. [`RedisCache::new`](crate::RedisCache::new) asks it when
+    /// write-behind is enabled (a disabled one allocates nothing).
     ///
     /// ```
     /// use std::num::NonZeroUsize;

@@ -729,18 +729,23 @@ fn check_caches(properties: &crate::IdempotencyConfig) -> Result<(), Error> {
             ));
         }
         let write_behind = &redis.write_behind;
-        for (property, value, max) in [
-            (
-                "idempotency.distributed-cache.write-behind.capacity",
-                write_behind.capacity.get(),
-                idempotency_cache_redis::MAX_WRITE_BEHIND_CAPACITY,
-            ),
-            (
-                "idempotency.distributed-cache.write-behind.max-batch",
-                write_behind.max_batch.get(),
-                idempotency_cache_redis::MAX_WRITE_BEHIND_BATCH,
-            ),
-        ] {
+        let sizes = if write_behind.enabled {
+            vec![
+                (
+                    "idempotency.distributed-cache.write-behind.capacity",
+                    write_behind.capacity.get(),
+                    idempotency_cache_redis::MAX_WRITE_BEHIND_CAPACITY,
+                ),
+                (
+                    "idempotency.distributed-cache.write-behind.max-batch",
+                    write_behind.max_batch.get(),
+                    idempotency_cache_redis::MAX_WRITE_BEHIND_BATCH,
+                ),
+            ]
+        } else {
+            Vec::new()
+        };
+        for (property, value, max) in sizes {
             if value > max {
                 return Err(Error::property(
                     property,

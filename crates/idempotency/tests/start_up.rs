@@ -215,7 +215,7 @@ async fn degenerate_values_are_refused_naming_their_key() {
             "idempotency.distributed-cache.write-behind.capacity",
         ),
         (
-            "    write-behind:\n      max-batch: 1000000000\n",
+            "    write-behind:\n      enabled: true\n      max-batch: 1000000000\n",
             "idempotency.distributed-cache.write-behind.max-batch",
         ),
     ] {
