@@ -531,11 +531,12 @@ where
             error = %corrupt,
             "corrupt idempotency cache entry; deleting it"
         );
+        // A write: through the breaker of writes (a Redis refusing writes must not open the
+        // breaker of reads, nor be logged lost and back at each corrupt entry).
         let _: Result<i64, _> = self
-            .call(
-                &self.breaker,
-                |commands| async move { commands.del(key).await },
-            )
+            .call(&self.write_breaker, |commands| async move {
+                commands.del(key).await
+            })
             .await;
         Err(CacheError::Corrupt(corrupt))
     }

@@ -341,6 +341,69 @@ async fn failing_puts_do_not_open_the_breaker_of_reads() {
     assert!(cache.is_healthy().await);
 }
 
+/// A replica answers reads and refuses writes (`READONLY`): a corrupt entry read there is a
+/// miss whose deletion fails, which counts against the breaker of writes, not the breaker of
+/// reads (before: the deletion went through the breaker of reads, which a threshold of 1
+/// opened: every read then refused under fail-fast).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_deletion_of_a_corrupt_entry_does_not_open_the_breaker_of_reads() {
+    use idempotency_cache_redis::fred::prelude::ClientLike as _;
+    let primary = OwnRedis::start("ro-primary", &[]).await;
+    let replica = OwnRedis::start(
+        "ro-replica",
+        &["--replicaof", "127.0.0.1", &primary.port.to_string()],
+    )
+    .await;
+    let config = DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name("ro")),
+        failure_policy: FailurePolicy::FailFast,
+        timeout: Duration::from_millis(500),
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: 1,
+            cool_down: Duration::from_secs(60),
+        },
+        secret: Some(support::secret()),
+        ..Default::default()
+    };
+    let writer = RedisCache::connect(&primary.url(), &config).unwrap();
+    let reader = RedisCache::connect(&replica.url(), &config).unwrap();
+    for cache in [&writer, &reader] {
+        tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let id = &ids(1)[0];
+    let key = writer.key_for(id);
+    let _: () = writer
+        .client()
+        .set(key.as_str(), "v3:not-a-tag:{}", None, None, false)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while reader
+        .client()
+        .get::<Option<String>, _>(key.as_str())
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "not replicated");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let error = reader.get(id).await.unwrap_err();
+    assert!(
+        matches!(error, idempotency_core::CacheError::Corrupt(_)),
+        "{error:?}"
+    );
+    assert_eq!(reader.write_breaker_state(), BreakerState::Open, "READONLY");
+    assert_eq!(reader.breaker_state(), BreakerState::Closed { failures: 0 });
+    assert!(
+        matches!(reader.get(&ids(1)[0]).await, Ok(None)),
+        "reads served"
+    );
+}
+
 on_both!(
     put_answers_before_the_write_which_follows,
     a_full_queue_makes_put_write_its_entry_itself,
