@@ -507,9 +507,10 @@ pub struct RelayConfig {
     /// How long a full destination
     /// ([`PublishErrorKind::Full`](crate::PublishErrorKind::Full): a stream or queue at its
     /// limit) may refuse an event before its refusals count towards `max-attempts`, from the
-    /// first refusal this relay saw (another failure meanwhile, a timeout, does not start it
-    /// again; a relay that restarts, or a requeue, does; past 100,000 held events, it counts
-    /// from when the event was written). Until then each refusal gives its attempt
+    /// first refusal this relay saw (a timeout or an outage meanwhile does not start it again,
+    /// unless no refusal came for an hour; a relay that restarts does, and a requeue on the
+    /// relay that dead-lettered the event; a relay remembers up to 100,000 events refused in
+    /// the last hour, and past that counts from when the event was written). Until then each refusal gives its attempt
     /// back and the next comes after about as long as the event has been refused (within
     /// `backoff.base..=backoff.max`), so a consumer that falls behind for less does not turn
     /// the backlog into dead letters; the event, and its aggregate's later events, wait in the

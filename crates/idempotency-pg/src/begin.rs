@@ -38,7 +38,6 @@ pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx
 
 /// [`begin`] with `statement` in place of `BEGIN` (`pool.begin_with`), as safe to cancel: a
 /// `BEGIN` with options, or `BEGIN` followed by `SET LOCAL`s in the same round trip.
-#[cfg(feature = "outbox")]
 pub(crate) async fn begin_with(
     pool: &PgPool,
     statement: &'static str,

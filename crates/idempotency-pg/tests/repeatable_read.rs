@@ -9,10 +9,11 @@
 use std::time::Duration;
 
 use idempotency_core::ExpiredCleanup;
+use idempotency_core::config::SchemaMode;
 use idempotency_outbox::NewEvent;
-use idempotency_outbox::config::Ordering;
-use idempotency_outbox::store::{ClaimRequest, Housekeeping, RelayStore};
-use idempotency_pg::{PgOutbox, PgStore, TableName};
+use idempotency_outbox::config::{Ordering, OutboxConfig, PartitioningConfig};
+use idempotency_outbox::store::{ClaimRequest, Housekeeping, Inbox, RelayStore};
+use idempotency_pg::{PgInbox, PgOutbox, PgStore, TableName};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -154,4 +155,80 @@ async fn concurrent_retention_and_cleanup_do_not_fail() {
     })
     .await;
     assert_eq!(cleaned, 2000, "cleanup: each record deleted once");
+}
+
+/// The rest of the `SKIP LOCKED` batches: dead letters' retention, retention on a partitioned
+/// outbox (a transaction per partition), the inbox's purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_dead_letter_retention_partitioned_retention_and_purge_do_not_fail() {
+    let pool = repeatable_read_pool().await;
+    let plain = outbox(&pool, Ordering::Unordered).await;
+    backlog(&pool, &plain, 2000).await;
+    sqlx::query("UPDATE outbox SET dead_lettered_at = clock_timestamp() - interval '1 hour'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deleted = four_at_once(move || {
+        let plain = plain.clone();
+        async move {
+            plain
+                .delete_dead_lettered(Duration::from_secs(60), 20)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
+    assert_eq!(deleted, 2000, "dead letters: each deleted once");
+
+    let mut config = OutboxConfig {
+        table_name: "outbox_by_day".to_owned(),
+        notify_channel: None,
+        ordering: Ordering::Unordered,
+        ..OutboxConfig::default()
+    };
+    config.schema.mode = SchemaMode::Create;
+    config.partitioning = PartitioningConfig {
+        enabled: true,
+        interval: Duration::from_secs(86_400),
+        ahead: 2,
+    };
+    let partitioned = PgOutbox::from_config(pool.clone(), &config).await.unwrap();
+    backlog(&pool, &partitioned, 2000).await;
+    sqlx::query("UPDATE outbox_by_day SET published_at = clock_timestamp() - interval '1 hour'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deleted = four_at_once(move || {
+        let partitioned = partitioned.clone();
+        async move {
+            partitioned
+                .delete_published(Duration::from_secs(60), 20)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
+    assert_eq!(deleted, 2000, "partitioned: each deleted once");
+
+    let inbox = PgInbox::with_table(pool.clone(), TableName::parse("inbox").unwrap());
+    inbox.create_schema().await.unwrap();
+    sqlx::query(
+        "INSERT INTO inbox (consumer, message_id, received_at) \
+         SELECT 'c', 'm-' || i, clock_timestamp() - interval '1 day' \
+         FROM generate_series(1, 2000) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let purged = four_at_once(move || {
+        let inbox = inbox.clone();
+        async move {
+            inbox
+                .purge(Duration::from_secs(60), 20)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
+    assert_eq!(purged, 2000, "inbox: each id purged once");
 }

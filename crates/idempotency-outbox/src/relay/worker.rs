@@ -469,15 +469,18 @@ fn failure<S, P: Publisher>(
     // Another failure meanwhile (a timeout, the broker unavailable) does not start it again:
     // a blip a day would otherwise hold a message the destination refuses for good for ever.
     let refused_for = if kind == PublishErrorKind::Full {
-        // Refused at least once per `stale` while held, by one relay of several too: the
-        // patience, or a few backoffs if longer.
+        // An event this relay has not seen refused for `stale` is forgotten (published or held
+        // by another relay, or gone): an hour, or a few backoffs if longer. A held event is
+        // retried at least every `backoff.max` + lease by one of the relays sharing the outbox,
+        // so each of up to a dozen relays sees it within the hour; entries of events that went
+        // out through another relay leave room under the bound after an hour.
         let stale = config
             .backoff
             .max
             .saturating_add(config.lease())
             .saturating_mul(2)
             .saturating_add(config.poll_interval)
-            .max(config.full_patience);
+            .max(STALE_HELD);
         shared
             .held
             .refused(message.id, message.attempts, Instant::now(), stale)
@@ -594,6 +597,9 @@ fn broker_answered<S, P: Publisher>(shared: &Shared<S, P>, sent: Sent, how: &str
         tracing::info!(destination, outage = ?lasted, "outbox broker back: {how}");
     }
 }
+
+/// How long, at least, a held event not refused again is remembered (see `failure`).
+const STALE_HELD: Duration = Duration::from_secs(60 * 60);
 
 /// Least time between two warnings that the destination is full.
 const FULL_WARNING_EVERY: Duration = Duration::from_secs(60);
