@@ -38,9 +38,10 @@ pub const WRITE_BEHIND_METRIC: &str = "idempotency_cache_write_behind_entries_to
 /// docs, "Logs during an outage").
 pub const BREAKER_METRIC: &str = "idempotency_cache_breaker_transitions_total";
 
-/// The counter of Redis outages as the cache's calls see them, label `state`: `lost` (a call
-/// failed after one succeeded: logged once at `warn`) and `back` (a call succeeded after
-/// failures: logged once at `info`). The calls that failed in between are counted in
+/// The counter of Redis outages as the cache's reads see them, label `state`: `lost` (a read
+/// failed after one succeeded: logged once at `warn`) and `back` (a read succeeded after
+/// failures: logged once at `info`). Failed writes open the breaker of writes instead
+/// ([`BREAKER_METRIC`]). The calls that failed in between are counted in
 /// [`RedisCacheStats`] and the service's `idempotency_cache_errors_total`, not logged.
 pub const CONNECTION_METRIC: &str = "idempotency_cache_connection_changes_total";
 
@@ -267,13 +268,6 @@ where
     /// themselves and the write-behind writer's batches (`Closed` while no write failed).
     pub fn write_breaker_state(&self) -> BreakerState {
         self.write_breaker.state()
-    }
-
-    /// The state of the circuit breaker of writes, which the write-behind writer shares with
-    /// the `put`s that write themselves.
-    #[deprecated(note = "the breaker guards every write: use `write_breaker_state`")]
-    pub fn write_behind_breaker_state(&self) -> BreakerState {
-        self.write_breaker_state()
     }
 
     /// Whether L2 serves: the request path's breaker is closed, and Redis answers a `PING`

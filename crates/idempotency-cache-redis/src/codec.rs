@@ -49,7 +49,7 @@ struct Wire<'a> {
     c: Option<Cow<'a, str>>,
     t: (u64, Option<u64>, Option<u64>),
     /// The span of the execution that stored the record, as `[trace id, span id]` in hex.
-    /// Absent when there is none, and in entries written before it existed (still `v2`: they
+    /// Absent when there is none, and in entries written before it existed (still `v3`: they
     /// decode as before, with no span); a release before it ignores the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     x: Option<(String, String)>,
@@ -245,7 +245,7 @@ mod tests {
             panic!("{encoded}")
         };
         assert_eq!(back, traced);
-        // Written by a release before the field: the same v2 entry, without `x`.
+        // Written by a release before the field: the same v3 entry, without `x`.
         let old = tagged(r#"{"f":"x","s":"C","p":1,"t":[1,2,null]}"#);
         let Decoded::Record(back) = dec(&old) else {
             panic!("{old}")

@@ -21,9 +21,10 @@ pub enum Error {
          (at least 32 bytes, the same in every instance sharing the Redis)"
     )]
     NoSecret,
-    /// A write-behind size over its bound ([`MAX_WRITE_BEHIND_CAPACITY`](crate::MAX_WRITE_BEHIND_CAPACITY),
-    /// [`MAX_WRITE_BEHIND_BATCH`](crate::MAX_WRITE_BEHIND_BATCH)): the queue and the batch are allocated up front (a
-    /// `capacity` meant as "unbounded" made every `put` panic).
+    /// A write-behind size over its bound
+    /// ([`MAX_WRITE_BEHIND_CAPACITY`](crate::MAX_WRITE_BEHIND_CAPACITY),
+    /// [`MAX_WRITE_BEHIND_BATCH`](crate::MAX_WRITE_BEHIND_BATCH)): the queue and the batch
+    /// are allocated up front (a `capacity` meant as "unbounded" made every `put` panic).
     #[error(
         "idempotency.distributed-cache.write-behind.{property} is {value}, more than the {max} \
          it may be"

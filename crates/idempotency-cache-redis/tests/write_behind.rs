@@ -250,7 +250,7 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
 }
 
 /// Writes fail (Redis out of memory: `OOM` replies to every `SET`) while reads work: the
-/// write-behind batches open the writer's own breaker, never the one that guards reads, so
+/// write-behind batches open the breaker of writes, never the one that guards reads, so
 /// under fail-fast requests are still served (before: one breaker for both, and failed batches
 /// turned into 503s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

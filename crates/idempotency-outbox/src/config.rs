@@ -504,18 +504,18 @@ pub struct RelayConfig {
     pub lease_margin: Duration,
     /// Attempts before a message is dead-lettered. Default `10`.
     pub max_attempts: u32,
-    /// How long a full destination
-    /// ([`PublishErrorKind::Full`](crate::PublishErrorKind::Full): a stream or queue at its
-    /// limit) may refuse an event before its refusals count towards `max-attempts`, from the
-    /// first refusal this relay saw (a timeout or an outage meanwhile does not start it again,
-    /// unless no refusal came for an hour; a relay that restarts does, and a requeue on the
-    /// relay that dead-lettered the event; a relay remembers up to 100,000 events refused in
-    /// the last hour, and past that counts from when the event was written). Until then each refusal gives its attempt
-    /// back and the next comes after about as long as the event has been refused (within
-    /// `backoff.base..=backoff.max`), so a consumer that falls behind for less does not turn
-    /// the backlog into dead letters; the event, and its aggregate's later events, wait in the
-    /// outbox (and count towards `health.max-pending-age`). `0s` counts every refusal, like
-    /// any other failure. Default `24h`.
+    /// How long a full destination ([`PublishErrorKind::Full`](crate::PublishErrorKind::Full): a
+    /// stream or queue at its limit) may refuse an event before its refusals count towards
+    /// `max-attempts`, from the first refusal this relay saw (a timeout or an outage meanwhile does
+    /// not start it again, unless no refusal came for an hour, or two `backoff.max` and leases if
+    /// longer; a relay that restarts does, and a requeue on the relay that dead-lettered the event;
+    /// a relay remembers up to 100,000 events refused in the last hour, and past that counts from
+    /// when the event was written). Until then each refusal gives its attempt back and the next
+    /// comes after about as long as the event has been refused (within
+    /// `backoff.base..=backoff.max`), so a consumer that falls behind for less does not turn the
+    /// backlog into dead letters; the event, and its aggregate's later events, wait in the outbox
+    /// (and count towards `health.max-pending-age`). `0s` counts every refusal, like any other
+    /// failure. Default `24h`.
     #[serde(with = "humantime_serde")]
     pub full_patience: Duration,
     /// Delay between attempts.

@@ -15,7 +15,7 @@
 //! | `outbox_relay_worker_panics_total` | counter | | relay worker tasks that panicked outside a publish (each is restarted) |
 //! | `outbox_broker_duplicates_total` | counter | `destination` | confirmed copies the broker reported as duplicates |
 //! | `outbox_publish_latency_seconds` | histogram | `destination` | enqueue (commit) to broker ack |
-//! | `outbox_broker_state_changes_total` | counter | `destination`, `state` | the broker as one relay sees it: `lost` (a publish failed on the broker's side after one was confirmed), `back` (a publish confirmed after such failures); each also logged once |
+//! | `outbox_broker_state_changes_total` | counter | `destination`, `state` | the broker as one relay sees it: `lost` (a publish failed on the broker's side after one was confirmed), `back` (a publish confirmed, or answered that the destination is full, after such failures); each also logged once |
 //!
 //! Gauges are refreshed every `relay.stats-interval` by one query per relay process.
 

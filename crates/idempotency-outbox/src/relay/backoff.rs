@@ -38,7 +38,8 @@ pub(crate) fn after_wait(config: &BackoffConfig, id: Uuid, refused: Duration) ->
 /// `max-attempts`, so its backoff cannot grow with the message's attempts; it grows with the
 /// outage instead: the next attempt comes after about as long as the outage has lasted
 /// (within `base..=max`, with jitter), so the retries of a long outage thin out as an
-/// exponential backoff's do, and the first confirmed publish ends the outage.
+/// exponential backoff's do, and the first confirmed publish (or answer that the destination
+/// is full) ends the outage.
 ///
 /// A publish's result speaks of the state the broker was in when the publish was sent
 /// ([`Outage::sent`]), which a batch's concurrent publishes may outlive: a confirmation of a
