@@ -4,6 +4,8 @@
 use crate::config::{OutboxConfig, PublisherConfig};
 use crate::error::Error;
 use crate::message::OutboxMessage;
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+use crate::publisher::chain;
 use crate::publisher::{Ack, BrokerHealth, LoggingPublisher, PublishError, Publisher};
 
 /// The publisher built from `outbox.publisher`: NATS JetStream (feature `nats`), RabbitMQ
@@ -326,22 +328,6 @@ impl ConfiguredPublisher {
         }
         Ok(publisher)
     }
-}
-
-/// The error and its sources, `: `-separated.
-#[cfg_attr(
-    not(any(feature = "nats", feature = "rabbitmq", feature = "kafka")),
-    allow(dead_code)
-)]
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl Publisher for ConfiguredPublisher {

@@ -309,13 +309,7 @@ impl RabbitMqPublisher {
         Connection::connect(&self.uri, ConnectionProperties::default())
             .await
             .map_err(|error| {
-                let mut text = error.to_string();
-                let mut source = std::error::Error::source(&error);
-                while let Some(cause) = source {
-                    text.push_str(": ");
-                    text.push_str(&cause.to_string());
-                    source = cause.source();
-                }
+                let text = super::chain(&error);
                 ConnectFailed(text.replace(&self.uri, &idempotency_core::redact_url(&self.uri)))
             })
     }
