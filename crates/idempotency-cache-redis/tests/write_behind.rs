@@ -249,39 +249,60 @@ async fn a_batch_whose_entries_expired_in_the_queue_does_not_close_the_breaker()
     );
 }
 
+/// Fail-fast settings whose breakers open at `threshold` failures and stay open a minute, with
+/// `write_behind`, under a key prefix of their own.
+fn fail_fast(
+    label: &str,
+    threshold: u32,
+    write_behind: WriteBehindConfig,
+) -> DistributedCacheConfig {
+    DistributedCacheConfig {
+        key_prefix: format!("{}:", idempotency_testing::unique_name(label)),
+        failure_policy: FailurePolicy::FailFast,
+        timeout: Duration::from_millis(500),
+        circuit_breaker: CircuitBreakerConfig {
+            failure_threshold: threshold,
+            cool_down: Duration::from_secs(60),
+        },
+        write_behind,
+        secret: Some(support::secret()),
+        ..Default::default()
+    }
+}
+
+/// A cache on `url`, connected.
+async fn connected(url: &str, config: &DistributedCacheConfig) -> RedisCache {
+    let cache = RedisCache::connect(url, config).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
+        .await
+        .unwrap()
+        .unwrap();
+    cache
+}
+
+/// A Redis of the test's own that refuses every write (`maxmemory 1`, `noeviction`: `OOM`).
+async fn out_of_memory(name: &str) -> OwnRedis {
+    OwnRedis::start(
+        name,
+        &["--maxmemory", "1", "--maxmemory-policy", "noeviction"],
+    )
+    .await
+}
+
 /// Writes fail (Redis out of memory: `OOM` replies to every `SET`) while reads work: the
 /// write-behind batches open the breaker of writes, never the one that guards reads, so
 /// under fail-fast requests are still served (before: one breaker for both, and failed batches
 /// turned into 503s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_write_behind_batches_do_not_open_the_breaker_of_reads() {
-    let server = OwnRedis::start(
-        "wb-oom",
-        &["--maxmemory", "1", "--maxmemory-policy", "noeviction"],
-    )
-    .await;
-    let config = DistributedCacheConfig {
-        key_prefix: format!("{}:", idempotency_testing::unique_name("wb-oom")),
-        failure_policy: FailurePolicy::FailFast,
-        timeout: Duration::from_millis(500),
-        circuit_breaker: CircuitBreakerConfig {
-            failure_threshold: 2,
-            cool_down: Duration::from_secs(60),
-        },
-        write_behind: WriteBehindConfig {
-            enabled: true,
-            max_batch: NonZeroUsize::new(1).unwrap(),
-            linger: Duration::ZERO,
-            ..Default::default()
-        },
-        secret: Some(support::secret()),
+    let server = out_of_memory("wb-oom").await;
+    let write_behind = WriteBehindConfig {
+        enabled: true,
+        max_batch: NonZeroUsize::new(1).unwrap(),
+        linger: Duration::ZERO,
         ..Default::default()
     };
-    let cache = RedisCache::connect(&server.url(), &config).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
-        .await
-        .unwrap()
-        .unwrap();
+    let cache = connected(&server.url(), &fail_fast("wb-oom", 2, write_behind)).await;
     let ids = ids(3);
     for (n, id) in ids.iter().enumerate() {
         cache.put(id, &record(n)).await.unwrap();
@@ -302,27 +323,12 @@ async fn failing_write_behind_batches_do_not_open_the_breaker_of_reads() {
 /// opened: every read was then `CircuitOpen`, and every request a 503).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_puts_do_not_open_the_breaker_of_reads() {
-    let server = OwnRedis::start(
-        "put-oom",
-        &["--maxmemory", "1", "--maxmemory-policy", "noeviction"],
+    let server = out_of_memory("put-oom").await;
+    let cache = connected(
+        &server.url(),
+        &fail_fast("put-oom", 2, WriteBehindConfig::default()),
     )
     .await;
-    let config = DistributedCacheConfig {
-        key_prefix: format!("{}:", idempotency_testing::unique_name("put-oom")),
-        failure_policy: FailurePolicy::FailFast,
-        timeout: Duration::from_millis(500),
-        circuit_breaker: CircuitBreakerConfig {
-            failure_threshold: 2,
-            cool_down: Duration::from_secs(60),
-        },
-        secret: Some(support::secret()),
-        ..Default::default()
-    };
-    let cache = RedisCache::connect(&server.url(), &config).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
-        .await
-        .unwrap()
-        .unwrap();
     let ids = ids(3);
     for (n, id) in ids.iter().enumerate().take(2) {
         let error = cache.put(id, &record(n)).await.unwrap_err();
@@ -347,32 +353,15 @@ async fn failing_puts_do_not_open_the_breaker_of_reads() {
 /// opened: every read then refused under fail-fast).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_deletion_of_a_corrupt_entry_does_not_open_the_breaker_of_reads() {
-    use idempotency_cache_redis::fred::prelude::ClientLike as _;
     let primary = OwnRedis::start("ro-primary", &[]).await;
     let replica = OwnRedis::start(
         "ro-replica",
         &["--replicaof", "127.0.0.1", &primary.port.to_string()],
     )
     .await;
-    let config = DistributedCacheConfig {
-        key_prefix: format!("{}:", idempotency_testing::unique_name("ro")),
-        failure_policy: FailurePolicy::FailFast,
-        timeout: Duration::from_millis(500),
-        circuit_breaker: CircuitBreakerConfig {
-            failure_threshold: 1,
-            cool_down: Duration::from_secs(60),
-        },
-        secret: Some(support::secret()),
-        ..Default::default()
-    };
-    let writer = RedisCache::connect(&primary.url(), &config).unwrap();
-    let reader = RedisCache::connect(&replica.url(), &config).unwrap();
-    for cache in [&writer, &reader] {
-        tokio::time::timeout(Duration::from_secs(10), cache.client().wait_for_connect())
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    let config = fail_fast("ro", 1, WriteBehindConfig::default());
+    let writer = connected(&primary.url(), &config).await;
+    let reader = connected(&replica.url(), &config).await;
     let id = &ids(1)[0];
     let key = writer.key_for(id);
     let _: () = writer

@@ -316,23 +316,10 @@ async fn a_poison_message_is_dead_lettered_without_holding_up_other_aggregates()
 /// once the stream had room).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_stream_holds_events_back_without_dead_lettering_them() {
-    use async_nats::jetstream::stream;
     let mut config = config(Ordering::Ordered);
     config.relay.max_attempts = 2;
     let (pool, outbox) = outbox(&config).await;
-    let stream = TestStream::named().await;
-    stream
-        .js
-        .create_stream(stream::Config {
-            name: stream.name.clone(),
-            subjects: vec![format!("{}.>", stream.prefix)],
-            duplicate_window: Duration::from_secs(120),
-            max_messages: 2,
-            discard: stream::DiscardPolicy::New,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let stream = TestStream::full_at(2).await;
     let events: Vec<NewEvent> = (0..4).map(|n| event("o-1", n)).collect();
     commit(&pool, &outbox, &events).await;
     let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)
@@ -398,23 +385,10 @@ async fn a_full_stream_holds_events_back_without_dead_lettering_them() {
 /// refusal on, dead-lettered within a second with `max-attempts: 2`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_older_than_the_patience_gets_it_all_when_its_stream_is_full() {
-    use async_nats::jetstream::stream;
     let mut config = config(Ordering::Ordered);
     config.relay.max_attempts = 2;
     let (pool, outbox) = outbox(&config).await;
-    let stream = TestStream::named().await;
-    stream
-        .js
-        .create_stream(stream::Config {
-            name: stream.name.clone(),
-            subjects: vec![format!("{}.>", stream.prefix)],
-            duplicate_window: Duration::from_secs(120),
-            max_messages: 1,
-            discard: stream::DiscardPolicy::New,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let stream = TestStream::full_at(1).await;
     let events: Vec<NewEvent> = (0..3).map(|n| event("o-1", n)).collect();
     commit(&pool, &outbox, &events).await;
     sqlx::query("UPDATE outbox SET created_at = created_at - interval '25 hours'")
@@ -454,24 +428,11 @@ async fn an_event_older_than_the_patience_gets_it_all_when_its_stream_is_full() 
 /// of them, not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_full_for_longer_than_the_patience_dead_letters_the_event() {
-    use async_nats::jetstream::stream;
     let mut config = config(Ordering::Ordered);
     config.relay.max_attempts = 2;
     config.relay.full_patience = Duration::from_secs(2);
     let (pool, outbox) = outbox(&config).await;
-    let stream = TestStream::named().await;
-    stream
-        .js
-        .create_stream(stream::Config {
-            name: stream.name.clone(),
-            subjects: vec![format!("{}.>", stream.prefix)],
-            duplicate_window: Duration::from_secs(120),
-            max_messages: 1,
-            discard: stream::DiscardPolicy::New,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let stream = TestStream::full_at(1).await;
     let events: Vec<NewEvent> = (0..2).map(|n| event("o-1", n)).collect();
     commit(&pool, &outbox, &events).await;
     let handle = Relay::new(outbox.clone(), stream.publisher().await, &config)

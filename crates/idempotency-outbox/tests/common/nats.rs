@@ -30,6 +30,23 @@ impl TestStream {
         }
     }
 
+    /// A stream that takes `max_messages` and then refuses publishes (`discard: new`): a full
+    /// destination once that many are in.
+    pub async fn full_at(max_messages: i64) -> Self {
+        let s = Self::named().await;
+        s.js.create_stream(stream::Config {
+            name: s.name.clone(),
+            subjects: vec![format!("{}.>", s.prefix)],
+            duplicate_window: Duration::from_secs(120),
+            max_messages,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        s
+    }
+
     pub async fn new() -> Self {
         let s = Self::named().await;
         s.create().await;
