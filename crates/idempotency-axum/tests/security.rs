@@ -349,14 +349,7 @@ async fn duplicates_beyond_the_waiters_of_a_key_answer_409_without_a_connection(
     until_in_use(&pool, 3).await; // the holder and its two waiters
     duplicates.extend((0..4).map(|_| spawn()));
     // The refused ones answer while the holder still runs, without taking the spare connection.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-    while duplicates.iter().filter(|d| d.is_finished()).count() < 4 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "four duplicates refused at once"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    four_answered_within(&duplicates, Duration::from_secs(1)).await;
     assert_eq!(in_use(&pool), 3, "the refused copies hold no connection");
     let other = tokio::time::timeout(
         Duration::from_secs(2),
@@ -374,18 +367,7 @@ async fn duplicates_beyond_the_waiters_of_a_key_answer_409_without_a_connection(
     assert!(!holder.is_finished(), "the holder still runs");
     release.notify_one();
     assert_eq!(holder.await.unwrap().status, StatusCode::CREATED);
-    let mut statuses = Vec::new();
-    for duplicate in duplicates {
-        let reply = duplicate.await.unwrap();
-        if reply.status == StatusCode::CONFLICT {
-            assert!(reply.header("retry-after").is_some());
-        } else {
-            assert!(reply.is_replay(), "{}", reply.text());
-        }
-        statuses.push(reply.status.as_u16());
-    }
-    statuses.sort_unstable();
-    assert_eq!(statuses, [201, 201, 409, 409, 409, 409]);
+    assert_eq!(statuses(duplicates).await, [201, 201, 409, 409, 409, 409]);
 }
 
 /// The same bound in leased mode, where a duplicate waits by polling the store (a statement
@@ -428,7 +410,16 @@ async fn leased_duplicates_beyond_the_waiters_of_a_key_answer_409_at_once() {
     let mut duplicates: Vec<_> = (0..2).map(|_| spawn()).collect();
     tokio::time::sleep(Duration::from_millis(300)).await; // the two waiters are polling
     duplicates.extend((0..4).map(|_| spawn()));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    four_answered_within(&duplicates, Duration::from_secs(2)).await;
+    assert!(!holder.is_finished(), "the holder still runs");
+    release.notify_one();
+    assert_eq!(holder.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(statuses(duplicates).await, [201, 201, 409, 409, 409, 409]);
+}
+
+/// Waits until four of `duplicates` have answered, at most `within`.
+async fn four_answered_within(duplicates: &[tokio::task::JoinHandle<Reply>], within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
     while duplicates.iter().filter(|d| d.is_finished()).count() < 4 {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -436,9 +427,11 @@ async fn leased_duplicates_beyond_the_waiters_of_a_key_answer_409_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(!holder.is_finished(), "the holder still runs");
-    release.notify_one();
-    assert_eq!(holder.await.unwrap().status, StatusCode::CREATED);
+}
+
+/// The statuses `duplicates` answered, sorted: each `409` with `Retry-After`, any other a
+/// replay.
+async fn statuses(duplicates: Vec<tokio::task::JoinHandle<Reply>>) -> Vec<u16> {
     let mut statuses = Vec::new();
     for duplicate in duplicates {
         let reply = duplicate.await.unwrap();
@@ -450,7 +443,7 @@ async fn leased_duplicates_beyond_the_waiters_of_a_key_answer_409_at_once() {
         statuses.push(reply.status.as_u16());
     }
     statuses.sort_unstable();
-    assert_eq!(statuses, [201, 201, 409, 409, 409, 409]);
+    statuses
 }
 
 /// Issue 53, item 5, transactional mode, decided: a client that hangs up cancels the handler

@@ -292,6 +292,20 @@ async fn a_zero_max_pending_age_is_refused_naming_the_key() {
     assert!(error.contains("max-pending-age"), "{error}");
 }
 
+/// One execution of a new key through the service, its result.
+async fn execute_once(
+    idempotency: &Idempotency<sqlx::SqlitePool>,
+) -> Result<idempotency::Outcome<i64>, idempotency::core::Error> {
+    let request = json!({"n": 1});
+    idempotency
+        .service()
+        .execute(
+            Call::new("HEALTH", IdempotencyKey::new(unique()).unwrap(), &request),
+            async |_conn| Ok::<_, idempotency::core::Error>(ExecutionResult::success(1)),
+        )
+        .await
+}
+
 fn redis_yaml(url: &str) -> String {
     format!(
         "idempotency:\n  persistence:\n    schema:\n      mode: create\n  distributed-cache:\n    \
@@ -319,14 +333,7 @@ async fn an_open_redis_breaker_is_reported_and_the_service_stays_ready() {
     assert_eq!(report.cache.write_breaker, Some(Breaker::Closed));
 
     proxy.cut();
-    let request = json!({"n": 1});
-    let outcome = idempotency
-        .service()
-        .execute(
-            Call::new("HEALTH", IdempotencyKey::new(unique()).unwrap(), &request),
-            async |_conn| Ok::<_, idempotency::core::Error>(ExecutionResult::success(1)),
-        )
-        .await;
+    let outcome = execute_once(&idempotency).await;
     assert!(outcome.is_ok(), "fail-open: served from the database");
     let report = idempotency.health().await;
     assert_eq!(report.cache.breaker, Some(Breaker::Open), "{report:?}");
@@ -394,14 +401,7 @@ async fn a_redis_that_refuses_writes_shows_its_open_breaker_of_writes() {
     )
     .await
     .unwrap();
-    let request = json!({"n": 1});
-    let outcome = idempotency
-        .service()
-        .execute(
-            Call::new("HEALTH", IdempotencyKey::new(unique()).unwrap(), &request),
-            async |_conn| Ok::<_, idempotency::core::Error>(ExecutionResult::success(1)),
-        )
-        .await;
+    let outcome = execute_once(&idempotency).await;
     assert!(
         outcome.is_ok(),
         "a failed write after the commit fails nothing"
