@@ -5,7 +5,8 @@
 /// one (`?password=`): `?…`. Where the URL is ambiguous (an `@` after the host, as an
 /// unencoded `/`, `?` or `#` in a password makes it), more is hidden, never less. A URL
 /// without `//` that holds an `@` (a typo such as `postgres:u:secret@h/db`) keeps only its
-/// scheme; text without a scheme at all (`token@host:4222`, which some clients take, or
+/// scheme, as does one with a query or an `=` (`postgres:?host=db&password=…`, which sqlx
+/// takes); text without a scheme at all (`token@host:4222`, which some clients take, or
 /// `host=db password=…`) is hidden whole when it holds an `@` or an `=`.
 ///
 /// ```
@@ -23,7 +24,9 @@ pub fn redact_url(url: &str) -> String {
         .filter(|(scheme, _)| is_scheme(scheme))
     else {
         return match url.split_once(':') {
-            Some((scheme, _)) if is_scheme(scheme) && url.contains('@') => format!("{scheme}:…"),
+            Some((scheme, _)) if is_scheme(scheme) && url.contains(['@', '?', '=']) => {
+                format!("{scheme}:…")
+            }
             Some((scheme, _)) if is_scheme(scheme) => url.to_owned(),
             _ if url.contains(['@', '=']) => "…".to_owned(),
             _ => url.to_owned(),
@@ -95,6 +98,9 @@ mod tests {
             ("redis://a:1/x@y", "redis://a:***@y"),
             ("nats://token@n:4222", "nats://***@n:4222"),
             ("s3cret@nats:4222", "…"),
+            ("postgres:?host=db&password=s3cret", "postgres:…"),
+            ("db.internal:5432/app?password=s3cret", "db.internal:…"),
+            ("rediss:cache:6379?password=s3cret", "rediss:…"),
             ("s3cret@nats", "…"),
             ("tok@a:4222,nats://b:4222", "…"),
             ("host=db user=u password=s3cret", "…"),

@@ -509,8 +509,8 @@ pub struct RelayConfig {
     /// `max-attempts`, from the first refusal this relay saw (a timeout or an outage meanwhile does
     /// not start it again, unless no refusal came for an hour, or two `backoff.max` and leases if
     /// longer; a relay that restarts does, and a requeue on the relay that dead-lettered the event;
-    /// a relay remembers up to 100,000 events refused in the last hour, and past that counts from
-    /// when the event was written). Until then each refusal gives its attempt back and the next
+    /// a relay remembers up to 100,000 events refused in the last hour, and does not count the
+    /// refusals of the others until it remembers them). Until then each refusal gives its attempt back and the next
     /// comes after about as long as the event has been refused (within
     /// `backoff.base..=backoff.max`), so a consumer that falls behind for less does not turn the
     /// backlog into dead letters; the event, and its aggregate's later events, wait in the outbox

@@ -13,8 +13,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-/// The most held events remembered; past it, an event's patience counts from when it was
-/// written (its age), so memory stays bounded whatever the backlog.
+/// The most held events remembered; past it, an event's refusals are not counted until it is
+/// remembered (room is made as held events go out or go unrefused for `stale`), so memory
+/// stays bounded whatever the backlog and no event loses its patience to the bound.
 pub(crate) const MAX_HELD: usize = 100_000;
 
 /// How often the entries of events no longer refused here are looked for and forgotten.

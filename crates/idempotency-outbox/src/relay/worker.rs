@@ -465,7 +465,7 @@ fn failure<S, P: Publisher>(
     let config = &shared.config;
     let kind = error.kind();
     // How long a full destination has refused the event: since its first refusal this relay
-    // saw (its age when too many are held to remember).
+    // saw.
     // Another failure meanwhile (a timeout, the broker unavailable) does not start it again:
     // a blip a day would otherwise hold a message the destination refuses for good for ever.
     let refused_for = if kind == PublishErrorKind::Full {
@@ -484,9 +484,8 @@ fn failure<S, P: Publisher>(
         shared
             .held
             .refused(message.id, message.attempts, Instant::now(), stale)
-            .unwrap_or_else(|| age(message))
     } else {
-        Duration::ZERO
+        None
     };
     let judged = judge(config, kind, message.attempts, refused_for);
     if judged == (Judged::Counted { dead_letter: true }) {
@@ -517,8 +516,13 @@ fn failure<S, P: Publisher>(
         // No room at the destination, within the patience: not counted, retried after about
         // as long as it has been refused. Not the relay's outage state: other destinations
         // (subjects, queues) may take messages meanwhile.
+        // Not remembered (too many held): its retry spaced by its age.
         Judged::Full => (
-            backoff::after_wait(&config.backoff, message.id, refused_for),
+            backoff::after_wait(
+                &config.backoff,
+                message.id,
+                refused_for.unwrap_or_else(|| age(message)),
+            ),
             false,
             true,
         ),
@@ -554,19 +558,27 @@ enum Judged {
 }
 
 /// How a failure of kind `kind`, at attempt `attempts`, is handled; `refused_for`: how long a
-/// full destination has refused the event (for [`PublishErrorKind::Full`]).
+/// full destination has refused the event (for [`PublishErrorKind::Full`]; `None` when too
+/// many are held to remember it, which is not counted until it is remembered, unless the
+/// patience is `0s`).
 fn judge(
     config: &RelayConfig,
     kind: PublishErrorKind,
     attempts: u32,
-    refused_for: Duration,
+    refused_for: Option<Duration>,
 ) -> Judged {
     match kind {
         kind if kind.is_transient() => Judged::Outage,
         // A destination with no room now: the event waits (and its aggregate behind it) until
         // it has been refused for `full-patience`; then its refusals count, which bounds a
         // refusal that is for good (a message larger than the stream's `max_bytes`).
-        PublishErrorKind::Full if refused_for < config.full_patience => Judged::Full,
+        PublishErrorKind::Full
+            if refused_for.map_or(!config.full_patience.is_zero(), |refused| {
+                refused < config.full_patience
+            }) =>
+        {
+            Judged::Full
+        }
         // A message the broker can never take as it is (a name too long for it...) is not
         // retried: it would only hold back its aggregate.
         PublishErrorKind::InvalidMessage => Judged::Counted { dead_letter: true },
@@ -654,33 +666,55 @@ mod tests {
         let full = PublishErrorKind::Full;
         let counted = |dead_letter| Judged::Counted { dead_letter };
         assert_eq!(
-            judge(&config, full, 3, hour - Duration::from_secs(1)),
+            judge(&config, full, 3, Some(hour - Duration::from_secs(1))),
             Judged::Full
         );
-        assert_eq!(judge(&config, full, 9, Duration::ZERO), Judged::Full);
+        assert_eq!(judge(&config, full, 9, Some(Duration::ZERO)), Judged::Full);
         assert_eq!(
-            judge(&config, full, 2, hour),
+            judge(&config, full, 2, Some(hour)),
             counted(false),
             "attempts left"
         );
-        assert_eq!(judge(&config, full, 3, hour), counted(true));
+        assert_eq!(judge(&config, full, 3, Some(hour)), counted(true));
         for other in [PublishErrorKind::Rejected, PublishErrorKind::Other] {
-            assert_eq!(judge(&config, other, 2, Duration::ZERO), counted(false));
-            assert_eq!(judge(&config, other, 3, Duration::ZERO), counted(true));
+            assert_eq!(
+                judge(&config, other, 2, Some(Duration::ZERO)),
+                counted(false)
+            );
+            assert_eq!(
+                judge(&config, other, 3, Some(Duration::ZERO)),
+                counted(true)
+            );
         }
         for outage in [PublishErrorKind::Unavailable, PublishErrorKind::Timeout] {
-            assert_eq!(judge(&config, outage, 3, hour * 2), Judged::Outage);
+            assert_eq!(judge(&config, outage, 3, Some(hour * 2)), Judged::Outage);
         }
         assert_eq!(
-            judge(&config, PublishErrorKind::InvalidMessage, 1, Duration::ZERO),
+            judge(
+                &config,
+                PublishErrorKind::InvalidMessage,
+                1,
+                Some(Duration::ZERO)
+            ),
             counted(true)
         );
         let impatient = RelayConfig {
             full_patience: Duration::ZERO,
-            ..config
+            ..config.clone()
         };
-        assert_eq!(judge(&impatient, full, 3, Duration::ZERO), counted(true));
-        assert_eq!(judge(&impatient, full, 2, Duration::ZERO), counted(false));
+        assert_eq!(
+            judge(&impatient, full, 3, Some(Duration::ZERO)),
+            counted(true)
+        );
+        assert_eq!(
+            judge(&impatient, full, 2, Some(Duration::ZERO)),
+            counted(false)
+        );
+        // Not remembered (too many held): not counted, whatever its attempts (before: counted
+        // from when it was written, so an old backlog past the bound was dead-lettered); with
+        // `0s` of patience, counted as every refusal is.
+        assert_eq!(judge(&config, full, 9, None), Judged::Full);
+        assert_eq!(judge(&impatient, full, 9, None), counted(true));
     }
 
     /// The age is the age at the claim (database clock), whatever the relay's clock says; the
