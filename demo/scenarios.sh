@@ -217,6 +217,36 @@ ok
 scenarios api /api/payments /api/refunds /charges '"100"'
 scenarios v2 /v2/payments /v2/refunds /v2/charges 100
 
+# ---------------------------------------------------------------- the layer's optimistic mode
+# `/v2/payments/optimistic`: the same payment behind `IdempotencyLayer::optimistic()` (the
+# handler first, then the record in one insert, in the same transaction).
+OPT="/v2/payments/optimistic"
+K_OPT="demo-opt-$RUN"
+step "[optimistic] payment: first request creates it (201 CONFIRMED)"
+req POST "$OPT" '{"orderId": "o-1", "recipient": "alice", "amount": 100.00}' -H "Idempotency-Key: $K_OPT"
+expect_status 201; expect_json "b['status']" CONFIRMED; expect_no_header idempotent-replayed
+OPT_ID=$(json "b['paymentId']"); ok
+
+step "[optimistic] payment: duplicate replays the same paymentId"
+req POST "$OPT" '{ "amount": 100, "recipient": "alice", "orderId": "o-1" }' -H "Idempotency-Key: $K_OPT"
+expect_status 201; expect_json "b['paymentId']" "$OPT_ID"; expect_header idempotent-replayed true; ok
+
+step "[optimistic] payment: same key, different payload: 422"
+req POST "$OPT" '{"orderId": "o-1", "recipient": "alice", "amount": 200.00}' -H "Idempotency-Key: $K_OPT"
+expect_problem 422 idempotency-key-reused; ok
+
+step "[optimistic] payment: over the balance is rejected, and the rejection replayed"
+req POST "$OPT" '{"orderId": "o-2", "recipient": "alice", "amount": 5000.00}' -H "Idempotency-Key: $K_OPT-2"
+expect_problem 422 request-rejected; expect_json "b['code']" INSUFFICIENT_FUNDS
+req POST "$OPT" '{"orderId": "o-2", "recipient": "alice", "amount": 5000.00}' -H "Idempotency-Key: $K_OPT-2"
+expect_problem 422 request-rejected; expect_header idempotent-replayed true; ok
+
+step "[optimistic] payment: FAIL_ONCE fails with 500, the retry runs (201)"
+req POST "$OPT" '{"orderId": "o-3", "recipient": "FAIL_ONCE", "amount": 1}' -H "Idempotency-Key: $K_OPT-3"
+expect_problem 500 internal-error
+req POST "$OPT" '{"orderId": "o-3", "recipient": "FAIL_ONCE", "amount": 1}' -H "Idempotency-Key: $K_OPT-3"
+expect_status 201; expect_no_header idempotent-replayed; ok
+
 # ---------------------------------------------------------------- request identity
 DEPOSIT_KEY="deposit-$RUN"
 step "[v2] deposit: account A, 201 with the deposit"

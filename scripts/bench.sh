@@ -131,6 +131,8 @@ scenario_args() {
   case "$1" in
     unprotected) args=(--endpoint unprotected) ;;
     first) args=(--fresh) ;;
+    first-layer) args=(--endpoint v2-payments --fresh) ;;
+    first-optimistic) args=(--endpoint v2-payments-optimistic --fresh) ;;
     replay) args=(--replay "bench-replay-key") ;;
     validate) args=(--endpoint validate --replay "bench-validate-key") ;;
     first-otel) args=(--fresh); client_port=$otel_port ;;
@@ -169,7 +171,7 @@ measure() {
 rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-* "$out"/syscalls-* "$out/otlp-sink.counts"
 for round in $(seq 1 "$http_rounds"); do
   echo "   round $round of $http_rounds ($http_seconds per scenario)"
-  for name in unprotected first replay validate first-otel replay-otel; do
+  for name in unprotected first first-layer first-optimistic replay validate first-otel replay-otel; do
     scenario_args "$name"
     measure "http-$name-$round" "${args[@]}"
   done
@@ -305,7 +307,7 @@ print(f"| load | `cargo run --release -p idempotency-bench -- --clients 4 --dura
 print(f"| middleware | `cargo run --release -p idempotency-bench -- --only-layer --clients 4 --duration {duration} --rounds {rounds}` | the same payment handler through an axum router in process (`oneshot`, no socket): behind `IdempotencyLayer` (the handler takes `IdempotentTx`; claim-first and `optimistic()`), calling `execute` itself, and the same insert in a plain transaction without idempotency; first executions (fresh keys) and replays of one key (`lookup-before-acquire` on both) |")
 print(f"| MySQL / MariaDB | `cargo run --release -p idempotency-bench -- --backend mysql --clients 4 --duration {duration} --rounds {rounds}` | the load bench's grid on `MYSQL_URL`: `execute` against the same SQL issued directly and against the business transaction alone, a replay against a bare primary-key SELECT, the relay's drain to JetStream (polling) |")
 print("| relay | `cargo bench -p idempotency-outbox --all-features --bench relay` | relay throughput to JetStream with acks, 1 and 2 workers, batches 10/100/500; commit-to-ack latency with NOTIFY versus polling |")
-print(f"| HTTP | `idempotency-load` against the release demo on PostgreSQL + Redis, 16 clients | the same payment without idempotency, first executions (fresh keys) and replays (one key), interleaved over {len(http_rounds)} rounds of {http_seconds} each (ratios per round, their median); `GET /health`; peak resident memory of the demo |\n")
+print(f"| HTTP | `idempotency-load` against the release demo on PostgreSQL + Redis, 16 clients | the same payment without idempotency, first executions (fresh keys: `execute` in the handler, and the same payment behind `IdempotencyLayer` claim-first and `optimistic()`) and replays (one key), interleaved over {len(http_rounds)} rounds of {http_seconds} each (ratios per round, their median); `GET /health`; peak resident memory of the demo |\n")
 print("Round trips per call are fixed by design and checked by a test")
 print("(`crates/idempotency-pg/tests/round_trips.rs`): first execution 5 statements (`BEGIN`,")
 print("acquire, business insert, complete, `COMMIT`), optimistic 4, replay with")
@@ -355,6 +357,17 @@ for name, what, target in [("first", "first execution", 0.45), ("replay", "repla
     floor = validate_ratio[0] if name == "replay" and validate_ratio else None
     floor_text = "" if floor is None else f"; this run's floor, `POST /api/payments/validate` / the same payment, {floor:.2f}"
     print(f"| HTTP {what} / the same payment without idempotency (throughput, median of {len(http_rounds)} rounds, {low:.2f}-{high:.2f}; target >= {target}{floor_text}{by_cpu}) | {median:.2f} | {verdict(median, target, floor)} |")
+# The same first execution behind the layer, in both of its modes (issue 51's lever: what the
+# optimistic mode gains over HTTP), against the same target.
+for name, what in [("first-layer", "`IdempotencyLayer` (claim-first, `POST /v2/payments`)"), ("first-optimistic", "`IdempotencyLayer::optimistic()` (`POST /v2/payments/optimistic`)")]:
+    if name in http:
+        median, low, high = http_ratio(name)
+        by_cpu, servers = cpu_ratio(name), cpu_ratio(name, servers_only=True)
+        by_cpu = "" if by_cpu is None else f"; the same ratio of CPU per request {by_cpu:.2f}, {servers:.2f} without the load generator's"
+        print(f"| HTTP first execution through {what} / the same payment without idempotency (throughput, median of {len(http_rounds)} rounds, {low:.2f}-{high:.2f}; target >= 0.45{by_cpu}) | {median:.2f} | {verdict(median, 0.45)} |")
+if "first-optimistic" in http and "first-layer" in http:
+    median, low, high = http_ratio("first-optimistic", "first-layer")
+    print(f"| HTTP first execution, `IdempotencyLayer::optimistic()` / claim-first (throughput, median of {len(http_rounds)} rounds, {low:.2f}-{high:.2f}; target report) | {median:.2f} | (reported) |")
 # The replay's CPU per request against the unprotected payment's, the servers' processes only
 # (the demo, PostgreSQL, Redis): what the throughput ratio would be with the clients elsewhere.
 servers = cpu_ratio("replay", servers_only=True)
@@ -512,7 +525,7 @@ print(f"their sum over the scenario's wall time, out of the machine's {cores}. W
 print("busy, throughput is the cores divided by the CPU per request, whatever the round trips.\n")
 print(f"| round | endpoint | requests/s | p50 | p99 | CPU per request: {' + '.join(label for _, label in CPU_GROUPS)} = total | cores busy | statuses |")
 print("|---:|---|---:|---:|---:|---|---:|---|")
-label = {"unprotected": "`POST /api/payments/unprotected` (no idempotency)", "first": "`POST /api/payments`, fresh key (first execution)", "replay": "`POST /api/payments`, one key (replays)", "validate": "`POST /api/payments/validate` (the floor: the same request checked, nothing paid)", "health": "`GET /health`"}
+label = {"unprotected": "`POST /api/payments/unprotected` (no idempotency)", "first": "`POST /api/payments`, fresh key (first execution)", "first-layer": "`POST /v2/payments`, fresh key (`IdempotencyLayer`, claim-first)", "first-optimistic": "`POST /v2/payments/optimistic`, fresh key (`IdempotencyLayer::optimistic()`)", "replay": "`POST /api/payments`, one key (replays)", "validate": "`POST /api/payments/validate` (the floor: the same request checked, nothing paid)", "health": "`GET /health`"}
 def http_row(round_, name, r, cpu=None, groups=CPU_GROUPS):
     statuses = ", ".join(f"{k}: {v}" for k, v in sorted(r.get("statuses", {}).items()))
     lat = r.get("latency_ms", {})
@@ -523,7 +536,7 @@ def http_row(round_, name, r, cpu=None, groups=CPU_GROUPS):
         busy = f"{cores_busy:.2f}"
     print(f"| {round_} | {label[name]} | {r.get('ops_per_s', 0):.0f} | {lat.get('p50', 0):.2f} ms | {lat.get('p99', 0):.2f} ms | {split} | {busy} | {statuses} |")
 for i, round_ in enumerate(http_rounds):
-    for name in ["unprotected", "first", "replay", "validate"]:
+    for name in ["unprotected", "first", "first-layer", "first-optimistic", "replay", "validate"]:
         if name in http:
             http_row(round_, name, http[name][i], http_cpu_per_request(name, i))
 http_row("", "health", health)

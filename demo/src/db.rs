@@ -5,6 +5,7 @@
 
 use std::future::Future;
 
+use idempotency_core::store::InsertCompleted;
 use idempotency_core::{ExpiredCleanup, IdempotencyStore, StoreError};
 use idempotency_outbox::{Enqueue, Housekeeping, RelayStore};
 use idempotency_pg::sqlx;
@@ -28,7 +29,7 @@ pub trait Database: Clone + Send + Sync + 'static {
     /// The pool the `idempotency` facade assembles the store and the outbox on.
     type Pool: idempotency::Database<Store = Self::Store, Outbox = Self::Outbox>;
     /// The idempotency store.
-    type Store: IdempotencyStore + ExpiredCleanup + Clone;
+    type Store: IdempotencyStore + ExpiredCleanup + InsertCompleted + Clone;
     /// The outbox, written through the same connection as the business rows.
     type Outbox: Enqueue<Connection = Conn<Self>> + RelayStore + Housekeeping + Clone;
 

@@ -148,6 +148,7 @@ pub enum IdempotencyProblems {
         crate::app::create_charge,
         crate::app::get_charge,
         crate::v2::create_payment,
+        crate::v2::create_payment_optimistic,
         crate::v2::create_refund,
         crate::v2::create_charge,
         crate::v2::create_deposit,

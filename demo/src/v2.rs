@@ -1,7 +1,8 @@
 //! `/v2/payments`, `/v2/refunds` and `/v2/charges`: the same business as `/api/payments`,
 //! `/api/refunds` and `/charges`, made idempotent by `IdempotencyLayer` alone; and
 //! `/v2/accounts/{account}/deposits`, whose target (the account in the path, the note in the
-//! query) is part of the request's identity. The handlers
+//! query) is part of the request's identity; and `/v2/payments/optimistic`, the same payment
+//! behind the layer's optimistic mode (`IdempotencyLayer::optimistic`). The handlers
 //! hold no idempotency code: they run their statements on the layer's transaction
 //! (`IdempotentTx`) and return a response, which the layer stores in that transaction.
 
@@ -46,7 +47,15 @@ pub(crate) fn routes<DB: Database>(app: &App<DB>, max_body_bytes: usize) -> Rout
         .merge(
             Router::new()
                 .route("/v2/charges", post(create_charge::<DB>))
-                .route_layer(layer.uuid_keys()),
+                .route_layer(layer.clone().uuid_keys()),
+        )
+        .merge(
+            Router::new()
+                .route(
+                    "/v2/payments/optimistic",
+                    post(create_payment_optimistic::<DB>),
+                )
+                .route_layer(layer.optimistic()),
         )
 }
 
@@ -75,8 +84,44 @@ fn rejected<D: serde::Serialize>(code: &str, details: &D) -> Response {
 pub(crate) async fn create_payment<DB: Database>(
     State(app): State<Arc<App<DB>>>,
     headers: HeaderMap,
-    mut tx: IdempotentTx<DB::Store>,
+    tx: IdempotentTx<DB::Store>,
     ProblemJson(body): ProblemJson<CreatePayment>,
+) -> Result<Response, Response> {
+    pay(&app, "v2", &headers, tx, body).await
+}
+
+/// `POST /v2/payments/optimistic`: `POST /v2/payments` behind the layer's optimistic mode.
+/// The handler runs before the key is recorded, and the payment and its stored response are
+/// inserted in one transaction: two statements fewer per first execution than
+/// `/v2/payments`. Concurrent duplicates may each run the handler; one commits, the others
+/// roll their payment back and answer its response.
+#[utoipa::path(
+    post,
+    path = "/v2/payments/optimistic",
+    request_body = CreatePayment,
+    params(crate::openapi::KeyHeader, crate::openapi::TenantHeader),
+    responses(
+        (status = 201, description = "The payment (replays carry Idempotent-Replayed)", body = Payment, headers(("Idempotent-Replayed" = String, description = "`true` when the stored response of an earlier request is replayed"))),
+        crate::openapi::IdempotencyProblems,
+    )
+)]
+pub(crate) async fn create_payment_optimistic<DB: Database>(
+    State(app): State<Arc<App<DB>>>,
+    headers: HeaderMap,
+    tx: IdempotentTx<DB::Store>,
+    ProblemJson(body): ProblemJson<CreatePayment>,
+) -> Result<Response, Response> {
+    pay(&app, "v2-optimistic", &headers, tx, body).await
+}
+
+/// The payment of both `/v2` payment routes; `route` keeps their `FAIL_ONCE` simulations
+/// apart.
+async fn pay<DB: Database>(
+    app: &App<DB>,
+    route: &str,
+    headers: &HeaderMap,
+    mut tx: IdempotentTx<DB::Store>,
+    body: CreatePayment,
 ) -> Result<Response, Response> {
     let request = body.validate().map_err(IntoResponse::into_response)?;
     match request.recipient.as_str() {
@@ -85,7 +130,7 @@ pub(crate) async fn create_payment<DB: Database>(
         }
         // The simulation fails once per (tenant, key); reading the headers for it is the
         // demo's fault injection, not idempotency code.
-        "FAIL_ONCE" if app.first_failure(&failure_key(&headers)) => {
+        "FAIL_ONCE" if app.first_failure(&failure_key(route, headers)) => {
             return Err(technical("simulated technical failure (FAIL_ONCE)").into_response());
         }
         _ => {}
@@ -109,14 +154,18 @@ pub(crate) async fn create_payment<DB: Database>(
     Ok((StatusCode::CREATED, Json(payment)).into_response())
 }
 
-fn failure_key(headers: &HeaderMap) -> String {
+fn failure_key(route: &str, headers: &HeaderMap) -> String {
     let value = |name: &str| {
         headers
             .get(name)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .unwrap_or_default()
     };
-    format!("v2/{}/{}", value("x-tenant-id"), value("idempotency-key"))
+    format!(
+        "{route}/{}/{}",
+        value("x-tenant-id"),
+        value("idempotency-key")
+    )
 }
 
 /// `POST /v2/refunds`: `POST /api/refunds` behind the layer.

@@ -159,32 +159,40 @@ async fn v2_routes_answer_as_the_explicit_routes_do() {
             "charges" => "/charges".to_owned(),
             other => format!("/api/{other}"),
         };
-        let layered = format!("/v2/{resource}");
-        // Distinct keys per route and case, except the UUID and the invalid ones.
-        let keys = key.map(|key| match key {
-            k if k.len() == 36 || k.contains(" ") || k == "demo-1" => (k.to_owned(), k.to_owned()),
-            k => (
-                format!("{k}-{resource}-{case}-a"),
-                format!("{k}-{resource}-{case}-b"),
-            ),
-        });
-        let (a, b) = match &keys {
-            Some((a, b)) => (Some(a.as_str()), Some(b.as_str())),
-            None => (None, None),
-        };
-        for round in ["first", "replay"] {
-            let want = post(&app, &explicit, a, body).await;
-            let got = post(&app, &layered, b, body).await;
-            let what = format!("{resource} {case} ({round})");
-            assert_eq!(got.status, want.status, "{what}: {:?}", got.body);
-            assert_eq!(
-                got.headers.get("content-type"),
-                want.headers.get("content-type"),
-                "{what}"
-            );
-            assert_eq!(got.shape(), want.shape(), "{what}");
-            if want.replayed() {
-                assert!(got.replayed(), "{what}");
+        // The payments also behind the layer's optimistic mode.
+        let mut layered = vec![format!("/v2/{resource}")];
+        if *resource == "payments" {
+            layered.push("/v2/payments/optimistic".to_owned());
+        }
+        for (n, layered) in layered.iter().enumerate() {
+            // Distinct keys per route and case, except the UUID and the invalid ones.
+            let keys = key.map(|key| match key {
+                k if k.len() == 36 || k.contains(" ") || k == "demo-1" => {
+                    (k.to_owned(), k.to_owned())
+                }
+                k => (
+                    format!("{k}-{resource}-{case}-{n}-a"),
+                    format!("{k}-{resource}-{case}-{n}-b"),
+                ),
+            });
+            let (a, b) = match &keys {
+                Some((a, b)) => (Some(a.as_str()), Some(b.as_str())),
+                None => (None, None),
+            };
+            for round in ["first", "replay"] {
+                let want = post(&app, &explicit, a, body).await;
+                let got = post(&app, layered, b, body).await;
+                let what = format!("{layered} {case} ({round})");
+                assert_eq!(got.status, want.status, "{what}: {:?}", got.body);
+                assert_eq!(
+                    got.headers.get("content-type"),
+                    want.headers.get("content-type"),
+                    "{what}"
+                );
+                assert_eq!(got.shape(), want.shape(), "{what}");
+                if want.replayed() {
+                    assert!(got.replayed(), "{what}");
+                }
             }
         }
     }
@@ -213,19 +221,69 @@ async fn a_v2_charge_its_record_and_its_event_commit_together() {
     assert_eq!(payload["chargeId"], first["id"]);
 }
 
-/// A failed `/v2/payments` leaves nothing (no payment, no record), and the retry runs.
+/// A failed `/v2/payments` (or `/v2/payments/optimistic`) leaves nothing (no payment, no
+/// record), and the retry runs.
 #[tokio::test]
 async fn a_failed_v2_payment_leaves_nothing_and_the_retry_runs() {
     let (app, pool) = demo().await;
     let body = r#"{"orderId":"o-3","recipient":"FAIL_ONCE","amount":100}"#;
-    let failed = post(&app, "/v2/payments", Some("once"), body).await;
-    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(count(&pool, "payments").await, 0);
-    assert_eq!(count(&pool, "idempotency_records").await, 0);
-    let retry = post(&app, "/v2/payments", Some("once"), body).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert!(!retry.replayed());
+    for (n, route) in ["/v2/payments", "/v2/payments/optimistic"]
+        .iter()
+        .enumerate()
+    {
+        let failed = post(&app, route, Some("once"), body).await;
+        assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR, "{route}");
+        assert_eq!(count(&pool, "payments").await, n as i64, "{route}");
+        assert_eq!(
+            count(&pool, "idempotency_records").await,
+            n as i64,
+            "{route}"
+        );
+        let retry = post(&app, route, Some("once"), body).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{route}");
+        assert!(!retry.replayed(), "{route}");
+        assert_eq!(count(&pool, "payments").await, n as i64 + 1, "{route}");
+    }
+}
+
+/// Concurrent duplicates on `/v2/payments/optimistic` may each run the handler, but one
+/// payment and one record commit, and every answer is that payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_on_the_optimistic_route_pay_once() {
+    let (app, pool) = demo().await;
+    let body = r#"{"orderId":"o-9","recipient":"alice","amount":10}"#;
+    let racing: Vec<_> = (0..8)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                post(&app, "/v2/payments/optimistic", Some("racing"), body).await
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for reply in racing {
+        replies.push(reply.await.unwrap());
+    }
+    // A duplicate past the in-flight policy's waiters is told to retry (409); every other
+    // answer is the one payment.
+    let paid: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED)
+        .collect();
+    for reply in &replies {
+        if reply.status != StatusCode::CREATED {
+            assert_eq!(reply.status, StatusCode::CONFLICT, "{:?}", reply.body);
+            assert_eq!(problem_type(reply), "request-in-flight");
+        }
+    }
+    let first: Value = serde_json::from_slice(&paid[0].body).unwrap();
+    for reply in &paid {
+        let payment: Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(payment["paymentId"], first["paymentId"]);
+    }
+    assert_eq!(paid.iter().filter(|r| !r.replayed()).count(), 1);
     assert_eq!(count(&pool, "payments").await, 1);
+    assert_eq!(count(&pool, "idempotency_records").await, 1);
 }
 
 /// The OpenAPI document lists the `/v2` routes.
@@ -240,6 +298,7 @@ async fn the_openapi_document_lists_the_v2_routes() {
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     for path in [
         "/v2/payments",
+        "/v2/payments/optimistic",
         "/v2/refunds",
         "/v2/charges",
         "/v2/accounts/{account}/deposits",

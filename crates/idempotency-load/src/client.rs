@@ -50,6 +50,12 @@ pub enum Endpoint {
     /// `Idempotency-Key` included) checked and answered without paying or touching the
     /// database: the HTTP bench's floor, what any payment request costs the server.
     Validate,
+    /// `POST /v2/payments`: the payment of [`Payments`](Self::Payments) behind
+    /// `IdempotencyLayer` (claim-first), the same headers and body.
+    V2Payments,
+    /// `POST /v2/payments/optimistic`: the same payment behind `IdempotencyLayer::optimistic`
+    /// (the handler first, then the record in one insert), the same headers and body.
+    V2PaymentsOptimistic,
 }
 
 impl Endpoint {
@@ -60,12 +66,17 @@ impl Endpoint {
             Self::Unprotected => "/api/payments/unprotected",
             Self::Charges => "/charges",
             Self::Validate => "/api/payments/validate",
+            Self::V2Payments => "/v2/payments",
+            Self::V2PaymentsOptimistic => "/v2/payments/optimistic",
         }
     }
 
     /// Whether answers create a resource per key (payments, charges): tracked per key.
     pub fn keyed(self) -> bool {
-        matches!(self, Self::Payments | Self::Charges)
+        matches!(
+            self,
+            Self::Payments | Self::Charges | Self::V2Payments | Self::V2PaymentsOptimistic
+        )
     }
 }
 
@@ -270,7 +281,10 @@ impl HttpClient {
         }
         match self.endpoint {
             Endpoint::Health => builder.method(Method::GET).body(Full::default()),
-            Endpoint::Payments | Endpoint::Validate => builder
+            Endpoint::Payments
+            | Endpoint::Validate
+            | Endpoint::V2Payments
+            | Endpoint::V2PaymentsOptimistic => builder
                 .method(Method::POST)
                 .header(CONTENT_TYPE, "application/json")
                 .header("idempotency-key", HeaderValue::from_str(key)?)
