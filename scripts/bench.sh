@@ -166,12 +166,15 @@ measure() {
   load "$@" > "$out/$name.json"
   times > "$out/$name.times-after"; cpu_snapshot > "$out/$name.cpu-after"
 }
-# Interleaved rounds, like the load bench: each round runs the three scenarios of a ratio back
-# to back, so both sides of it share the same background load and the same table sizes.
+# Interleaved rounds, like the load bench: each round runs every scenario back to back, so both
+# sides of a ratio share the same background load and the same table sizes. The layer's two
+# modes swap places every other round, so that neither always runs on the other's leftovers.
 rm -f "$out"/http-*.json "$out"/http-*.cpu-* "$out"/http-*.times-* "$out"/syscalls-* "$out/otlp-sink.counts"
 for round in $(seq 1 "$http_rounds"); do
   echo "   round $round of $http_rounds ($http_seconds per scenario)"
-  for name in unprotected first first-layer first-optimistic replay validate first-otel replay-otel; do
+  layer_modes="first-layer first-optimistic"
+  [ $((round % 2)) = 0 ] && layer_modes="first-optimistic first-layer"
+  for name in unprotected first $layer_modes replay validate first-otel replay-otel; do
     scenario_args "$name"
     measure "http-$name-$round" "${args[@]}"
   done
@@ -221,7 +224,7 @@ mysql = cmd("mysql -N -B -h 127.0.0.1 -u root -e 'SELECT VERSION()'")
 rustc = cmd("rustc --version")
 http_rounds = sorted(int(p.rsplit("-", 1)[1][:-5]) for p in glob.glob(os.path.join(out, "http-unprotected-*.json")))
 http = {name: [json.load(open(os.path.join(out, f"http-{name}-{r}.json"))) for r in http_rounds]
-        for name in ["unprotected", "first", "replay", "validate", "first-otel", "replay-otel"]
+        for name in ["unprotected", "first", "first-layer", "first-optimistic", "replay", "validate", "first-otel", "replay-otel"]
         if all(os.path.exists(os.path.join(out, f"http-{name}-{r}.json")) for r in http_rounds)}
 health = json.load(open(os.path.join(out, "http-health.json")))
 rps = lambda report: report.get("ops_per_s", 0) or 1

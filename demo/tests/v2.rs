@@ -286,6 +286,60 @@ async fn concurrent_duplicates_on_the_optimistic_route_pay_once() {
     assert_eq!(count(&pool, "idempotency_records").await, 1);
 }
 
+/// `/v2/payments/optimistic` runs the handler before the key is recorded, `/v2/payments`
+/// after: with the records table locked, the optimistic request waits on its record's insert
+/// holding the payment's row, the claim-first one waits on its claim with no payment written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_optimistic_route_runs_the_handler_before_recording_the_key() {
+    let (app, pool) = demo().await;
+    let body = r#"{"orderId":"o-7","recipient":"alice","amount":7}"#;
+    for (route, handler_first) in [("/v2/payments/optimistic", true), ("/v2/payments", false)] {
+        let mut blocker = pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE idempotency_records IN SHARE ROW EXCLUSIVE MODE")
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        let request = {
+            let app = app.clone();
+            tokio::spawn(async move { post(&app, route, Some("order"), body).await })
+        };
+        // Wait until the request waits on the records table, then see whether it holds a
+        // lock on the payments table (its handler's insert).
+        let mut waiting = false;
+        for _ in 0..500 {
+            waiting = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks \
+                 WHERE relation = 'idempotency_records'::regclass AND NOT granted)",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(waiting, "{route}: never waited on the records table");
+        let paid: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks \
+             WHERE relation = 'payments'::regclass AND granted)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(paid, handler_first, "{route}: the handler ran first");
+        blocker.commit().await.unwrap();
+        let reply = request.await.unwrap();
+        assert_eq!(
+            reply.status,
+            StatusCode::CREATED,
+            "{route}: {:?}",
+            reply.body
+        );
+    }
+    assert_eq!(count(&pool, "payments").await, 2);
+}
+
 /// The OpenAPI document lists the `/v2` routes.
 #[tokio::test]
 async fn the_openapi_document_lists_the_v2_routes() {

@@ -38,7 +38,9 @@ struct Args {
     /// Endpoint: `payments` (POST /api/payments), `charges` (POST /charges, UUID keys derived
     /// from the keys), `unprotected` (POST /api/payments/unprotected, the same payment without
     /// idempotency), `validate` (POST /api/payments/validate, the payment's request checked
-    /// without paying) or `health` (GET /health).
+    /// without paying), `v2-payments` (POST /v2/payments, behind IdempotencyLayer),
+    /// `v2-payments-optimistic` (POST /v2/payments/optimistic, behind
+    /// IdempotencyLayer::optimistic) or `health` (GET /health).
     #[arg(long, value_enum, default_value_t = Endpoint::Payments)]
     endpoint: Endpoint,
     /// Concurrent clients.
