@@ -28,7 +28,8 @@ pub(crate) fn delivered(
 
 /// The last segments of the problem `type`s that refuse the request itself, before anything
 /// ran, in the server contract of `idempotency-axum`: a server stores none of them, so the
-/// request must change, and a changed request needs a new key. Every other `400` or `422` may
+/// request must change (a reused key excepted, when this is a retry of the request the key
+/// was used for: that request's body goes again with it). Every other `400` or `422` may
 /// be the request's stored outcome (a business rejection), replayed to a retry: it is returned
 /// as a response, first time and replay alike.
 const REFUSING_TYPES: &[&str] = &[

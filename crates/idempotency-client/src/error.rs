@@ -39,9 +39,14 @@ pub enum Error {
     /// document whose `type` is a refusal of the server contract (`idempotency-key-missing`,
     /// `idempotency-key-invalid`, `idempotency-key-reused`, `invalid-request-body`,
     /// `invalid-request-query`, `invalid-request-path`, `scope-invalid`).
-    /// Not retried: change the request, and send it with a new key (a request that names an
-    /// [`Operation`](crate::Operation) gets the key its [`KeyStore`](crate::KeyStore) keeps:
-    /// [`forget`](crate::KeyStore::forget) the operation first). Any other `400` or `422`
+    /// Not retried. A `422 idempotency-key-reused` says the server holds another request under
+    /// this key, which may have run: if this request is a retry of that one (its body rebuilt
+    /// with a field that changed, a timestamp), send that request's body again with this key,
+    /// never this one with a new key, or the operation may run twice; only a new request takes
+    /// a new key (a request that names an [`Operation`](crate::Operation) gets the key its
+    /// [`KeyStore`](crate::KeyStore) keeps: [`forget`](crate::KeyStore::forget) the operation
+    /// first). The other refusals say nothing ran: fix the request and send it with a new
+    /// key. Any other `400` or `422`
     /// (a business rejection the server stored) is the request's outcome, returned as a
     /// response like its replay.
     #[error("the server refused the request with {status} at attempt {attempt}, not retried: {}", hint(*.status))]
@@ -68,6 +73,26 @@ pub enum Error {
         reason: GiveUp,
         /// Each attempt and why it failed, in order.
         attempts: Vec<Failure>,
+    },
+    /// After an attempt was sent (and may have run), a later one failed with an error the
+    /// middleware does not retry: another middleware's (placed after this one), or reqwest's
+    /// own (a redirect it refused). Returned at once, with the key: send the request again
+    /// with it, never with a new one. The same error on the first attempt passes through
+    /// unchanged.
+    #[error(
+        "attempt {attempt} failed with an error that is not retried, after: {}",
+        Listed(.earlier)
+    )]
+    Interrupted {
+        /// The `Idempotency-Key` header value every attempt was sent with.
+        key: String,
+        /// The attempt that failed (2 or more).
+        attempt: u32,
+        /// The earlier attempts, in order, and why each failed.
+        earlier: Vec<Failure>,
+        /// What failed (a URL in it has no query).
+        #[source]
+        source: reqwest_middleware::Error,
     },
     /// The request's body is a stream that cannot be sent twice: it was sent once and failed.
     #[error(
@@ -126,6 +151,7 @@ impl Error {
         match self {
             Self::Refused { key, .. }
             | Self::Exhausted { key, .. }
+            | Self::Interrupted { key, .. }
             | Self::NotReplayable { key, .. } => Some(key),
             Self::InvalidKey { .. } | Self::NoKeyStore { .. } | Self::KeyStore(_) => None,
         }
@@ -134,7 +160,7 @@ impl Error {
     /// The number of attempts made before this error.
     pub fn attempts(&self) -> u32 {
         match self {
-            Self::Refused { attempt, .. } => *attempt,
+            Self::Refused { attempt, .. } | Self::Interrupted { attempt, .. } => *attempt,
             Self::Exhausted { attempts, .. } => u32::try_from(attempts.len()).unwrap_or(u32::MAX),
             Self::NotReplayable { .. } => 1,
             Self::InvalidKey { .. } | Self::NoKeyStore { .. } | Self::KeyStore(_) => 0,
@@ -159,8 +185,20 @@ impl fmt::Debug for Error {
                 .field("key_hash", &hash(key))
                 .field("status", status)
                 .field("attempt", attempt)
-                .field("headers", headers)
+                .field("headers", &Headers(headers))
                 .field("body", &String::from_utf8_lossy(body))
+                .finish(),
+            Self::Interrupted {
+                key,
+                attempt,
+                earlier,
+                source,
+            } => f
+                .debug_struct("Interrupted")
+                .field("key_hash", &hash(key))
+                .field("attempt", attempt)
+                .field("earlier", earlier)
+                .field("source", source)
                 .finish(),
             Self::Exhausted {
                 key,
@@ -187,9 +225,32 @@ impl fmt::Debug for Error {
     }
 }
 
+/// An answer's headers for `Debug`: the value of one that may carry a credential (a cookie
+/// the server sets, an authorization, a name with `auth`, `token`, `key`, `secret` or
+/// `session` in it) is hidden.
+struct Headers<'a>(&'a HeaderMap);
+
+impl fmt::Debug for Headers<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use reqwest::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
+        f.debug_map()
+            .entries(self.0.iter().map(|(name, value)| {
+                let hidden = [SET_COOKIE, COOKIE, AUTHORIZATION, PROXY_AUTHORIZATION]
+                    .contains(name)
+                    || ["auth", "token", "key", "secret", "session"]
+                        .iter()
+                        .any(|part| name.as_str().contains(part))
+                    || value.is_sensitive();
+                let value: &dyn fmt::Debug = if hidden { &"<redacted>" } else { value };
+                (name, value)
+            }))
+            .finish()
+    }
+}
+
 fn hint(status: StatusCode) -> &'static str {
     if status == StatusCode::UNPROCESSABLE_ENTITY {
-        "the key was already used for a different request (or the request is invalid); send the changed request with a new key"
+        "the key was already used for a different request (or the request is invalid); if this is a retry of that request, send its body again with the same key, as a new key may run it twice; a new request takes a new key"
     } else {
         "the request is malformed; fix it and send it with a new key"
     }
@@ -319,5 +380,43 @@ impl fmt::Display for Chain<'_> {
             source = cause.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::{HeaderValue, SET_COOKIE};
+
+    /// `Debug` of a refusal shows the answer's headers, not a cookie the server set.
+    #[test]
+    fn debug_hides_a_cookie_the_server_set() {
+        let mut headers = HeaderMap::new();
+        headers.insert(SET_COOKIE, HeaderValue::from_static("sid=s3cr3t"));
+        headers.insert("x-request-id", HeaderValue::from_static("r-1"));
+        headers.insert("x-api-key", HeaderValue::from_static("s3cr3t-key"));
+        let error = Error::Refused {
+            key: "\"k\"".into(),
+            status: StatusCode::BAD_REQUEST,
+            attempt: 1,
+            headers,
+            body: b"{}".to_vec(),
+        };
+        let debug = format!("{error:?}");
+        assert!(!debug.contains("s3cr3t"), "{debug}");
+        assert!(
+            debug.contains("set-cookie") && debug.contains("r-1"),
+            "{debug}"
+        );
+    }
+
+    /// A reused key's hint never tells a retry to take a new key.
+    #[test]
+    fn a_reused_key_is_not_told_to_take_a_new_key_for_a_retry() {
+        let hint = hint(StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(
+            hint.contains("send its body again with the same key"),
+            "{hint}"
+        );
     }
 }

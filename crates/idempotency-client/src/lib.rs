@@ -13,9 +13,12 @@
 //! - Never retried: `400` and `422` (but one whose problem document could not be read to
 //!   its end, a lost connection's or a timeout's, and a `400 body-unreadable`, are sent again with the same key). A refusal of the request itself (a reused key, a body, query
 //!   or path the server could not take: the problem types [`Error::Refused`] lists; a `413`
-//!   or `415` is an ordinary response) is [`Error::Refused`]: the request must change, and the key with
-//!   it; any other (a business rejection) is returned as the response, as its replay would
-//!   be. A streamed body is sent once ([`Error::NotReplayable`] when it fails).
+//!   or `415` is an ordinary response) is [`Error::Refused`]: the request must change (a
+//!   reused key: unless this is a retry of the request the key was used for, whose body must
+//!   then be sent again with it); any other (a business rejection) is returned as the
+//!   response, as its replay would be. A streamed body is sent once
+//!   ([`Error::NotReplayable`] when it fails); an error that is not retried after an attempt
+//!   was sent is [`Error::Interrupted`], with the key.
 //! - The response carries a [`Delivery`]: the key, the attempts, whether the server replayed a
 //!   stored answer (`Idempotent-Replayed: true`). A budget that runs out is
 //!   [`Error::Exhausted`], with every attempt and its cause.

@@ -359,6 +359,27 @@ impl IdempotencyMiddleware {
                 Err(reqwest_middleware::Error::Reqwest(e)) if e.is_connect() || e.is_request() => {
                     Cause::Connection(without_query(e))
                 }
+                // Sent before (and maybe run): the caller needs the key to send it again.
+                Err(other) if attempt > 1 => {
+                    let source = match other {
+                        reqwest_middleware::Error::Reqwest(e) => {
+                            reqwest_middleware::Error::Reqwest(without_query(e))
+                        }
+                        other => other,
+                    };
+                    let error = Error::Interrupted {
+                        key,
+                        attempt,
+                        earlier: failures,
+                        source,
+                    };
+                    // Not the error's text: another middleware's may hold the URL's query.
+                    tracing::warn!(
+                        attempt,
+                        "idempotent request failed with an error that is not retried"
+                    );
+                    return Err(reqwest_middleware::Error::middleware(error));
+                }
                 Err(other) => return Err(other),
             };
             let label = cause.label();

@@ -6,9 +6,10 @@ use reqwest::StatusCode;
 
 /// When a request is tried again and how long the client waits in between.
 ///
-/// Retried: connection errors, timeouts, every `5xx`, `409` and `429` (all configurable).
-/// Never retried, whatever the configuration: `400` and `422` (the request must change, and
-/// with it the key). A `Retry-After` on a retried answer is honoured when it is at most
+/// Retried: connection errors and timeouts (always), every `5xx`, `409` and `429` (these
+/// statuses configurable).
+/// Never retried, whatever the configuration: `400` and `422` (the request must change; see
+/// [`Error::Refused`](crate::Error::Refused) for the key). A `Retry-After` on a retried answer is honoured when it is at most
 /// [`max_retry_after`](Self::max_retry_after); a longer one ends the retries. Without it the
 /// wait is an exponential backoff with jitter: half of `initial_backoff * 2^(n-1)` (capped at
 /// `max_backoff`) plus a random part of the other half.
@@ -38,8 +39,9 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 4 attempts, backoff from 100 ms up to 5 s, at most 30 s in all, `Retry-After` up to
-    /// 10 s; retried statuses: every `5xx`, `409`, `429`.
+    /// 4 attempts, backoff from 100 ms up to 5 s, no retry starting later than 30 s after the
+    /// first attempt (an attempt itself is bounded by the reqwest client's timeout, not by
+    /// this), `Retry-After` up to 10 s; retried statuses: every `5xx`, `409`, `429`.
     fn default() -> Self {
         Self {
             max_attempts: 4,

@@ -147,7 +147,10 @@ async fn a_key_reused_for_another_request_is_refused_with_422_and_not_retried() 
         String::from_utf8_lossy(body)
     );
     let message = refused.to_string();
-    assert!(message.contains("new key"), "{message}");
+    assert!(
+        message.contains("send its body again with the same key"),
+        "{message}"
+    );
     assert_eq!(server.payments().await, 1);
 }
 
@@ -384,6 +387,64 @@ async fn an_outer_retry_sends_the_key_generated_for_its_request() {
             );
         }
     }
+}
+
+/// A middleware after this one fails the retry (a circuit breaker opened by the first
+/// attempt's 503): the first attempt reached the server and may have run, so the error carries
+/// its key and the earlier attempt (before: the breaker's error passed through, no key).
+#[tokio::test]
+async fn an_error_after_an_attempt_was_sent_carries_the_key() {
+    struct Breaker(std::sync::atomic::AtomicU32);
+
+    #[async_trait::async_trait]
+    impl reqwest_middleware::Middleware for Breaker {
+        async fn handle(
+            &self,
+            request: reqwest::Request,
+            extensions: &mut http::Extensions,
+            next: reqwest_middleware::Next<'_>,
+        ) -> reqwest_middleware::Result<reqwest::Response> {
+            if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                next.run(request, extensions).await
+            } else {
+                Err(reqwest_middleware::Error::middleware(
+                    std::io::Error::other("breaker open"),
+                ))
+            }
+        }
+    }
+
+    let server = support::start(InFlightPolicy::Reject).await;
+    let inner = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(inner)
+        .with(IdempotencyMiddleware::new().retry_policy(fast()))
+        .with(Breaker(std::sync::atomic::AtomicU32::new(0)))
+        .build();
+    let error = error(
+        client
+            .post(server.url("/unavailable?token=secret"))
+            .body("x")
+            .send()
+            .await,
+    );
+    let sent = server.keys();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(error.key(), sent[0].as_deref(), "{error}");
+    assert_eq!(error.attempts(), 2);
+    let Error::Interrupted { earlier, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(earlier.len(), 1);
+    let source = std::error::Error::source(&error).unwrap().to_string();
+    assert!(source.contains("breaker open"), "{source}");
+    assert!(
+        !error.to_string().contains("breaker open"),
+        "once, as the source"
+    );
+    assert!(!format!("{error:?}").contains(sent[0].as_deref().unwrap()));
 }
 
 #[tokio::test]

@@ -177,9 +177,15 @@ async fn changes(db: &Db) {
             StatusCode::BAD_REQUEST,
         ),
         (json!({ "colour": "red" }), StatusCode::BAD_REQUEST),
+        // More ids than a page lists: each would be read before anything changes.
+        (
+            json!({ "ids": vec![DEAD[0]; 1001] }),
+            StatusCode::BAD_REQUEST,
+        ),
     ] {
         let (status, body) = post_json(&app, "/api/outbox/dead/requeue", &request).await;
-        assert_eq!(status, expected, "{request}: {body}");
+        let shown: String = request.to_string().chars().take(200).collect();
+        assert_eq!(status, expected, "{shown}: {body}");
     }
     // Not JSON: 415.
     let response = call(

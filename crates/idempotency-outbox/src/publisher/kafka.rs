@@ -16,10 +16,15 @@
 //! ([`Publisher::duplicate_window`] is `None`).
 //!
 //! Failures: a record over the broker's or the producer's size limit, or a topic name Kafka
-//! cannot take, is an [`InvalidMessage`](PublishErrorKind::InvalidMessage) (dead-lettered at
-//! once); no delivery report within `message.timeout.ms` (an unknown topic, a broker down) is a
+//! cannot take (refused before sending, or by the brokers when creating it), is an
+//! [`InvalidMessage`](PublishErrorKind::InvalidMessage) (dead-lettered at once); no delivery
+//! report within `message.timeout.ms` (an unknown topic, a broker down) is a
 //! [`Timeout`](PublishErrorKind::Timeout), retried without counting an attempt; a broker that
-//! cannot be reached is [`Unavailable`](PublishErrorKind::Unavailable).
+//! cannot be reached, an authorization or authentication it refuses (an ACL withdrawn, a
+//! credential rotated), or a topic it does not create for the deployment's reasons (no
+//! permission, its policy) is [`Unavailable`](PublishErrorKind::Unavailable), retried without
+//! counting too. `Debug` hides the value of every property that may hold a secret
+//! (passwords, client secrets, inline keys and certificates).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
@@ -160,10 +165,48 @@ impl Producers {
     }
 }
 
+/// Whether a librdkafka property may hold a secret: a password or passphrase, a client secret,
+/// a private key or a certificate given inline (`ssl.key.pem`, `ssl.certificate.pem`), or the
+/// OAUTHBEARER configuration (`sasl.oauthbearer.config`, which may carry a client secret).
+fn secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "password",
+        "passphrase",
+        "secret",
+        "private",
+        "pem",
+        "oauthbearer.config",
+        "token",
+    ]
+    .iter()
+    .any(|part| key.contains(part))
+}
+
+/// The properties of a configuration as `Debug` shows them, each secret one's value hidden.
+struct Properties<'a>(&'a ClientConfig);
+
+impl std::fmt::Debug for Properties<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.config_map().into_iter().map(|(key, value)| {
+                (
+                    key,
+                    if secret_property(key) {
+                        "<redacted>"
+                    } else {
+                        value
+                    },
+                )
+            }))
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for KafkaPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaPublisher")
-            .field("config", &self.config)
+            .field("config", &Properties(&self.config))
             .field("topic", &self.topic)
             .field("destination", &self.destination)
             .field("connected", &self.producer.is_some())
@@ -243,8 +286,10 @@ impl KafkaPublisher {
     /// Makes sure each topic exists before the first record to it, creating it with
     /// `partitions` partitions when missing ([`ensure_topic`](Self::ensure_topic), once per
     /// topic and publisher, clones included): for brokers that do not create topics on first
-    /// use. A topic that cannot be made is a publish failure the relay retries
-    /// ([`Unavailable`](PublishErrorKind::Unavailable)). Off by default.
+    /// use. A topic the brokers do not create is a publish failure the relay retries
+    /// ([`Unavailable`](PublishErrorKind::Unavailable): no permission, their policy), unless
+    /// they refuse its name ([`InvalidMessage`](PublishErrorKind::InvalidMessage): two names
+    /// alike once `.` and `_` are one). Off by default.
     #[must_use]
     pub fn with_topic_creation(mut self, partitions: i32) -> Self {
         self.create = Some(Arc::new(TopicCreation {
@@ -299,9 +344,7 @@ impl KafkaPublisher {
         for result in results {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => {
-                    return Err(setup(KafkaError::AdminOp(code)).context(&topic));
-                }
+                Err((topic, code)) => return Err(not_created(code).context(&topic)),
             }
         }
         Ok(())
@@ -348,6 +391,34 @@ impl Context for Error {
 
 fn source_text(error: &PublishError) -> String {
     std::error::Error::source(error).map_or_else(|| error.to_string(), ToString::to_string)
+}
+
+/// Why the brokers did not create a topic: a name they refuse (`InvalidTopic`: two topics
+/// whose names differ only by `.` against `_`, which Kafka takes for one) is the message's, an
+/// [`InvalidMessage`](PublishErrorKind::InvalidMessage); anything else (no permission to
+/// create, a replication factor or policy the cluster refuses) is the deployment's, retried
+/// without counting as an unreachable broker is.
+fn not_created(code: RDKafkaErrorCode) -> Error {
+    let kind = match code {
+        RDKafkaErrorCode::InvalidTopic => PublishErrorKind::InvalidMessage,
+        _ => PublishErrorKind::Unavailable,
+    };
+    Error::Publisher(PublishError::new(kind, KafkaError::AdminOp(code)))
+}
+
+/// The publish error of a topic [`KafkaPublisher::ensure_topic`] could not create: the
+/// creation's own kind, with the topic named.
+fn creation_failed(topic: &str, error: Error) -> PublishError {
+    match error {
+        Error::Publisher(error) => PublishError::new(
+            error.kind(),
+            format!(
+                "topic {topic} could not be created: {}",
+                source_text(&error)
+            ),
+        ),
+        other => PublishError::new(PublishErrorKind::Unavailable, other.to_string()),
+    }
 }
 
 fn setup(error: KafkaError) -> Error {
@@ -421,8 +492,17 @@ fn kind(error: &KafkaError) -> PublishErrorKind {
         Some(RDKafkaErrorCode::MessageTimedOut | RDKafkaErrorCode::RequestTimedOut) => {
             PublishErrorKind::Timeout
         }
+        // An authorization or authentication the brokers refuse (an ACL withdrawn, a password
+        // rotated) is the deployment's, not the message's: every event would be refused alike,
+        // so counting it would dead-letter each aggregate's head and let its later events out
+        // past it once the access is back. Retried without counting, as RabbitMQ's 403 is.
         Some(
             RDKafkaErrorCode::QueueFull
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::Authentication
             | RDKafkaErrorCode::AllBrokersDown
             | RDKafkaErrorCode::BrokerTransportFailure
             | RDKafkaErrorCode::UnknownTopic
@@ -474,16 +554,7 @@ impl Publisher for KafkaPublisher {
         {
             self.ensure_topic(&topic, create.partitions)
                 .await
-                .map_err(|e| match e {
-                    Error::Publisher(error) => PublishError::new(
-                        PublishErrorKind::Unavailable,
-                        format!(
-                            "topic {topic} could not be created: {}",
-                            source_text(&error)
-                        ),
-                    ),
-                    other => PublishError::new(PublishErrorKind::Unavailable, other.to_string()),
-                })?;
+                .map_err(|e| creation_failed(&topic, e))?;
             create.insert(topic.clone());
         }
         let record = FutureRecord::to(&topic)
@@ -510,6 +581,74 @@ impl Publisher for KafkaPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ACL withdrawn or a credential rotated refuses every event alike: retried without
+    /// counting, like an unreachable broker (before: `Rejected`, counted, so the head of each
+    /// aggregate was dead-lettered after `max-attempts`).
+    #[test]
+    fn an_authorization_refused_is_the_brokers_not_the_messages() {
+        for code in [
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::ClusterAuthorizationFailed,
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+            RDKafkaErrorCode::SaslAuthenticationFailed,
+            RDKafkaErrorCode::Authentication,
+        ] {
+            let kind = kind(&KafkaError::MessageProduction(code));
+            assert_eq!(kind, PublishErrorKind::Unavailable, "{code:?}");
+            assert!(kind.is_transient(), "{code:?}");
+        }
+        // What the message itself cannot be is still its own.
+        assert_eq!(
+            kind(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::InvalidRecord
+            )),
+            PublishErrorKind::InvalidMessage
+        );
+    }
+
+    /// A topic the brokers refuse to create under its name is the message's (dead-lettered at
+    /// once, as the module says of a name Kafka cannot take); one they do not create for the
+    /// deployment's reasons is retried without counting (before: every creation failure was
+    /// `Unavailable`, so an event whose topic name collides was retried for ever).
+    #[test]
+    fn a_topic_name_the_brokers_refuse_is_the_messages() {
+        let refused = creation_failed("outbox.a_b", not_created(RDKafkaErrorCode::InvalidTopic));
+        assert_eq!(refused.kind(), PublishErrorKind::InvalidMessage);
+        let text = source_text(&refused);
+        assert!(text.contains("outbox.a_b"), "{text}");
+        for code in [
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::PolicyViolation,
+            RDKafkaErrorCode::InvalidReplicationFactor,
+        ] {
+            let failed = creation_failed("outbox.t", not_created(code));
+            assert_eq!(failed.kind(), PublishErrorKind::Unavailable, "{code:?}");
+        }
+    }
+
+    /// `Debug` shows the properties, never a secret one's value: rdkafka hides five names, not
+    /// a private key given inline (`ssl.key.pem`) nor the OAUTHBEARER configuration.
+    #[test]
+    fn debug_hides_every_secret_property() {
+        let publisher = KafkaPublisher::new("127.0.0.1:1")
+            .with_property("ssl.key.pem", "SECRET-KEY")
+            .with_property("ssl.certificate.pem", "SECRET-CERT")
+            .with_property("sasl.oauthbearer.config", "clientSecret=SECRET-OAUTH")
+            .with_property("sasl.password", "SECRET-PASSWORD")
+            .with_property("ssl.key.password", "SECRET-KEY-PASSWORD")
+            .with_property("sasl.oauthbearer.client.secret", "SECRET-CLIENT")
+            .with_property(
+                "sasl.oauthbearer.assertion.private.key.passphrase",
+                "SECRET-PASSPHRASE",
+            )
+            .with_property("linger.ms", "7");
+        let debug = format!("{publisher:?}");
+        assert!(!debug.contains("SECRET"), "{debug}");
+        assert!(debug.contains("ssl.key.pem"), "{debug}");
+        assert!(debug.contains("\"linger.ms\": \"7\""), "{debug}");
+        assert!(debug.contains("127.0.0.1:1"), "{debug}");
+    }
 
     /// librdkafka reads `message.timeout.ms` into a 32-bit int: 50 days (4,320,000,000 ms)
     /// wrapped to about 7 hours and was taken. A timeout over [`MAX_MESSAGE_TIMEOUT`] is

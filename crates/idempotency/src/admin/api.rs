@@ -182,11 +182,20 @@ async fn select<D: AdminDatabase>(
     );
     match (selection.ids.is_empty(), selection.all, filter.is_empty()) {
         (false, false, true) => {
-            let ids = selection
-                .ids
-                .iter()
-                .map(|id| parse_id(id))
-                .collect::<Result<Vec<_>, _>>()?;
+            // Each id is read before anything changes: as many as a page lists, each once.
+            if selection.ids.len() > MAX_LIST_LIMIT as usize {
+                return Err(Problem::bad_request(format!(
+                    "{} ids: give at most {MAX_LIST_LIMIT}, or a filter / \"all\": true",
+                    selection.ids.len()
+                )));
+            }
+            let mut ids = Vec::with_capacity(selection.ids.len());
+            for id in &selection.ids {
+                let id = parse_id(id)?;
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
             for id in &ids {
                 if ops.dead_letter(*id).await?.is_none() {
                     return Err(Problem::not_found(format!(

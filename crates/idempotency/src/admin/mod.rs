@@ -66,7 +66,7 @@
 //! | `GET /api/outbox/status` | `outbox status` |
 //! | `GET /api/outbox/dead?aggregate_type=&aggregate_id=&event_type=&limit=` | `outbox dead list` |
 //! | `GET /api/outbox/dead/{id}` | `outbox dead show ID` |
-//! | `POST /api/outbox/dead/requeue` `{"ids": [..]}` or `{"aggregate_type": .., "all": true}` | `outbox dead requeue` (change) |
+//! | `POST /api/outbox/dead/requeue` `{"ids": [..]}` (at most 1,000) or `{"aggregate_type": .., "all": true}` | `outbox dead requeue` (change) |
 //! | `POST /api/outbox/dead/discard` (the same bodies) | `outbox dead discard` (change) |
 //! | `GET /api/outbox/purge?published=7d&dead_lettered=30d` | `outbox purge --dry-run` |
 //! | `POST /api/outbox/purge` `{"published": "7d", "dead_lettered": "30d"}` | `outbox purge` (change) |
