@@ -40,6 +40,25 @@ async fn partitions_of_a_partitioned_outbox() {
     db.cli().args(["outbox", "status"]).assert().success();
 }
 
+/// With retention off nothing expires: `drop-expired` drops nothing and says why (before: it
+/// dropped every partition older than `retention.published`, whose default is 7 days).
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_expired_is_refused_when_retention_is_off() {
+    let db = Db::postgres_with(
+        "    enabled: false\n  partitioning:\n    enabled: true\n    interval: 1d\n    ahead: 2\n",
+    )
+    .await;
+    db.cli().args(["schema", "apply"]).assert().success();
+    db.cli()
+        .args(["outbox", "partitions", "drop-expired", "--yes"])
+        .assert()
+        .code(2)
+        .stdout(predicate::str::contains("dropped").not())
+        .stderr(predicate::str::contains(
+            "outbox.retention.enabled is false",
+        ));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn partitions_of_a_plain_outbox_are_refused() {
     let db = Db::postgres().await;

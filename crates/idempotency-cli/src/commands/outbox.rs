@@ -282,6 +282,13 @@ pub(super) async fn purge<D: AdminDatabase>(
     older_than: Option<Duration>,
     dead_lettered: Option<Duration>,
 ) -> Result<(), CliError> {
+    if dead_lettered.is_some_and(|age| age.is_zero()) {
+        return Err(CliError::Usage(
+            "--dead-lettered-older-than 0s would delete every dead letter (committed events \
+             never delivered) whatever its age; give an age, as retention.dead-lettered must be"
+                .to_owned(),
+        ));
+    }
     let published = match older_than {
         Some(age) => age,
         None => {
@@ -295,18 +302,29 @@ pub(super) async fn purge<D: AdminDatabase>(
     };
     let counts = ops.expired_counts(published, dead_lettered).await?;
     let age = humantime::format_duration(published).to_string();
+    // Both ages, as parsed (`6m` is six minutes): what the question and the dry run are about.
+    let dead_age = dead_lettered.map(|age| humantime::format_duration(age).to_string());
+    let dead_text = match &dead_age {
+        Some(dead_age) => format!(
+            "{} dead letter(s) dead-lettered more than {dead_age} ago",
+            counts.dead_lettered
+        ),
+        None => "no dead letter".to_owned(),
+    };
     if global.dry_run {
         out.emit(
             || {
                 format!(
-                    "dry run: would delete {} row(s) published more than {age} ago and {} dead \
-                     letter(s)",
-                    counts.published, counts.dead_lettered
+                    "dry run: would delete {} row(s) published more than {age} ago and \
+                     {dead_text}",
+                    counts.published
                 )
             },
             || {
                 json!({ "dry_run": true, "published": counts.published,
-                        "dead_lettered": counts.dead_lettered })
+                        "dead_lettered": counts.dead_lettered,
+                        "published_older_than": age,
+                        "dead_lettered_older_than": dead_age })
             },
         );
         return Ok(());
@@ -314,8 +332,8 @@ pub(super) async fn purge<D: AdminDatabase>(
     confirm(
         global,
         &format!(
-            "Delete {} published row(s) and {} dead letter(s)?",
-            counts.published, counts.dead_lettered
+            "Delete {} row(s) published more than {age} ago and {dead_text}?",
+            counts.published
         ),
     )?;
     let bar = progress(counts.published + counts.dead_lettered, "purge");

@@ -342,6 +342,31 @@ macro_rules! suite {
                 .args(["outbox", "purge", "--older-than", "soon", "--yes"])
                 .assert()
                 .code(2);
+            // The dead letters' age is shown as parsed (`6m` is six minutes), and zero, which
+            // would delete every dead letter, is refused.
+            db.cli()
+                .args([
+                    "outbox",
+                    "purge",
+                    "--dead-lettered-older-than",
+                    "6m",
+                    "--dry-run",
+                ])
+                .assert()
+                .success()
+                .stdout(predicate::str::contains("dead-lettered more than 6m ago"));
+            db.cli()
+                .args([
+                    "outbox",
+                    "purge",
+                    "--dead-lettered-older-than",
+                    "0s",
+                    "--yes",
+                ])
+                .assert()
+                .code(2)
+                .stderr(predicate::str::contains("--dead-lettered-older-than 0s"));
+            assert_eq!(db.dead_letters().await, 3, "none deleted");
 
             db.cli()
                 .args(["cleanup", "run", "--dry-run"])

@@ -654,11 +654,21 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     /// Drops the partitions every row of which `outbox.retention` would delete; returns how
-    /// many. Audited.
+    /// many. Audited. With `outbox.retention.enabled: false` nothing expires:
+    /// [`OpsError::Unsupported`], nothing dropped (as `cleanup` deletes no outbox row then).
     pub async fn drop_expired_partitions(&self) -> Result<u32, OpsError> {
         let outbox = self.outbox()?;
         D::partitions(outbox).await?;
         let retention = &self.retention()?;
+        if !retention.enabled {
+            return Err(OpsError::Unsupported {
+                operation: "outbox.partitions.drop-expired",
+                reason: "outbox.retention.enabled is false, so no outbox row expires and no \
+                         partition is dropped; enable retention, or detach and drop a \
+                         partition by hand"
+                    .to_owned(),
+            });
+        }
         let dropped = outbox
             .drop_expired(retention.published, retention.dead_lettered)
             .await
