@@ -53,9 +53,28 @@ pub(crate) fn table<const N: usize>(
         .load_style(comfy_table::presets::UTF8_BORDERS_ONLY)
         .set_header(header);
     for row in rows {
-        table.add_row(row);
+        table.add_row(row.map(printable));
     }
     table.to_string()
+}
+
+/// A cell as the terminal gets it: every control character but the line break written as its
+/// escape (`\u{1b}`). Error texts, payloads and keys come from outside: an escape sequence in
+/// one could retitle the window, move the cursor or hide the rows after it.
+fn printable(cell: String) -> String {
+    let control = |c: char| c.is_control() && c != '\n';
+    if !cell.chars().any(control) {
+        return cell;
+    }
+    cell.chars()
+        .map(|c| {
+            if control(c) {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// `None` as `-`.
@@ -156,5 +175,26 @@ pub(crate) async fn run<D: AdminDatabase>(
             outbox::partitions(&ops, global, out, command).await
         }
         Command::Cleanup(CleanupCommand::Run) => outbox::cleanup(&ops, global, out).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An escape sequence in a cell (a broker's error text, a payload) reaches the terminal as
+    /// text, not as a command; line breaks stay.
+    #[test]
+    fn control_characters_in_a_cell_are_written_as_escapes() {
+        let shown = table(
+            ["last error"],
+            [["refused\u{1b}]0;owned\u{7}\u{9b}2J\r\nnext line".to_owned()]],
+        );
+        assert!(
+            !shown.chars().any(|c| c.is_control() && c != '\n'),
+            "{shown:?}"
+        );
+        assert!(shown.contains("\\u{1b}]0;owned\\u{7}"), "{shown}");
+        assert!(shown.contains("next line"), "{shown}");
     }
 }
