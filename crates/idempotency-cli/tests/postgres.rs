@@ -59,6 +59,33 @@ async fn drop_expired_is_refused_when_retention_is_off() {
         ));
 }
 
+/// A schema statement the database refuses is a database error (exit 1), not bad input
+/// (before: exit 2, "bad input or configuration"); an invalid table name stays exit 2.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_schema_statement_is_a_database_error() {
+    let db = Db::postgres().await;
+    std::fs::write(
+        &db.config,
+        "idempotency:\n  persistence:\n    table-name: pg_catalog.cli_records\n",
+    )
+    .unwrap();
+    db.cli()
+        .args(["schema", "apply", "--yes"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("cli_records"));
+    std::fs::write(
+        &db.config,
+        "idempotency:\n  persistence:\n    table-name: \"records; DROP TABLE x\"\n",
+    )
+    .unwrap();
+    db.cli()
+        .args(["schema", "apply", "--yes"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("records; DROP TABLE x"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn partitions_of_a_plain_outbox_are_refused() {
     let db = Db::postgres().await;

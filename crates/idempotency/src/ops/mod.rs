@@ -259,18 +259,25 @@ impl<D: AdminDatabase> Operations<D> {
         }
     }
 
-    /// Runs the DDL of [`schema_apply`](Self::schema_apply).
+    /// Runs the DDL of [`schema_apply`](Self::schema_apply). A statement the database
+    /// refuses is [`OpsError::Schema`] naming the table (a database error, not a
+    /// configuration one).
     async fn apply(&self) -> Result<(), OpsError> {
         let mut persistence = self.settings.idempotency.persistence.clone();
         persistence.schema.mode = SchemaMode::Create;
-        self.pool.clone().store(&persistence).await?;
+        self.pool
+            .clone()
+            .store(&persistence)
+            .await
+            .map_err(|e| schema_failed(&persistence.table_name, e))?;
         if let Some(config) = &self.settings.outbox {
             let mut config = config.clone();
             config.schema.mode = SchemaMode::Create;
             self.pool
                 .clone()
                 .outbox(&config, persistence.pooler)
-                .await?;
+                .await
+                .map_err(|e| schema_failed(&config.table_name, e))?;
         }
         if let Some(inbox) = &self.inbox {
             self.pool.create_inbox(inbox).await?;
@@ -823,4 +830,16 @@ fn outbox_target(table: &str, ids: &[Uuid]) -> String {
         }
     }
     target
+}
+
+/// A failure of the schema's setup as [`OpsError::Schema`] on `table` when a statement or the
+/// store failed; any other (a property) stays [`OpsError::Setup`].
+fn schema_failed(table: &str, error: crate::Error) -> OpsError {
+    match error {
+        crate::Error::Store(source) | crate::Error::Outbox(source) => OpsError::Schema {
+            table: table.to_owned(),
+            source,
+        },
+        other => OpsError::Setup(other),
+    }
 }
