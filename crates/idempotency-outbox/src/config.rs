@@ -814,9 +814,13 @@ pub struct InboxConfig {
     pub table_name: String,
     /// Schema management at startup: `create`, `validate` (default) or `none`.
     pub schema: SchemaConfig,
-    /// How long a processed message id is remembered. It must exceed the producer's retry
-    /// horizon ([`RelayConfig::retry_horizon`]) plus the broker's redelivery window: a
-    /// duplicate arriving after its id was purged is processed again. Default `14d`.
+    /// How long a processed message id is remembered: the age to give the inbox's
+    /// `purge_older_than` (`PgInbox`, `MysqlInbox`, `SqliteInbox`), which the consumer runs
+    /// on a schedule of its own (nothing purges the inbox by itself). It must exceed the
+    /// producer's retry horizon ([`RelayConfig::retry_horizon`]) plus the broker's redelivery
+    /// window, and, for a Kafka consumer group whose committed offsets can expire
+    /// (`offsets.retention.minutes`) with `auto.offset.reset=earliest`, the topic's retention:
+    /// a duplicate arriving after its id was purged is processed again. Default `14d`.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
     /// Rows per delete when purging. Default `1000`.
