@@ -90,7 +90,8 @@ pub enum Error {
         attempt: u32,
         /// The earlier attempts, in order, and why each failed.
         earlier: Vec<Failure>,
-        /// What failed (a URL in it has no query).
+        /// What failed (a reqwest error's URL without its query; another middleware's error
+        /// as it gave it).
         #[source]
         source: reqwest_middleware::Error,
     },

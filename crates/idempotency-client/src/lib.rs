@@ -17,8 +17,8 @@
 //!   reused key: unless this is a retry of the request the key was used for, whose body must
 //!   then be sent again with it); any other (a business rejection) is returned as the
 //!   response, as its replay would be. A streamed body is sent once
-//!   ([`Error::NotReplayable`] when it fails); an error that is not retried after an attempt
-//!   was sent is [`Error::Interrupted`], with the key.
+//!   ([`Error::NotReplayable`] when it fails); an error that is not retried, on a later
+//!   attempt than the first, is [`Error::Interrupted`], with the key.
 //! - The response carries a [`Delivery`]: the key, the attempts, whether the server replayed a
 //!   stored answer (`Idempotent-Replayed: true`). A budget that runs out is
 //!   [`Error::Exhausted`], with every attempt and its cause.

@@ -131,7 +131,9 @@ async fn handle(
 /// Consumes until `stop` resolves (between records) or an error, which leaves the record in
 /// hand uncommitted on both sides and the consumer moved back to it: librdkafka's position is
 /// already past it, so without the seek a `run` again on this consumer would read the next
-/// record, whose offset commit covers the failed one, and it would never be applied.
+/// record, whose offset commit covers the failed one, and it would never be applied. (If the
+/// seek itself fails, which is logged, drop this consumer: a new one starts from the committed
+/// offset.)
 pub async fn run(
     consumer: &StreamConsumer,
     pool: &PgPool,

@@ -299,7 +299,16 @@ async fn changes(db: &Db) {
     let (status, body) = post_json(&app, "/api/keys/evict", &evict_pay("k-done")).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 
-    // Purge and cleanup.
+    // Purge and cleanup. A dead-lettered age of zero (every dead letter) is refused.
+    let dead = db.dead_letters().await;
+    let (status, body) = post_json(
+        &app,
+        "/api/outbox/purge",
+        &json!({ "published": "1d", "dead_lettered": "0s" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(db.dead_letters().await, dead, "no dead letter deleted");
     let (status, body) = post_json(&app, "/api/outbox/purge", &json!({ "published": "1d" })).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["published"], 1, "{body}");

@@ -593,13 +593,23 @@ impl<D: AdminDatabase> Operations<D> {
     }
 
     /// Deletes rows published more than `published` ago and, with `dead_lettered`, dead
-    /// letters older than that, [`BATCH`] per statement. Audited.
+    /// letters older than that, [`BATCH`] per statement. Audited. A `dead_lettered` of zero
+    /// (every dead letter, committed events never delivered, whatever its age) is
+    /// [`OpsError::Unsupported`], as `outbox.retention.dead-lettered: 0` is refused.
     pub async fn purge(
         &self,
         published: Duration,
         dead_lettered: Option<Duration>,
         mut progress: impl FnMut(u64) + Send,
     ) -> Result<ExpiredCounts, OpsError> {
+        if dead_lettered.is_some_and(|age| age.is_zero()) {
+            return Err(OpsError::Unsupported {
+                operation: "outbox.purge",
+                reason: "a dead-lettered age of zero would delete every dead letter \
+                         (committed events never delivered); give an age above zero"
+                    .to_owned(),
+            });
+        }
         let outbox = self.outbox()?;
         let limit = BATCH as u32;
         let mut report = ExpiredCounts::default();
