@@ -67,3 +67,22 @@ impl Error {
         }
     }
 }
+
+/// `error` and its sources, `: `-separated: the whole story of an error in one line, for a log
+/// field, a stored `last_error` or a health report.
+///
+/// ```
+/// let io = std::io::Error::other("connection reset");
+/// let error = idempotency_core::StoreError::Unavailable(Box::new(io));
+/// assert!(idempotency_core::error_chain(&error).ends_with(": connection reset"));
+/// ```
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -26,7 +26,7 @@ pub mod testing;
 
 pub use cache::{CacheError, DistributedCache, FailurePolicy, LocalCache, NoCache};
 pub use depth::{JsonTooDeep, MAX_JSON_DEPTH, check_json_depth, json_depth};
-pub use error::Error;
+pub use error::{Error, error_chain};
 pub use fingerprint::{
     Fingerprint, FingerprintError, FingerprintStrategy, HashAlgorithm, JcsFingerprint,
 };

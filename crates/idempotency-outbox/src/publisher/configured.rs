@@ -4,9 +4,9 @@
 use crate::config::{OutboxConfig, PublisherConfig};
 use crate::error::Error;
 use crate::message::OutboxMessage;
-#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
-use crate::publisher::chain;
 use crate::publisher::{Ack, BrokerHealth, LoggingPublisher, PublishError, Publisher};
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
+use idempotency_core::error_chain;
 
 /// The publisher built from `outbox.publisher`: NATS JetStream (feature `nats`), RabbitMQ
 /// (feature `rabbitmq`), Kafka (feature `kafka`) or logging.
@@ -172,14 +172,14 @@ impl ConfiguredPublisher {
         }
         let publisher = publisher
             .connect()
-            .map_err(|e| property("outbox.publisher.kafka.brokers", chain(&e)))?;
+            .map_err(|e| property("outbox.publisher.kafka.brokers", error_chain(&e)))?;
         publisher
             .check_connection(timeout.max(Duration::from_secs(1)))
             .await
             .map_err(|e| {
                 property(
                     "outbox.publisher.kafka.brokers",
-                    format!("{}: no answer: {}", config.brokers, chain(&e)),
+                    format!("{}: no answer: {}", config.brokers, error_chain(&e)),
                 )
             })?;
         if config.create && !config.topic.contains('{') {
@@ -192,7 +192,7 @@ impl ConfiguredPublisher {
                 .map_err(|e| {
                     property(
                         "outbox.publisher.kafka.topic",
-                        format!("{topic:?}: could not be created: {}", chain(&e)),
+                        format!("{topic:?}: could not be created: {}", error_chain(&e)),
                     )
                 })?;
         }
@@ -247,7 +247,10 @@ impl ConfiguredPublisher {
             publisher.ensure_stream(stream, window).await.map_err(|e| {
                 property(
                     "outbox.publisher.nats.stream.name",
-                    format!("{stream:?}: the stream could not be created: {}", chain(&e)),
+                    format!(
+                        "{stream:?}: the stream could not be created: {}",
+                        error_chain(&e)
+                    ),
                 )
             })?;
         }
@@ -264,7 +267,7 @@ impl ConfiguredPublisher {
                     format!(
                         "{stream:?}: the stream could not be read (set stream.create: true to \
                          create it): {}",
-                        chain(&other)
+                        error_chain(&other)
                     ),
                 ),
             })?;
@@ -310,7 +313,7 @@ impl ConfiguredPublisher {
                 format!(
                     "{}: cannot connect: {}",
                     idempotency_core::redact_url(&config.url),
-                    chain(&e)
+                    error_chain(&e)
                 ),
             ),
         })?;
@@ -321,7 +324,7 @@ impl ConfiguredPublisher {
                     format!(
                         "{:?}: could not be declared: {}",
                         config.exchange,
-                        chain(&e)
+                        error_chain(&e)
                     ),
                 )
             })?;

@@ -525,15 +525,7 @@ impl Publisher for KafkaPublisher {
     async fn health(&self) -> BrokerHealth {
         match self.check_connection(Duration::from_secs(1)).await {
             Ok(()) => BrokerHealth::Up,
-            Err(error) => {
-                let mut why = error.to_string();
-                let mut source = std::error::Error::source(&error);
-                while let Some(cause) = source {
-                    why = format!("{why}: {cause}");
-                    source = cause.source();
-                }
-                BrokerHealth::Down(why)
-            }
+            Err(error) => BrokerHealth::Down(idempotency_core::error_chain(&error)),
         }
     }
 

@@ -236,20 +236,8 @@ impl PublishError {
 
     /// The error and its causes, `: `-separated, for the row's `last_error`.
     pub fn chain(&self) -> String {
-        chain(self)
+        idempotency_core::error_chain(self)
     }
-}
-
-/// An error and its sources, `: `-separated.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl From<PublishError> for Error {

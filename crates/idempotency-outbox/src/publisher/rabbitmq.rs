@@ -309,7 +309,7 @@ impl RabbitMqPublisher {
         Connection::connect(&self.uri, ConnectionProperties::default())
             .await
             .map_err(|error| {
-                let text = super::chain(&error);
+                let text = idempotency_core::error_chain(&error);
                 ConnectFailed(text.replace(&self.uri, &idempotency_core::redact_url(&self.uri)))
             })
     }

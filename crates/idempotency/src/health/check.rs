@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency_core::cleanup::CleanupHandle;
+use idempotency_core::error_chain;
 
 use super::{BrokerHealth, CacheHealth, Health, OutboxHealth, Probe, RelayHealth, Status};
 use crate::assemble::DistributedTier;
@@ -71,18 +72,6 @@ impl<D: Database> std::fmt::Debug for HealthCheck<D> {
     }
 }
 
-/// `error` and its causes, `: `-separated.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 const TIMED_OUT: &str = "timed out";
 
 impl<D: Database> HealthCheck<D> {
@@ -134,7 +123,7 @@ impl<D: Database> HealthCheck<D> {
     async fn database(&self) -> Probe {
         match self.bounded(self.pool.ping()).await {
             Some(Ok(())) => Probe::new(Status::Up),
-            Some(Err(error)) => Probe::down(chain(error.as_ref())),
+            Some(Err(error)) => Probe::down(error_chain(error.as_ref())),
             None => Probe::down(TIMED_OUT),
         }
     }
@@ -229,7 +218,7 @@ impl<D: Database> HealthCheck<D> {
                 health.oldest_pending_age_seconds = Some(stats.oldest_pending_age);
                 health.dead_lettered = Some(stats.dead_lettered);
             }
-            Some(Err(error)) => health.error = Some(chain(&error)),
+            Some(Err(error)) => health.error = Some(error_chain(&error)),
             None => health.error = Some(TIMED_OUT.to_owned()),
         }
         health
