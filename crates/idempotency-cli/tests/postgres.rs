@@ -59,6 +59,27 @@ async fn drop_expired_is_refused_when_retention_is_off() {
         ));
 }
 
+/// A retention that would delete every dead letter (`dead-lettered: 0s`) is refused before
+/// cleanup deletes anything, records included (before: the expired records were deleted, then
+/// the dead-letter purge refused; partitions holding dead letters were dropped).
+#[tokio::test(flavor = "multi_thread")]
+async fn cleanup_refuses_a_zero_dead_letter_retention_before_deleting_anything() {
+    let db = Db::postgres_with("    dead-lettered: 0s\n").await;
+    db.seed().await;
+    let dead = db.dead_letters().await;
+    db.cli()
+        .args(["cleanup", "run", "--yes"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("dead-lettered"));
+    assert_eq!(
+        db.records_where("k-old").await,
+        1,
+        "the expired record kept"
+    );
+    assert_eq!(db.dead_letters().await, dead, "no dead letter deleted");
+}
+
 /// A schema statement the database refuses is a database error (exit 1), not bad input
 /// (before: exit 2, "bad input or configuration"); an invalid table name stays exit 2.
 #[tokio::test(flavor = "multi_thread")]

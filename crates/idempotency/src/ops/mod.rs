@@ -717,14 +717,21 @@ impl<D: AdminDatabase> Operations<D> {
         outbox_target(table, ids)
     }
 
+    /// `outbox.retention`, checked as the relay checks it (a `dead-lettered` of zero is
+    /// refused): the CLI and the admin load settings without starting a relay.
     fn retention(&self) -> Result<idempotency_outbox::config::RetentionConfig, OpsError> {
-        Ok(self
+        let retention = self
             .settings
             .outbox
             .as_ref()
             .ok_or(OpsError::NoOutbox)?
             .retention
-            .clone())
+            .clone();
+        retention.validate().map_err(|e| OpsError::Unsupported {
+            operation: "outbox.retention",
+            reason: e.to_string(),
+        })?;
+        Ok(retention)
     }
 
     /// What cleanup would delete now: expired records, and the outbox rows past
@@ -752,6 +759,10 @@ impl<D: AdminDatabase> Operations<D> {
         &self,
         mut progress: impl FnMut(u64) + Send,
     ) -> Result<CleanupReport, OpsError> {
+        // The outbox's retention is checked before anything is deleted.
+        if self.outbox.is_some() {
+            self.retention()?;
+        }
         let batch = self
             .settings
             .idempotency
