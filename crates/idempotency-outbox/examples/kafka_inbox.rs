@@ -19,22 +19,20 @@
 //! dropped, offsets committed, a restarted group applying nothing twice).
 
 use std::future::Future;
-use std::time::Duration;
 
 use idempotency_outbox::config::InboxConfig;
 use idempotency_outbox::publisher::headers;
+use idempotency_outbox::publisher::kafka::rdkafka::ClientConfig;
 use idempotency_outbox::publisher::kafka::rdkafka::consumer::{
     CommitMode, Consumer, StreamConsumer,
 };
 use idempotency_outbox::publisher::kafka::rdkafka::error::KafkaError;
 use idempotency_outbox::publisher::kafka::rdkafka::message::{BorrowedMessage, Headers, Message};
-use idempotency_outbox::publisher::kafka::rdkafka::{ClientConfig, Offset};
 use idempotency_pg::PgInbox;
 use idempotency_pg::sqlx::{self, PgConnection, PgPool};
 
-/// Why the consumer stopped. Nothing of the record in hand was committed anywhere, and the
-/// consumer is moved back to it: [`run`] on the same consumer reads it again, and so does the
-/// group after a restart.
+/// Why the consumer stopped. Nothing of the record in hand was committed anywhere: it is
+/// delivered again to the group.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumeError {
     /// Kafka: receiving, or committing an offset.
@@ -129,11 +127,7 @@ async fn handle(
 }
 
 /// Consumes until `stop` resolves (between records) or an error, which leaves the record in
-/// hand uncommitted on both sides and the consumer moved back to it: librdkafka's position is
-/// already past it, so without the seek a `run` again on this consumer would read the next
-/// record, whose offset commit covers the failed one, and it would never be applied. (If the
-/// seek itself fails, which is logged, drop this consumer: a new one starts from the committed
-/// offset.)
+/// hand uncommitted on both sides.
 pub async fn run(
     consumer: &StreamConsumer,
     pool: &PgPool,
@@ -149,22 +143,9 @@ pub async fn run(
             () = &mut stop => return Ok(consumed),
             message = consumer.recv() => message?,
         };
-        if let Err(error) = handle(consumer, pool, inbox, group, &message, &mut consumed).await {
-            let back = Offset::Offset(message.offset());
-            if let Err(seek) =
-                consumer.seek(message.topic(), message.partition(), back, SEEK_TIMEOUT)
-            {
-                // The next `run` would skip it: this consumer must be dropped (a new one
-                // starts from the committed offset).
-                tracing::error!(%seek, "could not move the consumer back to the failed record");
-            }
-            return Err(error);
-        }
+        handle(consumer, pool, inbox, group, &message, &mut consumed).await?;
     }
 }
-
-/// How long moving the consumer back to a failed record may take.
-const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The inbox (table `inbox`, created when missing) and the projection table.
 pub async fn prepare(pool: &PgPool) -> Result<PgInbox, ConsumeError> {
