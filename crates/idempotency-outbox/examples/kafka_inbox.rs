@@ -16,7 +16,8 @@
 //! ```
 //!
 //! `tests/kafka.rs` runs this file's [`run`] against the broker and PostgreSQL (duplicates
-//! dropped, offsets committed, a restarted group applying nothing twice).
+//! dropped, offsets committed, a restarted group applying nothing twice, a record that failed
+//! applied by the next consumer).
 
 use std::future::Future;
 
@@ -30,9 +31,10 @@ use idempotency_outbox::publisher::kafka::rdkafka::error::KafkaError;
 use idempotency_outbox::publisher::kafka::rdkafka::message::{BorrowedMessage, Headers, Message};
 use idempotency_pg::PgInbox;
 use idempotency_pg::sqlx::{self, PgConnection, PgPool};
+use uuid::Uuid;
 
 /// Why the consumer stopped. Nothing of the record in hand was committed anywhere: it is
-/// delivered again to the group.
+/// delivered again to the group's next consumer ([`run`] took and dropped this one).
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumeError {
     /// Kafka: receiving, or committing an offset.
@@ -54,7 +56,8 @@ pub struct Consumed {
     /// Records dropped by the inbox: their outbox id was applied before (a republished event,
     /// or a record redelivered after a crash between the database and the offset commit).
     pub duplicates: u64,
-    /// Records without an `Outbox-Id` header: not from the outbox, skipped (offset committed).
+    /// Records without an `Outbox-Id` header holding an outbox id (a UUID): not from the
+    /// outbox, skipped (offset committed).
     pub foreign: u64,
 }
 
@@ -75,15 +78,17 @@ pub fn consumer(brokers: &str, group: &str, topic: &str) -> Result<StreamConsume
     Ok(consumer)
 }
 
-/// The record's outbox id, from its `Outbox-Id` header.
-fn outbox_id(message: &BorrowedMessage<'_>) -> Option<String> {
+/// The record's outbox id, from its `Outbox-Id` header: `None` when it has none, or one that
+/// is not an outbox id (the outbox writes a UUID). Such a record is not from the outbox; were
+/// an empty or 300-character id passed on, the inbox would refuse it on every delivery and the
+/// partition would stop there.
+fn outbox_id(message: &BorrowedMessage<'_>) -> Option<Uuid> {
     let headers = message.headers()?;
     headers
         .iter()
         .find(|header| header.key == headers::ID)
         .and_then(|header| header.value)
-        .and_then(|value| std::str::from_utf8(value).ok())
-        .map(str::to_owned)
+        .and_then(|value| Uuid::try_parse_ascii(value).ok())
 }
 
 /// The event's effects, in the inbox's transaction.
@@ -112,7 +117,7 @@ async fn handle(
         None => consumed.foreign += 1,
         Some(id) => {
             let mut tx = idempotency_pg::begin(pool).await?;
-            if inbox.record(&mut tx, group, &id).await? {
+            if inbox.record_id(&mut tx, group, id).await? {
                 apply(&mut tx, message).await?;
                 consumed.applied += 1;
             } else {
@@ -128,8 +133,13 @@ async fn handle(
 
 /// Consumes until `stop` resolves (between records) or an error, which leaves the record in
 /// hand uncommitted on both sides.
+///
+/// It takes the consumer and drops it on an error: librdkafka's position is already past the
+/// record that failed, so a consumer kept for another `run` would read the next record, whose
+/// offset commit covers the failed one, and that one would never be applied. A new consumer
+/// ([`consumer`]) starts from the group's committed offset: the failed record again.
 pub async fn run(
-    consumer: &StreamConsumer,
+    consumer: StreamConsumer,
     pool: &PgPool,
     inbox: &PgInbox,
     group: &str,
@@ -143,7 +153,7 @@ pub async fn run(
             () = &mut stop => return Ok(consumed),
             message = consumer.recv() => message?,
         };
-        handle(consumer, pool, inbox, group, &message, &mut consumed).await?;
+        handle(&consumer, pool, inbox, group, &message, &mut consumed).await?;
     }
 }
 
@@ -171,7 +181,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let consumed = run(&consumer, &pool, &inbox, &group, stop).await?;
+    let consumed = run(consumer, &pool, &inbox, &group, stop).await?;
     tracing::info!(?consumed, "stopped");
     Ok(())
 }

@@ -454,8 +454,9 @@ fn committed(topic: &TestTopic, group: &str) -> i64 {
 /// The example consumer (`examples/kafka_inbox.rs`): 20 events, 5 of them published twice (a
 /// relay's republish: same `Outbox-Id`), read by a group; each event is applied once, the 5
 /// copies dropped by the inbox, and every offset committed (after its inbox transaction). The
-/// group restarted has nothing left to read; a group that reads it all again (as after a crash
-/// between the database commit and the offset commit) applies nothing twice.
+/// group restarted reads only a record published since (its committed offsets hold); a group
+/// that reads it all again (as after a crash between the database commit and the offset
+/// commit) applies nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_consumer_applies_each_event_once_and_commits_offsets_after_the_inbox() {
     let pool = idempotency_testing::pg_pool().await;
@@ -495,7 +496,7 @@ async fn the_example_consumer_applies_each_event_once_and_commits_offsets_after_
             }
         };
         // The inbox consumer name is `group` throughout: the same logical consumer.
-        kafka_inbox::run(&consumer, &pool, &inbox, &group, stop)
+        kafka_inbox::run(consumer, &pool, &inbox, &group, stop)
             .await
             .unwrap()
     };
@@ -514,36 +515,180 @@ async fn the_example_consumer_applies_each_event_once_and_commits_offsets_after_
     let want: Vec<(String, i64)> = (0..4).map(|a| (format!("a{a}"), 5)).collect();
     assert_eq!(counts, want, "each event applied once");
 
-    // Restarted: the offsets were committed, nothing is read again.
-    use idempotency_outbox::publisher::kafka::rdkafka::consumer::Consumer;
-    let consumer = kafka_inbox::consumer(&topic.url, &group, &topic.name()).unwrap();
-    let joined = async {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while consumer.assignment().map_or(0, |a| a.count()) == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the restarted consumer got no partition"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    // Restarted: the offsets were committed; only a record published since is read.
+    let late = OutboxMessage::new(
+        uuid::Uuid::now_v7(),
+        "order",
+        "late",
+        Some(1),
+        "OrderUpdated",
+        "{}",
+        BTreeMap::new(),
+        chrono::Utc::now(),
+        1,
+    );
+    publisher.publish(&late).await.unwrap();
+    let again = consume(group.as_str(), 26).await;
+    assert_eq!(
+        again,
+        kafka_inbox::Consumed {
+            applied: 1,
+            ..Default::default()
         }
-        // Assigned: what it would fetch from its committed offsets has time to come.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    };
-    let again = kafka_inbox::run(&consumer, &pool, &inbox, &group, joined)
-        .await
-        .unwrap();
-    assert_eq!(again, kafka_inbox::Consumed::default());
-    drop(consumer);
+    );
 
     // Every record delivered again: the inbox drops them all.
     let other_group = idempotency_testing::unique_name("replay");
-    let replay = consume(other_group.as_str(), 25).await;
-    assert_eq!((replay.applied, replay.duplicates), (0, 25), "{replay:?}");
+    let replay = consume(other_group.as_str(), 26).await;
+    assert_eq!((replay.applied, replay.duplicates), (0, 26), "{replay:?}");
     let after: Vec<(String, i64)> =
         sqlx::query_as("SELECT aggregate_id, events FROM order_events ORDER BY aggregate_id")
             .fetch_all(&pool)
             .await
             .unwrap();
+    let mut want = want;
+    want.push(("late".to_owned(), 1));
     assert_eq!(after, want, "nothing applied twice");
+    topic.delete().await;
+}
+
+/// The example consumer stopped by an error (its projection table gone): [`kafka_inbox::run`]
+/// took the consumer and dropped it, so the next run needs a new one, which starts from the
+/// group's committed offset and applies the record that failed. (A consumer kept for a second
+/// run would have read past it: its position was already beyond the failed record, and the
+/// next record's offset commit would have covered it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_consumer_applies_a_failed_record_in_its_next_consumer() {
+    let pool = idempotency_testing::pg_pool().await;
+    let topic = TestTopic::new(1).await;
+    let publisher = topic.publisher();
+    for n in 1..=2 {
+        let message = OutboxMessage::new(
+            uuid::Uuid::now_v7(),
+            "order",
+            "a1",
+            Some(n),
+            "OrderUpdated",
+            format!("{{\"n\":{n}}}"),
+            BTreeMap::new(),
+            chrono::Utc::now(),
+            1,
+        );
+        publisher.publish(&message).await.unwrap();
+    }
+    let inbox = kafka_inbox::prepare(&pool).await.unwrap();
+    let group = idempotency_testing::unique_name("retry");
+
+    sqlx::query("ALTER TABLE order_events RENAME TO order_events_away")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let consumer = kafka_inbox::consumer(&topic.url, &group, &topic.name()).unwrap();
+    let failed = tokio::time::timeout(
+        Duration::from_secs(60),
+        kafka_inbox::run(consumer, &pool, &inbox, &group, std::future::pending()),
+    )
+    .await
+    .expect("the first record fails");
+    assert!(
+        matches!(failed, Err(kafka_inbox::ConsumeError::Database(_))),
+        "{failed:?}"
+    );
+    assert_eq!(committed(&topic, &group), 0, "nothing committed");
+    sqlx::query("ALTER TABLE order_events_away RENAME TO order_events")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let consumer = kafka_inbox::consumer(&topic.url, &group, &topic.name()).unwrap();
+    let stop = async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while committed(&topic, &group) < 2 {
+            assert!(Instant::now() < deadline, "offsets not committed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let again = kafka_inbox::run(consumer, &pool, &inbox, &group, stop)
+        .await
+        .unwrap();
+    assert_eq!(again.applied, 2, "{again:?}");
+    let events: i64 =
+        sqlx::query_scalar("SELECT events FROM order_events WHERE aggregate_id = 'a1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(events, 2, "both records applied");
+    topic.delete().await;
+}
+
+/// A record whose `Outbox-Id` is not an outbox id (empty, too long for the inbox, not a UUID)
+/// is not from the outbox: skipped and committed like one without the header (before: an empty
+/// or overlong id was refused by the inbox on every delivery, and the partition stopped there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_consumer_skips_a_record_whose_outbox_id_is_not_one() {
+    use idempotency_outbox::publisher::kafka::rdkafka::ClientConfig;
+    use idempotency_outbox::publisher::kafka::rdkafka::message::{Header, OwnedHeaders};
+    use idempotency_outbox::publisher::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let pool = idempotency_testing::pg_pool().await;
+    let topic = TestTopic::new(1).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &topic.url)
+        .create()
+        .unwrap();
+    let long = "x".repeat(300);
+    for id in ["", long.as_str(), "not-a-uuid"] {
+        let headers = OwnedHeaders::new().insert(Header {
+            key: headers::ID,
+            value: Some(id),
+        });
+        producer
+            .send(
+                FutureRecord::to(&topic.name())
+                    .key("a1")
+                    .payload("{}")
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let message = OutboxMessage::new(
+        uuid::Uuid::now_v7(),
+        "order",
+        "a1",
+        Some(1),
+        "OrderUpdated",
+        "{}",
+        BTreeMap::new(),
+        chrono::Utc::now(),
+        1,
+    );
+    topic.publisher().publish(&message).await.unwrap();
+    let inbox = kafka_inbox::prepare(&pool).await.unwrap();
+    let group = idempotency_testing::unique_name("foreign");
+    let consumer = kafka_inbox::consumer(&topic.url, &group, &topic.name()).unwrap();
+    let stop = async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while committed(&topic, &group) < 4 {
+            assert!(Instant::now() < deadline, "offsets not committed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let consumed = tokio::time::timeout(
+        Duration::from_secs(90),
+        kafka_inbox::run(consumer, &pool, &inbox, &group, stop),
+    )
+    .await
+    .expect("the run ends")
+    .unwrap();
+    assert_eq!(
+        consumed,
+        kafka_inbox::Consumed {
+            applied: 1,
+            duplicates: 0,
+            foreign: 3
+        }
+    );
     topic.delete().await;
 }
