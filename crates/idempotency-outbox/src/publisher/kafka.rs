@@ -160,7 +160,10 @@ impl Producers {
                 );
                 *current = (failed + 1, producer);
             }
-            Err(error) => tracing::warn!(%error, "kafka producer could not be replaced"),
+            Err(error) => {
+                let error = redacted(error);
+                tracing::warn!(%error, "kafka producer could not be replaced");
+            }
         }
     }
 }
@@ -422,7 +425,33 @@ fn creation_failed(topic: &str, error: Error) -> PublishError {
 }
 
 fn setup(error: KafkaError) -> Error {
-    setup_boxed(Box::new(error))
+    setup_boxed(Box::new(redacted(error)))
+}
+
+/// `error` without the value of a secret property librdkafka refused: its text names the
+/// property, its reason and the value given (a private key inline, a password), which would go
+/// into the caller's logs. librdkafka's reason may quote the value, or a cut part of it: a
+/// reason holding the value's first characters is replaced whole. A value with a NUL byte is
+/// refused before librdkafka sees it, in an error whose `Debug` holds the value's bytes and not
+/// the property's name: it is replaced too.
+fn redacted(error: KafkaError) -> KafkaError {
+    match error {
+        KafkaError::ClientConfig(result, reason, key, value)
+            if secret_property(&key) && !value.is_empty() =>
+        {
+            let start: String = value.chars().take(8).collect();
+            let reason = if reason.contains(&start) {
+                "the value was refused".to_owned()
+            } else {
+                reason
+            };
+            KafkaError::ClientConfig(result, reason, key, "<redacted>".to_owned())
+        }
+        KafkaError::Nul(_) => KafkaError::ClientCreation(
+            "a property's value holds a NUL byte (value not shown)".to_owned(),
+        ),
+        other => other,
+    }
 }
 
 fn setup_boxed(error: Box<dyn std::error::Error + Send + Sync>) -> Error {
@@ -640,6 +669,45 @@ mod tests {
         assert!(debug.contains("ssl.key.pem"), "{debug}");
         assert!(debug.contains("\"linger.ms\": \"7\""), "{debug}");
         assert!(debug.contains("127.0.0.1:1"), "{debug}");
+    }
+
+    /// A secret property librdkafka refuses at `connect` (unknown to it, or `ssl.key.pem` on a
+    /// build without OpenSSL) is named in the error, its value is not (before: librdkafka's
+    /// text ends with the value given, a private key inline in the caller's logs). A refused
+    /// ordinary property still shows its value.
+    #[test]
+    fn a_refused_secret_property_is_named_without_its_value() {
+        for (key, value) in [
+            ("ssl.key.pem", "-----BEGIN PRIVATE KEY----- SECRET-KEY"),
+            ("my.client.secret", "SECRET-UNKNOWN"),
+            ("sasl.password.file", "SECRET-FILE"),
+        ] {
+            let Err(error) = KafkaPublisher::new("127.0.0.1:1")
+                .with_property(key, value)
+                .connect()
+            else {
+                // Taken (a build with OpenSSL takes an inline key until it connects).
+                continue;
+            };
+            let text = format!("{:?} {}", error, idempotency_core::error_chain(&error));
+            assert!(!text.contains("SECRET"), "{text}");
+            assert!(text.contains(key), "{text}");
+        }
+        let error = KafkaPublisher::new("127.0.0.1:1")
+            .with_property("linger.ms", "soon")
+            .connect()
+            .map(|_| ())
+            .unwrap_err();
+        let text = idempotency_core::error_chain(&error);
+        assert!(text.contains("soon"), "{text}");
+        let error = KafkaPublisher::new("127.0.0.1:1")
+            .with_property("sasl.password", "SECRET\0PASSWORD")
+            .connect()
+            .map(|_| ())
+            .unwrap_err();
+        let text = format!("{error:?} {}", idempotency_core::error_chain(&error));
+        assert!(!text.contains("83, 69, 67"), "{text}");
+        assert!(text.contains("NUL"), "{text}");
     }
 
     /// librdkafka reads `message.timeout.ms` into a 32-bit int: 50 days (4,320,000,000 ms)
