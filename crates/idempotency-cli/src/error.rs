@@ -27,6 +27,10 @@ pub(crate) enum CliError {
         /// Why.
         reason: String,
     },
+    /// The report could not be written to standard output (what the command did, it did):
+    /// exit 1.
+    #[error("cannot write the report to standard output (the command itself ran): {0}")]
+    Output(std::io::Error),
     /// An operation failed: exit 1, or 2 / 6 when the cause says so.
     #[error(transparent)]
     Ops(#[from] OpsError),
@@ -40,6 +44,7 @@ impl CliError {
             Self::Refused(_) => 4,
             Self::SchemaProblems(_) => 5,
             Self::Unreachable { .. } => 6,
+            Self::Output(_) => 1,
             Self::Ops(error) => ops_code(error),
         })
     }

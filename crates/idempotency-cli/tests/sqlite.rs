@@ -63,3 +63,42 @@ async fn a_requeue_refused_after_a_committed_batch_says_what_it_changed() {
         .stderr(predicates::str::contains("out of order"));
     assert_eq!(db.dead_letters().await, 3, "the first batch was requeued");
 }
+
+/// A report that cannot be written (standard output on a full disk) is an error, exit 1,
+/// saying so (before: exit 0 with nothing printed, which a script took for success); a reader
+/// that went away (`| head`) ends the output quietly, exit 0.
+#[cfg(target_os = "linux")] // `/dev/full`
+#[tokio::test(flavor = "multi_thread")]
+async fn a_report_that_cannot_be_written_fails_the_command() {
+    let db = Db::sqlite().await;
+    let command = |stdout: std::process::Stdio| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency"));
+        command
+            .arg("--config")
+            .arg(&db.config)
+            .args(["--database-url", &db.url, "schema", "print"])
+            .env_remove("RUST_LOG")
+            .env_remove("DATABASE_URL")
+            .stdout(stdout)
+            .stderr(std::process::Stdio::piped());
+        command
+    };
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let output = command(full.into()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot write the report to standard output"),
+        "{stderr}"
+    );
+
+    let mut child = command(std::process::Stdio::piped()).spawn().unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    assert!(!stderr.contains("error"), "{stderr}");
+}

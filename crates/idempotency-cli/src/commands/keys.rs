@@ -93,7 +93,7 @@ async fn show<D: AdminDatabase>(
                 cache_key.as_deref()
             ))
         },
-    );
+    )?;
     Ok(())
 }
 
@@ -143,16 +143,13 @@ async fn evict<D: AdminDatabase>(
                 json!({ "dry_run": true, "would_evict": true, "status": view.status.as_str(),
                         "lease_token": token })
             },
-        );
+        )?;
         return Ok(());
     }
     confirm(global, &format!("Evict {} ({shown})?", name(args)))?;
     let eviction = ops.key_evict(&id, forced).await?;
     match eviction.record {
-        Eviction::Evicted(status) => {
-            evicted(out, args, status, eviction.cache_entry);
-            Ok(())
-        }
+        Eviction::Evicted(status) => evicted(out, args, status, eviction.cache_entry),
         Eviction::NotFound => {
             entry_evicted(out, args, eviction.cache_entry, " (deleted meanwhile)")
         }
@@ -220,10 +217,7 @@ async fn evict_entry<D: AdminDatabase>(
     match eviction.record {
         Eviction::NotFound => entry_evicted(out, args, eviction.cache_entry, ""),
         // Written since the lookup, and evicted as a record is.
-        Eviction::Evicted(status) => {
-            evicted(out, args, status, eviction.cache_entry);
-            Ok(())
-        }
+        Eviction::Evicted(status) => evicted(out, args, status, eviction.cache_entry),
         Eviction::InProgress => Err(CliError::Refused(format!(
             "{} became PROCESSING meanwhile; pass --force to evict it anyway (nothing changed)",
             name(args)
@@ -233,7 +227,12 @@ async fn evict_entry<D: AdminDatabase>(
 }
 
 /// What an eviction of a record prints.
-fn evicted(out: Out, args: &KeyArgs, status: RecordStatus, cache_entry: Option<bool>) {
+fn evicted(
+    out: Out,
+    args: &KeyArgs,
+    status: RecordStatus,
+    cache_entry: Option<bool>,
+) -> Result<(), CliError> {
     out.emit(
         || {
             let cache = match cache_entry {
@@ -253,7 +252,7 @@ fn evicted(out: Out, args: &KeyArgs, status: RecordStatus, cache_entry: Option<b
                 "note": L1_NOTE,
             })
         },
-    );
+    )
 }
 
 /// What an eviction that found no record did: deleted a stale Redis entry (success), or
@@ -283,7 +282,7 @@ fn entry_evicted(
                 "evicted": false, "status": null, "cache_entry_deleted": true, "note": L1_NOTE,
             })
         },
-    );
+    )?;
     Ok(())
 }
 
@@ -318,6 +317,6 @@ async fn stats<D: AdminDatabase>(ops: &Operations<D>, out: Out) -> Result<(), Cl
                 "expired": stats.expired,
             })
         },
-    );
+    )?;
     Ok(())
 }

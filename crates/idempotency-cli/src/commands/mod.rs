@@ -27,19 +27,26 @@ impl Out {
         Self { json: global.json }
     }
 
-    /// Prints `json()` with `--json`, else `human()`.
+    /// Prints `json()` with `--json`, else `human()`. A reader that went away (`| head`) ends
+    /// the output quietly; any other write failure (a full disk) is an error, so that a
+    /// script does not take a missing or cut report for the command's.
     pub(crate) fn emit(
         &self,
         human: impl FnOnce() -> String,
         json: impl FnOnce() -> serde_json::Value,
-    ) {
+    ) -> Result<(), CliError> {
         let text = if self.json {
             serde_json::to_string_pretty(&json()).unwrap_or_default()
         } else {
             human()
         };
         let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "{}", text.trim_end());
+        match writeln!(stdout, "{}", text.trim_end()).and_then(|()| stdout.flush()) {
+            Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+                Err(CliError::Output(error))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

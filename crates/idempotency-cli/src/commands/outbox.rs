@@ -43,7 +43,7 @@ pub(super) async fn status<D: AdminDatabase>(
             )
         },
         || json!(OutboxStatusJson::from(&s)),
-    );
+    )?;
     Ok(())
 }
 
@@ -107,7 +107,7 @@ pub(super) async fn dead<D: AdminDatabase>(
                             .collect::<Vec<_>>()
                     )
                 },
-            );
+            )?;
             Ok(())
         }
         DeadCommand::Show { id } => {
@@ -144,7 +144,7 @@ pub(super) async fn dead<D: AdminDatabase>(
                     )
                 },
                 || json!(DeadLetterJson::full(&d)),
-            );
+            )?;
             Ok(())
         }
         DeadCommand::Requeue(selection) => {
@@ -244,7 +244,7 @@ async fn change<D: AdminDatabase>(
                     "ids": ids.iter().map(Uuid::to_string).collect::<Vec<_>>(),
                 })
             },
-        );
+        )?;
         return Ok(());
     }
     confirm(global, &format!("{verb} {} dead letter(s)?", ids.len()))?;
@@ -271,7 +271,7 @@ async fn change<D: AdminDatabase>(
     out.emit(
         || format!("{} {done} dead letter(s)", change.done()),
         || json!({ "action": verb, "count": done }),
-    );
+    )?;
     Ok(())
 }
 
@@ -326,7 +326,7 @@ pub(super) async fn purge<D: AdminDatabase>(
                         "published_older_than": age,
                         "dead_lettered_older_than": dead_age })
             },
-        );
+        )?;
         return Ok(());
     }
     confirm(
@@ -348,7 +348,7 @@ pub(super) async fn purge<D: AdminDatabase>(
             )
         },
         || json!({ "published": report.published, "dead_lettered": report.dead_lettered }),
-    );
+    )?;
     Ok(())
 }
 
@@ -387,7 +387,7 @@ pub(super) async fn partitions<D: AdminDatabase>(
     };
     match command {
         PartitionsCommand::List => {
-            out.emit(|| show(&list), || as_json(&list));
+            out.emit(|| show(&list), || as_json(&list))?;
             Ok(())
         }
         PartitionsCommand::Create | PartitionsCommand::DropExpired if global.dry_run => {
@@ -399,7 +399,7 @@ pub(super) async fn partitions<D: AdminDatabase>(
                     )
                 },
                 || json!({ "dry_run": true, "partitions": as_json(&list) }),
-            );
+            )?;
             Ok(())
         }
         PartitionsCommand::Create => {
@@ -407,7 +407,7 @@ pub(super) async fn partitions<D: AdminDatabase>(
             out.emit(
                 || format!("created {created} partition(s)"),
                 || json!({ "created": created }),
-            );
+            )?;
             Ok(())
         }
         PartitionsCommand::DropExpired => {
@@ -416,7 +416,7 @@ pub(super) async fn partitions<D: AdminDatabase>(
             out.emit(
                 || format!("dropped {dropped} partition(s)"),
                 || json!({ "dropped": dropped }),
-            );
+            )?;
             Ok(())
         }
     }
@@ -443,7 +443,7 @@ pub(super) async fn cleanup<D: AdminDatabase>(
                         "outbox_published": preview.outbox.published,
                         "outbox_dead_lettered": preview.outbox.dead_lettered })
             },
-        );
+        )?;
         return Ok(());
     }
     confirm(global, &format!("Delete {total} expired row(s)?"))?;
@@ -467,6 +467,6 @@ pub(super) async fn cleanup<D: AdminDatabase>(
                     "outbox_dead_lettered": report.outbox.dead_lettered,
                     "partitions_dropped": report.partitions_dropped })
         },
-    );
+    )?;
     Ok(())
 }

@@ -44,13 +44,13 @@ pub(crate) fn print<D: AdminDatabase>(
         ..InboxConfig::default()
     });
     let tables = D::ddl(settings, inbox.as_ref())?;
-    Out::new(global).emit(|| render(&tables), || as_json(&tables));
+    Out::new(global).emit(|| render(&tables), || as_json(&tables))?;
     Ok(())
 }
 
 pub(super) fn print_ops<D: AdminDatabase>(ops: &Operations<D>, out: Out) -> Result<(), CliError> {
     let tables = ops.schema_ddl()?;
-    out.emit(|| render(&tables), || as_json(&tables));
+    out.emit(|| render(&tables), || as_json(&tables))?;
     Ok(())
 }
 
@@ -64,7 +64,7 @@ pub(super) async fn apply<D: AdminDatabase>(
         out.emit(
             || format!("dry run: would run\n\n{}", render(&tables)),
             || json!({ "dry_run": true, "tables": as_json(&tables) }),
-        );
+        )?;
         return Ok(());
     }
     let tables = ops.schema_apply().await?;
@@ -83,7 +83,7 @@ pub(super) async fn apply<D: AdminDatabase>(
                 .join("\n")
         },
         || json!({ "applied": as_json(&tables) }),
-    );
+    )?;
     Ok(())
 }
 
@@ -121,7 +121,7 @@ pub(super) async fn validate<D: AdminDatabase>(
                 })).collect::<Vec<_>>(),
             })
         },
-    );
+    )?;
     if count > 0 {
         return Err(CliError::SchemaProblems(count));
     }
