@@ -459,6 +459,11 @@ fn failure<S, P: Publisher>(
     error: &PublishError,
 ) -> Failure {
     let mut text = error.chain();
+    if text.contains('\0') {
+        // PostgreSQL's text refuses NUL (the whole batch's mark would fail) and SQLite's
+        // `substr` ends at it: every store gets U+FFFD in its place.
+        text = text.replace('\0', "\u{fffd}");
+    }
     if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_LEN) {
         text.truncate(cut);
     }

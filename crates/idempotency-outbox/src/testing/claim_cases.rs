@@ -540,6 +540,48 @@ pub async fn transient_failures_give_back_their_attempt<B: OutboxBackend>(
     assert_eq!((stats.pending, stats.dead_lettered), (1, 0));
 }
 
+/// A failure whose text holds a NUL character (a broker's or publisher's text echoing a
+/// payload) given to the store as it is is recorded with the batch's other failures: PostgreSQL,
+/// whose text refuses NUL, stores U+FFFD in its place, SQLite's `substr` keeps the text up to
+/// it. (The relay replaces NUL before it marks: `a_poison_message_is_dead_lettered_without_
+/// holding_other_aggregates`.) Before: on PostgreSQL the whole batch's mark failed, no failure
+/// of it was recorded, and its rows came back only after their lease, one per claim, until
+/// dead-lettered as never completed.
+pub async fn an_error_text_with_a_nul_character_is_recorded<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let outbox = backend.outbox(&suite_config(Ordering::Unordered)).await;
+    let sent = commit(&backend, &outbox, &[event("a", 1), event("b", 1)]).await;
+    let claim = request(Ordering::Unordered, LEASE);
+    assert_eq!(outbox.claim(&claim).await.expect("claim").messages.len(), 2);
+    let failures = [
+        Failure {
+            id: sent[0],
+            error: "refused: \0 in \"a\0b\"".to_owned(),
+            retry_in: Duration::ZERO,
+            dead_letter: true,
+            transient: false,
+        },
+        Failure {
+            id: sent[1],
+            error: "broker away".to_owned(),
+            retry_in: Duration::from_secs(60),
+            dead_letter: false,
+            transient: true,
+        },
+    ];
+    let marked = outbox.mark_failed(claim.token, &failures).await;
+    assert_eq!(marked.expect("mark"), 2);
+    let letters = outbox.dead_letters(10).await.expect("dead letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message.id, sent[0]);
+    let stored = letters[0].last_error.clone().unwrap_or_default();
+    assert!(stored.starts_with("refused: "), "{stored:?}");
+    let stats = outbox.stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.dead_lettered), (1, 1));
+}
+
 /// The rows of a batch whose relay died before marking them (their lease ended with the
 /// claim's token still on them) come back one per claim: a message that crashes its relay every
 /// time costs only its own attempts, and the healthy rows claimed with it are published, not

@@ -50,6 +50,7 @@ macro_rules! outbox_conformance_tests {
             failures_back_off_and_dead_letters_can_be_requeued,
             a_row_claimed_max_attempts_times_without_completing_is_dead_lettered,
             transient_failures_give_back_their_attempt,
+            an_error_text_with_a_nul_character_is_recorded,
             a_requeue_that_would_publish_out_of_order_is_refused,
             rows_a_dead_relay_left_unmarked_come_back_one_per_claim,
             stats_count_pending_and_dead_rows_and_age_the_oldest,

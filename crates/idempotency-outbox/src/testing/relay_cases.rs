@@ -89,7 +89,10 @@ pub async fn a_poison_message_is_dead_lettered_without_holding_other_aggregates<
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].message.id, poison.id());
     assert_eq!(letters[0].message.attempts, 3);
-    assert!(letters[0].last_error.is_some());
+    // The refusal's text holds a NUL: recorded with U+FFFD on every store (before: the mark
+    // failed on PostgreSQL, and SQLite's `substr` cut the text at the NUL).
+    let error = letters[0].last_error.clone().unwrap_or_default();
+    assert!(error.contains("refused \u{fffd} by the test"), "{error:?}");
     let ids: HashSet<_> = published.iter().map(|m| m.id).collect();
     assert!(ids.contains(&later[0]), "p#2 follows once p#1 is dead");
     assert!(ids.contains(&later[1]));

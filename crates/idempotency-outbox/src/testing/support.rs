@@ -138,7 +138,11 @@ impl Publisher for CollectingPublisher {
             .map(|r| r.contains(&message.id))
             .unwrap_or_default();
         if refused {
-            return Err(PublishError::kind_only(PublishErrorKind::Rejected));
+            // With a NUL, as a broker's text echoing a payload may hold.
+            return Err(PublishError::new(
+                PublishErrorKind::Rejected,
+                "refused \0 by the test",
+            ));
         }
         if let Ok(mut published) = self.published.lock() {
             published.push(message.clone());

@@ -231,7 +231,20 @@ impl RelayStore for PgOutbox {
 
     async fn mark_failed(&self, token: Uuid, failures: &[Failure]) -> Result<u64, Error> {
         let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
-        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+        // PostgreSQL's text refuses NUL (`22021`): one in any text would fail the whole mark.
+        let cleaned: Vec<Option<String>> = failures
+            .iter()
+            .map(|f| {
+                f.error
+                    .contains('\0')
+                    .then(|| f.error.replace('\0', "\u{fffd}"))
+            })
+            .collect();
+        let errors: Vec<&str> = failures
+            .iter()
+            .zip(&cleaned)
+            .map(|(f, cleaned)| cleaned.as_deref().unwrap_or(f.error.as_str()))
+            .collect();
         let delays: Vec<i64> = failures
             .iter()
             .map(|f| i64::try_from(f.retry_in.as_micros()).unwrap_or(i64::MAX))
