@@ -87,8 +87,9 @@ pub enum SchemaProblem {
     /// No index leading with `expires_at`, which cleanup relies on.
     MissingExpiryIndex,
     /// A key column has a case- or accent-insensitive collation (MySQL's defaults, e.g.
-    /// `utf8mb4_general_ci`, `utf8mb4_0900_ai_ci`): the primary key would merge keys, or
-    /// tenants, that differ only in case.
+    /// `utf8mb4_general_ci`, `utf8mb4_0900_ai_ci`, or MariaDB's `utf8mb4_uca1400_ai_cs`): the
+    /// primary key would merge keys, or tenants, that differ only in case (or values that
+    /// differ only in accents).
     CaseInsensitiveCollation {
         /// The column.
         column: &'static str,
@@ -127,7 +128,7 @@ impl fmt::Display for SchemaProblem {
             Self::CaseInsensitiveCollation { column, collation } => write!(
                 f,
                 "key column {column} has the collation {collation}, which would merge keys that \
-                 differ only in case; use a binary collation (utf8mb4_bin)"
+                 differ only in case or accents; use a binary collation (utf8mb4_bin)"
             ),
         }
     }
@@ -315,7 +316,7 @@ mod tests {
             error.to_string(),
             "table t does not match the idempotency schema: column status is missing; key column \
              idempotency_key has the collation utf8mb4_general_ci, which would merge keys that \
-             differ only in case; use a binary collation (utf8mb4_bin)"
+             differ only in case or accents; use a binary collation (utf8mb4_bin)"
         );
     }
 

@@ -66,7 +66,7 @@ pub(crate) struct LiveTable {
     indexes: Vec<Index>,
 }
 
-type ColumnRow = (String, String, Option<i64>, String, Option<String>);
+type ColumnRow = (String, String, String, Option<i64>, String, Option<String>);
 type IndexRow = (String, i64, Option<String>, Option<i64>);
 
 /// Reads `table`; `None` when there is no such table in its database (the connection's, when
@@ -77,7 +77,7 @@ pub(crate) async fn inspect(
 ) -> Result<Option<LiveTable>, Error> {
     let columns: Vec<ColumnRow> = sqlx::query_as(
         "SELECT CAST(COLUMN_NAME AS CHAR), CAST(LOWER(DATA_TYPE) AS CHAR), \
-                CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED), CAST(IS_NULLABLE AS CHAR), \
+                CAST(LOWER(COLUMN_TYPE) AS CHAR), CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED), CAST(IS_NULLABLE AS CHAR), \
                 CAST(COLLATION_NAME AS CHAR) \
          FROM information_schema.COLUMNS \
          WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
@@ -119,7 +119,14 @@ pub(crate) async fn inspect(
     Ok(Some(LiveTable {
         columns: columns
             .into_iter()
-            .map(|(name, ty, len, nullable, collation)| {
+            .map(|(name, ty, column_type, len, nullable, collation)| {
+                // An unsigned integer is another type: sqlx decodes it into no signed
+                // integer, so every read of the row would fail.
+                let ty = if column_type.contains("unsigned") {
+                    format!("{ty} unsigned")
+                } else {
+                    ty
+                };
                 (
                     name.to_ascii_lowercase(),
                     (ty, len, nullable == "YES", collation),
@@ -130,12 +137,18 @@ pub(crate) async fn inspect(
     }))
 }
 
-/// Whether a collation tells `Key` from `key`: binary (`*_bin`, or none for binary types) or
-/// case-sensitive (`*_cs`, MySQL 8's `utf8mb4_0900_as_cs`).
+/// Whether a collation tells `Key` from `key` and `Zoë` from `Zoe`: binary (`*_bin`, or none
+/// for binary types), or case-sensitive (`_cs`) and neither case- nor accent-insensitive
+/// (`_ci`, `_ai`; `cs` is also Czech's code, as in `utf8mb4_cs_0900_as_ci`): MySQL 8's
+/// `utf8mb4_0900_as_cs`, not MariaDB's `utf8mb4_uca1400_ai_cs`, under which the inbox's
+/// message ids `Zoë-1` and `Zoe-1` would be one message.
 fn case_sensitive(collation: Option<&str>) -> bool {
     collation.is_none_or(|c| {
         let c = c.to_ascii_lowercase();
-        c.ends_with("_bin") || c.ends_with("_cs") || c == "binary"
+        let parts: Vec<&str> = c.split('_').collect();
+        c == "binary"
+            || parts.last() == Some(&"bin")
+            || (parts.contains(&"cs") && !parts.contains(&"ai") && !parts.contains(&"ci"))
     })
 }
 
@@ -220,6 +233,15 @@ mod tests {
             (Some("utf8mb4_nopad_bin"), true),
             (Some("utf8mb4_0900_bin"), true),
             (Some("utf8mb4_0900_as_cs"), true),
+            (Some("utf8mb4_ja_0900_as_cs_ks"), true),
+            (Some("utf8mb4_uca1400_as_cs"), true),
+            (Some("utf8mb4_uca1400_nopad_as_cs"), true),
+            (Some("latin1_general_cs"), true),
+            (Some("utf8mb4_uca1400_ai_cs"), false),
+            (Some("utf8mb4_uca1400_nopad_ai_cs"), false),
+            (Some("utf8mb4_uca1400_as_ci"), false),
+            (Some("utf8mb4_cs_0900_as_ci"), false),
+            (Some("utf8mb4_cs_0900_as_cs"), true),
             (Some("binary"), true),
             (None, true),
             (Some("utf8mb4_general_ci"), false),

@@ -182,3 +182,38 @@ async fn values_with_a_trailing_space_are_refused_instead_of_merged() {
     tx.commit().await.unwrap();
     assert_eq!(pending(&pool).await, 1);
 }
+
+/// An outbox whose counters are unsigned (`attempts INT UNSIGNED`, a natural choice for a
+/// hand-written table) fails validation, naming the column: sqlx decodes an unsigned integer
+/// into no signed one, so every claim would fail and the relay would deliver nothing, with a
+/// warning per poll (before: it validated, as `DATA_TYPE` is `int` either way).
+#[tokio::test]
+async fn unsigned_counters_fail_validation() {
+    let pool = idempotency_testing::mysql_pool().await;
+    let table = idempotency_mysql::TableName::parse("uns_outbox").unwrap();
+    let ddl = idempotency_mysql::outbox_ddl(&table).unwrap();
+    let unsigned = ddl.replace(
+        "INT           NOT NULL DEFAULT 0",
+        "INT UNSIGNED NOT NULL DEFAULT 0",
+    );
+    assert_ne!(unsigned, ddl, "the DDL names attempts as the test expects");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(unsigned))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut config = outbox_config("uns_outbox");
+    config.schema.mode = SchemaMode::Validate;
+    let error = MysqlOutbox::from_config(pool.clone(), &config)
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("attempts"), "{text}");
+    assert!(text.contains("unsigned"), "{text}");
+    // The canonical table validates.
+    let mut config = outbox_config("signed_outbox");
+    MysqlOutbox::from_config(pool.clone(), &config)
+        .await
+        .unwrap();
+    config.schema.mode = SchemaMode::Validate;
+    MysqlOutbox::from_config(pool, &config).await.unwrap();
+}

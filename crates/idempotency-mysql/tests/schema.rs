@@ -87,6 +87,46 @@ async fn case_insensitive_key_collations_are_refused() {
     );
 }
 
+/// MariaDB's `utf8mb4_uca1400_ai_cs` tells cases apart but not accents: under it the inbox's
+/// message ids `Zoë-1` and `Zoe-1` would be one message, the second dropped as a redelivery.
+/// Validation refuses it on every key column, the shared check shown here on the records
+/// table (before: it passed, as its name ends in `_cs`).
+#[tokio::test]
+async fn accent_insensitive_key_collations_are_refused() {
+    let pool = idempotency_testing::mysql_pool().await;
+    let create = |collation: &str| {
+        idempotency_mysql::ddl(&TableName::parse("records").unwrap())
+            .unwrap()
+            .replace(
+                "scope            VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+                &format!("scope            VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation}"),
+            )
+    };
+    let mut collation = "utf8mb4_uca1400_ai_cs";
+    let ddl = create(collation);
+    assert!(
+        ddl.contains(collation),
+        "the DDL names scope as the test expects"
+    );
+    if let Err(error) = sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(&pool).await {
+        // MySQL 8 has no `_ai_cs` (1273, unknown collation): its `_ci` is refused as before.
+        assert!(error.to_string().contains("1273"), "{error}");
+        collation = "utf8mb4_general_ci";
+        sqlx::raw_sql(sqlx::AssertSqlSafe(create(collation)))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let store = MysqlStore::with_table(pool, TableName::parse("records").unwrap());
+    assert_eq!(
+        store.schema_problems().await.unwrap(),
+        vec![SchemaProblem::CaseInsensitiveCollation {
+            column: "scope",
+            collation: collation.into()
+        }]
+    );
+}
+
 #[tokio::test]
 async fn keys_that_differ_only_in_case_are_distinct_records() {
     let store = support::fresh_store().await;

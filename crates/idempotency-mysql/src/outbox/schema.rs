@@ -249,7 +249,7 @@ fn translate(table: &str, shape: &Shape, problem: crate::SchemaProblem) -> Schem
         P::CaseInsensitiveCollation { column, collation } => SchemaProblem::WrongType {
             table,
             column,
-            expected: "a binary collation (utf8mb4_bin): keys that differ in case are distinct",
+            expected: "a binary collation (utf8mb4_bin): keys that differ in case or accents are distinct",
             found: collation,
         },
         // Not produced by `column_problems`; the crate's enum is non-exhaustive.
