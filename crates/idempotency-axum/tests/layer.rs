@@ -19,7 +19,10 @@ use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
 use idempotency_axum::{IdempotencyLayer, IdempotentTx, SharedScope, StoredStatuses, TenantHeader};
-use idempotency_core::{IdempotencyService, IdempotencyStore, InFlightPolicy, ServiceOptions};
+use idempotency_core::{
+    IdempotencyService, IdempotencyStore, InFlightPolicy, ResultSerializer, SerializationError,
+    ServiceOptions,
+};
 use idempotency_pg::PgStore;
 use idempotency_pg::sqlx;
 use idempotency_sqlite::SqliteStore;
@@ -42,6 +45,8 @@ trait Backend: IdempotencyStore + Clone {
     fn count(&self, table: &str) -> impl Future<Output = i64> + Send;
     /// Every stored payload and status of the records table, as text.
     fn records(&self) -> impl Future<Output = Vec<(String, Option<String>)>> + Send;
+    /// Replaces every stored payload sealed by [`Sealing`] by the text inside its seal.
+    fn unseal_stored(&self) -> impl Future<Output = ()> + Send;
 }
 
 /// Removes a test's SQLite files when dropped (nothing for PostgreSQL: its schema is dropped
@@ -89,6 +94,14 @@ impl Backend for PgStore {
             .await
             .unwrap()
     }
+    async fn unseal_stored(&self) {
+        sqlx::query(
+            "UPDATE idempotency_records SET result_payload = (result_payload ->> 'sealed')::json",
+        )
+        .execute(self.pool())
+        .await
+        .unwrap();
+    }
 }
 
 impl Backend for SqliteStore {
@@ -125,6 +138,14 @@ impl Backend for SqliteStore {
             .fetch_all(self.pool())
             .await
             .unwrap()
+    }
+    async fn unseal_stored(&self) {
+        sqlx::query(
+            "UPDATE idempotency_records SET result_payload = json_extract(result_payload, '$.sealed')",
+        )
+        .execute(self.pool())
+        .await
+        .unwrap();
     }
 }
 
@@ -580,6 +601,71 @@ async fn a_changed_fingerprint_algorithm_replays_while_the_previous_is_accepted<
     );
 }
 
+/// A serializer that seals what it stores (as an encrypting or signing one would: the JSON
+/// inside an envelope) and reads back only what it sealed.
+#[derive(Debug, Clone, Copy)]
+struct Sealing;
+
+impl ResultSerializer for Sealing {
+    fn serialize<T: serde::Serialize + ?Sized>(
+        &self,
+        value: &T,
+    ) -> Result<String, SerializationError> {
+        let inner = serde_json::to_string(value).map_err(SerializationError::Serialize)?;
+        serde_json::to_string(&serde_json::json!({ "sealed": inner }))
+            .map_err(SerializationError::Serialize)
+    }
+
+    fn deserialize<T: serde::de::DeserializeOwned>(
+        &self,
+        stored: &str,
+    ) -> Result<T, SerializationError> {
+        let envelope: serde_json::Value =
+            serde_json::from_str(stored).map_err(SerializationError::Deserialize)?;
+        let inner = envelope["sealed"]
+            .as_str()
+            .ok_or_else(|| SerializationError::Custom("not sealed".to_owned()))?;
+        serde_json::from_str(inner).map_err(SerializationError::Deserialize)
+    }
+}
+
+/// The layer stores responses with the service's serializer and reads them back with it: a
+/// record holds the sealed text, replays open it, and a record whose seal was taken off in the
+/// database is not replayed (before: the layer wrote and read plain JSON whatever serializer
+/// the service had, so a service configured to encrypt or sign its records stored responses
+/// in the clear, and replayed an altered record without the check).
+async fn responses_are_stored_with_the_services_serializer<B: Backend>() {
+    let (store, _cleanup) = B::fresh().await;
+    let service = IdempotencyService::builder(store.clone())
+        .serializer(Sealing)
+        .build();
+    let layer = IdempotencyLayer::new(service).scope::<TenantHeader>();
+    let app = Router::new()
+        .route("/payments", post(create_payment::<B>))
+        .route_layer(layer)
+        .with_state(Arc::new(Hooks::default()));
+    let body = r#"{"amount":10}"#;
+    let first = pay(&app, "k-sealed", "t", body).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text());
+    let records = store.records().await;
+    let payload = records[0].1.clone().unwrap();
+    assert!(payload.starts_with(r#"{"sealed":"#), "{payload}");
+    let replay = pay(&app, "k-sealed", "t", body).await;
+    assert!(replay.is_replay());
+    assert_eq!((replay.status, &replay.body), (first.status, &first.body));
+    let rejected = pay(&app, "k-sealed-422", "t", r#"{"amount":5000}"#).await;
+    assert_eq!(rejected.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let again = pay(&app, "k-sealed-422", "t", r#"{"amount":5000}"#).await;
+    assert!(again.is_replay());
+    assert_eq!(again.body, rejected.body);
+
+    store.unseal_stored().await;
+    let unsealed = pay(&app, "k-sealed", "t", body).await;
+    assert_eq!(unsealed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!unsealed.is_replay());
+    assert_eq!(store.count("payments").await, 1, "nothing ran again");
+}
+
 macro_rules! on {
     ($store:ty, $($name:ident $(($arg:expr))?),* $(,)?) => {
         $(
@@ -608,6 +694,7 @@ macro_rules! every_case {
             idempotent_tx_without_the_layer_is_a_500,
             the_stored_status_policy_is_configurable,
             a_changed_fingerprint_algorithm_replays_while_the_previous_is_accepted,
+            responses_are_stored_with_the_services_serializer,
         );
         #[tokio::test(flavor = "multi_thread")]
         async fn a_duplicate_in_flight_waits_for_the_holder_and_replays() {

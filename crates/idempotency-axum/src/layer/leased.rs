@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
+use idempotency_core::ResultSerializer;
 use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::lease::{FencingToken, LeaseClaim, LeasedClaims};
 use idempotency_core::trace;
@@ -124,7 +125,7 @@ where
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
     Src: ScopeSource<()>,
 {
     type Response = Response;
@@ -164,7 +165,7 @@ where
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
 {
     async fn answer_leased<I>(
         self: &Arc<Self>,

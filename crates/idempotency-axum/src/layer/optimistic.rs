@@ -7,6 +7,7 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
+use idempotency_core::ResultSerializer;
 use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::store::InsertCompleted;
 use idempotency_core::trace::{self, SpanRef};
@@ -162,7 +163,7 @@ where
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
 {
     /// The optimistic first execution: the handler in `tx`, then the insert of its stored
     /// response, then `COMMIT`.

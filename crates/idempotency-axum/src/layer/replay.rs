@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
+use idempotency_core::ResultSerializer;
 use idempotency_core::cache::{DistributedCache, FailurePolicy, LocalCache};
 use idempotency_core::{
     CacheError, Fingerprint, IdempotencyMetrics, IdempotencyRecord, IdempotencyService,
@@ -72,7 +73,7 @@ where
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
 {
     /// The caches, then (with `lookup_before_acquire`) the committed record.
     pub(super) async fn replay_early(
@@ -224,7 +225,12 @@ where
         let stored = payload
             .ok_or("no stored response")
             .map_err(Error::internal)
-            .and_then(|text| serde_json::from_str::<StoredResponse>(text).map_err(Error::internal));
+            .and_then(|text| {
+                self.service
+                    .serializer()
+                    .deserialize::<StoredResponse>(text)
+                    .map_err(Error::internal)
+            });
         match stored {
             Ok(stored) => {
                 metrics.replayed(op, record.status());
@@ -290,7 +296,7 @@ async fn fill_caches<S, L, D, M, Z>(
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
 {
     if !record.is_terminal() {
         return;

@@ -2,6 +2,7 @@
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::response::Response;
+use idempotency_core::ResultSerializer;
 use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::{IdempotencyMetrics, IdempotencyStore, StoredOutcome};
 
@@ -17,7 +18,7 @@ where
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
 {
     /// Whether `response` is stored: a status [`StoredStatuses`](super::StoredStatuses)
     /// stores, unless the request never executed. A request refused by the handler's
@@ -68,7 +69,14 @@ where
             body.clone(),
             &self.settings.headers,
         );
-        let payload = serde_json::to_string(&stored).map_err(Error::internal)?;
+        // The service's serializer (an encrypting or signing one wraps the JSON), within the
+        // depth every store keeps, as `execute` stores a result.
+        let payload = self
+            .service
+            .serializer()
+            .serialize(&stored)
+            .map_err(Error::internal)?;
+        idempotency_core::check_json_depth(&payload).map_err(Error::internal)?;
         Ok(if parts.status.is_client_error() {
             StoredOutcome::Rejected {
                 code: format!("HTTP_{}", parts.status.as_u16()),

@@ -12,6 +12,7 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
+use idempotency_core::ResultSerializer;
 use idempotency_core::cache::{DistributedCache, LocalCache};
 use idempotency_core::fingerprint::short_hash;
 use idempotency_core::trace;
@@ -71,7 +72,7 @@ where
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
     Src: ScopeSource<()>,
     Mo: Mode<S>,
 {
@@ -112,7 +113,7 @@ where
     L: LocalCache,
     D: DistributedCache,
     M: IdempotencyMetrics,
-    Z: Send + Sync + 'static,
+    Z: ResultSerializer,
 {
     /// Key, scope, operation, body and fingerprint; or the response that refuses the request.
     pub(super) async fn prepare<Src: ScopeSource<()>>(

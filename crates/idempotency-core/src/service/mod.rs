@@ -157,6 +157,22 @@ impl<S: IdempotencyStore, L, D, M, Z> IdempotencyService<S, L, D, M, Z> {
         &self.inner.metrics
     }
 
+    /// The result serializer (the builder's, or [`JsonSerializer`]): how an outcome becomes the
+    /// stored text and back, for integrations that store outcomes of their own (the axum
+    /// layer stores responses with it).
+    ///
+    /// ```
+    /// use idempotency_core::{IdempotencyService, IdempotencyStore, ResultSerializer};
+    /// # fn demo<S: IdempotencyStore>(service: &IdempotencyService<S>) {
+    /// let text = service.serializer().serialize(&[1, 2]).unwrap();
+    /// assert_eq!(text, "[1,2]");
+    /// assert_eq!(service.serializer().deserialize::<Vec<u8>>(&text).unwrap(), [1, 2]);
+    /// # }
+    /// ```
+    pub fn serializer(&self) -> &Z {
+        &self.inner.serializer
+    }
+
     /// The fingerprint strategy (the builder's, or JCS + SHA-256).
     pub fn fingerprint_strategy(&self) -> &dyn FingerprintStrategy {
         &*self.inner.fingerprint
