@@ -187,6 +187,49 @@ async fn the_host_is_part_of_the_identity_when_configured<B: Backend>(mode: Mode
     );
 }
 
+/// `POST /transfers` with `body` as `content_type`.
+async fn send_typed(app: &Router, key: &str, content_type: &str, body: &str) -> Reply {
+    use tower::ServiceExt;
+    let request = axum::http::Request::post("/transfers")
+        .header("idempotency-key", key)
+        .header("content-type", content_type)
+        .body(axum::body::Body::from(body.to_owned()))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: http_body_util::BodyExt::collect(body)
+            .await
+            .unwrap()
+            .to_bytes(),
+    }
+}
+
+/// A body is compared as JSON only under a JSON media type as `axum::Json` takes it
+/// (`application/json`, `application/*+json`): under `text/x+json` the same members in
+/// another order are another body, `422`, as under any type that is not JSON (before: any
+/// `*+json` was compared as JSON, so the handler, reading the bytes, was answered with the
+/// response to other bytes).
+async fn a_body_is_json_only_under_a_json_media_type<B: Backend>(mode: Mode) {
+    let (store, _cleanup) = B::fresh().await;
+    let (app, calls) = app(store, mode, false);
+    for (content_type, same) in [("application/vnd.api+json", true), ("text/x+json", false)] {
+        let key = format!("k-{}", idempotency_testing::unique_name("mt"));
+        let ran = send_typed(&app, &key, content_type, r#"{"a":1,"b":2}"#).await;
+        assert_eq!(ran.status, StatusCode::CREATED, "{content_type}");
+        let before = calls.load(Ordering::SeqCst);
+        let second = send_typed(&app, &key, content_type, r#"{"b":2,"a":1}"#).await;
+        if same {
+            assert!(second.is_replay(), "{content_type}: {}", second.text());
+        } else {
+            second.assert_problem(422, "idempotency-key-reused");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), before, "{content_type}");
+    }
+}
+
 macro_rules! every_case {
     ($store:ty) => {
         every_case!(@ $store;
@@ -194,6 +237,7 @@ macro_rules! every_case {
             wildcards_are_part_of_the_identity,
             the_normalised_query_is_part_of_the_identity,
             the_host_is_part_of_the_identity_when_configured,
+            a_body_is_json_only_under_a_json_media_type,
         );
     };
     (@ $store:ty; $($name:ident),* $(,)?) => {

@@ -2,7 +2,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::MatchedPath;
-use axum::http::{HeaderMap, header, request::Parts};
+use axum::http::{HeaderMap, request::Parts};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use super::{KeyFormat, Settings, numbers, target};
 use crate::error::Error;
 use crate::header::{parse_key, parse_uuid_key, single_value};
+use crate::json::declares_json;
 use crate::problem::{Problem, ProblemKind};
 
 /// The operation name could not be derived.
@@ -83,7 +84,7 @@ impl Settings {
         parts: &Parts,
         body: &Bytes,
     ) -> Result<(), idempotency_core::JsonTooDeep> {
-        if !is_json(&parts.headers) {
+        if !declares_json(&parts.headers) {
             return Ok(());
         }
         idempotency_core::check_json_depth(body)
@@ -93,7 +94,7 @@ impl Settings {
     /// configured), body and the opted-in headers, the previous algorithm's while a
     /// transition accepts it, and whether the body is declared JSON and does not parse.
     ///
-    /// A JSON body (`application/json` or `+json`) that parses is taken as its RFC 8785
+    /// A JSON body (`application/json` or `application/*+json`) that parses is its RFC 8785
     /// canonical form, so key order, whitespace and number spelling do not matter, unless one
     /// of its numbers is not exactly what the canonical form writes for it (a number a double
     /// cannot hold: more digits than a double keeps, an integer beyond 64 bits); that body and
@@ -126,7 +127,7 @@ impl Settings {
         if self.fingerprint_host {
             request.insert("host".into(), target::host(parts).into());
         }
-        let declared_json = is_json(&parts.headers);
+        let declared_json = declares_json(&parts.headers);
         let json = declared_json
             .then(|| serde_json::from_slice::<Value>(body).ok())
             .flatten();
@@ -170,20 +171,4 @@ fn header_value(bytes: &[u8]) -> Value {
         Ok(text) => Value::from(text),
         Err(_) => serde_json::json!({ "bytes": STANDARD.encode(bytes) }),
     }
-}
-
-fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return false;
-    };
-    let Ok(value) = value.to_str() else {
-        return false;
-    };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || essence.ends_with("+json")
 }
