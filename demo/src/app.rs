@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,7 +25,7 @@ use crate::model::{
     InsufficientFunds, Payment, Refund, RefundLimit,
 };
 use crate::ops;
-use crate::problem::not_found;
+use crate::problem::{method_not_allowed, not_found};
 use crate::scope::OptionalTenant;
 
 /// The idempotency service of the demo: moka and Redis when configured, metrics on the facade.
@@ -154,7 +154,33 @@ pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
         .merge(health)
         .merge(v2)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::map_response(bare_errors))
         .with_state(Arc::new(app))
+}
+
+/// axum's own answers for a path no route serves (404) and a method its route does not serve
+/// (405) have no body: they are answered as problems like the demo's others
+/// (`not-found`, `method-not-allowed`), the `Allow` header kept. Answers that have a body (a
+/// `GET /charges/{id}` of an unknown charge) pass untouched.
+async fn bare_errors(response: Response) -> Response {
+    let status = response.status();
+    if !matches!(
+        status,
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+    ) || response.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let mut answer = if status == StatusCode::NOT_FOUND {
+        not_found("route").into_response()
+    } else {
+        method_not_allowed().into_response()
+    };
+    if let Some(allow) = allow {
+        answer.headers_mut().insert(header::ALLOW, allow);
+    }
+    answer
 }
 
 pub(crate) fn technical(message: &'static str) -> Error {

@@ -130,10 +130,16 @@ impl Default for BusinessConfig {
     }
 }
 
-/// The configuration could not be read.
+/// The configuration could not be read, or holds a value the demo cannot run with.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid demo configuration")]
-pub struct ConfigError(#[from] idempotency::LoadError);
+pub enum ConfigError {
+    /// The file or the environment could not be read.
+    #[error("invalid demo configuration")]
+    Load(#[from] idempotency::LoadError),
+    /// A value the demo cannot run with, named.
+    #[error("invalid demo configuration: {0}")]
+    Invalid(String),
+}
 
 impl DemoConfig {
     /// Reads `file` (YAML) when it exists, then the environment with the facade's rules
@@ -142,13 +148,33 @@ impl DemoConfig {
     /// (`IDEMPOTENCY__OPERATIONS__CREATE_PAYMENT__TTL`), `null` for null. Only variables of the
     /// six sections are read (`DATABASE_URL` has no `__`, so it is no key of `database`).
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        Ok(Loader::new()
-            .optional_file(file)
+        Self::loader(file, false)
+    }
+
+    /// [`load`](Self::load) of a file that must exist (the one `DEMO_CONFIG` names: a path
+    /// with a typo must not start the demo on the defaults).
+    pub fn load_required(file: &Path) -> Result<Self, ConfigError> {
+        Self::loader(file, true)
+    }
+
+    fn loader(file: &Path, required: bool) -> Result<Self, ConfigError> {
+        let loader = if required {
+            Loader::new().file(file)
+        } else {
+            Loader::new().optional_file(file)
+        };
+        let config: Self = loader
             .section("server")
             .section("database")
             .section("demo")
             .section("admin")
-            .load()?)
+            .load()?;
+        if config.demo.reconcile_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "demo.reconcile-interval must be longer than 0s".to_owned(),
+            ));
+        }
+        Ok(config)
     }
 
     /// What the facade assembles from: `idempotency` and `outbox`.
@@ -225,5 +251,27 @@ mod tests {
             load("sever:\n  port: 1\n").is_err(),
             "a misspelled section is refused"
         );
+    }
+
+    /// `demo.reconcile-interval: 0s` is refused at load, naming the key (before: taken, and
+    /// the reconciliation task panicked at its first tick, so `demo_charges_without_event` was
+    /// never exported).
+    #[test]
+    fn a_zero_reconcile_interval_is_refused() {
+        let error = load("demo:\n  reconcile-interval: 0s\n").unwrap_err();
+        assert!(
+            error.to_string().contains("demo.reconcile-interval"),
+            "{error}"
+        );
+        assert!(load("demo:\n  reconcile-interval: 1s\n").is_ok());
+    }
+
+    /// The file `DEMO_CONFIG` names must exist (before: a path with a typo started the demo
+    /// on the library's defaults); the default file may be missing.
+    #[test]
+    fn a_required_file_that_is_missing_is_an_error() {
+        let missing = std::env::temp_dir().join("idempotency-demo-no-such-config.yaml");
+        assert!(DemoConfig::load_required(&missing).is_err());
+        assert!(DemoConfig::load(&missing).is_ok());
     }
 }

@@ -52,16 +52,18 @@ fn chain(error: &dyn std::error::Error) -> String {
     message
 }
 
-/// `DEMO_CONFIG`, else `config/demo.yaml` or `demo/config/demo.yaml`, whichever exists.
-fn config_path() -> PathBuf {
+/// `DEMO_CONFIG` (which must exist), else `config/demo.yaml` or `demo/config/demo.yaml`,
+/// whichever exists (neither: the defaults and the environment); whether it is required.
+fn config_path() -> (PathBuf, bool) {
     if let Some(path) = std::env::var_os("DEMO_CONFIG") {
-        return PathBuf::from(path);
+        return (PathBuf::from(path), true);
     }
-    ["config/demo.yaml", "demo/config/demo.yaml"]
+    let path = ["config/demo.yaml", "demo/config/demo.yaml"]
         .into_iter()
         .map(PathBuf::from)
         .find(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from("config/demo.yaml"))
+        .unwrap_or_else(|| PathBuf::from("config/demo.yaml"));
+    (path, false)
 }
 
 fn env(name: &str) -> Option<String> {
@@ -69,8 +71,12 @@ fn env(name: &str) -> Option<String> {
 }
 
 async fn run() -> Result<(), StartupError> {
-    let path = config_path();
-    let mut config = DemoConfig::load(&path)?;
+    let (path, required) = config_path();
+    let mut config = if required {
+        DemoConfig::load_required(&path)?
+    } else {
+        DemoConfig::load(&path)?
+    };
     tracing::info!(config = %path.display(), exists = path.exists(), "configuration");
     // The demo's own policy: Redis is L2 when `REDIS_URL` (or `distributed-cache.url`) names it.
     let redis = &mut config.idempotency.distributed_cache;

@@ -60,6 +60,17 @@ pub fn not_found(what: &str) -> ApiProblem {
     )
 }
 
+/// A method the route does not serve: 405 `method-not-allowed` (the `Allow` header names the
+/// ones it does).
+pub fn method_not_allowed() -> ApiProblem {
+    ApiProblem::new(
+        "method-not-allowed",
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method not allowed",
+        "this route does not serve the method; its Allow header names the ones it does",
+    )
+}
+
 impl IntoResponse for ApiProblem {
     fn into_response(self) -> Response {
         self.details.into_response()

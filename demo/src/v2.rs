@@ -154,18 +154,21 @@ async fn pay<DB: Database>(
     Ok((StatusCode::CREATED, Json(payment)).into_response())
 }
 
+/// The `FAIL_ONCE` memory's key: the route, the tenant and the key as the layer reads it (a
+/// bare `fo-1` and a quoted `"fo-1"` are one key, failed once between them, as on `/api`).
 fn failure_key(route: &str, headers: &HeaderMap) -> String {
-    let value = |name: &str| {
-        headers
-            .get(name)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .unwrap_or_default()
-    };
-    format!(
-        "{route}/{}/{}",
-        value("x-tenant-id"),
-        value("idempotency-key")
-    )
+    let tenant = headers
+        .get("x-tenant-id")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+        .unwrap_or_default();
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| match idempotency_axum::parse_key(v.as_bytes()) {
+            Ok(key) => key.as_str().to_owned(),
+            Err(_) => String::from_utf8_lossy(v.as_bytes()).into_owned(),
+        })
+        .unwrap_or_default();
+    format!("{route}/{tenant}/{key}")
 }
 
 /// `POST /v2/refunds`: `POST /api/refunds` behind the layer.

@@ -679,3 +679,32 @@ async fn an_empty_tenant_is_refused() {
     assert_eq!(reply.problem_type(), "scope-invalid");
     assert_eq!(count(&pool, "payments").await, 0);
 }
+
+/// A path no route serves and a method a route does not serve are answered as problems, like
+/// every other error of the demo (before: axum's 404 and 405 with an empty body and no content
+/// type); the 405 keeps its `Allow` header.
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_routes_and_methods_are_problems() {
+    let (app, _pool) = demo().await;
+    let missing = send(&app, "GET", "/api/payment", &[], "").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.problem_type(), "not-found");
+    for uri in ["/api/payments", "/v2/payments"] {
+        let wrong = send(&app, "PUT", uri, &[("idempotency-key", "m-1")], "{}").await;
+        assert_eq!(wrong.status, StatusCode::METHOD_NOT_ALLOWED, "{uri}");
+        assert_eq!(wrong.problem_type(), "method-not-allowed", "{uri}");
+        let allow = wrong.headers["allow"].to_str().unwrap();
+        assert!(allow.contains("POST"), "{uri}: {allow}");
+    }
+    // A problem the demo answers itself passes untouched.
+    let charge = send(
+        &app,
+        "GET",
+        "/charges/00000000-0000-7000-8000-000000000000",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(charge.status, StatusCode::NOT_FOUND);
+    assert!(charge.body["detail"].as_str().unwrap().contains("charge"));
+}

@@ -239,10 +239,14 @@ async fn a_failed_v2_payment_leaves_nothing_and_the_retry_runs() {
             n as i64,
             "{route}"
         );
-        let retry = post(&app, route, Some("once"), body).await;
+        // The retry spells the key quoted (`"once"`): the same key, so it does not fail
+        // again (before: the simulation's memory was keyed on the raw header, and it did).
+        let retry = post(&app, route, Some("\"once\""), body).await;
         assert_eq!(retry.status, StatusCode::CREATED, "{route}");
         assert!(!retry.replayed(), "{route}");
         assert_eq!(count(&pool, "payments").await, n as i64 + 1, "{route}");
+        let replay = post(&app, route, Some("once"), body).await;
+        assert!(replay.replayed(), "{route}");
     }
 }
 

@@ -20,19 +20,19 @@ CREATE TABLE IF NOT EXISTS payments (
     amount      DECIMAL(14, 2) NOT NULL CHECK (amount > 0),
     status      VARCHAR(32) NOT NULL,
     created_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-);
+) DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 CREATE TABLE IF NOT EXISTS refunds (
     refund_id   CHAR(36) PRIMARY KEY,
     payment_id  VARCHAR(255) NOT NULL,
     amount      DECIMAL(14, 2) NOT NULL CHECK (amount > 0),
     status      VARCHAR(32) NOT NULL,
     created_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-);
+) DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 CREATE TABLE IF NOT EXISTS charges (
     id            CHAR(36) PRIMARY KEY,
     amount_cents  BIGINT NOT NULL CHECK (amount_cents > 0),
     created_at    DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-);
+) DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 ";
 
 /// MySQL / MariaDB: records, outbox and business tables in one database.
