@@ -300,6 +300,15 @@ impl<S, L, D, M, Z, Src, Mo> IdempotencyLayer<S, L, D, M, Z, Src, Mo> {
     /// `Host` header, in lower case): the same key sent to another host is
     /// `422 idempotency-key-reused`. For services that serve several hosts (a tenant per
     /// subdomain) from one records table.
+    ///
+    /// It reads the host the service received, not `Forwarded` or `X-Forwarded-Host`: behind a
+    /// proxy that rewrites `Host` (nginx's default `proxy_set_header Host $proxy_host`), every
+    /// tenant's requests carry the same host, and a key sent to `b.example` replays `a.example`'s
+    /// response. There, pass the original host through (`proxy_set_header Host $host`), or
+    /// fingerprint the header the proxy sets
+    /// ([`fingerprint_header`](Self::fingerprint_header)`("x-forwarded-host")`) after making
+    /// sure the proxy overwrites any value a client sent. A scope per tenant
+    /// ([`scope`](Self::scope)) keeps tenants apart whatever the host.
     pub fn fingerprint_host(self) -> Self {
         self.settings(|s| s.fingerprint_host = true)
     }
