@@ -9,7 +9,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idempotency_axum::{
-    Error, IdempotencyKeyHeader, OutcomeExt, ProblemJson, ProblemPath, ScopedKey, UuidKeyHeader,
+    Error, IDEMPOTENT_REPLAYED, IdempotencyKeyHeader, OutcomeExt, ProblemJson, ProblemPath,
+    ScopedKey, UuidKeyHeader,
 };
 use idempotency_core::ExecutionResult;
 use idempotency_outbox::{Enqueue, NewEvent};
@@ -160,14 +161,19 @@ pub fn router<DB: Database>(app: App<DB>, max_body_bytes: usize) -> Router {
 
 /// axum's own answers for a path no route serves (404) and a method its route does not serve
 /// (405) have no body: they are answered as problems like the demo's others
-/// (`not-found`, `method-not-allowed`), the `Allow` header kept. Answers that have a body (a
-/// `GET /charges/{id}` of an unknown charge) pass untouched.
-async fn bare_errors(response: Response) -> Response {
+/// (`not-found`, `method-not-allowed`), the `Allow` header kept. Every answer of the demo's
+/// own has a content type and passes untouched (a `GET /charges/{id}` of an unknown charge),
+/// as does a replay. `main` layers it again over the router with `/admin` nested in it.
+pub async fn bare_errors(response: Response) -> Response {
     let status = response.status();
-    if !matches!(
-        status,
-        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
-    ) || response.headers().contains_key(header::CONTENT_TYPE)
+    let bare = response.headers().get(header::CONTENT_TYPE).is_none()
+        && axum::body::HttpBody::size_hint(response.body()).exact() == Some(0)
+        && response.headers().get(&IDEMPOTENT_REPLAYED).is_none();
+    if !bare
+        || !matches!(
+            status,
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+        )
     {
         return response;
     }

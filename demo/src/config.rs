@@ -132,6 +132,7 @@ impl Default for BusinessConfig {
 
 /// The configuration could not be read, or holds a value the demo cannot run with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file or the environment could not be read.
     #[error("invalid demo configuration")]

@@ -178,7 +178,11 @@ where
                 changes = config.admin.allow_mutations,
                 "admin page on /admin (Authorization: Bearer <admin.token>)"
             );
-            routes = routes.nest("/admin", admin);
+            routes = routes
+                .nest("/admin", admin)
+                .layer(axum::middleware::map_response(
+                    idempotency_demo::app::bare_errors,
+                ));
         }
         None => tracing::info!("admin page not mounted: admin.token (ADMIN__TOKEN) is not set"),
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use crate::app::App;
@@ -49,7 +49,7 @@ pub async fn health_live() {}
     path = "/metrics",
     responses(
         (status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"),
-        (status = 404, description = "No metrics recorder installed"),
+        (status = 404, description = "No metrics recorder installed (an app built without one)", body = crate::openapi::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn metrics<DB: Database>(State(app): State<Arc<App<DB>>>) -> Response {
@@ -65,6 +65,6 @@ pub async fn metrics<DB: Database>(State(app): State<Arc<App<DB>>>) -> Response 
             )
                 .into_response()
         }
-        None => StatusCode::NOT_FOUND.into_response(),
+        None => crate::problem::not_found("metrics recorder in this app").into_response(),
     }
 }

@@ -696,6 +696,18 @@ async fn unknown_routes_and_methods_are_problems() {
         let allow = wrong.headers["allow"].to_str().unwrap();
         assert!(allow.contains("POST"), "{uri}: {allow}");
     }
+    // The demo's own 404s say what is missing: a metrics recorder (this app has none).
+    let metrics = send(&app, "GET", "/metrics", &[], "").await;
+    assert_eq!(metrics.status, StatusCode::NOT_FOUND);
+    assert_eq!(metrics.problem_type(), "not-found");
+    assert!(
+        metrics.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("metrics recorder"),
+        "{}",
+        metrics.body
+    );
     // A problem the demo answers itself passes untouched.
     let charge = send(
         &app,

@@ -634,36 +634,97 @@ impl ResultSerializer for Sealing {
 /// database is not replayed (before: the layer wrote and read plain JSON whatever serializer
 /// the service had, so a service configured to encrypt or sign its records stored responses
 /// in the clear, and replayed an altered record without the check).
-async fn responses_are_stored_with_the_services_serializer<B: Backend>() {
+async fn responses_are_stored_with_the_services_serializer<B>()
+where
+    B: Backend + idempotency_core::store::InsertCompleted + idempotency_core::lease::LeasedClaims,
+{
     let (store, _cleanup) = B::fresh().await;
     let service = IdempotencyService::builder(store.clone())
         .serializer(Sealing)
         .build();
     let layer = IdempotencyLayer::new(service).scope::<TenantHeader>();
-    let app = Router::new()
-        .route("/payments", post(create_payment::<B>))
-        .route_layer(layer)
-        .with_state(Arc::new(Hooks::default()));
+    let routes = || Router::new().route("/payments", post(create_payment::<B>));
+    let state = Arc::new(Hooks::default());
+    // Each mode stores through its own path: transactional, leased (its handler has no
+    // transaction: its effect is outside the database), optimistic.
+    let apps = [
+        (
+            "transactional",
+            routes()
+                .route_layer(layer.clone())
+                .with_state(Arc::clone(&state)),
+        ),
+        (
+            "leased",
+            Router::new()
+                .route("/payments", post(external_payment))
+                .route_layer(layer.clone().leased(Duration::from_secs(60))),
+        ),
+        (
+            "optimistic",
+            routes()
+                .route_layer(layer.optimistic())
+                .with_state(Arc::clone(&state)),
+        ),
+    ];
     let body = r#"{"amount":10}"#;
-    let first = pay(&app, "k-sealed", "t", body).await;
-    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text());
-    let records = store.records().await;
-    let payload = records[0].1.clone().unwrap();
-    assert!(payload.starts_with(r#"{"sealed":"#), "{payload}");
-    let replay = pay(&app, "k-sealed", "t", body).await;
-    assert!(replay.is_replay());
-    assert_eq!((replay.status, &replay.body), (first.status, &first.body));
-    let rejected = pay(&app, "k-sealed-422", "t", r#"{"amount":5000}"#).await;
-    assert_eq!(rejected.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let again = pay(&app, "k-sealed-422", "t", r#"{"amount":5000}"#).await;
-    assert!(again.is_replay());
-    assert_eq!(again.body, rejected.body);
+    let mut firsts = Vec::new();
+    for (mode, app) in &apps {
+        let key = format!("k-sealed-{mode}");
+        let first = pay(app, &key, "t", body).await;
+        assert_eq!(
+            first.status,
+            StatusCode::CREATED,
+            "{mode}: {}",
+            first.text()
+        );
+        let replay = pay(app, &key, "t", body).await;
+        assert!(replay.is_replay(), "{mode}");
+        assert_eq!(
+            (replay.status, &replay.body),
+            (first.status, &first.body),
+            "{mode}"
+        );
+        let rejected_key = format!("k-sealed-422-{mode}");
+        let rejected = pay(app, &rejected_key, "t", r#"{"amount":5000}"#).await;
+        assert_eq!(rejected.status, StatusCode::UNPROCESSABLE_ENTITY, "{mode}");
+        let again = pay(app, &rejected_key, "t", r#"{"amount":5000}"#).await;
+        assert!(again.is_replay(), "{mode}");
+        assert_eq!(again.body, rejected.body, "{mode}");
+        firsts.push(key);
+    }
+    for (status, payload) in store.records().await {
+        let payload = payload.unwrap_or_default();
+        assert!(payload.starts_with(r#"{"sealed":"#), "{status}: {payload}");
+    }
 
     store.unseal_stored().await;
-    let unsealed = pay(&app, "k-sealed", "t", body).await;
-    assert_eq!(unsealed.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(!unsealed.is_replay());
-    assert_eq!(store.count("payments").await, 1, "nothing ran again");
+    for ((mode, app), key) in apps.iter().zip(&firsts) {
+        let unsealed = pay(app, key, "t", body).await;
+        assert_eq!(unsealed.status, StatusCode::INTERNAL_SERVER_ERROR, "{mode}");
+        assert!(!unsealed.is_replay(), "{mode}");
+    }
+    assert_eq!(store.count("payments").await, 2, "nothing ran again");
+}
+
+/// A payment whose effect is outside the database (leased mode's kind of handler): 201, or 422
+/// above 1000.
+async fn external_payment(Json(body): Json<CreatePayment>) -> Response {
+    if body.amount > 1000 {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            r#"{"type":"about:blank","status":422,"code":"INSUFFICIENT_FUNDS"}"#,
+        )
+            .into_response();
+    }
+    let id = uuid::Uuid::now_v7();
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!(r#"{{"id":"{id}","amount":{}}}"#, body.amount),
+    )
+        .into_response()
 }
 
 macro_rules! on {

@@ -10,7 +10,8 @@ use clap::{Args, Parser, Subcommand};
 /// Reads the service's configuration (`--config`, then the `IDEMPOTENCY__*` / `OUTBOX__*`
 /// environment) and connects to `--database-url` (PostgreSQL, SQLite or MySQL/MariaDB).
 ///
-/// Exit codes: 0 done; 1 the operation failed; 2 bad input or configuration (a malformed key
+/// Exit codes: 0 done; 1 the operation failed, or its report could not be written to stdout
+/// (the command itself ran); 2 bad input or configuration (a malformed key
 /// or id, an invalid table name, a command this database or configuration does not have);
 /// 3 not found (key, dead letter); 4 refused (an in-progress key without --force, a key
 /// that is no longer the claim --force named, not confirmed, a requeue out of order); 5 `schema validate` found problems; 6 the database
