@@ -195,16 +195,7 @@ async fn send_typed(app: &Router, key: &str, content_type: &str, body: &str) -> 
         .header("content-type", content_type)
         .body(axum::body::Body::from(body.to_owned()))
         .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: http_body_util::BodyExt::collect(body)
-            .await
-            .unwrap()
-            .to_bytes(),
-    }
+    support::reply(app.clone().oneshot(request).await.unwrap()).await
 }
 
 /// A body is compared as JSON only under a JSON media type as `axum::Json` takes it

@@ -91,7 +91,11 @@ pub(crate) async fn send(
         None => request.body(Body::empty()),
     }
     .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
+    reply(app.clone().oneshot(request).await.unwrap()).await
+}
+
+/// A response, its body read.
+pub(crate) async fn reply(response: axum::response::Response) -> Reply {
     let (parts, body) = response.into_parts();
     Reply {
         status: parts.status,
