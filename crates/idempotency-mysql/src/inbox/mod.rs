@@ -177,6 +177,11 @@ impl MysqlInbox {
                     reason: format!("the {what} must have 1..={MAX_LEN} characters"),
                 });
             }
+            if value.contains('\0') {
+                return Err(Error::InvalidEvent {
+                    reason: format!("the {what} holds a NUL character"),
+                });
+            }
             refuse_trailing_space(what, value)?;
         }
         // The caller's transaction may have ended before (one of its own statements

@@ -48,6 +48,27 @@ pub async fn the_inbox_records_a_message_once_per_consumer<B: OutboxBackend>(
     assert!(record(&backend, &inbox, "billing", "m-2", true).await);
 }
 
+/// A consumer name or message id holding a NUL character is refused as the message's fault
+/// (`InvalidEvent`) on every backend, nothing recorded (before: PostgreSQL's text refused it
+/// with a database error on every delivery, so a consumer retrying errors stopped there, while
+/// SQLite and MySQL recorded it).
+pub async fn a_nul_in_a_message_id_is_an_invalid_event<B: OutboxBackend>(
+    backend: B,
+    _caps: Capabilities,
+) {
+    let inbox = backend.inbox().await;
+    for (consumer, message) in [("billing", "m\01"), ("bill\0ing", "m-1")] {
+        let mut tx = backend.begin().await;
+        let refused = inbox.record(&mut tx, consumer, message).await;
+        assert!(
+            matches!(refused, Err(crate::Error::InvalidEvent { .. })),
+            "{consumer:?} {message:?}: {refused:?}"
+        );
+        B::rollback(tx).await;
+    }
+    assert!(record(&backend, &inbox, "billing", "m-1", true).await);
+}
+
 /// Concurrent deliveries of one message: exactly one is processed. With concurrent writers
 /// the second waits inside `record` for the first: it sees `false` if the first commits,
 /// `true` if it rolls back.

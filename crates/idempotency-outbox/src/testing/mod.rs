@@ -61,6 +61,7 @@ macro_rules! outbox_conformance_tests {
             a_relay_that_dies_before_marking_republishes_after_the_lease,
             full_batches_overlap_their_marks_and_keep_aggregate_order,
             the_inbox_records_a_message_once_per_consumer,
+            a_nul_in_a_message_id_is_an_invalid_event,
             concurrent_deliveries_of_one_message_are_processed_once,
             the_inbox_purges_old_entries_in_batches,
         );

@@ -213,6 +213,14 @@ impl PgInbox {
                 reason: "the message id must have 1..=255 characters".to_owned(),
             });
         }
+        // PostgreSQL's text refuses NUL (`22021`): the message's fault, not the database's.
+        for (what, value) in [("consumer name", consumer), ("message id", message_id)] {
+            if value.contains('\0') {
+                return Err(Error::InvalidEvent {
+                    reason: format!("the {what} holds a NUL character"),
+                });
+            }
+        }
         let inserted = sqlx::query(self.sql.record.clone())
             .persistent(crate::pooler::persistent(self.pooler))
             .bind(consumer)

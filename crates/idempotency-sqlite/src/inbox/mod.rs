@@ -165,6 +165,11 @@ impl SqliteInbox {
                     reason: format!("the {what} must have 1..={MAX_LEN} characters"),
                 });
             }
+            if value.contains('\0') {
+                return Err(Error::InvalidEvent {
+                    reason: format!("the {what} holds a NUL character"),
+                });
+            }
         }
         // A statement that rolled the caller's transaction back left `conn` in autocommit,
         // where the entry would commit on its own, without the consumer's effects.
