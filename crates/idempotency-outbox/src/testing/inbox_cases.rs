@@ -57,7 +57,7 @@ pub async fn a_nul_in_a_message_id_is_an_invalid_event<B: OutboxBackend>(
     _caps: Capabilities,
 ) {
     let inbox = backend.inbox().await;
-    for (consumer, message) in [("billing", "m\01"), ("bill\0ing", "m-1")] {
+    for (consumer, message) in [("billing", "m-\0-1"), ("bill\0ing", "m-1")] {
         let mut tx = backend.begin().await;
         let refused = inbox.record(&mut tx, consumer, message).await;
         assert!(
