@@ -17,7 +17,10 @@ use crate::error::CliError;
 use crate::setup::Backend;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return not_parsed(&error),
+    };
     logging();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -35,6 +38,22 @@ fn main() -> ExitCode {
             eprintln!("error: {}", error::chain(&error));
             error.code()
         }
+    }
+}
+
+/// clap's answer when it runs no command: help and version on stdout (exit 0), a usage error
+/// on stderr (exit 2). A write that fails (a full disk) exits 1, as a lost report does; a
+/// reader that went away (`| head`) is no failure.
+fn not_parsed(error: &clap::Error) -> ExitCode {
+    let written = error
+        .print()
+        .and_then(|()| std::io::Write::flush(&mut std::io::stdout()));
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("error: cannot write to standard output: {e}");
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2)),
     }
 }
 

@@ -95,6 +95,28 @@ async fn a_report_that_cannot_be_written_fails_the_command() {
         "{stderr}"
     );
 
+    // clap's help and version alike (before: exit 0); a usage error still exits 2.
+    for flag in ["--help", "--version"] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency"))
+            .arg(flag)
+            .stdout(full)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{flag}: {stderr}");
+        assert!(stderr.contains("cannot write"), "{flag}: {stderr}");
+    }
+    let usage = std::process::Command::new(env!("CARGO_BIN_EXE_idempotency"))
+        .arg("--no-such-flag")
+        .output()
+        .unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+
     let mut child = command(std::process::Stdio::piped()).spawn().unwrap();
     drop(child.stdout.take());
     let output = child.wait_with_output().unwrap();
