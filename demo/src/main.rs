@@ -21,7 +21,10 @@ async fn main() -> ExitCode {
     let telemetry = match idempotency_demo::telemetry::init() {
         Ok(telemetry) => telemetry,
         Err(error) => {
-            tracing::error!("the demo could not start: {}", chain(&error));
+            tracing::error!(
+                "the demo could not start: {}",
+                idempotency_core::error_chain(&error)
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -34,22 +37,13 @@ async fn main() -> ExitCode {
     match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!("the demo could not start: {}", chain(&error));
+            tracing::error!(
+                "the demo could not start: {}",
+                idempotency_core::error_chain(&error)
+            );
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its causes, `: `-separated.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// `DEMO_CONFIG` (which must exist), else `config/demo.yaml` or `demo/config/demo.yaml`,
